@@ -1,0 +1,15 @@
+"""virtio-gpu (include/uapi/drm/virtgpu_drm.h)."""
+
+from kubenpu.vendors import Ioctl, Kind, Vendor
+
+VENDOR = Vendor(
+    name="virtio_gpu",
+    drivers=("virtio_gpu",),
+    header="drm/virtgpu_drm.h",
+    ioctls=(
+        Ioctl(0x43, Kind.SUBMIT, "DRM_IOCTL_VIRTGPU_EXECBUFFER"),
+        Ioctl(0x44, Kind.ALLOC, "DRM_IOCTL_VIRTGPU_RESOURCE_CREATE"),
+        Ioctl(0x48, Kind.WAIT, "DRM_IOCTL_VIRTGPU_WAIT"),
+        Ioctl(0x4A, Kind.ALLOC, "DRM_IOCTL_VIRTGPU_RESOURCE_CREATE_BLOB"),
+    ),
+)
