@@ -1,4 +1,9 @@
-"""DRM core ioctls (include/uapi/drm/drm.h), shared by every DRM and accel driver."""
+"""DRM core ioctls (include/uapi/drm/drm.h), shared by every DRM and accel driver.
+
+Not counted: GEM_OPEN and PRIME_FD_TO_HANDLE only import existing buffers; WAIT_VBLANK waits for
+the display, not for submitted work; SYNCOBJ_EVENTFD and SYNCOBJ_QUERY never block. The DRI1
+AGP_ALLOC, SG_ALLOC and DMA ioctls exist only for legacy drivers current kernels no longer ship.
+"""
 
 from kubenpu.vendors import Ioctl, Kind, Vendor
 
