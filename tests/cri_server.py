@@ -1,0 +1,181 @@
+"""A real CRI v1 RuntimeService gRPC server on a unix socket, for tests and the VM end-to-end test.
+
+It answers Version and ContainerStatus (with the labels kubelet sets) from a table of containers,
+and has knobs for faults: unavailable (UNAVAILABLE status) and slow (answers after a delay).
+
+As a script:  python tests/cri_server.py --socket PATH [--containers FILE.json]
+FILE.json is a list of {"id", "namespace", "pod", "container", "pod_uid" (optional)}; it is
+re-read on a request when it changed, so containers can be added while the server runs (write a
+new file and rename it over the old one). The server prints "listening on unix:PATH" when ready
+and stops on SIGTERM or SIGINT. It needs the kubenpu package importable (installed or PYTHONPATH).
+"""
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+from collections import Counter
+from concurrent import futures
+
+import grpc
+
+from kubenpu.resolve.cri import (
+    LABEL_CONTAINER,
+    LABEL_NAMESPACE,
+    LABEL_POD,
+    LABEL_POD_UID,
+    api_pb2,
+    api_pb2_grpc,
+)
+
+RUNTIME_NAME = "kubenpu-cri-test"
+
+
+class CriTestServer(api_pb2_grpc.RuntimeServiceServicer):
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._containers: dict[str, dict[str, str]] = {}
+        self.requests: Counter[str] = Counter()  # ContainerStatus requests per container id
+        self._unavailable = False
+        self._delay = 0.0
+        self._release = threading.Event()  # ends slow answers early on stop()
+        self._server: grpc.Server | None = None
+        self._socket = ""
+        self._file: str | None = None
+        self._file_stamp: tuple[int, int, int] | None = None
+
+    def start(self, socket_path: str) -> None:
+        os.makedirs(os.path.dirname(os.path.abspath(socket_path)), exist_ok=True)
+        if os.path.exists(socket_path):
+            os.unlink(socket_path)
+        self._release.clear()
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+        api_pb2_grpc.add_RuntimeServiceServicer_to_server(self, self._server)
+        if not self._server.add_insecure_port(f"unix:{socket_path}"):
+            raise RuntimeError(f"cannot listen on unix:{socket_path}")
+        self._server.start()
+        self._socket = socket_path
+
+    def stop(self) -> None:
+        self._release.set()
+        if self._server is not None:
+            self._server.stop(grace=None).wait()
+            self._server = None
+        if self._socket and os.path.exists(self._socket):
+            os.unlink(self._socket)
+
+    def add_container(
+        self, container_id: str, namespace: str, pod: str, container: str, pod_uid: str = ""
+    ) -> None:
+        with self._lock:
+            self._containers[container_id] = _labels(namespace, pod, container, pod_uid)
+
+    def remove_container(self, container_id: str) -> None:
+        with self._lock:
+            self._containers.pop(container_id, None)
+
+    def set_unavailable(self, unavailable: bool = True) -> None:
+        self._unavailable = unavailable
+
+    def set_slow(self, seconds: float) -> None:
+        """Delay every answer by `seconds` (0 to answer at once)."""
+        self._delay = seconds
+
+    def watch_file(self, path: str) -> None:
+        """Take the containers from a JSON file, re-read whenever it changes."""
+        self._file = path
+        self._reload()
+
+    # RuntimeService
+
+    def Version(
+        self, request: api_pb2.VersionRequest, context: grpc.ServicerContext
+    ) -> api_pb2.VersionResponse:
+        self._fault(context)
+        return api_pb2.VersionResponse(
+            version="0.1.0",
+            runtime_name=RUNTIME_NAME,
+            runtime_version="0.1.0",
+            runtime_api_version="v1",
+        )
+
+    def ContainerStatus(
+        self, request: api_pb2.ContainerStatusRequest, context: grpc.ServicerContext
+    ) -> api_pb2.ContainerStatusResponse:
+        container_id = request.container_id
+        with self._lock:
+            self.requests[container_id] += 1
+        self._fault(context)
+        self._reload()
+        with self._lock:
+            labels = self._containers.get(container_id)
+        if labels is None:
+            # The status and wording containerd uses for an unknown id.
+            context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f'an error occurred when try to find container "{container_id}": not found',
+            )
+        status = api_pb2.ContainerStatus(
+            id=container_id,
+            metadata=api_pb2.ContainerMetadata(name=labels[LABEL_CONTAINER]),
+            state=api_pb2.CONTAINER_RUNNING,
+            labels=labels,
+        )
+        return api_pb2.ContainerStatusResponse(status=status)
+
+    def _fault(self, context: grpc.ServicerContext) -> None:
+        if self._delay:
+            self._release.wait(self._delay)
+        if self._unavailable:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "test server set unavailable")
+
+    def _reload(self) -> None:
+        if self._file is None:
+            return
+        try:
+            st = os.stat(self._file)
+            stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+            if stamp == self._file_stamp:
+                return
+            with open(self._file) as f:
+                entries = json.load(f)
+            containers = {
+                c["id"]: _labels(c["namespace"], c["pod"], c["container"], c.get("pod_uid", ""))
+                for c in entries
+            }
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            print(f"cri_server: cannot read {self._file}: {e!r}", file=sys.stderr, flush=True)
+            return
+        with self._lock:  # swapped whole, so no request sees a half-loaded table
+            self._containers = containers
+            self._file_stamp = stamp
+
+
+def _labels(namespace: str, pod: str, container: str, pod_uid: str) -> dict[str, str]:
+    labels = {LABEL_NAMESPACE: namespace, LABEL_POD: pod, LABEL_CONTAINER: container}
+    if pod_uid:
+        labels[LABEL_POD_UID] = pod_uid
+    return labels
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--socket", required=True)
+    parser.add_argument("--containers", help="JSON file of containers, re-read when it changes")
+    args = parser.parse_args()
+    server = CriTestServer()
+    if args.containers:
+        server.watch_file(args.containers)
+    server.start(args.socket)
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    print(f"listening on unix:{args.socket}", flush=True)
+    done.wait()
+    server.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,177 @@
+import json
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cri_server import RUNTIME_NAME, CriTestServer
+
+from kubenpu.resolve import Attribution
+from kubenpu.resolve.cri import CriClient, grpc_target
+
+CID = "a" * 64
+OTHER = "b" * 64
+TIMEOUT = 5.0  # generous: only the slow-server test is meant to hit a deadline
+
+
+class Clock:
+    """Time the test moves by hand, so back-off tests do not sleep."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Requests:
+    """The on_request observer: what the client reports to the metrics."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[float, bool]] = []
+
+    def __call__(self, seconds: float, ok: bool) -> None:
+        self.calls.append((seconds, ok))
+
+    @property
+    def oks(self) -> list[bool]:
+        return [ok for _, ok in self.calls]
+
+
+@pytest.fixture
+def sock(tmp_path: Path) -> str:
+    return str(tmp_path / "cri.sock")
+
+
+@pytest.fixture
+def server(sock: str) -> Iterator[CriTestServer]:
+    server = CriTestServer()
+    server.start(sock)
+    server.add_container(CID, "ml", "trainer-0", "worker", pod_uid="u-1")
+    yield server
+    server.stop()
+
+
+def client(sock: str, **kw: Any) -> CriClient:
+    return CriClient(f"unix://{sock}", **{"timeout": TIMEOUT, **kw})
+
+
+def test_labels_resolved_and_cached(server: CriTestServer, sock: str) -> None:
+    requests = Requests()
+    c = client(sock, on_request=requests)
+    assert c.lookup(CID) == Attribution("ml", "trainer-0", "worker")
+    assert c.lookup(CID) == Attribution("ml", "trainer-0", "worker")
+    assert server.requests[CID] == 1
+    assert requests.oks == [True]
+
+
+def test_forget_asks_again(server: CriTestServer, sock: str) -> None:
+    c = client(sock)
+    c.lookup(CID)
+    c.forget(CID)
+    c.lookup(CID)
+    assert server.requests[CID] == 2
+
+
+def test_not_found_is_cached(server: CriTestServer, sock: str) -> None:
+    requests = Requests()
+    c = client(sock, on_request=requests)
+    assert c.lookup(OTHER) == Attribution(reason="container_not_found")
+    assert c.lookup(OTHER) == Attribution(reason="container_not_found")
+    assert server.requests[OTHER] == 1
+    assert requests.oks == [True]  # the runtime answered
+
+
+def test_container_without_kubelet_labels(server: CriTestServer, sock: str) -> None:
+    server.add_container(OTHER, "", "", "adhoc")
+    assert client(sock).lookup(OTHER) == Attribution(container="adhoc", reason="not_pod")
+
+
+def test_bare_path_endpoint(server: CriTestServer, sock: str) -> None:
+    assert CriClient(sock, timeout=TIMEOUT).lookup(CID).pod == "trainer-0"
+    assert grpc_target("/run/crio/crio.sock") == "unix:///run/crio/crio.sock"
+    assert grpc_target("unix:///run/crio/crio.sock") == "unix:///run/crio/crio.sock"
+
+
+def test_version(server: CriTestServer, sock: str) -> None:
+    assert client(sock).version() == f"{RUNTIME_NAME} 0.1.0 (CRI v1)"
+
+
+def test_server_down_then_recovers_after_back_off(server: CriTestServer, sock: str) -> None:
+    clock, requests = Clock(), Requests()
+    c = client(sock, retry_after=30.0, on_request=requests, clock=clock)
+    server.stop()
+    assert c.lookup(CID) == Attribution(reason="cri_error")
+    assert requests.oks == [False]
+
+    server.start(sock)
+    clock.now += 29
+    assert c.lookup(CID) == Attribution(reason="cri_error")  # still backing off: not asked
+    assert requests.oks == [False]
+    assert server.requests[CID] == 0
+
+    clock.now += 2
+    assert c.lookup(CID) == Attribution("ml", "trainer-0", "worker")
+    assert requests.oks == [False, True]
+
+
+def test_unavailable_status_is_not_cached(server: CriTestServer, sock: str) -> None:
+    clock = Clock()
+    c = client(sock, retry_after=10.0, clock=clock)
+    server.set_unavailable()
+    assert c.lookup(CID) == Attribution(reason="cri_error")
+    server.set_unavailable(False)
+    clock.now += 11
+    assert c.lookup(CID).container == "worker"
+    assert server.requests[CID] == 2
+
+
+def test_missing_socket_warns_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    clock, requests = Clock(), Requests()
+    path = tmp_path / "absent.sock"
+    c = CriClient(str(path), timeout=TIMEOUT, retry_after=1.0, on_request=requests, clock=clock)
+    with caplog.at_level(logging.WARNING):
+        assert c.version() is None
+        clock.now += 2
+        assert c.lookup(CID) == Attribution(reason="cri_error")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert f"socket {path} does not exist" in warnings[0]
+    assert "\n" not in warnings[0]
+    assert requests.oks == [False, False]
+
+
+def test_slow_server_hits_the_deadline(server: CriTestServer, sock: str) -> None:
+    requests = Requests()
+    c = client(sock, timeout=0.2, on_request=requests)
+    server.set_slow(60)  # released by server.stop()
+    assert c.lookup(CID) == Attribution(reason="cri_error")
+    assert requests.oks == [False]
+
+
+def test_script_mode_rereads_the_containers_file(tmp_path: Path, sock: str) -> None:
+    file = tmp_path / "containers.json"
+    entry = {"id": CID, "namespace": "ml", "pod": "p", "container": "c", "pod_uid": "u"}
+    file.write_text(json.dumps([entry]))
+    script = Path(__file__).with_name("cri_server.py")
+    cmd = [sys.executable, str(script), "--socket", sock, "--containers", str(file)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == f"listening on unix:{sock}"
+        c = client(sock)
+        assert c.lookup(CID) == Attribution("ml", "p", "c")
+        assert c.lookup(OTHER) == Attribution(reason="container_not_found")
+
+        new = tmp_path / "containers.json.new"
+        new.write_text(json.dumps([entry, {**entry, "id": OTHER, "container": "d"}]))
+        os.replace(new, file)
+        c.forget(OTHER)
+        assert c.lookup(OTHER) == Attribution("ml", "p", "d")
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
