@@ -11,12 +11,15 @@ apt_private_update
 mkdir -p "$dest" "$KUBENPU_CACHE/debs"
 for pkg in "$@"; do
   name=${pkg%%=*}
-  stamp="$dest/.unpacked.$name"
+  version=${pkg#"$name"}; version=${version#=}
+  # A pinned version must match the cached file exactly (apt escapes ':' in epochs as %3a).
+  pattern="${name}_${version:+${version//:/%3a}_}*.deb"
+  stamp="$dest/.unpacked.$name${version:+=$version}"
   [[ -e $stamp ]] && continue
-  deb=$(ls "$KUBENPU_CACHE/debs/${name}"_*.deb 2>/dev/null | head -n1 || true)
+  deb=$(ls "$KUBENPU_CACHE/debs/"$pattern 2>/dev/null | head -n1 || true)
   if [[ -z $deb ]]; then
     (cd "$KUBENPU_CACHE/debs" && APT_CONFIG=$KUBENPU_APT_CONFIG apt-get download -q "$pkg" >/dev/null)
-    deb=$(ls "$KUBENPU_CACHE/debs/${name}"_*.deb | head -n1)
+    deb=$(ls "$KUBENPU_CACHE/debs/"$pattern | head -n1)
   fi
   dpkg-deb -x "$deb" "$dest"
   touch "$stamp"

@@ -1,0 +1,45 @@
+// KubeNPU / Pods: who calls the GPU and NPU drivers, and how.
+local g = import 'kubenpu.libsonnet';
+
+// `node` is on every series: from the ServiceMonitor's relabeling when Prometheus scrapes the
+// agents, from the k8s.node.name resource attribute when they push through the Collector.
+local sel = 'node=~"$node", namespace=~"$namespace", pod!=""';
+
+g.dashboard(
+  'kubenpu-pods',
+  'KubeNPU / Pods',
+  'Per-pod counts of submit, alloc and wait calls to GPU and NPU drivers.',
+  g.variables(['node', 'namespace'], 'kubenpu_ioctl_total'),
+  [
+    g.timeseries(
+      'Calls per second by pod and kind',
+      [g.target('sum by (namespace, pod, kind) (rate(kubenpu_ioctl_total{%s}[$__rate_interval]))' % sel,
+                '{{namespace}}/{{pod}} {{kind}}')],
+      'reqps',
+      g.pos(0, 0, 24, 10),
+      'submit: work queued to the device; alloc: buffer objects created; wait: waits on fences.',
+    ),
+    g.table(
+      'Top pods per device',
+      [g.target('topk by (node, device) (5, sum by (node, device, namespace, pod) (rate(kubenpu_ioctl_total{%s}[$__rate_interval])))' % sel,
+                instant=true)],
+      g.pos(0, 10, 12, 10),
+      description='The five pods calling each device most, in calls per second.',
+    ),
+    g.timeseries(
+      'Calls per second by device and kind',
+      [g.target('sum by (node, device, kind) (rate(kubenpu_ioctl_total{%s}[$__rate_interval]))' % sel,
+                '{{node}} {{device}} {{kind}}')],
+      'reqps',
+      g.pos(12, 10, 12, 10),
+    ),
+    g.timeseries(
+      'Calls without a pod, by reason',
+      [g.target('sum by (node, reason) (rate(kubenpu_unattributed_calls_total{node=~"$node"}[$__rate_interval]))',
+                '{{node}} {{reason}}')],
+      'reqps',
+      g.pos(0, 20, 24, 8),
+      'not_pod: host processes (expected). not_indexed, container_not_found, cri_error: attribution failing.',
+    ),
+  ],
+)

@@ -1,0 +1,84 @@
+// Small builders for the KubeNPU dashboards (plain Grafana JSON model, no external library).
+// Render: jsonnet -J deploy/grafana deploy/grafana/<name>.jsonnet > deploy/grafana/<name>.json
+{
+  datasource:: { type: 'prometheus', uid: '${datasource}' },
+
+  // A Prometheus query. `instant` for tables that show one value per series.
+  target(expr, legend='', instant=false, refId='A'):: {
+    datasource: $.datasource,
+    expr: expr,
+    legendFormat: legend,
+    refId: refId,
+  } + (if instant then { instant: true, range: false, format: 'table' } else {}),
+
+  timeseries(title, targets, unit, pos, description=''):: {
+    type: 'timeseries',
+    title: title,
+    description: description,
+    datasource: $.datasource,
+    gridPos: pos,
+    targets: targets,
+    fieldConfig: {
+      defaults: { unit: unit, custom: { fillOpacity: 10, showPoints: 'never' } },
+      overrides: [],
+    },
+    options: {
+      legend: { displayMode: 'table', placement: 'right', calcs: ['mean', 'max'] },
+      tooltip: { mode: 'multi', sort: 'desc' },
+    },
+  },
+
+  // A table of instant values; `hide` lists label columns not worth showing.
+  table(title, targets, pos, hide=['Time'], description=''):: {
+    type: 'table',
+    title: title,
+    description: description,
+    datasource: $.datasource,
+    gridPos: pos,
+    targets: targets,
+    options: { showHeader: true },
+    transformations: [
+      { id: 'merge', options: {} },
+      { id: 'organize', options: { excludeByName: { [h]: true for h in hide } } },
+    ],
+  },
+
+  pos(x, y, w, h):: { x: x, y: y, w: w, h: h },
+
+  // Template variables: a Prometheus data source, then label filters read from `metric`.
+  variables(names, metric):: [{
+    name: 'datasource',
+    label: 'Data source',
+    type: 'datasource',
+    query: 'prometheus',
+  }] + [
+    {
+      name: n,
+      label: n,
+      type: 'query',
+      datasource: $.datasource,
+      query: { query: 'label_values(%s, %s)' % [metric, n], refId: n },
+      definition: 'label_values(%s, %s)' % [metric, n],
+      includeAll: true,
+      allValue: '.*',
+      multi: true,
+      current: { selected: true, text: ['All'], value: ['$__all'] },
+      refresh: 2,
+      sort: 1,
+    }
+    for n in names
+  ],
+
+  dashboard(uid, title, description, variables, panels):: {
+    uid: uid,
+    title: title,
+    description: description,
+    tags: ['kubenpu'],
+    editable: true,
+    schemaVersion: 39,
+    time: { from: 'now-1h', to: 'now' },
+    refresh: '30s',
+    templating: { list: variables },
+    panels: [panels[i] { id: i + 1 } for i in std.range(0, std.length(panels) - 1)],
+  },
+}
