@@ -1,0 +1,135 @@
+"""kubenpuctl: show what the agent would count, from sysfs and the vendor plug-ins alone.
+
+Needs no privileges, no BCC and nothing outside the standard library, so that a plain
+`pip install kubenpu` gives a working command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from kubenpu import __version__
+from kubenpu.discovery import Device, discover
+from kubenpu.vendors import Vendor, all_vendors, by_name, core
+
+PROG = "kubenpuctl"
+
+
+class UsageError(Exception):
+    """A one-line error for the user; exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line, not argparse's usage dump: errors from this tool are always one line.
+        raise UsageError(f"{message} (see {PROG} --help)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(format=f"{PROG}: warning: %(message)s", level=logging.WARNING)
+    try:
+        args = _parser().parse_args(argv)
+        print(args.run(args))
+    except UsageError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    except SystemExit as e:  # --help and --version
+        return int(e.code or 0)
+    except BrokenPipeError:
+        # The reader went away (`kubenpuctl ioctls | head`): stop quietly, and keep the
+        # interpreter from failing again when it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="Show what the KubeNPU agent would count.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    commands = parser.add_subparsers(title="commands", required=True, metavar="COMMAND")
+
+    devices = commands.add_parser("devices", help="list DRM and accel devices from sysfs")
+    devices.add_argument(
+        "--root", default="/", help="read DIR/sys and DIR/dev instead of /sys and /dev"
+    )
+    devices.add_argument("--output", "-o", choices=("table", "json"), default="table")
+    devices.set_defaults(run=_devices)
+
+    ioctls = commands.add_parser("ioctls", help="list the ioctls that are counted")
+    ioctls.add_argument("vendor", nargs="?", metavar="VENDOR", help="only this vendor (or drm)")
+    ioctls.add_argument("--output", "-o", choices=("table", "tsv", "json"), default="table")
+    ioctls.set_defaults(run=_ioctls)
+    return parser
+
+
+def _devices(args: argparse.Namespace) -> str:
+    if not (Path(args.root) / "sys").is_dir():
+        raise UsageError(f"{args.root}: no sys directory to read")
+    devices = discover(args.root)
+    if args.output == "json":
+        return json.dumps([_device_json(d) for d in devices], indent=2)
+    rows = [
+        [
+            d.driver or "-",
+            d.pci_id or "-",
+            d.id,
+            ",".join(f"{n.major}:{n.minor}" for n in d.nodes),
+            d.vendor or "-",
+        ]
+        for d in devices
+    ]
+    return _table(["DRIVER", "PCI ID", "ADDRESS", "NODES", "VENDOR"], rows)
+
+
+def _device_json(d: Device) -> dict[str, object]:
+    return {
+        "driver": d.driver,
+        "pci_id": d.pci_id,
+        "address": d.id,
+        "nodes": [f"{n.major}:{n.minor}" for n in d.nodes],
+        "vendor": d.vendor,
+        "numa_node": d.numa_node,
+        "paths": [n.path for n in d.nodes],
+    }
+
+
+def _ioctls(args: argparse.Namespace) -> str:
+    vendors = _selected(args.vendor)
+    ioctls = [(v.name, i) for v in vendors for i in sorted(v.ioctls, key=lambda i: i.nr)]
+    if args.output == "json":
+        rows = [{"vendor": v, "nr": i.nr, "kind": i.kind.label, "name": i.name} for v, i in ioctls]
+        return json.dumps(rows, indent=2)
+    rows = [[v, f"0x{i.nr:02X}", i.kind.label, i.name] for v, i in ioctls]
+    if args.output == "tsv":
+        return "\n".join("\t".join(r) for r in [["vendor", "nr", "kind", "name"], *rows])
+    return _table(["VENDOR", "NR", "KIND", "NAME"], rows)
+
+
+def _selected(name: str | None) -> tuple[Vendor, ...]:
+    if name is None:
+        return (core(), *all_vendors())
+    vendor = by_name(name)
+    if vendor is None:
+        known = ", ".join(v.name for v in (core(), *all_vendors()))
+        raise UsageError(f"unknown vendor {name!r} (known: {known})")
+    return (vendor,)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    """Columns as wide as their widest cell plus two spaces, without trailing blanks."""
+    widths = [max(len(r[col]) for r in [header, *rows]) for col in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in [header, *rows]
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""kubenpuctl, run as the installed console script and in process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from kubenpu.ctl import main
+from kubenpu.vendors import all_vendors, core
+
+REPO = Path(__file__).resolve().parent.parent
+TESTDATA = Path(__file__).parent / "testdata"
+# The console script pip installed next to this interpreter (scripts/venv.sh, or pip install .).
+KUBENPUCTL = Path(sys.executable).parent / "kubenpuctl"
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(KUBENPUCTL), *args], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_devices_table_i915() -> None:
+    result = run("devices", "--root", "tests/testdata/intel-i915")
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout == (
+        "DRIVER  PCI ID     ADDRESS       NODES          VENDOR\n"
+        "i915    8086:5917  0000:00:02.0  226:1,226:128  i915\n"
+    )
+
+
+def test_devices_table_marks_missing_values(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["devices", "--root", str(TESTDATA / "arm-panfrost")]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "DRIVER        PCI ID  ADDRESS                     NODES          VENDOR",
+        "rockchip-drm  -       platform:display-subsystem  226:0          -",
+        "panfrost      -       platform:fde60000.gpu       226:1,226:128  panfrost",
+    ]
+
+
+def test_devices_on_a_broken_tree_warns_and_lists_the_rest() -> None:
+    result = run("devices", "--root", "tests/testdata/broken")
+    assert result.returncode == 0
+    assert result.stdout.splitlines()[1:] == [
+        "-          -       0000:00:02.0  226:0,226:128  -",
+        "intel_vpu  -       0000:00:0b.0  261:0          ivpu",
+    ]
+    warnings = result.stderr.splitlines()
+    assert warnings and all(w.startswith("kubenpuctl: warning: ") for w in warnings)
+
+
+def test_devices_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["devices", "--root", str(TESTDATA / "intel-npu"), "--output", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [
+        {
+            "driver": "i915",
+            "pci_id": "8086:7d55",
+            "address": "0000:00:02.0",
+            "nodes": ["226:0", "226:128"],
+            "vendor": "i915",
+            "numa_node": None,
+            "paths": ["/dev/dri/card0", "/dev/dri/renderD128"],
+        },
+        {
+            "driver": "intel_vpu",
+            "pci_id": "8086:7d1d",
+            "address": "0000:00:0b.0",
+            "nodes": ["261:0"],
+            "vendor": "ivpu",
+            "numa_node": None,
+            "paths": ["/dev/accel/accel0"],
+        },
+    ]
+
+
+def test_devices_json_numa_node(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["devices", "--root", str(TESTDATA / "amd-server"), "-o", "json"]) == 0
+    assert [d["numa_node"] for d in json.loads(capsys.readouterr().out)] == [0, 1]
+
+
+def test_ioctls_tsv() -> None:
+    result = run("ioctls", "--output", "tsv")
+    assert (result.returncode, result.stderr) == (0, "")
+    lines = result.stdout.splitlines()
+    assert lines[0] == "vendor\tnr\tkind\tname"
+    assert lines[1] == "drm\t0xB2\talloc\tDRM_IOCTL_MODE_CREATE_DUMB"
+    for row in (
+        "drm\t0xC3\twait\tDRM_IOCTL_SYNCOBJ_WAIT",
+        "i915\t0x69\tsubmit\tDRM_IOCTL_I915_GEM_EXECBUFFER2",
+        "vgem\t0x41\tsubmit\tDRM_IOCTL_VGEM_FENCE_ATTACH",
+        "virtio_gpu\t0x48\twait\tDRM_IOCTL_VIRTGPU_WAIT",
+    ):
+        assert row in lines
+    # Every counted ioctl of every plug-in, the core table first.
+    assert len(lines) - 1 == sum(len(v.ioctls) for v in (core(), *all_vendors()))
+    assert [line.split("\t")[0] for line in lines[1:]] == sorted(
+        (line.split("\t")[0] for line in lines[1:]),
+        key=lambda name: (name != "drm", name),
+    )
+
+
+def test_ioctls_one_vendor_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["ioctls", "vgem"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "VENDOR  NR    KIND    NAME",
+        "vgem    0x41  submit  DRM_IOCTL_VGEM_FENCE_ATTACH",
+    ]
+
+
+def test_ioctls_core_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["ioctls", "drm", "-o", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows[0] == {
+        "vendor": "drm",
+        "nr": 0xB2,
+        "kind": "alloc",
+        "name": "DRM_IOCTL_MODE_CREATE_DUMB",
+    }
+    assert {r["vendor"] for r in rows} == {"drm"}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["ioctls", "nosuch"], "unknown vendor 'nosuch'"),
+        (["devices", "--root", "/nonexistent"], "/nonexistent: no sys directory"),
+        (["devices", "--output", "yaml"], "invalid choice: 'yaml'"),
+        ([], "required: COMMAND"),
+    ],
+)
+def test_errors_are_one_line_exit_2(args: list[str], message: str) -> None:
+    result = run(*args)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("kubenpuctl: error: ") and message in line
+
+
+def test_needs_only_the_standard_library() -> None:
+    # `pip install kubenpu` without extras must give a working kubenpuctl: block the agent's
+    # dependencies, then check nothing else outside the stdlib was imported either.
+    code = textwrap.dedent(
+        f"""
+        import importlib.abc, sys
+
+        class Block(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in {{"yaml", "grpc", "opentelemetry", "bcc", "pydantic",
+                                           "prometheus_client", "google"}}:
+                    raise ImportError("blocked " + name)
+
+        sys.meta_path.insert(0, Block())
+        at_start = set(sys.modules)  # site's own, e.g. setuptools' _distutils_hack
+        from kubenpu.ctl import main
+        assert main(["devices", "--root", {str(TESTDATA / "intel-i915")!r}]) == 0
+        assert main(["ioctls"]) == 0
+        outside = sorted(
+            m for m in {{n.split(".")[0] for n in sys.modules.keys() - at_start}}
+            if m not in sys.stdlib_module_names and m != "kubenpu"
+        )
+        print("OUTSIDE", outside)
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "OUTSIDE []"
