@@ -1,0 +1,348 @@
+"""The agent's own aggregated counts, and the description of every metric it exports.
+
+Why not OTel instruments: the agent counts per event from its own loop, where Counter.add costs
+~10 µs. And the OTel Python SDK keeps an aggregation object for every attribute set an observable
+instrument ever reported (≈1 KiB each, never freed), and after 2000 of them folds every NEW set
+into its own overflow point, so a node with pod churn would export new pods as overflow within
+hours. So this module owns the state, retires series itself, and hands plain snapshots to
+kubenpu.export, which renders them for OTLP and for Prometheus.
+
+Thread safety: one lock; event-loop calls hold it for a few dict operations, and `collect()`
+(from the OTLP thread or a Prometheus scrape) holds it while copying the counts.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Literal, NamedTuple
+
+Attrs = dict[str, str | bool]
+
+OVERFLOW_ATTRS: Attrs = {"otel.metric.overflow": True}
+DROP_REASONS = ("ringbuf_full", "queue_full", "device_unknown")
+UNATTRIBUTED_REASONS = ("not_indexed", "not_pod", "container_not_found", "cri_error")
+CRI_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One metric. `name` and `unit` are OTel's; export.prometheus_name() derives the Prometheus
+    name exactly as Prometheus' own OTLP translation does."""
+
+    name: str
+    kind: Literal["counter", "gauge", "histogram"]
+    unit: str
+    description: str
+    labels: tuple[str, ...] = ()
+
+
+IOCTL = Spec(
+    "kubenpu.ioctl",
+    "counter",
+    "{call}",
+    "Driver ioctl calls (submit, alloc, wait) made by processes, per container and device. "
+    "Counts calls, not utilisation.",
+    ("namespace", "pod", "container", "device", "vendor", "kind"),
+)
+DEVICE_INFO = Spec(
+    "kubenpu.device.info",
+    "gauge",
+    "",
+    "Always 1: one series per accelerator device the agent counts.",
+    ("device", "vendor", "driver", "pci_id", "numa_node", "node"),
+)
+DROPPED = Spec(
+    "kubenpu.events.dropped",
+    "counter",
+    "{call}",
+    "Calls lost before being counted: ringbuf_full (kernel ring buffer), queue_full (user-space "
+    "backlog), device_unknown (an event for a device the agent did not list).",
+    ("reason",),
+)
+INDEX_REBUILDS = Spec(
+    "kubenpu.cgroup_index.rebuilds",
+    "counter",
+    "{rebuild}",
+    "Full rebuilds of the cgroup id to container index.",
+)
+RECEIVED = Spec(
+    "kubenpu.events.received",
+    "counter",
+    "{event}",
+    "Events read from the kernel ring buffer.",
+)
+UNATTRIBUTED = Spec(
+    "kubenpu.unattributed_calls",
+    "counter",
+    "{call}",
+    "Calls counted in kubenpu_ioctl_total with empty namespace/pod/container, by reason: "
+    "not_indexed (no cgroup found), not_pod (host process outside any pod), "
+    "container_not_found (cgroup not known to the CRI), cri_error (CRI request failed).",
+    ("reason",),
+)
+CRI_DURATION = Spec(
+    "kubenpu.cri.request.duration",
+    "histogram",
+    "s",
+    "Duration of CRI requests made to attribute containers, successful or not.",
+)
+CRI_ERRORS = Spec(
+    "kubenpu.cri.errors",
+    "counter",
+    "{request}",
+    "CRI requests that failed or timed out.",
+)
+EXPORT_ERRORS = Spec(
+    "kubenpu.otlp.export.errors",
+    "counter",
+    "{export}",
+    "OTLP pushes that failed; counts are cumulative, so the next successful push loses nothing.",
+)
+IOCTL_SERIES = Spec(
+    "kubenpu.ioctl.series",
+    "gauge",
+    "{series}",
+    "kubenpu_ioctl_total series currently held (at most metrics.max_series, plus overflow).",
+)
+OVERFLOW_CALLS = Spec(
+    "kubenpu.overflow_calls",
+    "counter",
+    "{call}",
+    'Calls counted in the kubenpu_ioctl_total{otel_metric_overflow="true"} series because '
+    "metrics.max_series was reached.",
+)
+SPECS = (
+    IOCTL,
+    DEVICE_INFO,
+    DROPPED,
+    INDEX_REBUILDS,
+    RECEIVED,
+    UNATTRIBUTED,
+    CRI_DURATION,
+    CRI_ERRORS,
+    EXPORT_ERRORS,
+    IOCTL_SERIES,
+    OVERFLOW_CALLS,
+)
+
+
+class Hist(NamedTuple):
+    count: int
+    total: float
+    buckets: tuple[int, ...]  # per bucket, not cumulative; len(CRI_BOUNDS) + 1
+    low: float
+    high: float
+
+
+class Point(NamedTuple):
+    attrs: Attrs
+    value: int | Hist
+    start_ns: int
+
+
+class DeviceRow(NamedTuple):
+    device: str
+    vendor: str
+    driver: str
+    pci_id: str
+    numa_node: str
+
+
+@dataclass
+class _Pod:
+    start_ns: int
+    live: set[str] = field(default_factory=set)
+    series: dict[tuple[str, str, str, str], int] = field(default_factory=dict)
+
+
+@dataclass
+class _Histogram:
+    buckets: list[int] = field(default_factory=lambda: [0] * (len(CRI_BOUNDS) + 1))
+    count: int = 0
+    total: float = 0.0
+    low: float = float("inf")
+    high: float = float("-inf")
+
+    def record(self, v: float) -> None:
+        self.buckets[next((i for i, b in enumerate(CRI_BOUNDS) if v <= b), len(CRI_BOUNDS))] += 1
+        self.count += 1
+        self.total += v
+        self.low = min(self.low, v)
+        self.high = max(self.high, v)
+
+
+class Metrics:
+    """Counts per (namespace, pod, container, device, vendor, kind), plus self-metrics.
+
+    Lifecycle: a container is live from its first call until `container_gone()`; when every
+    container of a pod seen here is gone, the pod's series are exported for `series_ttl` more
+    seconds (so the last increments reach the collector), then dropped and their memory freed.
+    A call from a gone container revives it. Series with empty pod labels never retire.
+    """
+
+    def __init__(
+        self,
+        node_name: str,
+        series_ttl: float,
+        max_series: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._node = node_name
+        self._ttl = series_ttl
+        self._max = max_series
+        self._clock = clock
+        self._start_ns = time.time_ns()
+        self._lock = threading.Lock()
+        self._pods: dict[tuple[str, str], _Pod] = {}
+        self._gone: dict[tuple[str, str], float] = {}  # insertion order = order of going
+        self._nseries = 0
+        self._overflow = 0
+        self._devices: list[DeviceRow] = []
+        self._dropped = dict.fromkeys(DROP_REASONS, 0)
+        self._unattributed = dict.fromkeys(UNATTRIBUTED_REASONS, 0)
+        self._received = 0
+        self._rebuilds = 0
+        self._cri = _Histogram()
+        self._cri_errors = 0
+        self._export_errors = 0
+
+    # --- called from the agent's event loop -------------------------------------------------
+
+    def add_calls(
+        self,
+        namespace: str,
+        pod: str,
+        container: str,
+        device: str,
+        vendor: str,
+        kind: str,
+        n: int = 1,
+    ) -> None:
+        key = (container, device, vendor, kind)
+        with self._lock:
+            rec = self._pods.get((namespace, pod))
+            if rec is not None and key in rec.series:
+                rec.series[key] += n
+            elif self._nseries >= self._max:
+                self._overflow += n
+                return
+            else:
+                if rec is None:
+                    rec = self._pods[(namespace, pod)] = _Pod(time.time_ns())
+                rec.series[key] = n
+                self._nseries += 1
+            if pod and container not in rec.live:
+                rec.live.add(container)
+                self._gone.pop((namespace, pod), None)
+
+    def container_gone(self, namespace: str, pod: str, container: str) -> None:
+        """The container's cgroup is gone. Unknown containers are ignored."""
+        with self._lock:
+            rec = self._pods.get((namespace, pod))
+            if not pod or rec is None or container not in rec.live:
+                return
+            rec.live.discard(container)
+            if not rec.live:
+                self._gone[(namespace, pod)] = self._clock()
+            self._sweep()
+
+    def dropped(self, reason: str, n: int = 1) -> None:
+        with self._lock:
+            self._dropped[reason] = self._dropped.get(reason, 0) + n
+
+    def unattributed(self, reason: str, n: int = 1) -> None:
+        """Calls also counted, with empty pod labels, through add_calls()."""
+        with self._lock:
+            self._unattributed[reason] = self._unattributed.get(reason, 0) + n
+
+    def events_received(self, n: int) -> None:
+        with self._lock:
+            self._received += n
+
+    def index_rebuilt(self) -> None:
+        with self._lock:
+            self._rebuilds += 1
+
+    def cri_request(self, seconds: float, ok: bool) -> None:
+        with self._lock:
+            self._cri.record(seconds)
+            if not ok:
+                self._cri_errors += 1
+
+    def export_error(self) -> None:
+        with self._lock:
+            self._export_errors += 1
+
+    def set_devices(self, rows: Iterable[DeviceRow]) -> None:
+        rows = [DeviceRow(*r) for r in rows]
+        with self._lock:
+            self._devices = rows
+
+    # --- read by the exporters --------------------------------------------------------------
+
+    def series_count(self) -> int:
+        """kubenpu_ioctl_total series held, excluding the overflow series."""
+        with self._lock:
+            return self._nseries
+
+    def pods_held(self) -> int:
+        with self._lock:
+            return len(self._pods)
+
+    def _sweep(self) -> None:
+        """Drop the pods gone for at least the TTL. Caller holds the lock."""
+        now = self._clock()
+        while self._gone:
+            key, since = next(iter(self._gone.items()))
+            if now - since < self._ttl:
+                break
+            del self._gone[key]
+            self._nseries -= len(self._pods.pop(key).series)
+
+    def collect(self) -> list[tuple[Spec, list[Point]]]:
+        """Retire expired series, then snapshot every metric (cumulative values)."""
+        with self._lock:
+            self._sweep()
+            return [
+                (IOCTL, self._ioctl_points()),
+                (
+                    DEVICE_INFO,
+                    [
+                        Point({**r._asdict(), "node": self._node}, 1, self._start_ns)
+                        for r in self._devices
+                    ],
+                ),
+                (DROPPED, self._by_reason(self._dropped)),
+                (INDEX_REBUILDS, [Point({}, self._rebuilds, self._start_ns)]),
+                (RECEIVED, [Point({}, self._received, self._start_ns)]),
+                (UNATTRIBUTED, self._by_reason(self._unattributed)),
+                (CRI_DURATION, [Point({}, self._cri_snapshot(), self._start_ns)]),
+                (CRI_ERRORS, [Point({}, self._cri_errors, self._start_ns)]),
+                (EXPORT_ERRORS, [Point({}, self._export_errors, self._start_ns)]),
+                (IOCTL_SERIES, [Point({}, self._nseries, self._start_ns)]),
+                (OVERFLOW_CALLS, [Point({}, self._overflow, self._start_ns)]),
+            ]
+
+    def _ioctl_points(self) -> list[Point]:
+        points = [
+            Point(
+                {"namespace": ns, "pod": pod, "container": c, "device": d, "vendor": v, "kind": k},
+                n,
+                rec.start_ns,
+            )
+            for (ns, pod), rec in self._pods.items()
+            for (c, d, v, k), n in rec.series.items()
+        ]
+        if self._overflow:
+            points.append(Point(dict(OVERFLOW_ATTRS), self._overflow, self._start_ns))
+        return points
+
+    def _by_reason(self, counts: dict[str, int]) -> list[Point]:
+        return [Point({"reason": r}, n, self._start_ns) for r, n in counts.items()]
+
+    def _cri_snapshot(self) -> Hist:
+        c = self._cri
+        return Hist(c.count, c.total, tuple(c.buckets), c.low, c.high)

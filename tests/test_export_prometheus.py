@@ -1,0 +1,203 @@
+"""Real receivers, fetched from Debian by scripts/tools.sh: Prometheus 3 scrapes /metrics and
+promtool lints it; VictoriaMetrics receives OTLP/HTTP pushes and translates names the Prometheus
+way (Debian's Prometheus is built without its OTLP receiver, #1080354). Both are queried through
+the Prometheus HTTP API: names, labels and values must match exactly, and match each other."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from test_export import free_port, make_config, scrape
+from test_metrics import calls
+
+from kubenpu import export
+from kubenpu.metrics import SPECS, DeviceRow
+
+pytestmark = pytest.mark.tools
+ROOT = Path(__file__).resolve().parent.parent
+IOCTL_LABELS = {
+    "__name__": "kubenpu_ioctl_total",
+    "namespace": "ns",
+    "pod": "p",
+    "container": "c",
+    "device": "0000:03:00.0",
+    "vendor": "vgem",
+    "kind": "submit",
+}
+
+
+@pytest.fixture(scope="session")
+def tools() -> Path:
+    out = subprocess.run(
+        ["bash", str(ROOT / "scripts/tools.sh")],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+@dataclass
+class Prometheus:
+    url: str
+
+    def query(self, q: str) -> list[dict]:
+        u = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": q})
+        with urllib.request.urlopen(u, timeout=10) as r:
+            body = json.load(r)
+        assert body["status"] == "success", body
+        return body["data"]["result"]
+
+    def wait_for(self, q: str, n: int = 1, timeout: float = 60) -> list[dict]:
+        """Poll until the query returns n series (bounded; ingestion and scrapes are async)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            result = self.query(q)
+            if len(result) >= n or time.monotonic() > deadline:
+                return result
+            time.sleep(0.2)
+
+
+def run_server(cmd: list[str], port: int, log: Path) -> Iterator[Prometheus]:
+    """Start a server on 127.0.0.1:port, wait (bounded) until it answers, stop it afterwards."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log, "w"))  # noqa: SIM115
+    prom = Prometheus(f"http://127.0.0.1:{port}")
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{prom.url}/-/ready", timeout=2):
+                    break
+            except OSError:
+                assert proc.poll() is None, log.read_text()[-2000:]
+                assert time.monotonic() < deadline, f"{cmd[0]} did not become ready"
+                time.sleep(0.2)
+        yield prom
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def start_prometheus(tools: Path, tmp: Path, scrape_port: int) -> Iterator[Prometheus]:
+    port = free_port()
+    (tmp / "prometheus.yml").write_text(
+        "global: {scrape_interval: 1s}\nscrape_configs:\n- job_name: kubenpu\n"
+        f"  static_configs:\n  - targets: ['127.0.0.1:{scrape_port}']\n"
+    )
+    cmd = [
+        str(tools / "prometheus"),
+        f"--config.file={tmp / 'prometheus.yml'}",
+        f"--storage.tsdb.path={tmp / 'data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+    ]
+    yield from run_server(cmd, port, tmp / "prometheus.log")
+
+
+def start_victoria_metrics(tools: Path, tmp: Path) -> Iterator[Prometheus]:
+    port = free_port()
+    cmd = [
+        str(tools / "victoria-metrics"),
+        f"-httpListenAddr=127.0.0.1:{port}",
+        f"-storageDataPath={tmp / 'vm'}",
+        "-opentelemetry.usePrometheusNaming",
+        "-opentelemetry.promoteAllResourceAttributes=false",
+        "-search.latencyOffset=0s",
+        "-search.disableCache",
+    ]
+    yield from run_server(cmd, port, tmp / "victoria-metrics.log")
+
+
+def fill(tel: export.Telemetry) -> None:
+    m = tel.metrics
+    calls(m, "ns", "p", "c", 42)
+    calls(m, "", "", "", 5)
+    m.unattributed("cri_error", 5)
+    m.dropped("ringbuf_full", 3)
+    m.events_received(47)
+    m.index_rebuilt()
+    m.cri_request(0.004, True)
+    m.set_devices([DeviceRow("0000:03:00.0", "vgem", "vgem", "1af4:1050", "0")])
+
+
+def expected_names() -> set[str]:
+    return {export.prometheus_name(s) for s in SPECS}
+
+
+def check_series(prom: Prometheus) -> None:
+    [ioctl] = prom.wait_for('kubenpu_ioctl_total{pod="p"}')
+    # job/instance come from the scrape, scope_* from VictoriaMetrics' OTLP translation.
+    added = ("job", "instance", "scope_name", "scope_version")
+    labels = {k: v for k, v in ioctl["metric"].items() if k not in added}
+    assert labels == IOCTL_LABELS
+    assert ioctl["value"][1] == "42"
+    [host] = prom.query('kubenpu_ioctl_total{pod=""}')
+    assert host["value"][1] == "5"
+    [info] = prom.query("kubenpu_device_info")
+    assert {
+        k: info["metric"][k] for k in ("device", "vendor", "driver", "pci_id", "numa_node", "node")
+    } == {
+        "device": "0000:03:00.0",
+        "vendor": "vgem",
+        "driver": "vgem",
+        "pci_id": "1af4:1050",
+        "numa_node": "0",
+        "node": "node-a",
+    }
+    assert prom.query('kubenpu_unattributed_calls_total{reason="cri_error"}')[0]["value"][1] == "5"
+    assert prom.query('kubenpu_events_dropped_total{reason="ringbuf_full"}')[0]["value"][1] == "3"
+    assert prom.query("kubenpu_events_received_total")[0]["value"][1] == "47"
+    assert prom.query("kubenpu_cri_request_duration_seconds_count")[0]["value"][1] == "1"
+    names = {r["metric"]["__name__"] for r in prom.query('{__name__=~"kubenpu_.*"}')}
+    histogram = {n for n in names if n.startswith("kubenpu_cri_request_duration_seconds_")}
+    assert names - histogram == expected_names() - {"kubenpu_cri_request_duration_seconds"}
+    assert histogram == {
+        f"kubenpu_cri_request_duration_seconds_{s}" for s in ("bucket", "count", "sum")
+    }
+
+
+def test_otlp_http_push_into_a_prometheus_api(tools, tmp_path):
+    for vm in start_victoria_metrics(tools, tmp_path):
+        env = {
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"{vm.url}/opentelemetry",
+            "OTEL_METRICS_EXPORTER": "otlp",
+        }
+        tel = export.start(make_config(tmp_path, "export: {otlp: {interval_seconds: 3600}}", env))
+        try:
+            fill(tel)
+            assert tel.flush()
+        finally:
+            tel.shutdown()
+        check_series(vm)
+
+
+def test_prometheus_scrapes_metrics_and_promtool_is_clean(tools, tmp_path):
+    port = free_port()
+    tel = export.start(
+        make_config(tmp_path, f"export: {{prometheus: {{host: 127.0.0.1, port: {port}}}}}")
+    )
+    try:
+        fill(tel)
+        body = scrape(port)
+        lint = subprocess.run(
+            [str(tools / "promtool"), "check", "metrics"],
+            input=body,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert (lint.returncode, lint.stdout, lint.stderr) == (0, "", "")
+        for prom in start_prometheus(tools, tmp_path, port):
+            check_series(prom)
+            assert prom.query('up{job="kubenpu"}')[0]["value"][1] == "1"
+    finally:
+        tel.shutdown()

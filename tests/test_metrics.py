@@ -1,0 +1,205 @@
+"""kubenpu.metrics: exact counts, series lifecycle, the cardinality cap, bounded memory."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import tracemalloc
+from array import array
+
+from kubenpu import config, export
+from kubenpu.metrics import IOCTL, OVERFLOW_ATTRS, OVERFLOW_CALLS, DeviceRow, Metrics, Spec
+
+
+class Clock:
+    """A fake monotonic clock: series TTLs are tested without waiting."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def values(m: Metrics, spec: Spec) -> dict[frozenset, object]:
+    snap = dict(m.collect())
+    return {frozenset(p.attrs.items()): p.value for p in snap[spec]}
+
+
+def ioctl(ns: str, pod: str, c: str, kind: str = "submit") -> frozenset:
+    return frozenset(
+        {
+            "namespace": ns,
+            "pod": pod,
+            "container": c,
+            "device": "0000:03:00.0",
+            "vendor": "vgem",
+            "kind": kind,
+        }.items()
+    )
+
+
+def calls(m: Metrics, ns: str, pod: str, c: str, n: int = 1, kind: str = "submit") -> None:
+    m.add_calls(ns, pod, c, "0000:03:00.0", "vgem", kind, n)
+
+
+def test_counts_are_exact() -> None:
+    m = Metrics("node-a", 300, 100)
+    calls(m, "ns", "p", "c", 3)
+    calls(m, "ns", "p", "c", 4)
+    calls(m, "ns", "p", "c", 1, kind="wait")
+    calls(m, "", "", "", 2)
+    m.unattributed("not_pod", 2)
+    m.dropped("queue_full", 7)
+    m.events_received(10)
+    m.index_rebuilt()
+    m.set_devices([DeviceRow("0000:03:00.0", "vgem", "vgem", "1af4:1050", "0")])
+    assert values(m, IOCTL) == {
+        ioctl("ns", "p", "c"): 7,
+        ioctl("ns", "p", "c", "wait"): 1,
+        ioctl("", "", ""): 2,
+    }
+    snap = {s.name: {frozenset(p.attrs.items()): p.value for p in pts} for s, pts in m.collect()}
+    assert snap["kubenpu.unattributed_calls"][frozenset({("reason", "not_pod")})] == 2
+    assert snap["kubenpu.unattributed_calls"][frozenset({("reason", "cri_error")})] == 0
+    assert snap["kubenpu.events.dropped"][frozenset({("reason", "queue_full")})] == 7
+    assert snap["kubenpu.events.received"] == {frozenset(): 10}
+    assert snap["kubenpu.cgroup_index.rebuilds"] == {frozenset(): 1}
+    assert snap["kubenpu.device.info"] == {
+        frozenset(
+            {
+                "device": "0000:03:00.0",
+                "vendor": "vgem",
+                "driver": "vgem",
+                "pci_id": "1af4:1050",
+                "numa_node": "0",
+                "node": "node-a",
+            }.items()
+        ): 1
+    }
+
+
+def test_cri_histogram_and_errors() -> None:
+    m = Metrics("n", 300, 100)
+    for seconds, ok in ((0.0005, True), (0.03, True), (30.0, False)):
+        m.cri_request(seconds, ok)
+    snap = {s.name: pts for s, pts in m.collect()}
+    h = snap["kubenpu.cri.request.duration"][0].value
+    assert (h.count, h.low, h.high, sum(h.buckets)) == (3, 0.0005, 30.0, 3)
+    assert (h.buckets[0], h.buckets[5], h.buckets[-1]) == (1, 1, 1)  # ≤1ms, ≤50ms, +Inf
+    assert snap["kubenpu.cri.errors"][0].value == 1
+
+
+def test_pod_series_retire_after_ttl_when_all_containers_are_gone() -> None:
+    clock = Clock()
+    m = Metrics("n", 60, 100, clock)
+    calls(m, "ns", "p", "a")
+    calls(m, "ns", "p", "b")
+    m.container_gone("ns", "p", "a")
+    clock.now += 3600
+    assert set(values(m, IOCTL)) == {ioctl("ns", "p", "a"), ioctl("ns", "p", "b")}
+    m.container_gone("ns", "p", "b")
+    clock.now += 59
+    assert len(values(m, IOCTL)) == 2  # still within the TTL: the last counts get exported
+    clock.now += 1
+    assert values(m, IOCTL) == {}
+    assert (m.series_count(), m.pods_held()) == (0, 0)
+
+
+def test_a_call_revives_a_gone_container() -> None:
+    clock = Clock()
+    m = Metrics("n", 60, 100, clock)
+    calls(m, "ns", "p", "a", 5)
+    m.container_gone("ns", "p", "a")
+    clock.now += 30
+    calls(m, "ns", "p", "a", 1)  # a restarted container with the same name
+    clock.now += 3600
+    assert values(m, IOCTL) == {ioctl("ns", "p", "a"): 6}
+    m.container_gone("ns", "p", "unknown")  # never seen: ignored, allocates nothing
+    assert m.pods_held() == 1
+
+
+def test_cardinality_cap_folds_new_series_into_overflow() -> None:
+    m = Metrics("n", 60, 3)
+    for i in range(5):
+        calls(m, "ns", f"p{i}", "c", 10)
+    calls(m, "ns", "p0", "c", 1)  # an existing series keeps counting
+    got = values(m, IOCTL)
+    assert got == {
+        ioctl("ns", "p0", "c"): 11,
+        ioctl("ns", "p1", "c"): 10,
+        ioctl("ns", "p2", "c"): 10,
+        frozenset(OVERFLOW_ATTRS.items()): 20,
+    }
+    assert values(m, OVERFLOW_CALLS) == {frozenset(): 20}
+    assert sum(got.values()) == 51  # nothing lost
+
+
+def test_concurrent_updates_and_collections_are_exact() -> None:
+    m = Metrics("n", 60, 10_000)
+    stop = threading.Event()
+
+    def collect() -> None:
+        while not stop.is_set():
+            m.collect()
+
+    reader = threading.Thread(target=collect)
+    reader.start()
+    writers = [
+        threading.Thread(
+            target=lambda w=w: [calls(m, "ns", f"p{i % 50}", f"c{w}") for i in range(20_000)]
+        )
+        for w in range(4)
+    ]
+    for t in writers:
+        t.start()
+    for t in writers:
+        t.join()
+    stop.set()
+    reader.join()
+    assert sum(values(m, IOCTL).values()) == 80_000
+
+
+def test_churn_of_1000_containers_returns_memory_to_baseline() -> None:
+    """1000 containers (500 pods x 2) come and go; their series are retired after the TTL and the
+    state, rendered through both exporters each round, does not grow with the pods that left."""
+    clock = Clock()
+    cfg = config.Config(node_name="n")
+    m = Metrics("n", 60, 10_000, clock)
+    resource = export.build_resource(cfg)
+    prom = export.PrometheusCollector(m, resource)
+    calls(m, "", "", "", 1)  # the never-retired host series
+
+    def round_(wave: int) -> None:
+        for p in range(50):
+            for c in ("app", "sidecar"):
+                calls(m, "ns", f"pod-{wave}-{p}", c, 3)
+        list(prom.collect())
+        export.metrics_data(m.collect(), resource)
+        for p in range(50):
+            for c in ("app", "sidecar"):
+                m.container_gone("ns", f"pod-{wave}-{p}", c)
+        clock.now += 61
+        list(prom.collect())
+        export.metrics_data(m.collect(), resource)
+
+    round_(0)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        baseline = tracemalloc.get_traced_memory()[0]
+        after = array("q", [0] * 9)  # preallocated: the measurement must not allocate
+        for wave in range(1, 10):  # 9 more waves: 1000 containers in all
+            round_(wave)
+            gc.collect()
+            after[wave - 1] = tracemalloc.get_traced_memory()[0] - baseline
+        peak = tracemalloc.get_traced_memory()[1] - baseline
+    finally:
+        tracemalloc.stop()
+    assert (m.series_count(), m.pods_held()) == (1, 1)
+    assert values(m, IOCTL) == {ioctl("", "", ""): 1}
+    assert peak > 20_000  # the measurement does see a wave's state...
+    # ...and what stays is the dict tables sized for the peak of live pods (a wave), not for
+    # the pods that came and went: flat from the second wave on.
+    assert after[-1] < 8_000
+    assert after[-1] - after[1] <= 0
