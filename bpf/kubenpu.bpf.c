@@ -6,9 +6,16 @@
  * The kernel keeps only calls on known devices whose ioctl nr is in that vendor's table,
  * and sends one small event per kept call to the ring buffer.
  *
+ * Two modes, chosen at compile time:
+ * - per-event (default): every kept call is one ring-buffer record;
+ * - KUBENPU_AGGREGATE: calls are counted in a per-CPU hash keyed by {cgroup, device, kind}, and
+ *   the ring buffer carries only the first call of each key, so user space can resolve a new
+ *   cgroup at once while reading the counts on its own schedule.
+ *
  * Python substitutes these before compiling:
- *   KUBENPU_ATTACH  the probe header line (MODULE_KFUNC_PROBE / KFUNC_PROBE / kprobe)
+ *   KUBENPU_ATTACH  the probe's header line (MODULE_KFUNC_PROBE, KFUNC_PROBE or a kprobe)
  *   RINGBUF_PAGES   ring buffer size in pages (a power of two)
+ *   COUNTS_ENTRIES  size of the counts map (aggregate mode)
  * and fills `devices` and `ioctls` before attaching.
  */
 #include <linux/fs.h>
@@ -39,12 +46,47 @@ BPF_HASH(devices, u32, u32, 256);
 /* {vendor id, nr} -> kind (1 submit, 2 alloc, 3 wait) */
 BPF_HASH(ioctls, struct ioctl_key, u32, 4096);
 BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
-/* events lost because the ring buffer had no room */
-BPF_PERCPU_ARRAY(ringbuf_full, u64, 1);
+/* calls lost, by reason: [0] the ring buffer had no room, [1] the counts map was full */
+BPF_PERCPU_ARRAY(lost, u64, 2);
+#define LOST_RINGBUF_FULL 0
+#define LOST_MAP_FULL 1
 
-static __always_inline int handle(struct file *filp, unsigned int cmd)
+#ifdef KUBENPU_AGGREGATE
+struct count_key {
+    u64 cgroup_id;
+    u32 rdev;
+    u32 kind;
+};
+BPF_PERCPU_HASH(counts, struct count_key, u64, COUNTS_ENTRIES);
+#endif
+
+static __always_inline void count_lost(u32 reason)
 {
-    u32 rdev = filp->f_inode->i_rdev;
+    u64 *n = lost.lookup(&reason);
+    if (n)
+        (*n)++;
+}
+
+static __always_inline void emit(u64 cgroup_id, u32 rdev, u32 cmd, u32 kind)
+{
+    struct event *e = events.ringbuf_reserve(sizeof(*e));
+    if (!e) {
+        count_lost(LOST_RINGBUF_FULL);
+        return;
+    }
+    e->ts_ns = bpf_ktime_get_ns();
+    e->cgroup_id = cgroup_id;
+    e->tgid = bpf_get_current_pid_tgid() >> 32;
+    e->cmd = cmd;
+    e->major = rdev >> 20;
+    e->minor = rdev & 0xfffff;
+    e->kind = kind;
+    e->_pad = 0;
+    events.ringbuf_submit(e, 0);
+}
+
+static __always_inline int handle(u32 rdev, u32 cmd)
+{
     u32 *vendor = devices.lookup(&rdev);
     if (!vendor)
         return 0;
@@ -58,27 +100,33 @@ static __always_inline int handle(struct file *filp, unsigned int cmd)
     if (!kind)
         return 0;
 
-    struct event *e = events.ringbuf_reserve(sizeof(*e));
-    if (!e) {
-        u32 zero = 0;
-        u64 *lost = ringbuf_full.lookup(&zero);
-        if (lost)
-            (*lost)++;
+    u64 cgroup_id = bpf_get_current_cgroup_id();
+#ifdef KUBENPU_AGGREGATE
+    struct count_key ck = {.cgroup_id = cgroup_id, .rdev = rdev, .kind = *kind};
+    u64 *n = counts.lookup(&ck);
+    if (n) {
+        (*n)++;  /* this CPU's slot: no atomics needed */
         return 0;
     }
-    e->ts_ns = bpf_ktime_get_ns();
-    e->cgroup_id = bpf_get_current_cgroup_id();
-    e->tgid = bpf_get_current_pid_tgid() >> 32;
-    e->cmd = cmd;
-    e->major = rdev >> 20;
-    e->minor = rdev & 0xfffff;
-    e->kind = *kind;
-    e->_pad = 0;
-    events.ringbuf_submit(e, 0);
+    u64 one = 1;
+    /* First call of this key: only the CPU whose insert wins announces it, so user space
+     * hears of each key once. */
+    if (counts.insert(&ck, &one) != 0) {
+        n = counts.lookup(&ck);  /* another CPU inserted it meanwhile */
+        if (n)
+            (*n)++;
+        else
+            count_lost(LOST_MAP_FULL);
+        return 0;
+    }
+#endif
+    emit(cgroup_id, rdev, cmd, *kind);
     return 0;
 }
 
+/* The attach line is substituted by the probe; every variant names its arguments filp and cmd.
+ * The field read stays in the probe body so BCC can rewrite it for the kprobe fallback. */
 KUBENPU_ATTACH
 {
-    return handle(filp, cmd);
+    return handle(filp->f_inode->i_rdev, cmd);
 }

@@ -40,7 +40,7 @@ g.dashboard(
     ),
     g.timeseries(
       'CRI errors per second',
-      [g.target('sum by (node) (rate(kubenpu_cri_request_errors_total{%s}[$__rate_interval]))' % node,
+      [g.target('sum by (node) (rate(kubenpu_cri_errors_total{%s}[$__rate_interval]))' % node,
                 '{{node}}')],
       'reqps',
       g.pos(8, 17, 8, 8),
@@ -69,6 +69,24 @@ g.dashboard(
                 '{{node}}')],
       'reqps',
       g.pos(12, 25, 12, 8),
+    ),
+    g.timeseries(
+      'Series held and overflow',
+      [
+        g.target('sum by (node) (kubenpu_ioctl_series{%s})' % node, '{{node}} series'),
+        g.target('sum by (node) (rate(kubenpu_overflow_calls_total{%s}[$__rate_interval]))' % node,
+                 '{{node}} overflowed calls/s', refId='B'),
+      ],
+      'short',
+      g.pos(0, 33, 12, 8),
+      'Series over metrics.max_series fold into one otel.metric.overflow="true" series.',
+    ),
+    g.timeseries(
+      'OTLP export errors',
+      [g.target('sum by (node) (increase(kubenpu_otlp_export_errors_total{%s}[$__rate_interval]))' % node,
+                '{{node}}')],
+      'short',
+      g.pos(12, 33, 12, 8),
     ),
   ],
 )

@@ -45,7 +45,7 @@
         },
         {
           alert: 'KubeNPUCRIUnreachable',
-          expr: 'sum by (node) (rate(kubenpu_cri_request_errors_total[5m])) > 0',
+          expr: 'sum by (node) (rate(kubenpu_cri_errors_total[5m])) > 0',
           'for': '15m',
           labels: { severity: 'warning' },
           annotations: {

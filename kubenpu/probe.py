@@ -1,0 +1,210 @@
+"""The kernel side: compile bpf/kubenpu.bpf.c with BCC, fill its maps, attach it to drm_ioctl.
+
+Attach modes, tried in this order under ``attach: auto``:
+- ``fentry-module``: MODULE_KFUNC_PROBE(drm, drm_ioctl) when DRM is a module (BCC >= 0.28);
+- ``fentry``: KFUNC_PROBE(drm_ioctl) when DRM is built into vmlinux;
+- ``kprobe``: the fallback where fentry is unavailable. It reads kernel memory through
+  bpf_probe_read, which lockdown=confidentiality forbids.
+The maps are filled before the program is attached, so every call after attach is judged
+against the full device and ioctl tables.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from kubenpu.discovery import Device
+from kubenpu.events import Key
+from kubenpu.vendors import Vendor, all_vendors, core
+
+log = logging.getLogger(__name__)
+
+_ARGS = "struct file *filp, unsigned int cmd, unsigned long arg"
+_SOURCE_CANDIDATES = (
+    Path(__file__).parent / "bpf" / "kubenpu.bpf.c",  # installed wheel
+    Path(__file__).parents[1] / "bpf" / "kubenpu.bpf.c",  # source tree / editable install
+)
+
+
+# Index order of the `lost` array in bpf/kubenpu.bpf.c.
+_LOST_REASONS = ("ringbuf_full", "map_full")
+
+
+class ProbeError(Exception):
+    """The probe could not be loaded or attached; the message is one line for the operator."""
+
+
+@dataclass(frozen=True)
+class AttachPlan:
+    mode: str
+    header: str  # replaces KUBENPU_ATTACH
+    fn_name: str
+
+
+def attach_plans(attach: str, btf_dir: Path = Path("/sys/kernel/btf")) -> list[AttachPlan]:
+    """The attach variants to try, best first, for ``attach`` = auto | fentry | kprobe."""
+    if (btf_dir / "drm").exists():
+        fentry = AttachPlan(
+            "fentry-module",
+            f"MODULE_KFUNC_PROBE(drm, drm_ioctl, {_ARGS})",
+            "kfunc__drm__drm_ioctl",
+        )
+    else:
+        fentry = AttachPlan(
+            "fentry", f"KFUNC_PROBE(drm_ioctl, {_ARGS})", "kfunc__vmlinux__drm_ioctl"
+        )
+    kprobe = AttachPlan(
+        "kprobe", f"int kubenpu_kprobe(struct pt_regs *ctx, {_ARGS})", "kubenpu_kprobe"
+    )
+    return {"auto": [fentry, kprobe], "fentry": [fentry], "kprobe": [kprobe]}[attach]
+
+
+def vendor_ids() -> dict[str, int]:
+    """BPF vendor ids: 0 is the DRM core table, plug-ins are numbered from 1."""
+    ids = {core().name: 0}
+    ids.update({v.name: i for i, v in enumerate(all_vendors(), start=1)})
+    return ids
+
+
+def source_text(plan: AttachPlan, ringbuf_pages: int, counts_entries: int) -> str:
+    path = next((p for p in _SOURCE_CANDIDATES if p.exists()), None)
+    if path is None:
+        raise ProbeError("bpf/kubenpu.bpf.c is missing from the installation")
+    text = path.read_text()
+    return (
+        text.replace("KUBENPU_ATTACH", plan.header)
+        .replace("RINGBUF_PAGES", str(ringbuf_pages))
+        .replace("COUNTS_ENTRIES", str(counts_entries))
+    )
+
+
+def _headers_hint() -> str:
+    build = Path("/lib/modules") / os.uname().release / "build"
+    if build.exists() or Path("/sys/kernel/kheaders.tar.xz").exists():
+        return ""
+    return (
+        f"; kernel headers for {os.uname().release} not found: mount /lib/modules and /usr/src "
+        "read-only from the node, or load the kheaders module"
+    )
+
+
+class Probe:
+    """One loaded BPF program. Not thread-safe: poll it from one thread."""
+
+    def __init__(
+        self,
+        devices: Iterable[Device],
+        *,
+        mode: str = "aggregate",
+        attach: str = "auto",
+        ringbuf_pages: int = 256,
+        counts_entries: int = 16384,
+        debug: bool = False,
+    ) -> None:
+        self._devices = [d for d in devices if d.vendor]
+        self._aggregate = mode == "aggregate"
+        self._attach = attach
+        self._ringbuf_pages = ringbuf_pages
+        self._counts_entries = counts_entries
+        self._debug = debug
+        self._bpf = None
+        self.mode = ""
+
+    def start(self, on_event: Callable[[bytes], None]) -> str:
+        """Compile, fill the maps, attach, open the ring buffer. Returns the attach mode."""
+        errors = []
+        for plan in attach_plans(self._attach):
+            try:
+                self._bpf = self._load(plan)
+            except Exception as exc:  # BCC raises bare Exception for compile/load failures
+                errors.append(f"{plan.mode}: {str(exc).splitlines()[0] if str(exc) else exc!r}")
+                log.warning("attach mode %s unavailable: %s", plan.mode, errors[-1])
+                continue
+            self.mode = plan.mode
+            if plan.mode == "kprobe":
+                log.warning(
+                    "fentry is unavailable; using the kprobe fallback (fails under lockdown)"
+                )
+            self._open_ring_buffer(on_event)
+            return plan.mode
+        raise ProbeError("cannot attach to drm_ioctl: " + "; ".join(errors) + _headers_hint())
+
+    def _load(self, plan: AttachPlan):  # returns bcc.BPF
+        import bcc  # deferred: BCC comes from the distribution and is only needed here
+
+        class _Deferred(bcc.BPF):
+            # BCC attaches kfunc__/kprobe__ functions while compiling; we attach only once
+            # the maps are filled.
+            def _trace_autoload(self) -> None:
+                pass
+
+        flags = bcc.DEBUG_BPF_REGISTER_STATE if self._debug else 0
+        text = source_text(plan, self._ringbuf_pages, self._counts_entries)
+        cflags = ["-DKUBENPU_AGGREGATE"] if self._aggregate else []
+        bpf = _Deferred(text=text, cflags=cflags, debug=flags)
+        self._fill_maps(bpf)
+        if plan.mode == "kprobe":
+            bpf.attach_kprobe(event="drm_ioctl", fn_name=plan.fn_name)
+        else:
+            bpf.attach_kfunc(fn_name=plan.fn_name)
+        return bpf
+
+    def _fill_maps(self, bpf) -> None:
+        ids = vendor_ids()
+        devices = bpf["devices"]
+        for dev in self._devices:
+            for node in dev.nodes:
+                key = devices.Key(node.major << 20 | node.minor)
+                devices[key] = devices.Leaf(ids[dev.vendor])
+        ioctls = bpf["ioctls"]
+        for vendor in (core(), *self._vendors_in_use()):
+            for ioctl in vendor.ioctls:
+                key = ioctls.Key(ids[vendor.name], ioctl.nr)
+                ioctls[key] = ioctls.Leaf(int(ioctl.kind))
+
+    def _vendors_in_use(self) -> list[Vendor]:
+        names = {d.vendor for d in self._devices}
+        return [v for v in all_vendors() if v.name in names]
+
+    def _open_ring_buffer(self, on_event: Callable[[bytes], None]) -> None:
+        def callback(_ctx, data, size) -> int:
+            on_event(ctypes.string_at(data, size))
+            return 0
+
+        self._callback = callback  # BCC keeps only a weak reference
+        self._bpf["events"].open_ring_buffer(callback)
+
+    def poll(self, timeout_ms: int) -> None:
+        """Deliver pending events to the callback, waiting up to timeout_ms for the first."""
+        self._bpf.ring_buffer_poll(timeout_ms)
+
+    def kernel_drops(self) -> dict[str, int]:
+        """Calls lost in the kernel so far, by drop reason (cumulative)."""
+        table = self._bpf["lost"]
+        return {reason: int(sum(table[table.Key(i)])) for i, reason in enumerate(_LOST_REASONS)}
+
+    def read_counts(self) -> dict[Key, int]:
+        """Aggregate mode: the cumulative count of every {cgroup, device, kind} in the kernel."""
+        found = {}
+        for k, per_cpu in self._bpf["counts"].items():
+            found[Key(k.cgroup_id, k.rdev >> 20, k.rdev & 0xFFFFF, k.kind)] = sum(per_cpu)
+        return found
+
+    def forget_counts(self, keys: Iterable[Key]) -> None:
+        """Free the kernel entries of cgroups that are gone (no process can add to them)."""
+        table = self._bpf["counts"]
+        for key in keys:
+            ck = table.Key(key.cgroup_id, key.major << 20 | key.minor, key.kind)
+            with contextlib.suppress(KeyError):
+                del table[ck]
+
+    def close(self) -> None:
+        if self._bpf is not None:
+            self._bpf.cleanup()
+            self._bpf = None

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Boot one of the kernels of tests/vm/build.sh under QEMU (TCG) and run a script inside it.
+#   tests/vm/run.sh KERNEL GUEST_SCRIPT [OUT_DIR] [-- EXTRA_KERNEL_ARGS...]
+# GUEST_SCRIPT is a file in this repo (the guest sees the repo read-only at /src) or a path that
+# only exists in the guest. OUT_DIR (default: a new directory under /tmp) is the guest's writable
+# /out; it receives console.log (the whole serial console), guest.log (the script's output), rc,
+# and harness-error when the guest setup failed. Extra kernel args go after `--`
+# (e.g. lockdown=confidentiality).
+# Exit code: the script's; 124 when KUBENPU_VM_TIMEOUT (seconds, default 900) ran out; 125 when
+# the guest never ran the script to the end (boot or setup failure).
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+. "$repo/scripts/env.sh"
+vm=$KUBENPU_CACHE/vm
+timeout_s=${KUBENPU_VM_TIMEOUT:-900}
+
+die() {
+  printf 'run.sh: %s\n' "$1" >&2
+  exit "${2:-2}"
+}
+
+usage() { die "usage: $0 KERNEL GUEST_SCRIPT [OUT_DIR] [-- EXTRA_KERNEL_ARGS...]"; }
+
+# The guest's path for GUEST_SCRIPT: files of the repo map to /src, other absolute paths are
+# taken as guest paths (e.g. /bin/true). Spaces cannot pass through the kernel command line.
+guest_path() {
+  local path=$1 abs
+  [[ $path != *[[:space:]]* ]] || die "script path has spaces: $path"
+  abs=$(realpath -m "$path")
+  if [[ -f $path && $abs == "$repo"/* ]]; then
+    echo "/src/${abs#"$repo"/}"
+  elif [[ $path == /* ]]; then
+    echo "$path"
+  else
+    die "no such script: $path"
+  fi
+}
+
+# qemu's output, with the serial console's CRs removed, both on stdout and in console.log.
+# Sets qemu_status to qemu's (or timeout's) exit status.
+boot() {
+  local kernel_dir=$1 out=$2 cmdline=$3
+  # thread=single: with one host thread per vCPU, the guest kernel's live code patching (static
+  # keys at boot, BPF trampolines at attach) sometimes hit a stale int3 and oopsed. One thread
+  # costs nothing for serial work such as BCC's compile.
+  # 9p: the root and the repo read-only (security_model=none: the host's owners and modes as they
+  # are); /out writable, files created there by the guest's root are owned by the host's root.
+  set +o pipefail
+  timeout --kill-after=10 "$timeout_s" qemu-system-x86_64 \
+    -accel tcg -cpu max -m 3G -smp 2 -nographic -no-reboot -nic none \
+    -kernel "$kernel_dir/vmlinux" -initrd "$kernel_dir/initramfs.cpio" -append "$cmdline" \
+    -device virtio-gpu-pci \
+    -virtfs "local,path=$vm/root,mount_tag=root,security_model=none,readonly=on,multidevs=remap" \
+    -virtfs "local,path=$repo,mount_tag=src,security_model=none,readonly=on,multidevs=remap" \
+    -virtfs "local,path=$out,mount_tag=out,security_model=passthrough,multidevs=remap" \
+    </dev/null 2>&1 | stdbuf -o0 tr -d '\r' | tee "$out/console.log"
+  qemu_status=${PIPESTATUS[0]}
+  set -o pipefail
+}
+
+main() {
+  (($# >= 2)) || usage
+  local kernel=$1 script out extra=()
+  script=$(guest_path "$2")
+  shift 2
+  if (($#)) && [[ $1 != -- ]]; then
+    out=$1
+    shift
+  else
+    out=$(mktemp -d /tmp/kubenpu-vm.XXXXXX)
+  fi
+  if (($#)); then
+    [[ $1 == -- ]] || usage
+    shift
+    extra=("$@")
+  fi
+  mkdir -p "$out"
+  out=$(realpath "$out")
+  rm -f "$out"/{rc,harness-error,guest.log,console.log}
+
+  "$here/build.sh" "$kernel"
+  local cmdline="console=ttyS0 quiet panic=-1 kubenpu.run=$script ${extra[*]}"
+  printf 'run.sh: booting %s with %s (out: %s)\n' "$kernel" "$script" "$out" >&2
+  boot "$vm/boot/$kernel" "$out" "$cmdline"
+
+  if [[ -s $out/rc ]]; then
+    exit "$(<"$out/rc")"
+  fi
+  ((qemu_status != 124)) || die "the guest timed out after ${timeout_s}s (KUBENPU_VM_TIMEOUT); see $out/console.log" 124
+  [[ -e $out/harness-error ]] && die "guest setup failed: $(<"$out/harness-error")" 125
+  die "the guest never wrote rc (qemu exit $qemu_status); see $out/console.log" 125
+}
+
+main "$@"
