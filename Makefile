@@ -1,0 +1,36 @@
+# The two commands that matter on a fresh machine: `make demo` and `make test`.
+# Every step installs what it needs (Debian packages, kernels, guest root, venv) and is cached.
+KERNEL ?= 6.12
+KERNELS ?= 6.1 6.12
+PYTEST := .venv/bin/pytest
+
+.PHONY: all demo test unit e2e lint venv vm clean
+all: test
+
+venv:
+	scripts/venv.sh
+
+# The main job on a machine without accelerators: a QEMU guest with a virtual GPU, the agent,
+# a sample pod, and the kubenpu_ series it exports.
+demo: venv
+	tests/vm/run.sh $(KERNEL) /src/tests/vm/demo.sh out/demo
+
+# Lint, unit tests against real receivers and tools, then the real-kernel e2e on every kernel.
+test: venv lint
+	KUBENPU_E2E_KERNELS="$(KERNELS)" $(PYTEST) -q -ra
+
+unit: venv
+	$(PYTEST) -q -ra -m "not vm"
+
+e2e: venv
+	KUBENPU_E2E_KERNELS="$(KERNEL)" $(PYTEST) -q -ra tests/test_e2e_vm.py
+
+lint: venv
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
+
+vm:
+	tests/vm/build.sh $(KERNELS)
+
+clean:
+	rm -rf out .venv .pytest_cache .ruff_cache
