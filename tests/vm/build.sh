@@ -22,11 +22,12 @@ declare -A KERNEL_PACKAGES=(
 )
 KERNEL_ORDER=(6.1 6.12)
 
-# The guest root. mount (not Essential in trixie); util-linux: unshare/setpriv; libcap2-bin: capsh; iproute2: brings up lo for the
-# CRI and OTLP test servers; kmod: modprobe in the guest and depmod at build time.
+# The guest root. mount: not Essential in trixie; util-linux: unshare, setpriv; libcap2-bin: capsh;
+# iproute2: brings up lo for the CRI and OTLP test servers; kmod: modprobe, and depmod at build.
 ROOT_SUITE=trixie
 ROOT_MIRROR=http://deb.debian.org/debian
-ROOT_PACKAGES=python3,python3-venv,python3-bpfcc,kmod,ca-certificates,iproute2,mount,util-linux,libcap2-bin,procps
+ROOT_PACKAGES=python3,python3-venv,python3-bpfcc,kmod,ca-certificates,iproute2,mount
+ROOT_PACKAGES+=,util-linux,libcap2-bin,procps
 # Installed into /opt/kubenpu/venv besides the project itself (the guest runs OTLP/CRI servers).
 PIP_EXTRA=(opentelemetry-proto grpcio)
 # Modules the initramfs needs to mount the 9p root with an overlay; modprobe adds dependencies
@@ -57,7 +58,8 @@ build_root() {
   want=base.$(hash_of "$ROOT_SUITE" "$ROOT_MIRROR" "$ROOT_PACKAGES")
   [[ -e $stamps/$want ]] && return 0
   log "building the $ROOT_SUITE root (mmdebstrap)"
-  # mmdebstrap wants an empty target; build aside and swap so an interrupted run leaves no half root.
+  # mmdebstrap wants an empty target; build aside and swap, so an interrupted run leaves no half
+  # root behind.
   rm -rf "$root.new"
   mmdebstrap --quiet --variant=apt --include="$ROOT_PACKAGES" \
     "$ROOT_SUITE" "$root.new" "$ROOT_MIRROR"
@@ -128,23 +130,24 @@ relativize_links() {
 
 install_kernel() {
   local name=$1 rel=${KERNEL_RELEASE[$1]} pkg want
-  want=kernel.$(hash_of "$rel" ${KERNEL_PACKAGES[$name]})
+  want=kernel.$(hash_of "$rel" "${KERNEL_PACKAGES[$name]}")
   [[ -e $stamps/$want ]] && return 0
   log "unpacking kernel $rel into the root"
   apt_private_update
   for pkg in ${KERNEL_PACKAGES[$name]}; do fetch_unpack "$pkg"; done
   relativize_links "$root/usr/lib/modules/$rel" "$root"/usr/src/linux-headers-"${rel%-amd64}"*
-  [[ -e $root/usr/lib/modules/$rel/build/include ]] || die "no headers at /usr/lib/modules/$rel/build"
+  [[ -e $root/usr/lib/modules/$rel/build/include ]] ||
+    die "no headers at /usr/lib/modules/$rel/build"
   chroot "$root" depmod -a "$rel"
   touch "$stamps/$want"
 }
 
-# bzImage = setup code + compressed payload. The setup header says where the payload starts
-# (after setup_sects+1 sectors, at payload_offset) and how long it is. The build appends the
-# uncompressed size as 4 bytes, which zstd refuses as trailing garbage, so cut it off.
 # read_bytes FILE OFFSET COUNT TYPE: od's view of COUNT bytes (u1, u4 little-endian, x1...).
 read_bytes() { od -An -t "$4" -j "$2" -N "$3" "$1" | tr -d ' '; }
 
+# bzImage = setup code + compressed payload. The setup header says where the payload starts
+# (after setup_sects+1 sectors, at payload_offset) and how long it is. The build appends the
+# uncompressed size as 4 bytes, which zstd refuses as trailing garbage, so cut it off.
 extract_vmlinux() {
   local vmlinuz=$1 out=$2 sects off len start magic unpack
   sects=$(read_bytes "$vmlinuz" $((0x1f1)) 1 u1)
@@ -171,7 +174,8 @@ module_closure() {
   for mod in "${INITRAMFS_MODULES[@]}"; do
     chroot "$root" modprobe --show-depends --set-version="$rel" "$mod" ||
       die "$rel has no module $mod"
-  done | awk -v pre="/lib/modules/$rel/" '$1 == "insmod" && !seen[$2]++ { print substr($2, length(pre) + 1) }'
+  done | awk -v pre="/lib/modules/$rel/" \
+    '$1 == "insmod" && !seen[$2]++ { print substr($2, length(pre) + 1) }'
 }
 
 # busybox-static + plain .ko files (busybox insmod reads no compressed modules) + our /init.
@@ -203,7 +207,7 @@ build_initramfs() {
 # vmlinux and initramfs live outside the root, one directory per kernel name (run.sh reads them).
 build_boot() {
   local name=$1 rel=${KERNEL_RELEASE[$1]} dir=$vm/boot/$1 want
-  want=$(hash_of "$rel" ${KERNEL_PACKAGES[$name]} "${INITRAMFS_MODULES[@]}" \
+  want=$(hash_of "$rel" "${KERNEL_PACKAGES[$name]}" "${INITRAMFS_MODULES[@]}" \
     "$(sha256sum <"$here/initramfs-init")" "$(sha256sum </bin/busybox)")
   [[ $(cat "$dir/stamp" 2>/dev/null) == "$want" ]] && return 0
   log "building boot files for $rel"

@@ -10,10 +10,12 @@ export PATH=/opt/kubenpu/venv/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=
 # /src is read-only; unbuffered so the console shows Python output as it happens.
 export PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 KUBENPU_VM=1
 
+# Never returns. Spins instead of running sleep: the 9p root may already be gone, and PID 1
+# must not exit (that panics the kernel).
 power_off() {
   sync
   echo o >/proc/sysrq-trigger
-  sleep 60
+  while :; do :; done
 }
 
 harness_error() {
@@ -39,6 +41,7 @@ mount_all() {
   mount_fs bpf /sys/fs/bpf
   mount_fs tracefs /sys/kernel/tracing
   mount_fs debugfs /sys/kernel/debug
+  mount_fs securityfs /sys/kernel/security
   mount_fs tmpfs /tmp mode=1777
   mount_fs tmpfs /run mode=755
 }
@@ -65,7 +68,7 @@ main() {
   [[ -n $script ]] || harness_error "no kubenpu.run= on the kernel command line"
   [[ -f $script ]] || harness_error "no such script in the guest: $script"
   echo "guest-init: $(uname -r): running $script at uptime $(cut -d' ' -f1 /proc/uptime) s"
-  cd /tmp
+  cd /tmp || harness_error "no /tmp"
   if [[ -x $script ]]; then "$script"; else bash "$script"; fi 2>&1 | tee /out/guest.log
   local rc=${PIPESTATUS[0]}
   echo "guest-init: $script exited with $rc at uptime $(cut -d' ' -f1 /proc/uptime) s"

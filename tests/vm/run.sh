@@ -42,14 +42,14 @@ guest_path() {
 # Sets qemu_status to qemu's (or timeout's) exit status.
 boot() {
   local kernel_dir=$1 out=$2 cmdline=$3
-  # thread=single: with one host thread per vCPU, the guest kernel's live code patching (static
-  # keys at boot, BPF trampolines at attach) sometimes hit a stale int3 and oopsed. One thread
-  # costs nothing for serial work such as BCC's compile.
+  # thread=single: with one host thread per vCPU, a boot oopsed on a stale int3 that the kernel's
+  # live code patching (static keys; BPF trampolines use it too) had already removed. One thread
+  # was no slower for serial work such as BCC's compile.
   # 9p: the root and the repo read-only (security_model=none: the host's owners and modes as they
   # are); /out writable, files created there by the guest's root are owned by the host's root.
   set +o pipefail
   timeout --kill-after=10 "$timeout_s" qemu-system-x86_64 \
-    -accel tcg -cpu max -m 3G -smp 2 -nographic -no-reboot -nic none \
+    -accel tcg,thread=single -cpu max -m 3G -smp 2 -nographic -no-reboot -nic none \
     -kernel "$kernel_dir/vmlinux" -initrd "$kernel_dir/initramfs.cpio" -append "$cmdline" \
     -device virtio-gpu-pci \
     -virtfs "local,path=$vm/root,mount_tag=root,security_model=none,readonly=on,multidevs=remap" \
@@ -88,7 +88,8 @@ main() {
   if [[ -s $out/rc ]]; then
     exit "$(<"$out/rc")"
   fi
-  ((qemu_status != 124)) || die "the guest timed out after ${timeout_s}s (KUBENPU_VM_TIMEOUT); see $out/console.log" 124
+  ((qemu_status != 124)) ||
+    die "the guest timed out after ${timeout_s}s (KUBENPU_VM_TIMEOUT); see $out/console.log" 124
   [[ -e $out/harness-error ]] && die "guest setup failed: $(<"$out/harness-error")" 125
   die "the guest never wrote rc (qemu exit $qemu_status); see $out/console.log" 125
 }

@@ -5,6 +5,7 @@
 set -euo pipefail
 
 echo "== kernel: $(uname -r), uptime $(cut -d' ' -f1 /proc/uptime) s"
+echo "== lockdown: $(</sys/kernel/security/lockdown)"
 
 echo "== /dev/dri (major:minor)"
 stat -c '%n %Hr:%Lr' /dev/dri/*
@@ -21,7 +22,9 @@ for card in /sys/class/drm/card*; do
 done
 
 echo "== BTF"
-ls /sys/kernel/btf/ | grep -x -e vmlinux -e drm -e vgem -e virtio_gpu
+for btf in vmlinux drm vgem virtio_gpu; do
+  [[ -e /sys/kernel/btf/$btf ]] && echo "$btf: yes" || echo "$btf: no"
+done
 
 echo "== import kubenpu"
 python -c 'import kubenpu, sys; print(kubenpu.__file__, sys.version.split()[0])'
@@ -68,7 +71,8 @@ PROBE
 t0 = time.monotonic()
 b = BPF(text=TEXT)
 t_compile = time.monotonic() - t0
-print(f"probe: {probe.split('(')[0]}; import bcc {t_import:.1f} s; compile+load+attach {t_compile:.1f} s")
+print(f"probe: {probe.split('(')[0]}; import bcc {t_import:.1f} s")
+print(f"compile+load+attach {t_compile:.1f} s")
 
 # DRM_IOCTL_VERSION = _IOWR('d', 0x00, struct drm_version), 64 bytes on x86_64. With all lengths
 # 0 the kernel copies no strings and fills in the version and the name's length.
