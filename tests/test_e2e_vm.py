@@ -56,13 +56,14 @@ def test_otlp_counts_equal_issued_calls(result):
     assert _otlp_counts(result) == _expected(result)
 
 
+def _nonzero(result: dict, metric: str) -> dict[str, float]:
+    samples = result["prometheus"].get(metric, [])
+    return {s["labels"]["reason"]: s["value"] for s in samples if s["value"]}
+
+
 def test_host_process_is_unattributed_not_dropped(result):
-    samples = result["prometheus"].get("kubenpu_unattributed_calls_total", [])
-    got = {s["labels"]["reason"]: s["value"] for s in samples}
-    assert got == result["expected_unattributed"]
-    assert not result["prometheus"].get("kubenpu_events_dropped_total", []) or all(
-        s["value"] == 0 for s in result["prometheus"]["kubenpu_events_dropped_total"]
-    )
+    assert _nonzero(result, "kubenpu_unattributed_calls_total") == result["expected_unattributed"]
+    assert _nonzero(result, "kubenpu_events_dropped_total") == {}
 
 
 def test_device_info_lists_both_devices(result):
@@ -73,4 +74,4 @@ def test_device_info_lists_both_devices(result):
 
 
 def test_attach_mode_is_fentry(result):
-    assert "attached to drm_ioctl (mode fentry-module)" in result["agent_log"]
+    assert "attached to drm_ioctl (mode fentry-module," in result["agent_log"]

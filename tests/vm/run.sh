@@ -51,7 +51,7 @@ boot() {
   timeout --kill-after=10 "$timeout_s" qemu-system-x86_64 \
     -accel tcg,thread=single -cpu max -m 3G -smp 2 -nographic -no-reboot -nic none \
     -kernel "$kernel_dir/vmlinux" -initrd "$kernel_dir/initramfs.cpio" -append "$cmdline" \
-    -device virtio-gpu-pci \
+    -vga none -device virtio-gpu-pci -device bochs-display \
     -virtfs "local,path=$vm/root,mount_tag=root,security_model=none,readonly=on,multidevs=remap" \
     -virtfs "local,path=$repo,mount_tag=src,security_model=none,readonly=on,multidevs=remap" \
     -virtfs "local,path=$out,mount_tag=out,security_model=passthrough,multidevs=remap" \
