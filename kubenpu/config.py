@@ -27,7 +27,7 @@ class _Model(BaseModel):
 
 
 class ProbeConfig(_Model):
-    mode: Literal["events"] = "events"
+    mode: Literal["aggregate", "events"] = "aggregate"
     attach: Literal["auto", "fentry", "kprobe"] = "auto"
     ringbuf_pages: int = Field(256, gt=0)
     queue_size: int = Field(65536, gt=0)

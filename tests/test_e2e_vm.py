@@ -22,15 +22,24 @@ LABELS = ("namespace", "pod", "container", "device", "vendor", "kind")
 pytestmark = pytest.mark.vm
 
 
+MODES = ("aggregate", "events")
+
+
 @pytest.fixture(scope="module", params=KERNELS)
-def result(request, tmp_path_factory) -> dict:
+def guest_run(request, tmp_path_factory) -> Path:
+    """One boot per kernel; the guest runs the scenario once per probe mode."""
     out = tmp_path_factory.mktemp(f"e2e-{request.param}")
     proc = subprocess.run(
         [str(ROOT / "tests/vm/run.sh"), request.param, "/src/tests/vm/e2e.sh", str(out)],
         check=False,
     )
     assert proc.returncode == 0, f"guest run failed on {request.param}; see {out}/console.log"
-    return json.loads((out / "result.json").read_text())
+    return out
+
+
+@pytest.fixture(params=MODES)
+def result(request, guest_run: Path) -> dict:
+    return json.loads((guest_run / request.param / "result.json").read_text())
 
 
 def _prom_counts(result: dict) -> dict[tuple, float]:

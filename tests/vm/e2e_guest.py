@@ -29,25 +29,33 @@ HERE = Path(__file__).resolve().parent
 PY = sys.executable
 CGROUP = Path("/sys/fs/cgroup")
 METRICS_URL = "http://127.0.0.1:8080/metrics"
-CRI_SOCKET = "/run/kubenpu-cri.sock"
 OTLP_PORT = 4317
 ATTACH_TIMEOUT = 300
 SETTLE_TIMEOUT = 60
 
-POD_A = {  # systemd cgroup driver, exists before the agent starts
-    "id": "a1" * 32,
-    "namespace": "team-a",
-    "pod": "trainer-0",
-    "container": "main",
-    "pod_uid": "0b8f1a52-6c5e-4d0e-9a11-3f5a0c2b7e01",
-}
-POD_B = {  # cgroupfs cgroup driver, created after the agent has started
-    "id": "b2" * 32,
-    "namespace": "team-b",
-    "pod": "infer-7d9f",
-    "container": "server",
-    "pod_uid": "5c2d0e7a-1b3f-4a66-8f0e-2d9c4b1a6e02",
-}
+MODES = ("aggregate", "events")
+
+
+def pods(mode: str) -> tuple[dict, dict]:
+    """Pod A (systemd cgroup driver, exists before the agent starts) and pod B (cgroupfs driver,
+    created after the agent has started). Ids differ per mode: each mode runs its own agent."""
+    n = MODES.index(mode)
+    pod_a = {
+        "id": f"a{n}" * 32,
+        "namespace": "team-a",
+        "pod": "trainer-0",
+        "container": "main",
+        "pod_uid": f"0b8f1a52-6c5e-4d0e-9a11-3f5a0c2b7e0{n}",
+    }
+    pod_b = {
+        "id": f"b{n}" * 32,
+        "namespace": "team-b",
+        "pod": "infer-7d9f",
+        "container": "server",
+        "pod_uid": f"5c2d0e7a-1b3f-4a66-8f0e-2d9c4b1a6e0{n}",
+    }
+    return pod_a, pod_b
+
 
 # DRM ioctl numbers (nr, struct size) the workloads use; see kubenpu/vendors for the tables.
 CREATE_DUMB = (0xB2, 32)  # core, alloc
@@ -89,11 +97,12 @@ def run_workload(cgroup: Path, plan: list[dict]) -> None:
 
 
 class Scenario:
-    def __init__(self, out: Path) -> None:
+    def __init__(self, out: Path, mode: str) -> None:
         self.out = out
+        self.mode = mode
         self.expected: Counter[tuple[str, ...]] = Counter()
         self.unattributed: Counter[str] = Counter()
-        subprocess.run(["modprobe", "bochs"], check=True)
+        subprocess.run(["modprobe", "bochs"], check=True)  # idempotent
         found = discover("/")
         devices = {d.vendor: d for d in found if d.vendor}
         self.vgem, self.virtio = devices["vgem"], devices["virtio_gpu"]
@@ -143,7 +152,8 @@ class Scenario:
         cfg.write_text(
             json.dumps(  # JSON is YAML
                 {
-                    "attribution": {"cri": {"endpoint": f"unix://{CRI_SOCKET}"}},
+                    "probe": {"mode": self.mode},
+                    "attribution": {"cri": {"endpoint": f"unix://{self.cri_socket}"}},
                     "export": {
                         "prometheus": {"enabled": True, "host": "127.0.0.1", "port": 8080},
                         "otlp": {
@@ -196,34 +206,39 @@ class Scenario:
                 return prom, otlp
             time.sleep(1)
 
+    @property
+    def cri_socket(self) -> str:
+        return f"/run/kubenpu-cri-{self.mode}.sock"
+
     def run(self) -> dict:
+        pod_a, pod_b = pods(self.mode)
         cri = CriTestServer()
-        cri.start(CRI_SOCKET)
+        cri.start(self.cri_socket)
         cri.add_container(
-            POD_A["id"],
-            POD_A["namespace"],
-            POD_A["pod"],
-            POD_A["container"],
-            pod_uid=POD_A["pod_uid"],
+            pod_a["id"],
+            pod_a["namespace"],
+            pod_a["pod"],
+            pod_a["container"],
+            pod_uid=pod_a["pod_uid"],
         )
-        systemd_cgroup(POD_A).mkdir(parents=True)
+        systemd_cgroup(pod_a).mkdir(parents=True)
         receiver = OtlpReceiver(port=OTLP_PORT)
         agent = self.start_agent()
         try:
-            self.workload(POD_A, systemd_cgroup(POD_A), vgem_scale=1, virtio_scale=1)
+            self.workload(pod_a, systemd_cgroup(pod_a), vgem_scale=1, virtio_scale=1)
             # Pod B appears only now: its first call must already be attributed.
             cri.add_container(
-                POD_B["id"],
-                POD_B["namespace"],
-                POD_B["pod"],
-                POD_B["container"],
-                pod_uid=POD_B["pod_uid"],
+                pod_b["id"],
+                pod_b["namespace"],
+                pod_b["pod"],
+                pod_b["container"],
+                pod_uid=pod_b["pod_uid"],
             )
-            self.workload(POD_B, cgroupfs_cgroup(POD_B), vgem_scale=3, virtio_scale=2)
+            self.workload(pod_b, cgroupfs_cgroup(pod_b), vgem_scale=3, virtio_scale=2)
             # A host process outside any pod: counted with empty pod labels, reason not_pod.
             host = CGROUP / "system.slice" / "host-tool.service"
             self.workload(None, host, vgem_scale=2, virtio_scale=0)
-            self.unlisted_device(systemd_cgroup(POD_A))
+            self.unlisted_device(systemd_cgroup(pod_a))
             prom, otlp = self.settle(receiver)
         finally:
             agent.terminate()
@@ -232,6 +247,7 @@ class Scenario:
             cri.stop()
         return {
             "kernel": os.uname().release,
+            "mode": self.mode,
             "attach_seconds": self.attach_seconds,
             "expected": [{"labels": list(k), "value": v} for k, v in sorted(self.expected.items())],
             "expected_unattributed": dict(self.unattributed),
@@ -249,9 +265,11 @@ class Scenario:
 
 def main() -> int:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "/out")
-    result = Scenario(out).run()
-    (out / "result.json").write_text(json.dumps(result, indent=1, sort_keys=True))
-    print(f"e2e done on {result['kernel']}; attach took {result['attach_seconds']:.1f}s")
+    for mode in sys.argv[2:] or MODES:
+        (out / mode).mkdir(parents=True, exist_ok=True)
+        result = Scenario(out / mode, mode).run()
+        (out / mode / "result.json").write_text(json.dumps(result, indent=1, sort_keys=True))
+        print(f"e2e {mode} done on {result['kernel']}; attach took {result['attach_seconds']:.1f}s")
     return 0
 
 

@@ -15,7 +15,7 @@ local rules = import 'rules.libsonnet';
     config: {
       node_name: '',
       log_level: 'info',
-      probe: { mode: 'events', attach: 'auto', ringbuf_pages: 256, queue_size: 65536 },
+      probe: { mode: 'aggregate', attach: 'auto', ringbuf_pages: 256, queue_size: 65536 },
       discovery: { root: '/host', ignore_devices: [] },
       attribution: {
         cgroup_root: '/host/sys/fs/cgroup',
