@@ -48,7 +48,7 @@ hash_of() { printf '%s\n' "$@" | sha256sum | cut -c1-16; }
 # --- host tools --------------------------------------------------------------------------------
 
 host_tools() {
-  host_install qemu-system-x86 busybox-static mmdebstrap cpio zstd xz-utils
+  host_install qemu-system-x86 busybox-static mmdebstrap cpio zstd xz-utils gcc libc6-dev
 }
 
 # --- the guest root ----------------------------------------------------------------------------
@@ -219,6 +219,20 @@ build_boot() {
   echo "$want" >"$dir/stamp"
 }
 
+# Static C programs the guest runs (tests/vm/src/*.c -> /usr/local/bin in the root): static so
+# they also run in bare container images and tight benchmark loops.
+build_tools() {
+  local src want
+  for src in "$repo/tests/vm/src/"*.c; do
+    want=cc.$(basename "$src" .c).$(sha256sum "$src" | cut -c1-16)
+    [[ -e $stamps/$want ]] && continue
+    log "compiling $(basename "$src")"
+    gcc -O2 -static -Wall -Wextra -o "$root/usr/local/bin/$(basename "$src" .c)" "$src"
+    rm -f "$stamps/cc.$(basename "$src" .c)".*
+    touch "$stamps/$want"
+  done
+}
+
 main() {
   [[ $(id -u) == 0 ]] || die "run as root (mmdebstrap, chroot, mknod)"
   local kernels=("$@") k
@@ -233,6 +247,7 @@ main() {
   host_tools
   build_root
   build_venv
+  build_tools
   for k in "${kernels[@]}"; do
     install_kernel "$k"
     build_boot "$k"
