@@ -46,10 +46,19 @@ BPF_HASH(devices, u32, u32, 256);
 /* {vendor id, nr} -> kind (1 submit, 2 alloc, 3 wait) */
 BPF_HASH(ioctls, struct ioctl_key, u32, 4096);
 BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
-/* calls lost, by reason: [0] the ring buffer had no room, [1] the counts map was full */
-BPF_PERCPU_ARRAY(lost, u64, 2);
+/* calls lost, by reason: [0] the ring buffer had no room, [1] the counts map was full.
+ * [2] counts first sightings the ring buffer had no room for (aggregate mode): no call is lost,
+ * the new cgroup is only resolved at the next map read instead of at once. */
+BPF_PERCPU_ARRAY(lost, u64, 3);
 #define LOST_RINGBUF_FULL 0
 #define LOST_MAP_FULL 1
+#define LOST_SIGHTING 2
+
+#ifdef KUBENPU_AGGREGATE
+#define RINGBUF_FAILURE LOST_SIGHTING
+#else
+#define RINGBUF_FAILURE LOST_RINGBUF_FULL
+#endif
 
 #ifdef KUBENPU_AGGREGATE
 struct count_key {
@@ -71,7 +80,7 @@ static __always_inline void emit(u64 cgroup_id, u32 rdev, u32 cmd, u32 kind)
 {
     struct event *e = events.ringbuf_reserve(sizeof(*e));
     if (!e) {
-        count_lost(LOST_RINGBUF_FULL);
+        count_lost(RINGBUF_FAILURE);
         return;
     }
     e->ts_ns = bpf_ktime_get_ns();

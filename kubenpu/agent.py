@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import signal
 import sys
 import threading
 import time
 from collections.abc import Iterable
+from typing import TextIO
 
 from kubenpu import __version__, config, export
 from kubenpu.discovery import Device, discover
@@ -64,10 +66,17 @@ def _numa(dev: Device) -> str:
 class Attributor:
     """Turns (cgroup id, device, kind) tallies into labelled counts, off the polling thread."""
 
-    def __init__(self, devices: list[Device], resolver: Resolver, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        devices: list[Device],
+        resolver: Resolver,
+        metrics: Metrics,
+        trace: TextIO | None = None,
+    ) -> None:
         self._by_node = {(n.major, n.minor): d for d in devices for n in d.nodes}
         self._resolver = resolver
         self._metrics = metrics
+        self._trace = trace
         self._seen: dict[int, set[Key]] = {}  # cgroup id -> its keys, until the cgroup is gone
 
     def flush(self, batch: Batch) -> None:
@@ -80,6 +89,29 @@ class Attributor:
             self._metrics.dropped("queue_full", batch.overflow)
         for key, n in batch.counts.items():
             self._count(key, n)
+        if self._trace:
+            self._print_trace(batch)
+
+    def _print_trace(self, batch: Batch) -> None:
+        for ev in batch.events:
+            dev = self._by_node.get((ev.major, ev.minor))
+            who = self._resolver.resolve(ev.cgroup_id)
+            line = {
+                "ts_ns": ev.ts_ns,
+                "tgid": ev.tgid,
+                "cgroup_id": ev.cgroup_id,
+                "namespace": who.namespace,
+                "pod": who.pod,
+                "container": who.container,
+                "device": dev.id if dev else f"{ev.major}:{ev.minor}",
+                "vendor": dev.vendor if dev else "",
+                "nr": f"0x{ev.cmd & 0xFF:02X}",
+                "kind": Kind(ev.kind).label,
+            }
+            print(json.dumps(line), file=self._trace)
+        if batch.untraced:
+            print(f"# {batch.untraced} events not shown: trace backlog full", file=self._trace)
+        self._trace.flush()
 
     def _count(self, key: Key, n: int) -> None:
         dev = self._by_node.get((key.major, key.minor))
@@ -118,7 +150,7 @@ class Attributor:
 class Agent:
     """The running agent: one thread polls the kernel, another attributes and counts."""
 
-    def __init__(self, cfg: config.Config, debug: bool) -> None:
+    def __init__(self, cfg: config.Config, debug: bool = False, trace: bool = False) -> None:
         self.cfg = cfg
         self.devices = select_devices(discover(cfg.discovery.root), cfg.discovery.ignore_devices)
         _log_tables(self.devices)
@@ -138,7 +170,7 @@ class Agent:
             on_cri_request=self.metrics.cri_request,
         )
         self.aggregate = cfg.probe.mode == "aggregate"
-        self.tally = Tally(cfg.probe.queue_size)
+        self.tally = Tally(cfg.probe.queue_size, keep_events=trace)
         self.deltas = Deltas()
         self.probe = Probe(
             self.devices,
@@ -147,11 +179,14 @@ class Agent:
             ringbuf_pages=cfg.probe.ringbuf_pages,
             debug=debug,
         )
-        self.attributor = Attributor(self.devices, self.resolver, self.metrics)
+        self.attributor = Attributor(
+            self.devices, self.resolver, self.metrics, sys.stdout if trace else None
+        )
         self.stop = threading.Event()
         self._reported_drops: dict[str, int] = {}
 
     def run(self) -> int:
+        log.info("container runtime: %s", self.resolver.runtime_version() or "unreachable")
         on_event = self.tally.add_sighting if self.aggregate else self.tally.add_event
         mode = self.probe.start(on_event)
         log.info(
@@ -204,6 +239,11 @@ def main(argv: list[str] | None = None) -> int:
         "--check-config", metavar="FILE", help="validate FILE, print the effective config"
     )
     parser.add_argument("--debug", action="store_true", help="debug logs and BCC's verifier log")
+    parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="print every counted call as a JSON line (switches the probe to events mode)",
+    )
     parser.add_argument("--version", action="version", version=__version__)
     args = parser.parse_args(argv)
     if args.check_config:
@@ -217,7 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     level = logging.DEBUG if args.debug else getattr(logging, cfg.log_level.upper())
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        return Agent(cfg, args.debug).run()
+        if args.trace:
+            cfg.probe.mode = "events"
+        return Agent(cfg, args.debug, args.trace).run()
     except (ProbeError, export.ExportError) as err:
         log.error("%s", err)
         return 2

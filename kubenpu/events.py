@@ -47,6 +47,8 @@ class Batch:
     overflow: int = 0  # calls whose key did not fit (the agent counts them as `queue_full`)
     received: int = 0  # calls seen, counted or not
     sighted: set[int] = field(default_factory=set)  # cgroup ids announced by first sightings
+    events: list[Event] = field(default_factory=list)  # kept only when tracing
+    untraced: int = 0  # events not kept because the trace backlog was full
 
 
 class Tally:
@@ -56,8 +58,9 @@ class Tally:
     call rate or with a flood of new keys.
     """
 
-    def __init__(self, max_keys: int) -> None:
+    def __init__(self, max_keys: int, keep_events: bool = False) -> None:
         self._max_keys = max_keys
+        self._keep_events = keep_events
         self._batch = Batch()
         self._lock = threading.Lock()
 
@@ -74,6 +77,16 @@ class Tally:
         """Per-event mode: each ring-buffer record is one call."""
         _, cgroup_id, _, _, major, minor, kind, _ = _EVENT.unpack_from(data)
         self.add(Key(cgroup_id, major, minor, kind))
+        if self._keep_events:
+            self._keep(decode(data))
+
+    def _keep(self, event: Event) -> None:
+        with self._lock:
+            batch = self._batch
+            if len(batch.events) < self._max_keys:
+                batch.events.append(event)
+            else:
+                batch.untraced += 1
 
     def add_sighting(self, data: bytes) -> None:
         """Aggregate mode: a record announces a new key; the kernel map holds its count."""

@@ -22,7 +22,8 @@ from typing import Literal, NamedTuple
 Attrs = dict[str, str | bool]
 
 OVERFLOW_ATTRS: Attrs = {"otel.metric.overflow": True}
-DROP_REASONS = ("ringbuf_full", "queue_full", "device_unknown")
+# The first three are the Go agent's names; map_full is aggregate mode's full kernel map.
+DROP_REASONS = ("ringbuf_full", "queue_full", "device_unknown", "map_full")
 UNATTRIBUTED_REASONS = ("not_indexed", "not_pod", "container_not_found", "cri_error")
 CRI_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 

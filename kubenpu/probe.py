@@ -32,7 +32,8 @@ _SOURCE_CANDIDATES = (
 )
 
 
-# Index order of the `lost` array in bpf/kubenpu.bpf.c.
+# Index order of the `lost` array in bpf/kubenpu.bpf.c; index 2 (a late first sighting in
+# aggregate mode) loses no call, so it is not a drop.
 _LOST_REASONS = ("ringbuf_full", "map_full")
 
 

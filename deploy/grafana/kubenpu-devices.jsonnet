@@ -36,7 +36,7 @@ g.dashboard(
                 '{{node}} {{reason}}')],
       'reqps',
       g.pos(0, 17, 8, 8),
-      'Calls that were lost: ringbuf_full (kernel), queue_full (agent backlog), device_unknown.',
+      'Calls that were lost: ringbuf_full (kernel), map_full (kernel counts map), queue_full (agent backlog), device_unknown.',
     ),
     g.timeseries(
       'CRI errors per second',

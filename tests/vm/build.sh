@@ -13,14 +13,20 @@ set -euo pipefail
 declare -A KERNEL_RELEASE=(
   [6.1]=6.1.0-50-amd64
   [6.12]=6.12.117+deb13-amd64
+  [7.3]=7.3.4+deb13-amd64
 )
 declare -A KERNEL_PACKAGES=(
   [6.1]="linux-image-6.1.0-50-amd64 linux-headers-6.1.0-50-amd64
          linux-headers-6.1.0-50-common linux-kbuild-6.1"
   [6.12]="linux-image-6.12.117+deb13-amd64 linux-headers-6.12.117+deb13-amd64
           linux-headers-6.12.117+deb13-common linux-kbuild-6.12.117+deb13"
+  # trixie-backports. From 7.x Debian splits the image: linux-image-* is only a metapackage over
+  # linux-base-* (System.map, config), linux-binary-* (vmlinuz) and linux-modules-*.
+  [7.3]="linux-base-7.3.4+deb13-amd64 linux-binary-7.3.4+deb13-amd64
+         linux-modules-7.3.4+deb13-amd64 linux-headers-7.3.4+deb13-amd64
+         linux-headers-7.3.4+deb13-common linux-kbuild-7.3.4+deb13"
 )
-KERNEL_ORDER=(6.1 6.12)
+KERNEL_ORDER=(6.1 6.12 7.3)
 
 # The guest root. mount: not Essential in trixie; util-linux: unshare, setpriv; libcap2-bin: capsh;
 # iproute2: brings up lo for the CRI and OTLP test servers; kmod: modprobe, and depmod at build.
@@ -204,6 +210,16 @@ build_initramfs() {
   mv "$out.tmp" "$out"
 }
 
+# Up to 6.x the image is /boot/vmlinuz-<release>; Debian's 7.x packages ship only the
+# /usr/lib/modules/<release>/vmlinuz that kernel-install expects.
+vmlinuz_of() {
+  local f
+  for f in "$root/boot/vmlinuz-$1" "$root/usr/lib/modules/$1/vmlinuz"; do
+    [[ -e $f ]] && echo "$f" && return 0
+  done
+  die "no vmlinuz for $1 in the root"
+}
+
 # vmlinux and initramfs live outside the root, one directory per kernel name (run.sh reads them).
 build_boot() {
   local name=$1 rel=${KERNEL_RELEASE[$1]} dir=$vm/boot/$1 want
@@ -213,7 +229,7 @@ build_boot() {
   log "building boot files for $rel"
   mkdir -p "$dir"
   rm -f "$dir/stamp"
-  extract_vmlinux "$root/boot/vmlinuz-$rel" "$dir/vmlinux"
+  extract_vmlinux "$(vmlinuz_of "$rel")" "$dir/vmlinux"
   build_initramfs "$rel" "$dir/initramfs.cpio"
   echo "$rel" >"$dir/release"
   echo "$want" >"$dir/stamp"
