@@ -249,6 +249,23 @@ build_tools() {
   done
 }
 
+# A real container runtime for tests/vm/node_guest.py: containerd (CRI plugin built in), runc, and
+# busybox-static for the test images. Installed into the finished root rather than listed in
+# ROOT_PACKAGES, so adding them does not rebuild the root under guests that may be running.
+NODE_PACKAGES=(containerd runc busybox-static)
+build_node_packages() {
+  local want
+  want=node.$(hash_of "${NODE_PACKAGES[@]}")
+  [[ -e $stamps/$want ]] && return 0
+  log "installing ${NODE_PACKAGES[*]} into the root (apt)"
+  in_root env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin DEBIAN_FRONTEND=noninteractive \
+    sh -ec 'apt-get update -q >/dev/null
+      apt-get install -y -q --no-install-recommends "$@" >/dev/null
+      apt-get clean' _ "${NODE_PACKAGES[@]}"
+  rm -f "$stamps"/node.*
+  touch "$stamps/$want"
+}
+
 main() {
   [[ $(id -u) == 0 ]] || die "run as root (mmdebstrap, chroot, mknod)"
   local kernels=("$@") k
@@ -264,6 +281,7 @@ main() {
   build_root
   build_venv
   build_tools
+  build_node_packages
   for k in "${kernels[@]}"; do
     install_kernel "$k"
     build_boot "$k"

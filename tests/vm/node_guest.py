@@ -1,0 +1,512 @@
+"""Attribution against a real containerd, run as root inside the QEMU guest (see tests/vm/node.sh).
+
+It starts containerd (Debian's, CRI plugin, runc, cgroupfs driver), imports two images built
+here from local files (tests/vm/oci_image.py), and plays kubelet over the CRI gRPC API: pod
+sandboxes with kubelet's labels and cgroup parent (/kubepods/besteffort/pod<uid>), host network,
+the /dev/dri nodes passed in as CRI devices. The workloads are drmcall runs (in a container's
+entrypoint or through ExecSync); their printed call counts are the expected values. The agent
+asks containerd's own socket for every container's labels. Scenarios, in order:
+
+  pod A (team-a/trainer-0), started before the agent: containers main and sidecar make calls on
+      the same device and kind, told apart by the container label;
+  main is restarted (kubelet: a new container, attempt 1, same labels): its counts add up;
+  pod B (team-b/infer-0), started after the agent: calls from its first instant;
+  a host process outside any pod: counted with empty labels, reason not_pod;
+  pod B deleted: its series leave /metrics after metrics.series_ttl_seconds, A's stay.
+
+Writes /out/result.json; tests/test_node_vm.py asserts on it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import cri_test_pb2 as pb
+import grpc
+import oci_image
+from e2e_guest import (
+    ATTACH_TIMEOUT,
+    CREATE_DUMB,
+    METRICS_URL,
+    SETTLE_TIMEOUT,
+    SYNCOBJ_WAIT,
+    VGEM_FENCE_ATTACH,
+    VIRTGPU_EXECBUFFER,
+    VIRTGPU_RESOURCE_CREATE,
+    VIRTGPU_WAIT,
+)
+from google.protobuf.message import Message
+from prometheus_client.parser import text_string_to_metric_families
+
+from kubenpu.discovery import Device, discover
+from kubenpu.resolve.cri import LABEL_CONTAINER, LABEL_NAMESPACE, LABEL_POD, LABEL_POD_UID
+
+HERE = Path(__file__).resolve().parent
+PY = sys.executable
+SOCKET = "/run/containerd/containerd.sock"  # also the agent's default CRI endpoint
+PAUSE_IMAGE = "docker.io/kubenpu/pause:test"  # tests/vm/containerd/config.toml's sandbox_image
+WORKLOAD_IMAGE = "docker.io/kubenpu/workload:test"
+DRMCALL = "/usr/local/bin/drmcall"
+FOREVER = "2147483647"  # seconds, for busybox sleep
+TTL = 10  # metrics.series_ttl_seconds: short, so the deleted pod retires within the run
+STEP_TIMEOUT = 120  # any single wait in the guest (TCG on a shared host is slow)
+# kubelet's namespaces for a hostNetwork pod: no CNI needed.
+HOST_NETWORK = pb.NamespaceOption(network=pb.NODE, pid=pb.CONTAINER, ipc=pb.POD)
+LABELS = ("namespace", "pod", "container", "device", "vendor", "kind")
+T = TypeVar("T")
+M = TypeVar("M", bound=Message)
+
+
+@dataclass(frozen=True)
+class Pod:
+    namespace: str
+    name: str
+    uid: str
+
+    @property
+    def cgroup_parent(self) -> str:
+        return f"/kubepods/besteffort/pod{self.uid}"
+
+    @property
+    def log_directory(self) -> Path:
+        return Path("/var/log/pods") / f"{self.namespace}_{self.name}_{self.uid}"
+
+    def labels(self) -> dict[str, str]:
+        return {LABEL_NAMESPACE: self.namespace, LABEL_POD: self.name, LABEL_POD_UID: self.uid}
+
+
+POD_A = Pod("team-a", "trainer-0", "0b8f1a52-6c5e-4d0e-9a11-3f5a0c2b7e01")
+POD_B = Pod("team-b", "infer-0", "5c2d0e7a-1b3f-4a66-8f0e-2d9c4b1a6e02")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One drmcall step: `count` DRM_IOWR(nr, size) calls on the device's first `node` node."""
+
+    vendor: str
+    node: str  # "card" or "renderD"
+    ioctl: tuple[int, int]
+    kind: str
+    count: int
+
+
+def vgem(ioctl: tuple[int, int], kind: str, count: int) -> Step:
+    return Step("vgem", "card", ioctl, kind, count)
+
+
+def virtio(ioctl: tuple[int, int], kind: str, count: int) -> Step:
+    return Step("virtio_gpu", "renderD", ioctl, kind, count)
+
+
+# Different counts everywhere, so a call counted under the wrong labels cannot go unnoticed.
+MAIN_0 = [vgem(CREATE_DUMB, "alloc", 5), vgem(VGEM_FENCE_ATTACH, "submit", 3)]
+MAIN_1 = [vgem(CREATE_DUMB, "alloc", 11), vgem(VGEM_FENCE_ATTACH, "submit", 13)]
+SIDECAR = [
+    vgem(CREATE_DUMB, "alloc", 7),
+    virtio(VIRTGPU_EXECBUFFER, "submit", 6),
+    virtio(VIRTGPU_WAIT, "wait", 4),
+]
+SERVER = [
+    virtio(VIRTGPU_RESOURCE_CREATE, "alloc", 8),
+    virtio(VIRTGPU_EXECBUFFER, "submit", 9),
+    vgem(SYNCOBJ_WAIT, "wait", 3),
+]
+HOST = [vgem(CREATE_DUMB, "alloc", 4)]
+
+
+def wait_for(what: str, check: Callable[[], T], timeout: float = STEP_TIMEOUT) -> T:
+    """Poll `check()` until it returns something truthy; fail the run after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not (result := check()):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.5)
+    return result
+
+
+class Kubelet:
+    """The CRI calls kubelet makes for hostNetwork pods under the cgroupfs driver."""
+
+    def __init__(self, devices: list[str]) -> None:
+        self._channel = grpc.insecure_channel(f"unix://{SOCKET}")
+        self._devices = devices
+        self.sandboxes: dict[Pod, tuple[str, pb.PodSandboxConfig]] = {}
+
+    def call(self, method: str, request: Message, reply: type[M]) -> M:
+        rpc = self._channel.unary_unary(
+            f"/runtime.v1.RuntimeService/{method}",
+            request_serializer=type(request).SerializeToString,
+            response_deserializer=reply.FromString,
+        )
+        return rpc(request, timeout=STEP_TIMEOUT)
+
+    def version(self) -> pb.VersionResponse:
+        return self.call("Version", pb.VersionRequest(version="v1"), pb.VersionResponse)
+
+    def run_pod(self, pod: Pod) -> str:
+        # No hostname: kubelet sets none for hostNetwork pods (runc refuses one without a UTS
+        # namespace of its own).
+        config = pb.PodSandboxConfig(
+            metadata=pb.PodSandboxMetadata(name=pod.name, uid=pod.uid, namespace=pod.namespace),
+            log_directory=str(pod.log_directory),
+            labels=pod.labels(),
+            linux=pb.LinuxPodSandboxConfig(
+                cgroup_parent=pod.cgroup_parent,
+                security_context=pb.LinuxSandboxSecurityContext(namespace_options=HOST_NETWORK),
+            ),
+        )
+        reply = self.call(
+            "RunPodSandbox", pb.RunPodSandboxRequest(config=config), pb.RunPodSandboxResponse
+        )
+        self.sandboxes[pod] = (reply.pod_sandbox_id, config)
+        return reply.pod_sandbox_id
+
+    def start_container(self, pod: Pod, name: str, attempt: int, command: list[str]) -> str:
+        sandbox_id, sandbox_config = self.sandboxes[pod]
+        (pod.log_directory / name).mkdir(parents=True, exist_ok=True)  # kubelet makes it
+        config = pb.ContainerConfig(
+            metadata=pb.ContainerMetadata(name=name, attempt=attempt),
+            image=pb.ImageSpec(image=WORKLOAD_IMAGE),
+            command=command,
+            devices=[
+                pb.Device(container_path=p, host_path=p, permissions="rw") for p in self._devices
+            ],
+            labels={**pod.labels(), LABEL_CONTAINER: name},
+            log_path=f"{name}/{attempt}.log",
+            linux=pb.LinuxContainerConfig(
+                security_context=pb.LinuxContainerSecurityContext(namespace_options=HOST_NETWORK)
+            ),
+        )
+        request = pb.CreateContainerRequest(
+            pod_sandbox_id=sandbox_id, config=config, sandbox_config=sandbox_config
+        )
+        container_id = self.call(
+            "CreateContainer", request, pb.CreateContainerResponse
+        ).container_id
+        self.call(
+            "StartContainer",
+            pb.StartContainerRequest(container_id=container_id),
+            pb.StartContainerResponse,
+        )
+        return container_id
+
+    def exec(self, container_id: str, argv: list[str]) -> str:
+        request = pb.ExecSyncRequest(container_id=container_id, cmd=argv, timeout=STEP_TIMEOUT)
+        reply = self.call("ExecSync", request, pb.ExecSyncResponse)
+        if reply.exit_code:
+            raise SystemExit(f"exec {argv} exited {reply.exit_code}: {reply.stderr.decode()}")
+        return reply.stdout.decode()
+
+    def stop_container(self, container_id: str) -> None:
+        # timeout 0: SIGKILL at once (sleep as PID 1 of its namespace ignores SIGTERM).
+        request = pb.StopContainerRequest(container_id=container_id, timeout=0)
+        self.call("StopContainer", request, pb.StopContainerResponse)
+
+    def delete_pod(self, pod: Pod, container_ids: list[str]) -> None:
+        """kubelet's order: stop the containers, stop the sandbox, then garbage-collect all."""
+        sandbox_id, _ = self.sandboxes.pop(pod)
+        for container_id in container_ids:
+            self.stop_container(container_id)
+        self.call(
+            "StopPodSandbox",
+            pb.StopPodSandboxRequest(pod_sandbox_id=sandbox_id),
+            pb.StopPodSandboxResponse,
+        )
+        for container_id in container_ids:
+            self.call(
+                "RemoveContainer",
+                pb.RemoveContainerRequest(container_id=container_id),
+                pb.RemoveContainerResponse,
+            )
+        self.call(
+            "RemovePodSandbox",
+            pb.RemovePodSandboxRequest(pod_sandbox_id=sandbox_id),
+            pb.RemovePodSandboxResponse,
+        )
+
+    def status(self, container_id: str) -> dict:
+        """What containerd says about a running container: the CRI fields the agent reads, and
+        from the verbose info the pid and the cgroup path it put in the OCI spec."""
+        request = pb.ContainerStatusRequest(container_id=container_id, verbose=True)
+        reply = self.call("ContainerStatus", request, pb.ContainerStatusResponse)
+        info = json.loads(reply.info["info"])
+        pid = info["pid"]
+        return {
+            "id": reply.status.id,
+            "name": reply.status.metadata.name,
+            "attempt": reply.status.metadata.attempt,
+            "state": pb.ContainerState.Name(reply.status.state),
+            "labels": dict(reply.status.labels),
+            "image": reply.status.image.image,
+            "log_path": reply.status.log_path,
+            "pid": pid,
+            "spec_cgroups_path": info["runtimeSpec"]["linux"]["cgroupsPath"],
+            "proc_cgroup": Path(f"/proc/{pid}/cgroup").read_text().strip(),
+            "info_keys": sorted(info),
+        }
+
+
+def container_key(pod: Pod | None, name: str, attempt: int) -> str:
+    """namespace/pod/container#attempt, the key of result.json's containers and issued."""
+    return f"{pod.namespace}/{pod.name}/{name}#{attempt}" if pod else f"host/{name}"
+
+
+def container_log(pod: Pod, name: str, attempt: int, lines: int) -> str:
+    """stdout of a container from its CRI log (`<time> stdout F <line>`), once it has `lines`."""
+    path = pod.log_directory / name / f"{attempt}.log"
+
+    def read() -> str:
+        if not path.exists():
+            return ""
+        out = [rec.split(" ", 3)[3] for rec in path.read_text().splitlines() if " stdout " in rec]
+        return "\n".join(out) if len(out) >= lines else ""
+
+    return wait_for(f"{lines} lines in {path}", read)
+
+
+class Node:
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.timings: dict[str, float] = {}
+        self.expected: Counter[tuple[str, ...]] = Counter()
+        self.unattributed: Counter[str] = Counter()
+        self.issued: dict[str, Counter[tuple[str, str, str]]] = {}  # per container attempt
+        self.containers: dict[str, dict] = {}
+        self.devices: dict[str, Device] = {d.vendor: d for d in discover("/") if d.vendor}
+        dri = [n.path for v in ("vgem", "virtio_gpu") for n in self.devices[v].nodes]
+        self.kubelet = Kubelet(dri)
+        self._started = time.monotonic()
+
+    def mark(self, phase: str) -> None:
+        self.timings[phase] = round(time.monotonic() - self._started, 1)
+        print(f"node: {phase} at {self.timings[phase]}s", flush=True)
+
+    # --- workloads ---------------------------------------------------------------------------
+
+    def _node(self, step: Step) -> str:
+        return next(n.path for n in self.devices[step.vendor].nodes if n.name.startswith(step.node))
+
+    def drmcall_args(self, steps: list[Step]) -> list[str]:
+        return [str(a) for s in steps for a in (self._node(s), s.ioctl[0], s.ioctl[1], s.count)]
+
+    def tally(self, pod: Pod | None, name: str, attempt: int, steps: list[Step], out: str) -> None:
+        """Expected counts from drmcall's own report of what it issued."""
+        by_call = {(self._node(s), s.ioctl[0]): s for s in steps}
+        reports = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        if len(reports) != len(steps):
+            raise SystemExit(f"drmcall reported {len(reports)} of {len(steps)} steps: {out!r}")
+        who = (pod.namespace, pod.name, name) if pod else ("", "", "")
+        issued = self.issued.setdefault(container_key(pod, name, attempt), Counter())
+        for rep in reports:
+            step = by_call[(rep["device"], rep["nr"])]
+            series = (self.devices[step.vendor].id, step.vendor, step.kind)
+            issued[series] += rep["calls"]
+            self.expected[(*who, *series)] += rep["calls"]
+            if pod is None:
+                self.unattributed["not_pod"] += rep["calls"]
+
+    def entrypoint(self, steps: list[Step]) -> list[str]:
+        """A container command that makes the calls at start, then stays up like a server."""
+        script = f'{DRMCALL} "$@" && exec sleep {FOREVER}'
+        return ["/bin/sh", "-c", script, "drmcall", *self.drmcall_args(steps)]
+
+    def run_entrypoint(self, pod: Pod, name: str, attempt: int, steps: list[Step]) -> str:
+        cid = self.kubelet.start_container(pod, name, attempt, self.entrypoint(steps))
+        self.tally(pod, name, attempt, steps, container_log(pod, name, attempt, len(steps)))
+        self.record(pod, name, attempt, cid)
+        return cid
+
+    def run_exec(self, pod: Pod, name: str, cid: str, steps: list[Step]) -> None:
+        """drmcall through ExecSync, in a container of attempt 0 started before the agent."""
+        output = self.kubelet.exec(cid, [DRMCALL, *self.drmcall_args(steps)])
+        self.tally(pod, name, 0, steps, output)
+
+    def run_host(self, steps: list[Step]) -> None:
+        cgroup = Path("/sys/fs/cgroup/system.slice/host-tool.service")
+        cgroup.mkdir(parents=True, exist_ok=True)
+        enter = 'echo $$ > "$0/cgroup.procs" && exec "$@"'
+        argv = ["sh", "-c", enter, str(cgroup), DRMCALL, *self.drmcall_args(steps)]
+        output = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+        self.tally(None, "host-tool", 0, steps, output)
+
+    def record(self, pod: Pod, name: str, attempt: int, cid: str) -> None:
+        status = self.kubelet.status(cid)
+        status["pod_uid"] = pod.uid
+        self.containers[container_key(pod, name, attempt)] = status
+
+    # --- containerd, images, agent -----------------------------------------------------------
+
+    def start_containerd(self) -> subprocess.Popen:
+        # overlayfs snapshots need an upper dir that is not itself on overlayfs (the guest root).
+        Path("/var/lib/containerd").mkdir(parents=True, exist_ok=True)
+        subprocess.run(["mount", "-t", "tmpfs", "tmpfs", "/var/lib/containerd"], check=True)
+        log = open(self.out / "containerd.log", "w")  # noqa: SIM115 - lives as long as containerd
+        proc = subprocess.Popen(
+            ["containerd", "--config", str(HERE / "containerd/config.toml")],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+        def ready() -> bool:
+            if proc.poll() is not None:
+                raise SystemExit(f"containerd exited {proc.returncode}; see containerd.log")
+            try:
+                return bool(self.kubelet.version().runtime_name)
+            except grpc.RpcError:
+                return False
+
+        wait_for("containerd's CRI", ready)
+        return proc
+
+    def import_images(self) -> None:
+        busybox = {"bin/busybox": Path("/usr/bin/busybox")}
+        links = {f"bin/{tool}": "busybox" for tool in ("sh", "sleep", "cat")}
+        images = {
+            PAUSE_IMAGE: (busybox, ["/bin/sleep", FOREVER]),
+            WORKLOAD_IMAGE: ({**busybox, DRMCALL.lstrip("/"): Path(DRMCALL)}, ["/bin/sh"]),
+        }
+        for name, (files, cmd) in images.items():
+            archive = Path("/tmp") / (name.rpartition("/")[2].replace(":", "-") + ".tar")
+            oci_image.write_archive(archive, name, files, links, cmd)
+            ctr = ["ctr", "--address", SOCKET, "--namespace", "k8s.io", "images", "import"]
+            subprocess.run([*ctr, str(archive)], check=True)
+
+    def start_agent(self) -> subprocess.Popen:
+        cfg = self.out / "agent.yaml"
+        cfg.write_text(
+            json.dumps(  # JSON is YAML. attribution.cri.endpoint: the default, containerd's.
+                {
+                    "metrics": {"series_ttl_seconds": TTL},
+                    "export": {"prometheus": {"enabled": True, "host": "127.0.0.1", "port": 8080}},
+                }
+            )
+        )
+        log = open(self.out / "agent.log", "w")  # noqa: SIM115 - lives as long as the agent
+        agent = subprocess.Popen(
+            [PY, "-m", "kubenpu.agent", "--config", str(cfg)], stdout=log, stderr=subprocess.STDOUT
+        )
+
+        def attached() -> bool:
+            if agent.poll() is not None:
+                raise SystemExit(f"agent exited {agent.returncode}; see agent.log")
+            return "attached to drm_ioctl" in (self.out / "agent.log").read_text()
+
+        wait_for("the agent to attach", attached, ATTACH_TIMEOUT)
+        return agent
+
+    # --- /metrics ----------------------------------------------------------------------------
+
+    @staticmethod
+    def scrape() -> dict[str, list]:
+        text = urllib.request.urlopen(METRICS_URL, timeout=5).read().decode()
+        found: dict[str, list] = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                found.setdefault(s.name, []).append({"labels": s.labels, "value": s.value})
+        return found
+
+    @staticmethod
+    def ioctl_counts(prom: dict[str, list]) -> dict[tuple[str, ...], float]:
+        samples = prom.get("kubenpu_ioctl_total", [])
+        return {tuple(s["labels"][k] for k in LABELS): s["value"] for s in samples}
+
+    def settle(self, want: dict[tuple[str, ...], int]) -> dict[str, list]:
+        """The first scrape that shows exactly `want`, or the last one before the deadline."""
+        deadline = time.monotonic() + SETTLE_TIMEOUT
+        while True:
+            prom = self.scrape()
+            if self.ioctl_counts(prom) == want or time.monotonic() > deadline:
+                return prom
+            time.sleep(1)
+
+    # --- the run -----------------------------------------------------------------------------
+
+    def run(self) -> dict:
+        containerd = self.start_containerd()
+        version = self.kubelet.version()
+        self.mark("containerd ready")
+        agent = None
+        try:
+            self.import_images()
+            self.mark("images imported")
+            self.kubelet.run_pod(POD_A)
+            sleep = ["/bin/sleep", FOREVER]
+            main0 = self.kubelet.start_container(POD_A, "main", 0, sleep)
+            sidecar = self.kubelet.start_container(POD_A, "sidecar", 0, sleep)
+            self.record(POD_A, "main", 0, main0)
+            self.record(POD_A, "sidecar", 0, sidecar)
+            self.mark("pod A running")
+            agent = self.start_agent()
+            self.mark("agent attached")
+            self.run_exec(POD_A, "main", main0, MAIN_0)
+            self.run_exec(POD_A, "sidecar", sidecar, SIDECAR)
+            self.mark("pod A calls made")
+            self.kubelet.run_pod(POD_B)
+            server = self.run_entrypoint(POD_B, "server", 0, SERVER)
+            self.mark("pod B ran")
+            self.kubelet.stop_container(main0)  # kubelet restarts it as attempt 1
+            self.run_entrypoint(POD_A, "main", 1, MAIN_1)
+            self.mark("main restarted")
+            self.run_host(HOST)
+            before = self.settle(dict(self.expected))
+            self.mark("counts settled")
+            pod_b = (POD_B.namespace, POD_B.name)
+            self.kubelet.delete_pod(POD_B, [server])
+            deleted = time.monotonic()
+            self.mark("pod B deleted")
+            after_expected = {k: v for k, v in self.expected.items() if k[:2] != pod_b}
+            after = self.settle(after_expected)
+            retired_after = time.monotonic() - deleted
+            self.mark("pod B retired")
+        finally:
+            if agent:
+                agent.terminate()
+                agent.wait(timeout=30)
+            containerd.terminate()
+            containerd.wait(timeout=30)
+        return {
+            "kernel": os.uname().release,
+            "runtime": {
+                "name": version.runtime_name,
+                "version": version.runtime_version,
+                "api": version.runtime_api_version,
+            },
+            "ttl_seconds": TTL,
+            "timings": self.timings,
+            "retired_after_seconds": round(retired_after, 1),
+            "containers": self.containers,
+            "expected_before": [{"labels": list(k), "value": v} for k, v in self.expected.items()],
+            "expected_after": [{"labels": list(k), "value": v} for k, v in after_expected.items()],
+            "expected_unattributed": dict(self.unattributed),
+            "issued": {
+                key: [{"labels": list(k), "value": v} for k, v in calls.items()]
+                for key, calls in self.issued.items()
+            },
+            "before_delete": before,
+            "after_delete": after,
+            "agent_log": (self.out / "agent.log").read_text(),
+        }
+
+
+def main() -> int:
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "/out")
+    started = time.monotonic()
+    result = Node(out).run()
+    result["guest_seconds"] = round(time.monotonic() - started, 1)
+    (out / "result.json").write_text(json.dumps(result, indent=1, sort_keys=True))
+    print(f"node scenario done on {result['kernel']} in {result['guest_seconds']}s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
