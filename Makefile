@@ -4,7 +4,7 @@ KERNEL ?= 6.12
 KERNELS ?= 6.1 6.12
 PYTEST := .venv/bin/pytest
 
-.PHONY: all demo test unit e2e lint venv vm clean
+.PHONY: all demo test unit e2e bench lint venv vm clean
 all: test
 
 venv:
@@ -24,6 +24,10 @@ unit: venv
 
 e2e: venv
 	KUBENPU_E2E_KERNELS="$(KERNEL)" $(PYTEST) -q -ra tests/test_e2e_vm.py
+
+# Speed figures for both probe modes, measured side by side in one boot (prints a table).
+bench: venv
+	bench/run.sh $(KERNEL) out/bench
 
 lint: venv
 	.venv/bin/ruff check .

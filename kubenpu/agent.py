@@ -23,7 +23,10 @@ from kubenpu.vendors import Kind, by_name, core
 log = logging.getLogger("kubenpu")
 
 _POLL_MS = 100
-_FLUSH_SECONDS = 0.5
+_FLUSH_SECONDS = 0.5  # first sightings and per-event tallies: new pods resolved at once
+# Aggregate mode reads the kernel's counts this often: its cost grows with the number of keys,
+# not with the call rate, and scrapes and pushes (15 s by default) see counts at most this old.
+_READ_SECONDS = 5.0
 _REAP_SECONDS = 5.0
 
 
@@ -132,19 +135,20 @@ class Attributor:
             n=n,
         )
 
-    def reap(self) -> list[Key]:
-        """Forget cgroups that no longer exist; returns their keys so the kernel side can too.
+    def dead_cgroups(self) -> list[int]:
+        """Cgroups seen here whose directory is gone."""
+        return [c for c in self._seen if not self._resolver.alive(c)]
 
-        A removed cgroup has no processes left, so no call can be lost by forgetting it.
-        """
-        gone: list[Key] = []
-        for cgroup_id in [c for c in self._seen if not self._resolver.alive(c)]:
+    def forget(self, cgroup_ids: list[int]) -> list[Key]:
+        """Retire dead cgroups' containers and forget them; returns their keys."""
+        keys: list[Key] = []
+        for cgroup_id in cgroup_ids:
             who = self._resolver.resolve(cgroup_id)
             if who.pod:
                 self._metrics.container_gone(who.namespace, who.pod, who.container)
             self._resolver.forget(cgroup_id)
-            gone.extend(self._seen.pop(cgroup_id))
-        return gone
+            keys.extend(self._seen.pop(cgroup_id))
+        return keys
 
 
 class Agent:
@@ -208,21 +212,30 @@ class Agent:
         return 0
 
     def _attribute_loop(self) -> None:
-        last_reap = time.monotonic()
+        last_read = last_reap = time.monotonic()
         while not self.stop.wait(_FLUSH_SECONDS):
-            self._collect()
-            if time.monotonic() - last_reap >= _REAP_SECONDS:
+            now = time.monotonic()
+            read = self.aggregate and now - last_read >= _READ_SECONDS
+            self._collect(read_counts=read)
+            last_read = now if read else last_read
+            if now - last_reap >= _REAP_SECONDS:
                 self._reap()
-                last_reap = time.monotonic()
+                last_reap = now
 
     def _reap(self) -> None:
-        gone = self.attributor.reap()
-        if gone and self.aggregate:
+        dead = self.attributor.dead_cgroups()
+        if not dead:
+            return
+        # A removed cgroup has no process left, so after this read its counts are final and
+        # forgetting it (here and in the kernel map) loses no call.
+        self._collect(read_counts=True)
+        gone = self.attributor.forget(dead)
+        if self.aggregate:
             self.probe.forget_counts(gone)
             self.deltas.forget(gone)
 
-    def _collect(self) -> None:
-        if self.aggregate:
+    def _collect(self, read_counts: bool = True) -> None:
+        if self.aggregate and read_counts:
             self.deltas.feed(self.probe.read_counts(), self.tally)
         for reason, total in self.probe.kernel_drops().items():
             new = total - self._reported_drops.get(reason, 0)

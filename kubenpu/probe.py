@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import logging
 import os
 from collections.abc import Callable, Iterable
@@ -26,11 +27,17 @@ from kubenpu.vendors import Vendor, all_vendors, core
 log = logging.getLogger(__name__)
 
 _ARGS = "struct file *filp, unsigned int cmd, unsigned long arg"
+# The kernel's own C dialect flags (CC_FLAGS_DIALECT), which BCC 0.31 does not pass: from 6.19
+# the headers embed tagged structs anonymously (struct filename in linux/fs.h), which clang only
+# accepts with -fms-extensions. Older headers compile the same with them.
+_DIALECT_CFLAGS = ("-fms-extensions", "-Wno-microsoft-anon-tag")
 _SOURCE_CANDIDATES = (
     Path(__file__).parent / "bpf" / "kubenpu.bpf.c",  # installed wheel
     Path(__file__).parents[1] / "bpf" / "kubenpu.bpf.c",  # source tree / editable install
 )
 
+
+_BATCH = 4096  # keys per BPF_MAP_LOOKUP_BATCH call
 
 # Index order of the `lost` array in bpf/kubenpu.bpf.c; index 2 (a late first sighting in
 # aggregate mode) loses no call, so it is not a drop.
@@ -95,6 +102,53 @@ def _headers_hint() -> str:
     )
 
 
+class _CountsReader:
+    """Reads the per-CPU counts map with BPF_MAP_LOOKUP_BATCH into buffers allocated once.
+
+    BCC's items() costs two syscalls and several ctypes objects per key, and its own batch
+    helper allocates buffers for the whole map on every call; this reads _BATCH keys a syscall.
+    """
+
+    def __init__(self, table) -> None:  # table: a BCC per-CPU hash
+        from bcc.utils import get_possible_cpus  # deferred like every BCC import
+
+        self._fd = table.map_fd
+        self._ncpus = len(get_possible_cpus())
+        self._keys = (table.Key * _BATCH)()
+        self._values = (ctypes.c_uint64 * (_BATCH * self._ncpus))()  # one u64 per CPU per key
+
+    def read(self) -> dict[Key, int]:
+        from bcc.libbcc import lib
+
+        found: dict[Key, int] = {}
+        token_in, token_out = ctypes.c_uint32(0), ctypes.c_uint32(0)
+        first = True
+        while True:
+            count = ctypes.c_uint32(_BATCH)
+            res = lib.bpf_lookup_batch(
+                self._fd,
+                None if first else ctypes.byref(token_in),
+                ctypes.byref(token_out),
+                self._keys,
+                self._values,
+                ctypes.byref(count),
+            )
+            err = ctypes.get_errno()
+            if res != 0 and err != errno.ENOENT:  # ENOENT: this was the last batch
+                raise ProbeError(f"reading the counts map failed: {os.strerror(err)}")
+            self._decode(count.value, found)
+            if res != 0 or count.value == 0:
+                return found
+            token_in.value, first = token_out.value, False
+
+    def _decode(self, n: int, into: dict[Key, int]) -> None:
+        ncpus, values = self._ncpus, self._values
+        for i in range(n):
+            k = self._keys[i]
+            total = sum(values[i * ncpus : (i + 1) * ncpus])
+            into[Key(k.cgroup_id, k.rdev >> 20, k.rdev & 0xFFFFF, k.kind)] = total
+
+
 class Probe:
     """One loaded BPF program. Not thread-safe: poll it from one thread."""
 
@@ -115,6 +169,7 @@ class Probe:
         self._counts_entries = counts_entries
         self._debug = debug
         self._bpf = None
+        self._reader: _CountsReader | None = None
         self.mode = ""
 
     def start(self, on_event: Callable[[bytes], None]) -> str:
@@ -147,7 +202,7 @@ class Probe:
 
         flags = bcc.DEBUG_BPF_REGISTER_STATE if self._debug else 0
         text = source_text(plan, self._ringbuf_pages, self._counts_entries)
-        cflags = ["-DKUBENPU_AGGREGATE"] if self._aggregate else []
+        cflags = [*_DIALECT_CFLAGS, *(["-DKUBENPU_AGGREGATE"] if self._aggregate else [])]
         bpf = _Deferred(text=text, cflags=cflags, debug=flags)
         self._fill_maps(bpf)
         if plan.mode == "kprobe":
@@ -192,10 +247,9 @@ class Probe:
 
     def read_counts(self) -> dict[Key, int]:
         """Aggregate mode: the cumulative count of every {cgroup, device, kind} in the kernel."""
-        found = {}
-        for k, per_cpu in self._bpf["counts"].items():
-            found[Key(k.cgroup_id, k.rdev >> 20, k.rdev & 0xFFFFF, k.kind)] = sum(per_cpu)
-        return found
+        if self._reader is None:
+            self._reader = _CountsReader(self._bpf["counts"])
+        return self._reader.read()
 
     def forget_counts(self, keys: Iterable[Key]) -> None:
         """Free the kernel entries of cgroups that are gone (no process can add to them)."""

@@ -72,16 +72,18 @@ def test_pod_and_host_calls_are_counted_with_a_reason_for_the_partial_ones(cgrou
     assert values(metrics, DROPPED) == {("device_unknown",): 1}
 
 
-def test_reap_forgets_removed_cgroups_and_retires_their_pods(cgroups, resolver):
+def test_removed_cgroups_are_forgotten_and_their_pods_retired(cgroups, resolver):
     metrics = Metrics("node-1", series_ttl=0, max_series=100)
     tally, attributor = Tally(100), Attributor([VGEM], resolver, metrics)
     pod = os.stat(cgroups / POD_DIR).st_ino
     tally.add_event(event(pod))
     attributor.flush(tally.drain())
-    assert attributor.reap() == []
+    assert attributor.dead_cgroups() == []
     (cgroups / POD_DIR).rmdir()
-    gone = attributor.reap()
+    assert attributor.dead_cgroups() == [pod]
+    gone = attributor.forget([pod])
     assert [k.cgroup_id for k in gone] == [pod]
+    assert attributor.dead_cgroups() == []
     assert values(metrics, IOCTL) == {}  # TTL 0: retired at the next collection
 
 

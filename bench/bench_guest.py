@@ -1,0 +1,420 @@
+"""The benchmark, run as root inside the QEMU guest (bench/bench.sh; bench/check.sh for --check).
+
+    bench_guest.py OUT_DIR            the full benchmark; writes OUT_DIR/bench.json
+    bench_guest.py OUT_DIR --check    only the max-rate exactness bursts; writes OUT_DIR/check.json
+
+Every figure comes from one boot, measured side by side: tight loops of counted ioctls with the
+static C `drmcall` (no agent, then the agent in each probe mode), the agent's CPU from
+/proc/PID/stat at paced rates, counted + dropped against issued after every burst, the time from
+start to the first metric and the agent's RSS with 1,000 pods' worth of kubelet-style cgroups.
+It plays kubelet and the runtime as tests/vm/e2e_guest.py does, and reuses its pieces.
+bench/report.py turns the JSON into the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "vm"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from cri_server import CriTestServer
+from e2e_guest import CREATE_DUMB, METRICS_URL, MODES, PY, systemd_cgroup
+from prometheus_client.parser import text_string_to_metric_families
+
+from kubenpu.discovery import discover
+
+DRMCALL = "/usr/local/bin/drmcall"
+CRI_SOCKET = "/run/kubenpu-bench-cri.sock"
+ATTACH_TIMEOUT = 300
+SETTLE_TIMEOUT = 180
+# No change in counted + dropped for this long: the agent will not account for more. Long,
+# because the agent resolves every new pod (a CRI request each) before it counts their calls.
+QUIET_SECONDS = 30
+TICK = os.sysconf("SC_CLK_TCK")
+
+PODS = 1000  # pods' worth of cgroups for the start and RSS figures
+TOUR_CALLS = 3  # calls made from each of those pods
+REPEATS = 5  # tight loops per phase, for the median
+LOOP_SECONDS = 1.0  # target length of one tight loop
+WINDOW_SECONDS = 5.0  # length of one paced-rate window
+IDLE_SECONDS = 5.0
+CHECK_CALLS = 60_000  # per process, in --check
+
+
+def pod(i: int, namespace: str, name: str) -> dict:
+    return {
+        "id": f"{i:064x}",
+        "namespace": namespace,
+        "pod": name,
+        "container": "main",
+        "pod_uid": f"00000000-0000-4000-8000-{i:012x}",
+    }
+
+
+LOADER = pod(PODS + 1, "bench", "loader")  # runs every drmcall loop; pods are 1..PODS
+
+
+# --- the guest's side of things --------------------------------------------------------------
+
+
+def vgem_card() -> str:
+    vgem = next(d for d in discover("/") if d.vendor == "vgem")
+    return next(n.path for n in vgem.nodes if n.name.startswith("card"))
+
+
+def enter(cgroup: Path, cpu: int | None = None):
+    """A preexec_fn that moves the child into `cgroup` (and pins it to `cpu`) before exec."""
+
+    def move() -> None:
+        (cgroup / "cgroup.procs").write_text(str(os.getpid()))
+        if cpu is not None:
+            os.sched_setaffinity(0, {cpu})
+
+    return move
+
+
+def drmcall(
+    card: str, cgroup: Path, count: int, procs: int = 1, rate: float = 0
+) -> tuple[int, float]:
+    """`procs` concurrent drmcall loops of `count` counted calls each, one per CPU.
+    Returns (calls issued, seconds of the slowest loop)."""
+    nr, size = CREATE_DUMB  # core ioctl, kind alloc: counted on every DRM device
+    args = [DRMCALL, *(["--rate", str(rate / procs)] if rate else [])]
+    args += [card, str(nr), str(size), str(count)]
+    ncpu = os.cpu_count() or 1
+    running = [
+        subprocess.Popen(
+            args,
+            stdout=subprocess.PIPE,
+            text=True,
+            preexec_fn=enter(cgroup, i % ncpu if procs > 1 else None),
+        )
+        for i in range(procs)
+    ]
+    issued, seconds = 0, 0.0
+    for p in running:
+        out, _ = p.communicate()
+        if p.returncode != 0:
+            raise SystemExit(f"drmcall failed ({p.returncode})")
+        step = json.loads(out.splitlines()[-1])
+        issued += step["calls"]
+        seconds = max(seconds, step["seconds"])
+    return issued, seconds
+
+
+def make_pods(cri: CriTestServer, n: int) -> list[Path]:
+    """n pods with one container each: CRI knows them, and their cgroups exist."""
+    cgroups = []
+    for i in range(n):
+        p = pod(i + 1, "bench-pods", f"pod-{i + 1}")
+        cri.add_container(p["id"], p["namespace"], p["pod"], p["container"], pod_uid=p["pod_uid"])
+        cg = systemd_cgroup(p)
+        cg.mkdir(parents=True, exist_ok=True)
+        cgroups.append(cg)
+    return cgroups
+
+
+def tour(card: str, cgroups: list[Path], calls: int) -> int:
+    """One process visits every cgroup and makes `calls` counted calls in each (a process per
+    pod would cost ~0.1 s of exec each under TCG). Returns the calls issued."""
+    plan = Path("/tmp/tour.json")
+    plan.write_text(json.dumps({"card": card, "cgroups": [str(c) for c in cgroups]}))
+    subprocess.run([PY, __file__, "--tour", str(plan), str(calls)], check=True)
+    return len(cgroups) * calls
+
+
+def tour_main(plan_file: str, calls: int) -> int:
+    import fcntl
+
+    plan = json.loads(Path(plan_file).read_text())
+    nr, size = CREATE_DUMB
+    cmd = (3 << 30) | (size << 16) | (ord("d") << 8) | nr  # DRM_IOWR(nr, size)
+    fd = os.open(plan["card"], os.O_RDWR)
+    for cgroup in plan["cgroups"]:
+        Path(cgroup, "cgroup.procs").write_text(str(os.getpid()))
+        for _ in range(calls):
+            # Rejected by the driver or not, the call passed drm_ioctl's entry: it counts.
+            with contextlib.suppress(OSError):
+                fcntl.ioctl(fd, cmd, bytearray(size))
+    return 0
+
+
+# --- the agent ---------------------------------------------------------------------------------
+
+
+class Agent:
+    """One agent process with Prometheus export only (no OTLP push in the measured CPU)."""
+
+    def __init__(self, out: Path, mode: str) -> None:
+        self.mode = mode
+        self.log = out / f"agent-{mode}.log"
+        cfg = out / f"agent-{mode}.yaml"
+        cfg.write_text(
+            json.dumps(
+                {
+                    "probe": {"mode": mode},
+                    # The CRI test server shares the guest's emulated CPUs with the agent and
+                    # the load: give it longer than a real runtime needs.
+                    "attribution": {
+                        "cri": {"endpoint": f"unix://{CRI_SOCKET}", "timeout_seconds": 15}
+                    },
+                    "export": {
+                        "prometheus": {"enabled": True, "host": "127.0.0.1", "port": 8080},
+                        "otlp": {"enabled": False},
+                    },
+                }
+            )
+        )
+        self.started = time.monotonic()
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen(
+                [PY, "-m", "kubenpu.agent", "--config", str(cfg)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        while "attached to drm_ioctl" not in self.log.read_text():
+            if self.proc.poll() is not None or time.monotonic() - self.started > ATTACH_TIMEOUT:
+                raise SystemExit(f"agent did not attach; see {self.log}")
+            time.sleep(0.2)
+        self.attach_seconds = time.monotonic() - self.started
+
+    def cpu_seconds(self) -> float:
+        """utime + stime of all the agent's threads."""
+        stat = Path(f"/proc/{self.proc.pid}/stat").read_text()
+        fields = stat.rsplit(")", 1)[1].split()  # the name may hold spaces
+        return (int(fields[11]) + int(fields[12])) / TICK
+
+    def rss_mib(self) -> float:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        raise SystemExit("no VmRSS for the agent")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=60)
+
+
+class Scrape:
+    """What /metrics says: calls counted per namespace, drops per reason, ioctl series."""
+
+    def __init__(self) -> None:
+        text = urllib.request.urlopen(METRICS_URL, timeout=30).read().decode()
+        self.counted: Counter[str] = Counter()
+        self.dropped: Counter[str] = Counter()
+        self.series = 0
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name == "kubenpu_ioctl_total":
+                    self.counted[s.labels.get("namespace", "")] += int(s.value)
+                    self.series += 1
+                elif s.name == "kubenpu_events_dropped_total":
+                    self.dropped[s.labels["reason"]] += int(s.value)
+
+    def seen(self) -> int:
+        """Every call accounted for: counted or reported dropped."""
+        return sum(self.counted.values()) + sum(self.dropped.values())
+
+
+class Ledger:
+    """Issued calls against what the agent accounts for, burst by burst."""
+
+    def __init__(self) -> None:
+        self.last = Scrape()
+
+    def settle(self, issued: int) -> dict:
+        """Wait until the agent accounts for `issued` more calls (or stays quiet), then return
+        the burst's record: issued, counted, dropped by reason, and the seconds it took."""
+        start = time.monotonic()
+        want = self.last.seen() + issued
+        seen, changed = -1, start
+        while True:
+            now = Scrape()
+            if now.seen() != seen:
+                seen, changed = now.seen(), time.monotonic()
+            t = time.monotonic()
+            if seen >= want or t - changed > QUIET_SECONDS or t - start > SETTLE_TIMEOUT:
+                break
+            time.sleep(1)
+        before, self.last = self.last, now
+        dropped = {r: now.dropped[r] - before.dropped[r] for r in now.dropped}
+        return {
+            "issued": issued,
+            "counted": sum(now.counted.values()) - sum(before.counted.values()),
+            "dropped": {r: n for r, n in dropped.items() if n},
+            "settle_seconds": round(time.monotonic() - start, 2),
+        }
+
+
+def exact(record: dict) -> bool:
+    return record["counted"] + sum(record["dropped"].values()) == record["issued"]
+
+
+# --- the measurements --------------------------------------------------------------------------
+
+
+class Bench:
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.card = vgem_card()
+        self.loader = systemd_cgroup(LOADER)
+        self.loader.mkdir(parents=True, exist_ok=True)
+        self.cri = CriTestServer()
+        self.cri.start(CRI_SOCKET)
+        self.cri.add_container(
+            LOADER["id"], LOADER["namespace"], LOADER["pod"], LOADER["container"],
+            pod_uid=LOADER["pod_uid"],
+        )  # fmt: skip
+
+    def loops(self, count: int) -> list[float]:
+        """REPEATS tight loops; ns per call of each."""
+        return [round(s / n * 1e9, 1) for n, s in (self.burst(count) for _ in range(REPEATS))]
+
+    def burst(self, count: int, procs: int = 1, rate: float = 0) -> tuple[int, float]:
+        return drmcall(self.card, self.loader, count, procs, rate)
+
+    def calibrate(self) -> tuple[int, float]:
+        """Calls per tight loop (about LOOP_SECONDS long) and the VM's maximum call rate."""
+        n, s = self.burst(20_000)
+        rate = n / s
+        return max(20_000, int(rate * LOOP_SECONDS)), rate
+
+    def windows(self, agent: Agent, ledger: Ledger, rates: list[float], top: int) -> list[dict]:
+        """Paced windows at each rate, then an unpaced one on every CPU (`top` calls per CPU):
+        the agent's CPU over each window, including the time it takes to catch up."""
+        records = []
+        ncpu = os.cpu_count() or 1
+        for rate in [*rates, 0]:
+            cpu0, t0 = agent.cpu_seconds(), time.monotonic()
+            if rate:
+                issued, run = self.burst(int(rate * WINDOW_SECONDS), rate=rate)
+            else:
+                issued, run = self.burst(top, procs=ncpu)
+            cpu_run, wall_run = agent.cpu_seconds() - cpu0, time.monotonic() - t0
+            rec = ledger.settle(issued)
+            cpu = agent.cpu_seconds() - cpu0
+            rec.update(
+                target_rate=rate,
+                rate=round(issued / run),
+                cpu_per_second=round(cpu_run / wall_run, 4),  # while the calls are made
+                cpu_seconds=round(cpu, 2),  # including the catch-up after the last call
+                cpu_seconds_per_million=round(cpu / issued * 1e6, 2),
+            )
+            records.append(rec)
+            print(f"  window {rec}", flush=True)
+        return records
+
+    def idle_cpu(self, agent: Agent) -> float:
+        """The agent's CPU per second with no calls at all (its timers and map reads)."""
+        cpu0, t0 = agent.cpu_seconds(), time.monotonic()
+        time.sleep(IDLE_SECONDS)
+        return round((agent.cpu_seconds() - cpu0) / (time.monotonic() - t0), 4)
+
+    def first_metric(self, agent: Agent) -> float:
+        """Seconds from the agent's start until /metrics shows a call made right after attach."""
+        self.burst(10)
+        while not Scrape().counted:
+            if time.monotonic() - agent.started > ATTACH_TIMEOUT:
+                raise SystemExit("no metric after attach")
+            time.sleep(0.5)  # each scrape costs the agent CPU: don't slow what is measured
+        return time.monotonic() - agent.started
+
+    def mode(self, mode: str, loop: int, rates: list[float], top: int, pods: list[Path]) -> dict:
+        print(f"== {mode}: starting the agent", flush=True)
+        agent = Agent(self.out, mode)
+        try:
+            first = self.first_metric(agent)
+            ledger = Ledger()
+            res: dict = {
+                "attach_seconds": round(agent.attach_seconds, 1),
+                "first_metric_seconds": round(first, 1),
+                "rss_mib_start": round(agent.rss_mib(), 1),
+                "idle_cpu_per_second": self.idle_cpu(agent),
+            }
+            print(f"  {res}", flush=True)
+            res["loops_ns"] = self.loops(loop)
+            res["loops"] = ledger.settle(loop * REPEATS)
+            res["windows"] = self.windows(agent, ledger, rates, top)
+            res["tour"] = ledger.settle(tour(self.card, pods, TOUR_CALLS))
+            res["tour"]["attributed"] = ledger.last.counted["bench-pods"]
+            res["tour"]["series"] = ledger.last.series
+            res["idle_cpu_per_second_pods"] = self.idle_cpu(agent)
+            res["rss_mib_steady"] = round(agent.rss_mib(), 1)
+        finally:
+            agent.stop()
+        print(f"  {mode} done: {json.dumps(res)}", flush=True)
+        return res
+
+    def run(self) -> dict:
+        pods = make_pods(self.cri, PODS)
+        loop, max_rate = self.calibrate()
+        low = float(f"{max_rate / 30:.1g}")  # a round rate, then 10x it, then flat out
+        rates = [low, low * 10]
+        top = int(max_rate * WINDOW_SECONDS)
+        print(f"loop of {loop} calls; max rate ~{max_rate:.0f}/s; windows at {rates}", flush=True)
+        baseline = self.loops(loop)
+        modes = {}
+        for mode in MODES:
+            modes[mode] = self.mode(mode, loop, rates, top, pods)
+            baseline += self.loops(loop)  # no agent again: interleaved with the agent's phases
+        return {
+            "kernel": os.uname().release,
+            "cpus": os.cpu_count(),
+            "loop_calls": loop,
+            "max_rate": round(max_rate),
+            "pods": PODS,
+            "baseline_ns": baseline,
+            "baseline_ns_median": statistics.median(baseline),
+            "modes": modes,
+        }
+
+    def check(self) -> dict:
+        """Per mode: one flat-out burst on every CPU; counted + dropped must equal issued."""
+        found = {}
+        ncpu = os.cpu_count() or 1
+        for mode in MODES:
+            agent = Agent(self.out, mode)
+            try:
+                self.first_metric(agent)
+                ledger = Ledger()
+                issued, _ = self.burst(CHECK_CALLS, procs=ncpu)
+                found[mode] = ledger.settle(issued)
+            finally:
+                agent.stop()
+            print(f"check {mode}: {found[mode]} exact={exact(found[mode])}", flush=True)
+        return {"kernel": os.uname().release, "modes": found}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", nargs="?", default="/out")
+    parser.add_argument("--check", action="store_true", help="only the exactness bursts")
+    parser.add_argument("--tour", nargs=2, metavar=("PLAN", "CALLS"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.tour:
+        return tour_main(args.tour[0], int(args.tour[1]))
+    out = Path(args.out)
+    bench = Bench(out)
+    try:
+        if args.check:
+            (out / "check.json").write_text(json.dumps(bench.check(), indent=1))
+        else:
+            (out / "bench.json").write_text(json.dumps(bench.run(), indent=1))
+    finally:
+        bench.cri.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

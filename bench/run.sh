@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# `make bench`: the host micro-benchmark, then the guest benchmark in one boot, then the table.
+#   bench/run.sh [KERNEL] [OUT_DIR]      (defaults: 6.12, out/bench)
+# Writes OUT_DIR/micro.json, OUT_DIR/bench.json (and the guest's logs) and OUT_DIR/table.md,
+# and prints the table. Speed figures only: exactness is asserted by
+# tests/test_bench_exactness_vm.py.
+set -euo pipefail
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+kernel=${1:-6.12}
+out=${2:-$repo/out/bench}
+py=$repo/.venv/bin/python
+
+mkdir -p "$out"
+rm -f "$out"/{micro,bench}.json "$out"/table.md
+echo "bench: host micro-benchmark" >&2
+"$py" "$repo/bench/micro.py" --json "$out/micro.json" >&2
+echo "bench: guest benchmark on $kernel (several minutes under TCG)" >&2
+"$repo/tests/vm/run.sh" "$kernel" /src/bench/bench.sh "$out" >"$out/run.log" 2>&1 || {
+  echo "bench: the guest run failed; see $out/run.log and $out/console.log" >&2
+  exit 1
+}
+"$py" "$repo/bench/report.py" "$out/bench.json" "$out/micro.json" | tee "$out/table.md"

@@ -1,0 +1,44 @@
+"""Exactness at the VM's maximum call rate, in both probe modes (one boot; bench/check.sh).
+
+The guest runs a flat-out drmcall burst on every vCPU against each probe mode's agent. Every
+issued call must be counted or reported as a drop, and the aggregate mode must drop none. The
+benchmark's speed figures (bench/) are never asserted: only this accounting is.
+Kernel: the last of KUBENPU_E2E_KERNELS (default 6.12).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+KERNEL = os.environ.get("KUBENPU_E2E_KERNELS", "6.12").split()[-1]
+
+pytestmark = pytest.mark.vm
+
+
+@pytest.fixture(scope="module")
+def check(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp(f"bench-check-{KERNEL}")
+    proc = subprocess.run(
+        [str(ROOT / "tests/vm/run.sh"), KERNEL, "/src/bench/check.sh", str(out)], check=False
+    )
+    assert proc.returncode == 0, f"guest run failed on {KERNEL}; see {out}/console.log"
+    return json.loads((out / "check.json").read_text())["modes"]
+
+
+@pytest.mark.parametrize("mode", ["aggregate", "events"])
+def test_counted_plus_dropped_equals_issued(check, mode):
+    burst = check[mode]
+    assert burst["issued"] > 0
+    assert burst["counted"] + sum(burst["dropped"].values()) == burst["issued"], burst
+
+
+def test_aggregate_mode_drops_nothing_at_max_rate(check):
+    burst = check["aggregate"]
+    assert burst["dropped"] == {}
+    assert burst["counted"] == burst["issued"]
