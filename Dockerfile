@@ -26,7 +26,7 @@ RUN python3 -m venv --system-site-packages /opt/kubenpu \
 COPY deploy/kustomize/base/config.yaml /etc/kubenpu/config.yaml
 
 WORKDIR /
-# Root, for the capabilities the runtime adds (CAP_BPF, CAP_PERFMON); never privileged.
+# Root, for the one capability the runtime adds (CAP_SYS_ADMIN, see docs/deploy.md); never privileged.
 USER 0
 EXPOSE 8080
 ENTRYPOINT ["kubenpu-agent", "--config", "/etc/kubenpu/config.yaml"]

@@ -1,7 +1,7 @@
 # The two commands that matter on a fresh machine: `make demo` and `make test`.
 # Every step installs what it needs (Debian packages, kernels, guest root, venv) and is cached.
 KERNEL ?= 6.12
-KERNELS ?= 6.1 6.12
+KERNELS ?= 6.1 6.12 7.3 6.12-lockdown
 PYTEST := .venv/bin/pytest
 
 .PHONY: all demo test unit e2e bench lint venv vm clean

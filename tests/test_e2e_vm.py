@@ -3,7 +3,9 @@
 Everything in the guest is real: the kernel's drm_ioctl with vgem and virtio-gpu, BCC, the agent,
 a CRI v1 gRPC server, the Prometheus endpoint and an OTLP/gRPC receiver. Only kubelet and the
 container runtime are played by the scenario (it makes the cgroups and answers CRI itself).
-Kernels: KUBENPU_E2E_KERNELS (default "6.1 6.12").
+Kernels: KUBENPU_E2E_KERNELS (default "6.1 6.12 7.3 6.12-lockdown"); a name of tests/vm/build.sh,
+or such a name + "-lockdown" to boot it with lockdown=confidentiality, where the guest also shows
+that the kprobe attach mode is refused (tests/vm/lockdown.sh).
 """
 
 from __future__ import annotations
@@ -12,11 +14,13 @@ import json
 import os
 import subprocess
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-KERNELS = os.environ.get("KUBENPU_E2E_KERNELS", "6.1 6.12").split()
+KERNELS = os.environ.get("KUBENPU_E2E_KERNELS", "6.1 6.12 7.3 6.12-lockdown").split()
+LOCKDOWN = "-lockdown"
 LABELS = ("namespace", "pod", "container", "device", "vendor", "kind")
 
 pytestmark = pytest.mark.vm
@@ -25,21 +29,29 @@ pytestmark = pytest.mark.vm
 MODES = ("aggregate", "events")
 
 
+class GuestRun(NamedTuple):
+    out: Path
+    lockdown: bool
+
+
 @pytest.fixture(scope="module", params=KERNELS)
-def guest_run(request, tmp_path_factory) -> Path:
+def guest_run(request, tmp_path_factory) -> GuestRun:
     """One boot per kernel; the guest runs the scenario once per probe mode."""
+    kernel = request.param.removesuffix(LOCKDOWN)
+    lockdown = kernel != request.param
+    script = "/src/tests/vm/lockdown.sh" if lockdown else "/src/tests/vm/e2e.sh"
+    extra = ["--", "lockdown=confidentiality"] if lockdown else []
     out = tmp_path_factory.mktemp(f"e2e-{request.param}")
     proc = subprocess.run(
-        [str(ROOT / "tests/vm/run.sh"), request.param, "/src/tests/vm/e2e.sh", str(out)],
-        check=False,
+        [str(ROOT / "tests/vm/run.sh"), kernel, script, str(out), *extra], check=False
     )
     assert proc.returncode == 0, f"guest run failed on {request.param}; see {out}/console.log"
-    return out
+    return GuestRun(out, lockdown)
 
 
 @pytest.fixture(params=MODES)
-def result(request, guest_run: Path) -> dict:
-    return json.loads((guest_run / request.param / "result.json").read_text())
+def result(request, guest_run: GuestRun) -> dict:
+    return json.loads((guest_run.out / request.param / "result.json").read_text())
 
 
 def _prom_counts(result: dict) -> dict[tuple, float]:
@@ -84,3 +96,21 @@ def test_device_info_lists_both_devices(result):
 
 def test_attach_mode_is_fentry(result):
     assert "attached to drm_ioctl (mode fentry-module," in result["agent_log"]
+
+
+def test_lockdown_is_as_booted(result, guest_run: GuestRun):
+    want = "[confidentiality]" if guest_run.lockdown else "[none]"
+    assert want in result["lockdown"].split()
+
+
+def test_kprobe_refused_under_lockdown(guest_run: GuestRun):
+    if not guest_run.lockdown:
+        pytest.skip("booted without lockdown")
+    kprobe = json.loads((guest_run.out / "kprobe" / "result.json").read_text())
+    assert "[confidentiality]" in kprobe["lockdown"].split()
+    assert (kprobe["rc"], kprobe["attached"]) == (2, False)
+    (error,) = kprobe["errors"]  # one line for the operator
+    assert "ERROR kubenpu: cannot attach to drm_ioctl: kprobe: " in error
+    # BCC turned the probe's field reads into bpf_probe_read, which lockdown withholds.
+    assert "cannot use helper bpf_probe_read" in kprobe["agent_log"]
+    assert any("use of bpf to read kernel RAM" in line for line in kprobe["kernel_log"])

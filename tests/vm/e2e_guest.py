@@ -97,6 +97,8 @@ def run_workload(cgroup: Path, plan: list[dict]) -> None:
 
 
 class Scenario:
+    launcher: tuple[str, ...] = ()  # what the agent runs under (setpriv for least privilege)
+
     def __init__(self, out: Path, mode: str) -> None:
         self.out = out
         self.mode = mode
@@ -169,7 +171,9 @@ class Scenario:
         log = open(self.out / "agent.log", "w")  # noqa: SIM115 - lives as long as the agent
         started = time.monotonic()
         agent = subprocess.Popen(
-            [PY, "-m", "kubenpu.agent", "--config", str(cfg)], stdout=log, stderr=subprocess.STDOUT
+            [*self.launcher, PY, "-m", "kubenpu.agent", "--config", str(cfg)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         while "attached to drm_ioctl" not in (self.out / "agent.log").read_text():
             if agent.poll() is not None or time.monotonic() - started > ATTACH_TIMEOUT:
@@ -189,7 +193,10 @@ class Scenario:
 
     @staticmethod
     def otlp_points(receiver: OtlpReceiver) -> list[dict]:
-        if not receiver.requests:
+        """kubenpu.ioctl in the last push; a push before the first count has none."""
+        if not receiver.requests or not any(
+            m.name == "kubenpu.ioctl" for _, m in receiver.metrics()
+        ):
             return []
         values = receiver.values("kubenpu.ioctl")
         return [{"attributes": dict(attrs), "value": v} for attrs, v in values.items()]
@@ -247,6 +254,7 @@ class Scenario:
             cri.stop()
         return {
             "kernel": os.uname().release,
+            "lockdown": Path("/sys/kernel/security/lockdown").read_text().strip(),
             "mode": self.mode,
             "attach_seconds": self.attach_seconds,
             "expected": [{"labels": list(k), "value": v} for k, v in sorted(self.expected.items())],

@@ -117,7 +117,8 @@ local rules = import 'rules.libsonnet';
                 readOnlyRootFilesystem: true,
                 runAsUser: 0,
                 runAsNonRoot: false,
-                capabilities: { drop: ['ALL'], add: ['BPF', 'PERFMON', 'SYS_RESOURCE'] },
+                // Why SYS_ADMIN alone: see the Helm chart's daemonset.yaml.
+                capabilities: { drop: ['ALL'], add: ['SYS_ADMIN'] },
                 seccompProfile: c.seccompProfile,
               },
               volumeMounts: [

@@ -1,0 +1,127 @@
+"""The agent under a reduced capability set, run as root inside the QEMU guest.
+
+tests/vm/least_privilege.sh runs it; the host test writes /out/plan.json, a list of runs:
+  {"name": DIR, "caps": ["BPF", ...], "scenario": true}    the e2e scenario (aggregate mode)
+  {"name": DIR, "caps": [...], "attach": "fentry"}          does the agent attach? (or how it fails)
+Each run keeps uid 0 and only `caps` in every set (bounding too), with no inheritable or ambient
+capabilities and no_new_privs: what runc gives a container with `drop: [ALL]`, `add: caps` and
+allowPrivilegeEscalation: false. The capabilities the agent process really had are recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from e2e_guest import PY, Scenario
+
+ATTACH_TIMEOUT = 300
+STATUS_FIELDS = ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs")
+
+
+def launcher(caps: list[str]) -> tuple[str, ...]:
+    keep = ",".join(["-all", *(f"+{c.lower()}" for c in caps)])
+    return (
+        "setpriv",
+        "--inh-caps=-all",
+        "--ambient-caps=-all",
+        f"--bounding-set={keep}",
+        "--no-new-privs",
+        "--",
+    )
+
+
+def _decode(mask: str) -> list[str]:
+    """capsh --decode=0x...: '0x...=cap_bpf,cap_perfmon' -> ['BPF', 'PERFMON']."""
+    out = subprocess.run(
+        ["capsh", f"--decode={mask}"], check=True, capture_output=True, text=True
+    ).stdout
+    names = out.strip().partition("=")[2]
+    return sorted(n.removeprefix("cap_").upper() for n in names.split(",") if n)
+
+
+def process_caps(pid: int) -> dict:
+    """The capability sets of the agent once setpriv has exec'd it (before that: setpriv's)."""
+    proc = Path(f"/proc/{pid}")
+    deadline = time.monotonic() + 30
+    while not (proc / "exe").resolve().name.startswith("python"):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"pid {pid} never became the agent")
+        time.sleep(0.05)
+    status = dict(
+        line.split(":\t", 1) for line in (proc / "status").read_text().splitlines() if ":\t" in line
+    )
+    found = {f: status[f].strip() for f in STATUS_FIELDS}
+    return {f: (v if f == "NoNewPrivs" else _decode(v)) for f, v in found.items()}
+
+
+class LeastPrivilegeScenario(Scenario):
+    def __init__(self, out: Path, caps: list[str]) -> None:
+        super().__init__(out, "aggregate")
+        self.launcher = launcher(caps)
+
+    def start_agent(self) -> subprocess.Popen:
+        agent = super().start_agent()
+        self.caps = process_caps(agent.pid)
+        return agent
+
+
+def scenario(out: Path, caps: list[str]) -> dict:
+    run = LeastPrivilegeScenario(out, caps)
+    return {**run.run(), "caps": run.caps}
+
+
+def attach_check(out: Path, launch: tuple[str, ...], attach: str) -> dict:
+    """Start the agent under `launch` (no exporters, no CRI) until it attaches or exits; record
+    which, with its exit code and the capabilities it had."""
+    cfg = out / "agent.yaml"
+    cfg.write_text(
+        json.dumps({"probe": {"attach": attach}, "export": {"prometheus": {"enabled": False}}})
+    )
+    log_path = out / "agent.log"
+    with open(log_path, "w") as log:
+        agent = subprocess.Popen(
+            [*launch, PY, "-m", "kubenpu.agent", "--config", str(cfg)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        found = process_caps(agent.pid)
+        deadline = time.monotonic() + ATTACH_TIMEOUT
+        while agent.poll() is None and time.monotonic() < deadline:
+            if "attached to drm_ioctl" in log_path.read_text():
+                agent.terminate()
+            time.sleep(0.5)
+        if agent.poll() is None:
+            agent.kill()
+        rc = agent.wait(timeout=30)
+    text = log_path.read_text()
+    return {
+        "rc": rc,
+        "caps": found,
+        "attached": "attached to drm_ioctl" in text,
+        "errors": [line for line in text.splitlines() if " ERROR " in line],
+        "agent_log": text,
+    }
+
+
+def main() -> int:
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "/out")
+    for run in json.loads((out / "plan.json").read_text()):
+        where = out / run["name"]
+        where.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        if run.get("scenario"):
+            result = scenario(where, run["caps"])
+        else:
+            result = attach_check(where, launcher(run["caps"]), run.get("attach", "auto"))
+        result["seconds"] = time.monotonic() - started
+        (where / "result.json").write_text(json.dumps(result, indent=1, sort_keys=True))
+        print(f"least privilege {run['name']} ({','.join(run['caps'])}): {result['seconds']:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
