@@ -102,6 +102,13 @@ def _headers_hint() -> str:
     )
 
 
+def _privileges_hint(errors: list[str]) -> str:
+    if not any("super-user" in e or "not permitted" in e for e in errors):
+        return ""
+    # fentry on a module function needs the module's BTF object: CAP_SYS_ADMIN only.
+    return "; the agent needs CAP_SYS_ADMIN (see docs/deploy.md for why)"
+
+
 class _CountsReader:
     """Reads the per-CPU counts map with BPF_MAP_LOOKUP_BATCH into buffers allocated once.
 
@@ -189,7 +196,8 @@ class Probe:
                 )
             self._open_ring_buffer(on_event)
             return plan.mode
-        raise ProbeError("cannot attach to drm_ioctl: " + "; ".join(errors) + _headers_hint())
+        hints = _headers_hint() + _privileges_hint(errors)
+        raise ProbeError("cannot attach to drm_ioctl: " + "; ".join(errors) + hints)
 
     def _load(self, plan: AttachPlan):  # returns bcc.BPF
         import bcc  # deferred: BCC comes from the distribution and is only needed here
