@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-from pathlib import Path
 
 import pytest
+from guest import boot
 
-ROOT = Path(__file__).resolve().parents[1]
 KERNEL = os.environ.get("KUBENPU_BENCH_KERNEL", "6.12")
 
 pytestmark = pytest.mark.vm
@@ -23,11 +21,7 @@ pytestmark = pytest.mark.vm
 
 @pytest.fixture(scope="module")
 def check(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp(f"bench-check-{KERNEL}")
-    proc = subprocess.run(
-        [str(ROOT / "tests/vm/run.sh"), KERNEL, "/src/bench/check.sh", str(out)], check=False
-    )
-    assert proc.returncode == 0, f"guest run failed on {KERNEL}; see {out}/console.log"
+    out = boot(KERNEL, "/src/bench/check.sh", tmp_path_factory.mktemp(f"bench-check-{KERNEL}"))
     return json.loads((out / "check.json").read_text())["modes"]
 
 

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+from guest import boot
 
-ROOT = Path(__file__).resolve().parents[1]
 KERNELS = os.environ.get("KUBENPU_E2E_KERNELS", "6.1 6.12 7.3 6.12-lockdown").split()
 LOCKDOWN = "-lockdown"
 LABELS = ("namespace", "pod", "container", "device", "vendor", "kind")
@@ -40,12 +39,8 @@ def guest_run(request, tmp_path_factory) -> GuestRun:
     kernel = request.param.removesuffix(LOCKDOWN)
     lockdown = kernel != request.param
     script = "/src/tests/vm/lockdown.sh" if lockdown else "/src/tests/vm/e2e.sh"
-    extra = ["--", "lockdown=confidentiality"] if lockdown else []
-    out = tmp_path_factory.mktemp(f"e2e-{request.param}")
-    proc = subprocess.run(
-        [str(ROOT / "tests/vm/run.sh"), kernel, script, str(out), *extra], check=False
-    )
-    assert proc.returncode == 0, f"guest run failed on {request.param}; see {out}/console.log"
+    extra = ["lockdown=confidentiality"] if lockdown else []
+    out = boot(kernel, script, tmp_path_factory.mktemp(f"e2e-{request.param}"), *extra)
     return GuestRun(out, lockdown)
 
 

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
+from guest import boot
 from test_deploy import helm_values, render_helm
 from test_e2e_vm import _expected, _nonzero, _otlp_counts, _prom_counts
 
-ROOT = Path(__file__).resolve().parents[1]
 KERNEL = os.environ.get("KUBENPU_LEAST_PRIVILEGE_KERNEL", "6.12")
 
 pytestmark = pytest.mark.vm
@@ -50,12 +49,7 @@ def guest_out(tmp_path_factory) -> Path:
     plan = [{"name": "chart", "caps": CHART_CAPS, "scenario": True}]
     plan += [{"name": name, "caps": caps, "attach": "fentry"} for name, caps in REFUSED.items()]
     (out / "plan.json").write_text(json.dumps(plan))
-    proc = subprocess.run(
-        [str(ROOT / "tests/vm/run.sh"), KERNEL, "/src/tests/vm/least_privilege.sh", str(out)],
-        check=False,
-    )
-    assert proc.returncode == 0, f"guest run failed on {KERNEL}; see {out}/console.log"
-    return out
+    return boot(KERNEL, "/src/tests/vm/least_privilege.sh", out)
 
 
 def _result(out: Path, name: str) -> dict:

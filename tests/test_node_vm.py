@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from collections import Counter
-from pathlib import Path
 
 import pytest
+from guest import boot
 
-ROOT = Path(__file__).resolve().parents[1]
 KERNEL = os.environ.get("KUBENPU_NODE_KERNEL", "6.12")
 LABELS = ("namespace", "pod", "container", "device", "vendor", "kind")
 KUBELET_LABELS = (
@@ -33,11 +31,7 @@ pytestmark = pytest.mark.vm
 
 @pytest.fixture(scope="module")
 def result(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp(f"node-{KERNEL}")
-    proc = subprocess.run(
-        [str(ROOT / "tests/vm/run.sh"), KERNEL, "/src/tests/vm/node.sh", str(out)], check=False
-    )
-    assert proc.returncode == 0, f"guest run failed on {KERNEL}; see {out}/console.log"
+    out = boot(KERNEL, "/src/tests/vm/node.sh", tmp_path_factory.mktemp(f"node-{KERNEL}"))
     return json.loads((out / "result.json").read_text())
 
 

@@ -70,6 +70,18 @@ VIRTGPU_WAIT = (0x48, 8)  # virtio_gpu, wait
 TCGETS = 0x5401  # not a DRM ioctl at all: type byte 'T'
 
 
+def scrape(save_to: Path | None = None) -> dict[str, list]:
+    """The agent's /metrics as {sample name: [{labels, value}]}; the raw text saved if asked."""
+    text = urllib.request.urlopen(METRICS_URL, timeout=5).read().decode()
+    if save_to:
+        save_to.write_text(text)
+    found: dict[str, list] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            found.setdefault(s.name, []).append({"labels": s.labels, "value": s.value})
+    return found
+
+
 def systemd_cgroup(pod: dict) -> Path:
     uid = pod["pod_uid"].replace("-", "_")
     return (
@@ -183,13 +195,7 @@ class Scenario:
         return agent
 
     def scrape(self) -> dict[str, list]:
-        text = urllib.request.urlopen(METRICS_URL, timeout=5).read().decode()
-        (self.out / "metrics.txt").write_text(text)
-        found: dict[str, list] = {}
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                found.setdefault(s.name, []).append({"labels": s.labels, "value": s.value})
-        return found
+        return scrape(self.out / "metrics.txt")
 
     @staticmethod
     def otlp_points(receiver: OtlpReceiver) -> list[dict]:

@@ -24,7 +24,6 @@ import os
 import subprocess
 import sys
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,16 +36,15 @@ import oci_image
 from e2e_guest import (
     ATTACH_TIMEOUT,
     CREATE_DUMB,
-    METRICS_URL,
     SETTLE_TIMEOUT,
     SYNCOBJ_WAIT,
     VGEM_FENCE_ATTACH,
     VIRTGPU_EXECBUFFER,
     VIRTGPU_RESOURCE_CREATE,
     VIRTGPU_WAIT,
+    scrape,
 )
 from google.protobuf.message import Message
-from prometheus_client.parser import text_string_to_metric_families
 
 from kubenpu.discovery import Device, discover
 from kubenpu.resolve.cri import LABEL_CONTAINER, LABEL_NAMESPACE, LABEL_POD, LABEL_POD_UID
@@ -406,14 +404,7 @@ class Node:
 
     # --- /metrics ----------------------------------------------------------------------------
 
-    @staticmethod
-    def scrape() -> dict[str, list]:
-        text = urllib.request.urlopen(METRICS_URL, timeout=5).read().decode()
-        found: dict[str, list] = {}
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                found.setdefault(s.name, []).append({"labels": s.labels, "value": s.value})
-        return found
+    scrape = staticmethod(scrape)
 
     @staticmethod
     def ioctl_counts(prom: dict[str, list]) -> dict[tuple[str, ...], float]:
