@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "vm"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from cri_server import CriTestServer
-from e2e_guest import CREATE_DUMB, METRICS_URL, MODES, PY, systemd_cgroup
+from e2e_guest import CREATE_DUMB, METRICS_URL, MODES, PY, read_log, systemd_cgroup
 from prometheus_client.parser import text_string_to_metric_families
 
 from kubenpu.discovery import discover
@@ -183,7 +183,7 @@ class Agent:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        while "attached to drm_ioctl" not in self.log.read_text():
+        while "attached to drm_ioctl" not in read_log(self.log):
             if self.proc.poll() is not None or time.monotonic() - self.started > ATTACH_TIMEOUT:
                 raise SystemExit(f"agent did not attach; see {self.log}")
             time.sleep(0.2)

@@ -70,6 +70,17 @@ VIRTGPU_WAIT = (0x48, 8)  # virtio_gpu, wait
 TCGETS = 0x5401  # not a DRM ioctl at all: type byte 'T'
 
 
+def read_log(path: Path) -> str:
+    """The text of a log another process is appending to. The /out share (9p) sometimes answers
+    ENODATA to such a read (seen on 7.3); a moment later the same read succeeds."""
+    for _ in range(20):
+        try:
+            return path.read_text()
+        except OSError:
+            time.sleep(0.1)
+    return path.read_text()
+
+
 def scrape(save_to: Path | None = None) -> dict[str, list]:
     """The agent's /metrics as {sample name: [{labels, value}]}; the raw text saved if asked."""
     text = urllib.request.urlopen(METRICS_URL, timeout=5).read().decode()
@@ -187,7 +198,7 @@ class Scenario:
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-        while "attached to drm_ioctl" not in (self.out / "agent.log").read_text():
+        while "attached to drm_ioctl" not in read_log(self.out / "agent.log"):
             if agent.poll() is not None or time.monotonic() - started > ATTACH_TIMEOUT:
                 raise SystemExit(f"agent did not attach; see {self.out / 'agent.log'}")
             time.sleep(0.5)
@@ -268,7 +279,7 @@ class Scenario:
             "devices": {d.vendor: d.id for d in (self.vgem, self.virtio)},
             "prometheus": prom,
             "otlp": otlp,
-            "agent_log": (self.out / "agent.log").read_text(),
+            "agent_log": read_log(self.out / "agent.log"),
         }
 
     def unlisted_device(self, cgroup: Path) -> None:

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from e2e_guest import PY, Scenario
+from e2e_guest import PY, Scenario, read_log
 
 ATTACH_TIMEOUT = 300
 STATUS_FIELDS = ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs")
@@ -91,13 +91,13 @@ def attach_check(out: Path, launch: tuple[str, ...], attach: str) -> dict:
         found = process_caps(agent.pid)
         deadline = time.monotonic() + ATTACH_TIMEOUT
         while agent.poll() is None and time.monotonic() < deadline:
-            if "attached to drm_ioctl" in log_path.read_text():
+            if "attached to drm_ioctl" in read_log(log_path):
                 agent.terminate()
             time.sleep(0.5)
         if agent.poll() is None:
             agent.kill()
         rc = agent.wait(timeout=30)
-    text = log_path.read_text()
+    text = read_log(log_path)
     return {
         "rc": rc,
         "caps": found,

@@ -42,6 +42,7 @@ from e2e_guest import (
     VIRTGPU_EXECBUFFER,
     VIRTGPU_RESOURCE_CREATE,
     VIRTGPU_WAIT,
+    read_log,
     scrape,
 )
 from google.protobuf.message import Message
@@ -397,7 +398,7 @@ class Node:
         def attached() -> bool:
             if agent.poll() is not None:
                 raise SystemExit(f"agent exited {agent.returncode}; see agent.log")
-            return "attached to drm_ioctl" in (self.out / "agent.log").read_text()
+            return "attached to drm_ioctl" in read_log(self.out / "agent.log")
 
         wait_for("the agent to attach", attached, ATTACH_TIMEOUT)
         return agent
@@ -485,7 +486,7 @@ class Node:
             },
             "before_delete": before,
             "after_delete": after,
-            "agent_log": (self.out / "agent.log").read_text(),
+            "agent_log": read_log(self.out / "agent.log"),
         }
 
 
