@@ -177,7 +177,6 @@ class Probe:
         self._debug = debug
         self._bpf = None
         self._reader: _CountsReader | None = None
-        self.mode = ""
 
     def start(self, on_event: Callable[[bytes], None]) -> str:
         """Compile, fill the maps, attach, open the ring buffer. Returns the attach mode."""
@@ -189,7 +188,6 @@ class Probe:
                 errors.append(f"{plan.mode}: {str(exc).splitlines()[0] if str(exc) else exc!r}")
                 log.warning("attach mode %s unavailable: %s", plan.mode, errors[-1])
                 continue
-            self.mode = plan.mode
             if plan.mode == "kprobe":
                 log.warning(
                     "fentry is unavailable; using the kprobe fallback (fails under lockdown)"
