@@ -235,7 +235,7 @@ class Frame:
     rows: list[Row]
     nodes: list[str]
     versions: list[str]
-    devices: list[tuple[str, str]]  # (device, vendor)
+    devices: list[tuple[str, str, str]]  # (node, device, vendor)
     engines: list[str]  # busy columns; empty when the family is not exported
     has_memory: bool
     measuring: bool  # no rates yet (the first scrape)
@@ -292,7 +292,9 @@ def build_frame(reading: Reading, multi_node: bool) -> Frame:
             [s.labels.get("version", "") for s in by_name[BUILD_INFO]]
             or [s.labels.get("service_version", "") for s in by_name[TARGET_INFO]]
         ),
-        devices=sorted({(s.labels.get("device", ""), s.labels.get("vendor", "")) for s in info}),
+        devices=sorted(
+            {tuple(s.labels.get(k, "") for k in ("node", "device", "vendor")) for s in info}
+        ),
         engines=sorted({s.labels.get("engine", "") for s in by_name[BUSY]}),
         has_memory=bool(by_name[MEMORY]),
         measuring=reading.rates is None,
@@ -458,9 +460,10 @@ def table(
 
 
 def header(frame: Frame, source: Source, interval: float) -> list[str]:
-    nodes = ", ".join(frame.nodes) or "-"
+    nodes = ", ".join(frame.nodes) if len(frame.nodes) <= 3 else f"{len(frame.nodes)} nodes"
     versions = ", ".join(frame.versions) or "-"
-    devices = ", ".join(f"{d} {v or '-'}" for d, v in frame.devices) or "-"
+    # Distinct devices; the count is per node.
+    devices = ", ".join(sorted({f"{d} {v or '-'}" for _, d, v in frame.devices})) or "-"
     first = f"kubenpu top - node {nodes} - agent {versions} - every {interval:g}s - {source.url}"
     calls = "measuring..." if frame.measuring else f"{fmt_rate(frame.calls)} calls/s"
     status = (

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from test_export import free_port
+from test_export_prometheus import run_server, tools  # noqa: F401 (tools: a fixture)
 
 from kubenpu import top
 
@@ -201,11 +203,16 @@ def test_fdinfo_columns_appear_when_exported(serve):
     result = ctl("--once", "--interval", "1", "-o", "json", "--url", server.url)
     assert result.returncode == 0, result.stderr
     rows = {(r["pod"], r["container"]): r for r in json.loads(result.stdout)}
-    scale = record.SECONDS / (server.served[1] - server.served[0])
+    check_rates(list(rows.values()), record.SECONDS / (server.served[1] - server.served[0]))
+    # Busy % over the same interval as the calls: exact relative to them.
+    scale = rows[("trainer-0", "main")]["rates"]["submit"] / 400
     busy = rows[("trainer-0", "main")]["busy"]
     assert set(busy) == {"render", "video"}
     assert busy["render"] == pytest.approx(90 * scale, rel=1e-3)
     assert busy["video"] == pytest.approx(5 * scale, rel=1e-3)
+    assert rows[("infer-7f9c4-x2kq", "server")]["busy"]["compute"] == pytest.approx(
+        75 * scale, abs=2e-3
+    )
     assert rows[("infer-7f9c4-x2kq", "server")]["memory"] == {"local": {"total": 96 << 20}}
     assert rows[("trainer-0", "main")]["memory"]["system"]["resident"] == 3 << 29
     assert rows[("etl-0", "worker")]["busy"] == {}
@@ -253,11 +260,7 @@ def test_dead_endpoint_is_one_line_and_exit_2(serve, url, message):
 
 
 def _closed_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_port()  # nothing listens there once it returns
 
 
 def test_live_view_needs_a_terminal(serve):
@@ -267,6 +270,24 @@ def test_live_view_needs_a_terminal(serve):
     assert result.stderr == (
         "kubenpuctl: error: the live view needs a terminal; use --once for scripts\n"
     )
+
+
+def test_a_short_screen_says_how_many_rows_it_hides():
+    before, _ = top.parse(fixture("agent-0.prom"))
+    after, _ = top.parse(fixture("agent-1.prom"))
+    frame = top.build_frame(top.Reading(after, top.counter_rates(before, after, 2.0)), False)
+
+    class Source:
+        url, multi_node = "http://node:8080/metrics", False
+
+    view = top._View(Source(), 2.0, "total", frame=frame)
+    lines, titles = view.lines(60, 10)
+    assert len(lines) == 10 and titles == 4
+    assert [line.split()[1] for line in lines[5:8]] == ["trainer-0", "trainer-1", "infer-~4-x2kq"]
+    assert lines[8] == "... 3 more rows"
+    assert lines[9].startswith("sort total descending | keys:")
+    assert view.key(ord("w")) and view.sort == "wait"
+    assert not view.key(ord("q"))
 
 
 # --- the parser --------------------------------------------------------------------------------
@@ -486,3 +507,59 @@ def test_live_view_survives_an_agent_going_away(serve, terminal):
     lines = term.wait_for(lambda ls: any("last read failed" in line for line in ls))
     assert any("cannot reach" in line for line in lines)
     assert not term.dead()
+
+
+# --- through Prometheus ------------------------------------------------------------------------
+
+
+@pytest.mark.tools
+def test_prometheus_source_across_nodes(serve, tools, tmp_path):  # noqa: F811 (the fixture)
+    """A real Prometheus 3 scrapes two recorded agents (as the ServiceMonitor does, with a
+    `node` label); top reads it through the query API."""
+    nodes = {
+        name: serve(linear(fixture("agent-0.prom"), fixture("agent-1.prom"), record.SECONDS))
+        for name in ("worker-1", "worker-2")
+    }
+    targets = "".join(
+        f"  - targets: ['{s.url.split('/')[2]}']\n    labels: {{node: {name}}}\n"
+        for name, s in nodes.items()
+    )
+    (tmp_path / "prometheus.yml").write_text(
+        "global: {scrape_interval: 1s}\nscrape_configs:\n- job_name: kubenpu\n"
+        f"  static_configs:\n{targets}"
+    )
+    port = free_port()
+    cmd = [
+        str(tools / "prometheus"),
+        f"--config.file={tmp_path / 'prometheus.yml'}",
+        f"--storage.tsdb.path={tmp_path / 'data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+    ]
+    for prom in run_server(cmd, port, tmp_path / "prometheus.log"):
+        # rate() is right once the window holds samples all along: six scrapes in 6s.
+        ioctl_series = 2 * 3 * len(record.RATES)
+        full = prom.wait_for("count_over_time(kubenpu_ioctl_total[6s]) >= 6", ioctl_series)
+        assert len(full) == ioctl_series
+        result = ctl("--prometheus", prom.url, "--window", "5", "--once", "-o", "json")
+        assert result.returncode == 0, result.stderr
+        rows = json.loads(result.stdout)
+        for node in nodes:
+            check_rates([r for r in rows if r["node"] == node], 1.0)
+            assert by_total([r for r in rows if r["node"] == node]) == TOTAL_ORDER
+        assert {r["node"] for r in rows[:2]} == set(nodes)  # trainer-0, 800/s on each
+
+        table = ctl("--prometheus", prom.url, "--window", "5", "--once").stdout.splitlines()
+        assert table[0].startswith("kubenpu top - node worker-1, worker-2 - agent 0.1.0")
+        assert table[1] == "devices (4): 0000:00:02.0 i915, 0000:00:0b.0 ivpu"
+        assert table[4].split()[:3] == ["NODE", "NAMESPACE", "POD"]
+        assert len(table) == 5 + 2 * len(record.RATES)
+
+
+def test_prometheus_source_unreachable_is_one_line():
+    result = ctl("--prometheus", f"http://127.0.0.1:{_closed_port()}", "--once")
+    assert result.returncode == 2
+    assert re.fullmatch(
+        r"kubenpuctl: error: cannot reach http://127\.0\.0\.1:\d+/api/v1/query\?query=\S+: "
+        r"Connection refused\n",
+        result.stderr,
+    )
