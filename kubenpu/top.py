@@ -147,9 +147,8 @@ class ScrapeSource:
         self._last: tuple[float, list[Series]] | None = None
 
     def read(self) -> Reading:
-        start = self._clock()
         text = _get(self.url, self._timeout, "text/plain;version=0.0.4")
-        at = (start + self._clock()) / 2
+        at = self._clock()  # the agent snapshots as it answers: client-side set-up is not in it
         latest, bad = parse(text)
         if not any(s.name.startswith("kubenpu_") for s in latest):
             raise TopError(f"{self.url}: no kubenpu_ metrics there (not a KubeNPU agent?)")

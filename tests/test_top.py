@@ -482,7 +482,7 @@ def test_live_view_80x24_sorts_on_key_press(serve, terminal):
 
 def test_live_view_wide_with_fdinfo_columns(serve, terminal):
     server = serve(linear(fixture("fdinfo-0.prom"), fixture("fdinfo-1.prom"), record.SECONDS))
-    term = terminal(160, 40, "--url", server.url, "--interval", "1")
+    term = terminal(160, 20, "--url", server.url, "--interval", "1")
     lines = term.wait_for(has_rates)
     titles, rows = table_rows(lines)
     assert titles == [
@@ -493,7 +493,7 @@ def test_live_view_wide_with_fdinfo_columns(serve, terminal):
     trainer = next(r for r in rows if r["POD"] == "trainer-0")
     assert float(trainer["RENDER%"]) == pytest.approx(90, rel=0.15)
     assert (trainer["COMPUTE%"], trainer["MEM"]) == ("-", "1.5G")
-    save_capture("160x40", lines)
+    save_capture("160x20", lines)
     term.press("m")  # sort by memory
     lines = term.wait_for(lambda ls: "sort memory descending" in ls[-1])
     assert [r["MEM"] for r in table_rows(lines)[1]][:3] == ["1.5G", "256M", "96.0M"]
