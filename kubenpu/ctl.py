@@ -10,6 +10,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -112,7 +113,9 @@ def _top(args: argparse.Namespace) -> str | None:
     )
     try:
         if args.once or args.output == "json":
-            return kubenpu_top.once(source, args.interval, args.output, args.sort)
+            # A table for a person fits their terminal; for a pipe it is never cut.
+            width = shutil.get_terminal_size().columns if sys.stdout.isatty() else 10**6
+            return kubenpu_top.once(source, args.interval, args.output, args.sort, width)
         if not sys.stdout.isatty():
             raise UsageError("the live view needs a terminal; use --once for scripts")
         kubenpu_top.live(source, args.interval, args.sort)

@@ -10,7 +10,6 @@ device memory only when the agent exports the (provisional, see docs/top.md) fdi
 from __future__ import annotations
 
 import contextlib
-import curses
 import json
 import re
 import time
@@ -20,7 +19,10 @@ import urllib.request
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
+
+if TYPE_CHECKING:
+    import curses
 
 IOCTL = "kubenpu_ioctl_total"
 DEVICE_INFO = "kubenpu_device_info"
@@ -496,8 +498,8 @@ def rows_json(frame: Frame, sort: str, multi_node: bool) -> list[dict[str, objec
 # --- the two modes -----------------------------------------------------------------------
 
 
-def once(source: Source, interval: float, output: str, sort: str, width: int = 200) -> str:
-    """Read (twice, `interval` apart, for a scrape), print one frame."""
+def once(source: Source, interval: float, output: str, sort: str, width: int = 10**6) -> str:
+    """Read (twice, `interval` apart, for a scrape), print one frame; the table fits `width`."""
     reading = source.read()
     if reading.rates is None:
         time.sleep(interval)
@@ -560,6 +562,10 @@ class _View:
 def live(source: Source, interval: float, sort: str) -> None:
     """The curses view until q or Ctrl-C. The first read happens before the screen is taken,
     so a dead endpoint is one line on the terminal; later failures show in the header."""
+    try:  # here, not at the top: a Python built without curses still runs kubenpuctl
+        import curses
+    except ImportError:
+        raise TopError("this Python has no curses module; use --once") from None
     view = _View(source, interval, sort)
     view.frame = build_frame(source.read(), source.multi_node)
     with contextlib.suppress(KeyboardInterrupt):
@@ -567,6 +573,8 @@ def live(source: Source, interval: float, sort: str) -> None:
 
 
 def _loop(screen: curses.window, view: _View) -> None:
+    import curses
+
     with contextlib.suppress(curses.error):  # terminals without cursor control
         curses.curs_set(0)
     next_read = time.monotonic() + view.interval
@@ -586,6 +594,8 @@ def _loop(screen: curses.window, view: _View) -> None:
 
 
 def _draw(screen: curses.window, view: _View) -> None:
+    import curses
+
     height, width = screen.getmaxyx()
     screen.erase()
     lines, titles = view.lines(width - 1, height)
