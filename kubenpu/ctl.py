@@ -84,14 +84,31 @@ def _top_parser(commands: argparse._SubParsersAction) -> None:
         "--prometheus", metavar="URL", help="a Prometheus query API: every node, with rate()"
     )
     top.add_argument(
-        "--window", type=_seconds, default=60.0, help="--prometheus rate() window (default 60)"
+        "--window",
+        type=_seconds,
+        default=60.0,
+        metavar="SECONDS",
+        help="--prometheus: the rate() window (default 60)",
     )
     top.add_argument(
-        "--interval", "-n", type=_seconds, default=2.0, help="seconds between reads (default 2)"
+        "--interval",
+        "-n",
+        type=_seconds,
+        default=2.0,
+        metavar="SECONDS",
+        help="seconds between reads (default 2)",
     )
-    top.add_argument("--once", action="store_true", help="print one frame and exit")
-    top.add_argument("--output", "-o", choices=("table", "json"), default="table")
-    top.add_argument("--sort", choices=tuple(kubenpu_top.SORTS), default="total")
+    top.add_argument("--once", action="store_true", help="read twice, print one frame, exit")
+    top.add_argument(
+        "--output", "-o", choices=("table", "json"), default="table", help="json implies --once"
+    )
+    top.add_argument(
+        "--sort",
+        choices=tuple(kubenpu_top.SORTS),
+        default="total",
+        metavar="COLUMN",
+        help=f"sort by: {', '.join(kubenpu_top.SORTS)} (default total; keys in the view)",
+    )
     top.set_defaults(run=_top)
 
 
