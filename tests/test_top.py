@@ -438,6 +438,7 @@ def terminal(tmux, tmp_path) -> Iterator[Callable[..., Terminal]]:
         t.close()
 
 
+@pytest.mark.tools  # tmux, installed by scripts/tmux.sh
 def test_live_view_80x24_sorts_on_key_press(serve, terminal):
     before, after = fixture("agent-0.prom"), fixture("agent-1.prom")
     server = serve(linear(before, after, record.SECONDS))
@@ -480,6 +481,7 @@ def test_live_view_80x24_sorts_on_key_press(serve, terminal):
     term.wait_for(lambda _: term.dead())
 
 
+@pytest.mark.tools  # tmux, installed by scripts/tmux.sh
 def test_live_view_wide_with_fdinfo_columns(serve, terminal):
     server = serve(linear(fixture("fdinfo-0.prom"), fixture("fdinfo-1.prom"), record.SECONDS))
     term = terminal(160, 20, "--url", server.url, "--interval", "1")
@@ -499,6 +501,7 @@ def test_live_view_wide_with_fdinfo_columns(serve, terminal):
     assert [r["MEM"] for r in table_rows(lines)[1]][:3] == ["1.5G", "256M", "96.0M"]
 
 
+@pytest.mark.tools  # tmux, installed by scripts/tmux.sh
 def test_live_view_survives_an_agent_going_away(serve, terminal):
     server = serve(linear(fixture("agent-0.prom"), fixture("agent-1.prom"), record.SECONDS))
     term = terminal(100, 30, "--url", server.url, "--interval", "1")
