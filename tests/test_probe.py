@@ -11,18 +11,18 @@ from kubenpu.probe import AttachPlan, attach_plans, source_text, vendor_ids
 def test_module_drm_uses_module_kfunc_then_kprobe(tmp_path):
     (tmp_path / "drm").touch()
     plans = attach_plans("auto", tmp_path)
-    assert [p.mode for p in plans] == ["fentry-module", "kprobe"]
+    assert [p.attach for p in plans] == ["fentry-module", "kprobe"]
     assert plans[0].header.startswith("MODULE_KFUNC_PROBE(drm, drm_ioctl,")
     assert plans[0].fn_name == "kfunc__drm__drm_ioctl"
 
 
 def test_builtin_drm_uses_kfunc(tmp_path):
-    assert [p.mode for p in attach_plans("fentry", tmp_path)] == ["fentry"]
+    assert [p.attach for p in attach_plans("fentry", tmp_path)] == ["fentry"]
     assert attach_plans("auto", tmp_path)[0].fn_name == "kfunc__vmlinux__drm_ioctl"
 
 
 def test_kprobe_only_when_asked(tmp_path):
-    assert [p.mode for p in attach_plans("kprobe", tmp_path)] == ["kprobe"]
+    assert [p.attach for p in attach_plans("kprobe", tmp_path)] == ["kprobe"]
 
 
 @pytest.mark.parametrize("plan", attach_plans("auto") + attach_plans("fentry"))
