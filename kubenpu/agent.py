@@ -139,6 +139,7 @@ class Attributor:
         self._held_keys = 0
 
     def flush(self, batch: Batch) -> None:
+        """Count a batch; the counts it did not get to (an exception) stay in `batch.counts`."""
         # A first sighting is resolved at once, while a short-lived container still exists.
         for cgroup_id in batch.sighted:
             self._resolver.resolve(cgroup_id)
@@ -148,8 +149,9 @@ class Attributor:
             self._metrics.dropped(reason, n)
         if batch.late_sightings:
             self._metrics.late_sightings(batch.late_sightings)
-        for key, n in batch.counts.items():
+        for key, n in list(batch.counts.items()):
             self._count(key, n)
+            del batch.counts[key]  # so a caller can put back what an exception left uncounted
         self._retry_pending()
         if self._trace:
             self._print_trace(batch)
@@ -340,14 +342,7 @@ class Agent:
     def run(self) -> int:
         try:
             log.info("container runtime: %s", self.resolver.runtime_version() or "unreachable")
-            attach = self.probe.start()
-            self.health.attached()
-            log.info(
-                "attached to drm_ioctl via %s (probe.mode %s); counting %d device(s)",
-                attach,
-                self.probe.mode,
-                self._devices,
-            )
+            self.attach()
             workers = [
                 threading.Thread(target=self._poll_loop, name="poll", daemon=True),
                 threading.Thread(target=self._attribute_loop, name="attribution", daemon=True),
@@ -359,13 +354,24 @@ class Agent:
             for worker in workers:
                 worker.join()
             self._read(counts=True)  # the last calls before exit
-            self.attributor.flush(self.tally.drain())
+            self._flush()
             self.attributor.settle_all()
         finally:
             self.probe.close()
             self.resolver.close()
             self.telemetry.shutdown()
         return 0
+
+    def attach(self) -> None:
+        """Load and attach the probe. Raises ProbeError."""
+        attach = self.probe.start()
+        self.health.attached()
+        log.info(
+            "attached to drm_ioctl via %s (probe.mode %s); counting %d device(s)",
+            attach,
+            self.probe.mode,
+            self._devices,
+        )
 
     def _poll_loop(self) -> None:
         while not self.stop.is_set():
@@ -390,7 +396,7 @@ class Agent:
         counts_due = now - self._last_counts >= _READ_SECONDS
         if self._read(counts_due) and counts_due:
             self._last_counts = now
-        self.attributor.flush(self.tally.drain())
+        self._flush()
         if now - self._last_reap >= _REAP_SECONDS:
             self._reap()
             self._last_reap = now
@@ -412,8 +418,15 @@ class Agent:
         # forgetting it (here and in the kernel map) loses no call. No read, no forgetting.
         if not dead or not self._read(counts=True):
             return
-        self.attributor.flush(self.tally.drain())
+        self._flush()
         self.probe.forget(self.attributor.forget(dead))
+
+    def _flush(self) -> None:
+        batch = self.tally.drain()
+        try:
+            self.attributor.flush(batch)
+        finally:  # what an exception left uncounted is counted at the next flush
+            self.tally.put_back(batch.counts)
 
 
 def _start_export(cfg: config.Config, metrics: Metrics, health: Health):

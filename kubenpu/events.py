@@ -121,6 +121,11 @@ class Tally:
         for key, n in increments.items():
             self.add(key, n)
 
+    def put_back(self, counts: Mapping[Key, int]) -> None:
+        """Counts drained but not counted downstream, for the next drain (not received again)."""
+        with self._lock:
+            self._batch.counts.update(counts)
+
     def drop(self, reason: Drop, n: int = 1) -> None:
         with self._lock:
             self._batch.dropped[reason] += n

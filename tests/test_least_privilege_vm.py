@@ -66,7 +66,7 @@ def _assert_only(caps: dict, granted: list[str]) -> None:
 def test_agent_counts_exactly_with_chart_capabilities(guest_out):
     result = _result(guest_out, "chart")
     _assert_only(result["caps"], CHART_CAPS)
-    assert "attached to drm_ioctl (mode fentry-module," in result["agent_log"]
+    assert "attached to drm_ioctl via fentry-module " in result["agent_log"]
     assert _prom_counts(result) == _expected(result)
     assert _otlp_counts(result) == _expected(result)
     assert _nonzero(result, "kubenpu_unattributed_calls_total") == result["expected_unattributed"]
