@@ -5,6 +5,7 @@ import re
 import pytest
 
 from kubenpu import vendors
+from kubenpu.events import KERNEL_LOST
 from kubenpu.probe import AttachPlan, attach_plans, source_text, vendor_ids
 
 
@@ -43,3 +44,10 @@ def test_kind_values_match_the_c_side():
     text = source_text(attach_plans("kprobe")[0], 64, 1024)
     assert "1 submit, 2 alloc, 3 wait" in text
     assert [k.value for k in vendors.Kind] == [1, 2, 3]
+
+
+def test_lost_slots_match_the_c_side():
+    text = source_text(attach_plans("kprobe")[0], 64, 1024)
+    slots = {name.lower(): int(i) for name, i in re.findall(r"#define LOST_(\w+) (\d+)", text)}
+    assert slots == {name: i for i, name in enumerate(KERNEL_LOST)}
+    assert f"BPF_PERCPU_ARRAY(lost, u64, {len(KERNEL_LOST)});" in text
