@@ -25,6 +25,16 @@ def record(key: Key, nr: int = 0xB2, tgid: int = 42, ts_ns: int = 1) -> bytes:
     return _RECORD.pack(ts_ns, key.cgroup_id, tgid, cmd, key.major, key.minor, key.kind, 0)
 
 
+class Clock:
+    """A fake monotonic clock: TTLs, intervals and time-outs are tested without waiting."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 class FakeKernel:
     """A loaded BPF program: `calls()` does what the C side does for kept calls."""
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from cri_server import CriTestServer
-from fakes import FakeKernel, FakeResolver, record
+from fakes import Clock, FakeKernel, FakeResolver, record
 
 from kubenpu.agent import Agent, Attributor, Health, main, select_devices
 from kubenpu.discovery import Device, Node
@@ -137,14 +137,6 @@ def test_bad_config_is_one_line_per_problem_and_exit_2(tmp_path, capsys):
 # --- the agent loop, with the fake kernel ---------------------------------------------------
 
 POD = ("ml", "trainer-0", "worker", "platform:vgem", "vgem")
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Telemetry:

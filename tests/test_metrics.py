@@ -9,6 +9,7 @@ from array import array
 from pathlib import Path
 
 import pytest
+from fakes import Clock
 
 from kubenpu import config, export
 from kubenpu.metrics import (
@@ -24,16 +25,6 @@ from kubenpu.metrics import (
     Metrics,
     Spec,
 )
-
-
-class Clock:
-    """A fake monotonic clock: series TTLs are tested without waiting."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def values(m: Metrics, spec: Spec) -> dict[frozenset, object]:
