@@ -350,7 +350,8 @@ class Agent:
             for worker in workers:
                 self.health.watch(worker)
                 worker.start()
-            self.stop.wait()
+            while not self.stop.wait(1.0):  # a timeout keeps signal handlers running promptly
+                pass
             for worker in workers:
                 worker.join()
             self._read(counts=True)  # the last calls before exit
