@@ -354,9 +354,7 @@ class Agent:
                 pass
             for worker in workers:
                 worker.join()
-            self._read(counts=True)  # the last calls before exit
-            self._flush()
-            self.attributor.settle_all()
+            self._guarded("attribution", self._last_cycle)
         finally:
             self.probe.close()
             self.resolver.close()
@@ -376,19 +374,21 @@ class Agent:
 
     def _poll_loop(self) -> None:
         while not self.stop.is_set():
-            self._guarded("poll", self.probe.poll, _POLL_MS)
+            if not self._guarded("poll", self.probe.poll, _POLL_MS):
+                self.stop.wait(_POLL_MS / 1000)  # a poll that fails at once must not spin
 
     def _attribute_loop(self) -> None:
         while not self.stop.wait(_FLUSH_SECONDS):
             self._guarded("attribution", self.cycle)
 
-    def _guarded(self, worker: str, step: Callable[..., None], *args: int) -> None:
+    def _guarded(self, worker: str, step: Callable[..., None], *args: int) -> bool:
         try:
             step(*args)
         except Exception as exc:  # no exception may stop counting; it is logged instead
             self._steps[worker].failed(exc)
-        else:
-            self._steps[worker].ok()
+            return False
+        self._steps[worker].ok()
+        return True
 
     def cycle(self) -> None:
         """One attribution step: read the kernel (the counts map every _READ_SECONDS), count
@@ -401,6 +401,12 @@ class Agent:
         if now - self._last_reap >= _REAP_SECONDS:
             self._reap()
             self._last_reap = now
+
+    def _last_cycle(self) -> None:
+        """The calls made since the last cycle, and every held one, before exit."""
+        self._read(counts=True)
+        self._flush()
+        self.attributor.settle_all()
 
     def _read(self, counts: bool) -> bool:
         try:
