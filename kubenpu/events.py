@@ -72,14 +72,18 @@ class Key(NamedTuple):
     kind: int
 
 
-def decode(data: bytes) -> Event:
-    """Raises BadRecord for a record of the wrong size or an unknown kind."""
+def _fields(data: bytes) -> tuple[int, ...]:
     if len(data) < SIZE:
         raise BadRecord(f"record of {len(data)} bytes, expected {SIZE}")
-    event = Event(*_EVENT.unpack_from(data)[:7])
-    if event.kind not in _KINDS:
-        raise BadRecord(f"unknown kind {event.kind}")
-    return event
+    fields = _EVENT.unpack_from(data)
+    if fields[6] not in _KINDS:
+        raise BadRecord(f"unknown kind {fields[6]}")
+    return fields
+
+
+def decode(data: bytes) -> Event:
+    """Raises BadRecord for a record too short or of an unknown kind."""
+    return Event(*_fields(data)[:7])
 
 
 @dataclass
@@ -141,10 +145,11 @@ class Tally:
 
     def add_event(self, data: bytes) -> None:
         """Events mode: each ring-buffer record is one call. Raises BadRecord."""
-        ev = decode(data)
-        self.add(Key(ev.cgroup_id, ev.major, ev.minor, ev.kind))
+        fields = _fields(data)  # the hot path: no Event built unless tracing
+        _, cgroup_id, _, _, major, minor, kind, _ = fields
+        self.add(Key(cgroup_id, major, minor, kind))
         if self._keep_events:
-            self._keep(ev)
+            self._keep(Event(*fields[:7]))
 
     def _keep(self, event: Event) -> None:
         with self._lock:
@@ -156,7 +161,7 @@ class Tally:
 
     def add_sighting(self, data: bytes) -> None:
         """Aggregate mode: a record announces a new key; the kernel map holds its count."""
-        cgroup_id = decode(data).cgroup_id
+        cgroup_id = _fields(data)[1]
         with self._lock:
             self._batch.sighted.add(cgroup_id)
 
