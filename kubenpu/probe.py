@@ -181,7 +181,8 @@ class Kernel(Protocol):
 
 
 class BccKernel:
-    """One BPF program loaded with BCC. Not thread-safe: use it from one thread."""
+    """One BPF program loaded with BCC. poll() runs on one thread; the map reads and deletes
+    (independent syscalls) on one other."""
 
     def __init__(
         self,
