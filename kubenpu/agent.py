@@ -467,14 +467,14 @@ def build(cfg: config.Config, debug: bool = False, trace: bool = False) -> Agent
     tally = Tally(cfg.probe.queue_size, keep_events=trace)
     kernel = BccKernel(
         devices,
-        aggregate=cfg.probe.mode == "aggregate",
+        mode=cfg.probe.mode,
         attach=cfg.probe.attach,
         ringbuf_pages=cfg.probe.ringbuf_pages,
         debug=debug,
     )
     pending = getattr(cfg.attribution, "pending_seconds", _PENDING_SECONDS)  # MERGE: contract C
     return Agent(
-        probe=Probe(kernel, cfg.probe.mode, tally),
+        probe=Probe(kernel, tally),
         tally=tally,
         attributor=Attributor(
             devices, resolver, metrics, sys.stdout if trace else None, pending_seconds=pending

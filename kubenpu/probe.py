@@ -161,6 +161,8 @@ class _CountsReader:
 class Kernel(Protocol):
     """The loaded BPF program as the Probe uses it; tests/fakes.py has a fake one."""
 
+    aggregate: bool  # compiled for probe mode `aggregate` (else `events`)
+
     def start(self, on_record: Callable[[bytes], None]) -> str:
         """Load and attach, deliver ring-buffer records to on_record; returns the attach."""
         ...
@@ -188,14 +190,14 @@ class BccKernel:
         self,
         devices: Iterable[Device],
         *,
-        aggregate: bool = True,
+        mode: str = "aggregate",
         attach: str = "auto",
         ringbuf_pages: int = 256,
         counts_entries: int = 16384,
         debug: bool = False,
     ) -> None:
         self._devices = [d for d in devices if d.vendor]
-        self._aggregate = aggregate
+        self.aggregate = mode == "aggregate"
         self._attach = attach
         self._ringbuf_pages = ringbuf_pages
         self._counts_entries = counts_entries
@@ -232,7 +234,7 @@ class BccKernel:
 
         flags = bcc.DEBUG_BPF_REGISTER_STATE if self._debug else 0
         text = source_text(plan, self._ringbuf_pages, self._counts_entries)
-        cflags = [*_DIALECT_CFLAGS, *(["-DKUBENPU_AGGREGATE"] if self._aggregate else [])]
+        cflags = [*_DIALECT_CFLAGS, *(["-DKUBENPU_AGGREGATE"] if self.aggregate else [])]
         bpf = _Deferred(text=text, cflags=cflags, debug=flags)
         self._fill_maps(bpf)
         if plan.attach == "kprobe":
@@ -291,7 +293,7 @@ class BccKernel:
 
 
 class Probe:
-    """Feeds a Tally with what the kernel counted, in the probe mode given.
+    """Feeds a Tally with what the kernel counted, in the kernel's probe mode.
 
     - ``aggregate``: ring-buffer records are first sightings; `read()` turns the counts map into
       increments.
@@ -300,11 +302,11 @@ class Probe:
     cannot be decoded is skipped and counted as a `bad_record` drop.
     """
 
-    def __init__(self, kernel: Kernel, mode: str, tally: Tally) -> None:
-        self.mode = mode
+    def __init__(self, kernel: Kernel, tally: Tally) -> None:
         self._kernel = kernel
         self._tally = tally
-        self._aggregate = mode == "aggregate"
+        self._aggregate = kernel.aggregate
+        self.mode = "aggregate" if kernel.aggregate else "events"
         self._counts: Deltas[Key] = Deltas()
         self._lost: Deltas[str] = Deltas()
         self._bad_records = 0

@@ -153,7 +153,7 @@ def make_agent(kernel: FakeKernel, resolver, clock: Clock | None = None, ttl: fl
     clock = clock or Clock()
     tally, metrics = Tally(100), Metrics("node-1", series_ttl=ttl, max_series=100)
     return Agent(
-        probe=Probe(kernel, "aggregate" if kernel.aggregate else "events", tally),
+        probe=Probe(kernel, tally),
         tally=tally,
         attributor=Attributor([VGEM], resolver, metrics, clock=clock),
         metrics=metrics,
