@@ -149,9 +149,14 @@ class Attributor:
             self._metrics.dropped(reason, n)
         if batch.late_sightings:
             self._metrics.late_sightings(batch.late_sightings)
-        for key, n in list(batch.counts.items()):
-            self._count(key, n)
-            del batch.counts[key]  # so a caller can put back what an exception left uncounted
+        counts = batch.counts
+        while counts:  # popped as counted: a caller can put back what an exception left
+            key, n = counts.popitem()
+            try:
+                self._count(key, n)
+            except Exception:
+                counts[key] = n
+                raise
         self._retry_pending()
         if self._trace:
             self._print_trace(batch)
@@ -182,14 +187,15 @@ class Attributor:
         self._trace.flush()
 
     def _count(self, key: Key, n: int) -> None:
-        if (key.major, key.minor) not in self._by_node:
+        dev = self._by_node.get((key.major, key.minor))
+        if dev is None:
             self._metrics.dropped(Drop.DEVICE_UNKNOWN, n)
             return
         self._seen.setdefault(key.cgroup_id, set()).add(key)
         held = self._pending.get(key.cgroup_id)
         who = None if held else self._resolver.resolve(key.cgroup_id)
         if who is not None:
-            self._add(who, key, n)
+            self._add(who, key, n, dev)
         elif held is not None and key in held.counts:
             held.counts[key] += n
         elif self._held_keys < self._max_pending:
@@ -201,8 +207,8 @@ class Attributor:
             self._metrics.unattributed(PENDING_FULL, n)
             self._add(Attribution(), key, n)
 
-    def _add(self, who: Attribution, key: Key, n: int) -> None:
-        dev = self._by_node[(key.major, key.minor)]
+    def _add(self, who: Attribution, key: Key, n: int, dev: Device | None = None) -> None:
+        dev = dev or self._by_node[(key.major, key.minor)]
         if who.reason:
             self._metrics.unattributed(who.reason, n)
         self._metrics.add_calls(

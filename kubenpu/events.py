@@ -114,16 +114,20 @@ class Tally:
 
     def add(self, key: Key, n: int = 1) -> None:
         with self._lock:
-            batch = self._batch
-            batch.received += n
-            if key in batch.counts or len(batch.counts) < self._max_keys:
-                batch.counts[key] += n
-            else:
-                batch.dropped[Drop.QUEUE_FULL] += n
+            self._add(key, n)
 
     def add_counts(self, increments: Mapping[Key, int]) -> None:
-        for key, n in increments.items():
-            self.add(key, n)
+        with self._lock:
+            for key, n in increments.items():
+                self._add(key, n)
+
+    def _add(self, key: Key, n: int) -> None:  # caller holds the lock
+        batch = self._batch
+        batch.received += n
+        if key in batch.counts or len(batch.counts) < self._max_keys:
+            batch.counts[key] += n
+        else:
+            batch.dropped[Drop.QUEUE_FULL] += n
 
     def put_back(self, counts: Mapping[Key, int]) -> None:
         """Counts drained but not counted downstream, for the next drain (not received again)."""

@@ -401,13 +401,14 @@ def test_pending_keys_are_capped_and_the_overflow_counted_unattributed():
     tally = Tally(100)
     for cgroup in (1, 2, 3):
         tally.add(key(cgroup), 10)
-    tally.add(key(1, kind=3), 1)
+    tally.add(key(1, kind=3), 10)
     attributor.flush(tally.drain())
     assert attributor.pending() == 2
-    assert values(metrics, UNATTRIBUTED) == {("pending_full",): 11}
+    assert values(metrics, UNATTRIBUTED) == {("pending_full",): 20}
     attributor.settle_all()
     assert attributor.pending() == 0
-    assert sum(values(metrics, IOCTL).values()) == 31
+    assert values(metrics, UNATTRIBUTED) == {("pending_full",): 20, ("cri_error",): 20}
+    assert sum(values(metrics, IOCTL).values()) == 40
 
 
 def test_trace_prints_pending_lookups_with_empty_labels():
