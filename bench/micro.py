@@ -140,7 +140,7 @@ def aggregate_per_key(setup: Setup) -> float:
         total += 1
         cumulative = dict.fromkeys(keys, total)  # what Probe.read_counts() would return
         t0 = time.perf_counter_ns()
-        deltas.feed(cumulative, tally)
+        tally.add_counts(deltas.step(cumulative))
         attributor.flush(tally.drain())
         return time.perf_counter_ns() - t0, len(keys)
 

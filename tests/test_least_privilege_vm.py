@@ -65,7 +65,7 @@ def _assert_only(caps: dict, granted: list[str]) -> None:
 def test_agent_counts_exactly_with_chart_capabilities(guest_out):
     result = _result(guest_out, "chart")
     _assert_only(result["caps"], CHART_CAPS)
-    assert "attached to drm_ioctl (mode fentry-module," in result["agent_log"]
+    assert "attached to drm_ioctl via fentry-module " in result["agent_log"]
     expected, prom = expected_counts(result["expected"]), result["prometheus"]
     assert ioctl_counts(prom) == expected
     assert otlp_counts(result["otlp"]) == expected
