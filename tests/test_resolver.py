@@ -169,18 +169,30 @@ def test_not_found_is_retried_with_back_off(
 
 
 def test_cri_error_is_retried_after_back_off(
-    tree: Tree, server: CriTestServer, resolver: Resolver, clock: Clock, tmp_path: Path
+    tree: Tree, server: CriTestServer, clock: Clock, tmp_path: Path
 ) -> None:
+    requests: list[bool] = []
+    sock = str(tmp_path / "cri.sock")
+    resolver = Resolver(
+        str(tree.root),
+        sock,
+        5.0,
+        30.0,
+        on_cri_request=lambda _, ok: requests.append(ok),
+        clock=clock,
+    )
     worker = tree.mkdir(tree.container(WORKER))
     server.stop()
     assert resolver.resolve(worker) is None
-    settled_as(resolver, worker, CRI_ERROR)
-    server.start(str(tmp_path / "cri.sock"))
+    eventually(lambda: requests == [False], "the failed request")
+    server.start(sock)
     assert resolver.resolve(worker) is None
     assert resolver.settle(worker) == Attribution(reason="cri_error")
     clock.now += 31
     assert resolved(resolver, worker) == Attribution("ml", "trainer-0", "worker")
+    assert requests == [False, True]
     assert resolver.rebuilds == 1
+    resolver.close()
 
 
 def test_slow_cri_never_delays_a_known_pod(

@@ -25,9 +25,10 @@ __all__ = ["DEFAULT_ENDPOINT", "Attribution", "Resolver", "Unattributed"]
 
 log = logging.getLogger(__name__)
 
-# A container the runtime did not know, or a runtime that did not answer, is asked again after
-# this long, doubling up to cri_retry_after: a container is often created a moment before the
-# runtime lists it.
+# A container the runtime did not know, or a runtime that did not answer, is asked again this
+# long after the previous lookup started, doubling up to cri_retry_after: a container is often
+# created a moment before the runtime lists it. (While the runtime is down the CriClient sends
+# nothing for cri_retry_after anyway.)
 _FIRST_RETRY_SECONDS = 1.0
 _RETRIED = (Unattributed.CONTAINER_NOT_FOUND, Unattributed.CRI_ERROR)
 
@@ -40,6 +41,7 @@ class _Lookup:
     future: Future[Attribution] | None = None
     answer: Attribution | None = None  # final: what the runtime said
     failure: Attribution | None = None  # the last retried answer
+    started: float = 0.0  # when the last lookup was started
     retry_at: float = 0.0
     delay: float = _FIRST_RETRY_SECONDS
 
@@ -165,9 +167,12 @@ class Resolver:
                 lookup.answer = answer
                 return answer
             lookup.failure = answer
-            lookup.retry_at = self._clock() + lookup.delay
+            # From the start, not from when this thread looked: the same whenever it looks.
+            lookup.retry_at = lookup.started + lookup.delay
             lookup.delay = min(lookup.delay * 2, self._max_delay)
-        if not self._closed and self._clock() >= lookup.retry_at:
+        now = self._clock()
+        if not self._closed and now >= lookup.retry_at:
+            lookup.started = now
             lookup.future = self._pool.submit(self._cri.lookup, container_id)
         return None
 

@@ -109,23 +109,26 @@ class CriClient:
         except grpc.RpcError as e:
             if self._closed:  # cancelled by close(): not the runtime's failure
                 return Unattributed.CRI_ERROR
-            not_found = e.code() == grpc.StatusCode.NOT_FOUND
-            self._answered(start, not_found)
-            if not_found:
+            if e.code() == grpc.StatusCode.NOT_FOUND:  # an answer: the runtime is up
+                self._answered(start)
                 return Unattributed.CONTAINER_NOT_FOUND
             self._failed(e, channel)
+            self._observe(start, False)
             return Unattributed.CRI_ERROR
-        self._answered(start, True)
+        self._answered(start)
         return response
 
-    def _answered(self, start: float, ok: bool) -> None:
+    def _answered(self, start: float) -> None:
+        with self._lock:
+            recovered, self._down_until = self._down_until is not None, None
+        if recovered:
+            log.info("CRI endpoint %s answers again", self._endpoint)
+        self._observe(start, True)
+
+    def _observe(self, start: float, ok: bool) -> None:
+        """Last, once the request's effect on the back-off is in place."""
         if self._on_request is not None:
             self._on_request(time.monotonic() - start, ok)
-        if ok:
-            with self._lock:
-                recovered, self._down_until = self._down_until is not None, None
-            if recovered:
-                log.info("CRI endpoint %s answers again", self._endpoint)
 
     def _failed(self, error: grpc.RpcError, channel: grpc.Channel | None) -> None:
         with self._lock:
