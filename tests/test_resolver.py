@@ -1,3 +1,4 @@
+import logging
 import os
 import threading
 from collections.abc import Iterator
@@ -8,6 +9,7 @@ from cri_server import CriTestServer
 from helpers import eventually, resolved
 
 from kubenpu.resolve import Attribution, Resolver, Unattributed
+from kubenpu.resolve.cri import CriClient
 
 UID = "0e6f7c3a-1b2d-4c5e-8f9a-0b1c2d3e4f5a"
 WORKER = "1" * 64
@@ -321,3 +323,22 @@ def test_close_ends_running_lookups(tree: Tree, server: CriTestServer, tmp_path:
         assert resolver.settle(cgroups[2]) == CRI_ERROR
     finally:
         server.release()
+
+
+def test_a_lookup_that_raises_reads_as_cri_error(
+    tree: Tree,
+    resolver: Resolver,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Faked: no real gRPC stub raises anything but RpcError or ValueError (both handled)."""
+
+    def broken(self: CriClient, container_id: str) -> Attribution:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(CriClient, "lookup", broken)
+    worker = tree.mkdir(tree.container(WORKER))
+    assert resolver.resolve(worker) is None
+    with caplog.at_level(logging.WARNING):
+        eventually(lambda: resolver.settle(worker) == CRI_ERROR and caplog.records, "harvest")
+    assert [r.getMessage() for r in caplog.records] == ["CRI lookup failed: RuntimeError('bug')"]

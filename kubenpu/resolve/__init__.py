@@ -179,8 +179,10 @@ class Resolver:
 
 def _result(future: Future[Attribution]) -> Attribution:
     """A lookup's answer; a bug in it reads as cri_error (logged), never as a traceback here."""
+    if future.cancelled():  # by close()
+        return Attribution(reason=Unattributed.CRI_ERROR)
     try:
         return future.result()
-    except Exception as e:  # anything the gRPC stack raises besides RpcError, or a cancel
+    except Exception as e:  # anything the gRPC stack raises besides RpcError
         log.warning("CRI lookup failed: %r", e)
         return Attribution(reason=Unattributed.CRI_ERROR)
