@@ -28,8 +28,8 @@ from kubenpu.vendors import Kind, by_name, core
 
 try:  # `pip install kubenpu` (kubenpuctl only) lacks these: main() says so in one line
     from kubenpu import config, export
-    from kubenpu.metrics import PENDING_FULL, DeviceRow, Metrics
-    from kubenpu.resolve import Attribution, Resolver
+    from kubenpu.metrics import DeviceRow, Metrics
+    from kubenpu.resolve import Attribution, Resolver, Unattributed
 except ModuleNotFoundError as exc:
     if (exc.name or "").startswith("kubenpu"):
         raise
@@ -204,7 +204,7 @@ class Attributor:
             held.counts[key] = n
             self._held_keys += 1
         else:
-            self._metrics.unattributed(PENDING_FULL, n)
+            self._metrics.unattributed(Unattributed.PENDING_FULL, n)
             self._add(Attribution(), key, n)
 
     def _add(self, who: Attribution, key: Key, n: int, dev: Device | None = None) -> None:
@@ -462,7 +462,7 @@ def build(cfg: config.Config, debug: bool = False, trace: bool = False) -> Agent
         DeviceRow(d.id, d.vendor or "", d.driver or "", d.pci_id or "", _numa(d)) for d in devices
     )
     cri = cfg.attribution.cri
-    resolver = Resolver(  # MERGE: concurrency=cri.concurrency (contracts A and C)
+    resolver = Resolver(
         cgroup_root=cfg.attribution.cgroup_root,
         cri_endpoint=cri.endpoint,
         cri_timeout=cri.timeout_seconds,

@@ -20,16 +20,13 @@ from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
 from kubenpu.events import Drop
-from kubenpu.resolve import CONTAINER_NOT_FOUND, CRI_ERROR, NOT_INDEXED, NOT_POD
+from kubenpu.resolve import Unattributed
 
 Attrs = dict[str, str | bool]
 
 OVERFLOW_ATTRS: Attrs = {"otel.metric.overflow": True}
 DROP_REASONS = tuple(r.value for r in Drop)
-# Held calls that did not fit the agent's pending table (attribution.pending_seconds).
-PENDING_FULL = "pending_full"
-# MERGE: the resolver's reasons become one enum (contract A); use it here.
-UNATTRIBUTED_REASONS = (NOT_INDEXED, NOT_POD, CONTAINER_NOT_FOUND, CRI_ERROR, PENDING_FULL)
+UNATTRIBUTED_REASONS = tuple(r.value for r in Unattributed)
 CRI_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from cri_server import CriTestServer
 from fakes import Clock, FakeKernel, FakeResolver, record
+from helpers import resolved
 
 from kubenpu.agent import Agent, Attributor, Health, main, select_devices
 from kubenpu.discovery import Device, Node
@@ -62,6 +63,10 @@ def resolver(tmp_path: Path, cgroups: Path) -> Iterator[Resolver]:
     server.start(str(tmp_path / "cri.sock"))
     server.add_container(CID, "ml", "trainer-0", "worker", pod_uid=UID)
     resolver = Resolver(cgroups, f"unix://{tmp_path / 'cri.sock'}", cri_timeout=2.0)
+    # The CRI answers are in before the calls come; calls held for a pending answer are tested
+    # with FakeResolver below.
+    for cgroup in (POD_DIR, "system.slice/sshd.service"):
+        resolved(resolver, os.stat(cgroups / cgroup).st_ino)
     yield resolver
     resolver.close()
     server.stop()
