@@ -132,16 +132,18 @@ def parse(text: str) -> Fdinfo:
 
 def _parse_line(info: Fdinfo, legacy: dict[str, int], key: str, value: str) -> bool:
     """Store one drm- key; False when its value breaks the spec."""
+    # A malformed value never overwrites a good one printed earlier.
     if key == "drm-driver":
-        info.driver = value or None
+        info.driver = value or info.driver
         return bool(value)
     if key == "drm-pdev":
         valid = _PDEV.fullmatch(value.lower()) is not None
         info.pdev = value.lower() if valid else info.pdev
         return valid
     if key == "drm-client-id":
-        info.client_id = _number(value, _COUNT)
-        return info.client_id is not None
+        number = _number(value, _COUNT)
+        info.client_id = info.client_id if number is None else number
+        return number is not None
     if key.startswith(_LEGACY_MEMORY):
         number = _number(value, _SIZE)
         region = key.removeprefix(_LEGACY_MEMORY)
