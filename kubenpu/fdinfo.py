@@ -160,10 +160,10 @@ def _parse_line(info: Fdinfo, legacy: dict[str, int], key: str, value: str) -> b
     return True  # a drm- key the spec does not define (drm-client-name, drm-curfreq-...)
 
 
-def _store(stats: Stats, name: str, field: str, number: int | None) -> bool:
+def _store(stats: Stats, name: str, what: str, number: int | None) -> bool:
     if not name or number is None:
         return False
-    stats.setdefault(name, {})[field] = number
+    stats.setdefault(name, {})[what] = number
     return True
 
 

@@ -13,7 +13,7 @@ import stat
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -293,15 +293,27 @@ def test_msm() -> None:
 
 
 @pytest.fixture
-def i915_copy() -> Iterator[Path]:
-    """A writable copy of the i915 tree that any user can read (mkdtemp, not pytest's 0700 dir,
+def tree_copy() -> Iterator[Callable[[str], Path]]:
+    """Writable copies of fixture trees that any user can read (mkdtemp, not pytest's 0700 dir,
     so a child that dropped to nobody can too)."""
-    root = Path(tempfile.mkdtemp(prefix="kubenpu-fdinfo-"))
-    root.chmod(0o755)
-    shutil.copytree(PROC / "intel-i915/proc", root / "proc", symlinks=True)
-    (root / "sys").symlink_to(TESTDATA / "intel-i915/sys")
-    yield root
-    shutil.rmtree(root)
+    made: list[Path] = []
+
+    def copy(machine: str) -> Path:
+        root = Path(tempfile.mkdtemp(prefix="kubenpu-fdinfo-"))
+        made.append(root)
+        root.chmod(0o755)
+        shutil.copytree(PROC / machine / "proc", root / "proc", symlinks=True)
+        (root / "sys").symlink_to(TESTDATA / machine / "sys")
+        return root
+
+    yield copy
+    for root in made:
+        shutil.rmtree(root)
+
+
+@pytest.fixture
+def i915_copy(tree_copy: Callable[[str], Path]) -> Path:
+    return tree_copy("intel-i915")
 
 
 def scan_unprivileged(root: Path) -> tuple[dict[str, int], list[int]]:
@@ -378,6 +390,13 @@ def test_node_without_pdev_names_the_device(i915_copy: Path) -> None:
     info = i915_copy / "proc/1300/fdinfo/3"
     info.write_text(info.read_text().replace("drm-pdev:\t0000:00:02.0\n", ""))
     assert by_id(scan(i915_copy))[9].device == "0000:00:02.0"
+
+
+def test_accel_node_without_pdev_names_the_device(tree_copy: Callable[[str], Path]) -> None:
+    root = tree_copy("amd-npu")
+    info = root / "proc/3200/fdinfo/3"
+    info.write_text(info.read_text().replace("drm-pdev:\t0000:c6:00.1\n", ""))
+    assert by_id(scan(root))[17].device == "0000:c6:00.1"
 
 
 def test_device_number_wins_over_node_name(i915_copy: Path) -> None:
