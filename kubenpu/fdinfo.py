@@ -200,9 +200,11 @@ class FdinfoReader:
 
     def _all_pids(self) -> list[int]:
         try:
-            return sorted(int(name) for name in os.listdir(self._proc) if name.isdigit())
+            pids = sorted(int(name) for name in os.listdir(self._proc) if name.isdigit())
         except OSError:
             return []  # no proc: nothing to read (kubenpuctl checks the directory first)
+        # Not the reader itself: the fd of its own fd/ listing would vanish under it every time.
+        return [p for p in pids if not (self._live and p == os.getpid())]
 
     def _scan_pid(self, pid: int, scan: _Builder) -> None:
         fd_dir = self._proc / str(pid) / "fd"
