@@ -10,12 +10,14 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
 from kubenpu import __version__
+from kubenpu import top as kubenpu_top
 from kubenpu.discovery import Device, discover
 from kubenpu.fdinfo import Client, FdinfoReader
 from kubenpu.vendors import Vendor, all_vendors, by_name, core
@@ -37,7 +39,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(format=f"{PROG}: warning: %(message)s", level=logging.WARNING)
     try:
         args = _parser().parse_args(argv)
-        print(args.run(args))
+        out = args.run(args)
+        if out is not None:  # the live `top` view prints nothing when it ends
+            print(out)
     except UsageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
@@ -74,7 +78,75 @@ def _parser() -> argparse.ArgumentParser:
     ioctls.add_argument("vendor", nargs="?", metavar="VENDOR", help="only this vendor (or drm)")
     ioctls.add_argument("--output", "-o", choices=("table", "tsv", "json"), default="table")
     ioctls.set_defaults(run=_ioctls)
+    _top_parser(commands)
     return parser
+
+
+def _top_parser(commands: argparse._SubParsersAction) -> None:
+    top = commands.add_parser("top", help="live call rates per pod, container and device")
+    source = top.add_mutually_exclusive_group()
+    source.add_argument(
+        "--url", default="http://localhost:8080/metrics", help="one agent's /metrics (default)"
+    )
+    source.add_argument(
+        "--prometheus", metavar="URL", help="a Prometheus query API: every node, with rate()"
+    )
+    top.add_argument(
+        "--window",
+        type=_seconds,
+        default=60.0,
+        metavar="SECONDS",
+        help="--prometheus: the rate() window (default 60)",
+    )
+    top.add_argument(
+        "--interval",
+        "-n",
+        type=_seconds,
+        default=2.0,
+        metavar="SECONDS",
+        help="seconds between reads (default 2)",
+    )
+    top.add_argument("--once", action="store_true", help="read twice, print one frame, exit")
+    top.add_argument(
+        "--output", "-o", choices=("table", "json"), default="table", help="json implies --once"
+    )
+    top.add_argument(
+        "--sort",
+        choices=tuple(kubenpu_top.SORTS),
+        default="total",
+        metavar="COLUMN",
+        help=f"sort by: {', '.join(kubenpu_top.SORTS)} (default total; keys in the view)",
+    )
+    top.set_defaults(run=_top)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0.1 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds in 0.1..3600")
+    return value
+
+
+def _top(args: argparse.Namespace) -> str | None:
+    source: kubenpu_top.Source = (
+        kubenpu_top.PrometheusSource(args.prometheus, args.window)
+        if args.prometheus
+        else kubenpu_top.ScrapeSource(args.url)
+    )
+    try:
+        if args.once or args.output == "json":
+            # A table for a person fits their terminal; for a pipe it is never cut.
+            width = shutil.get_terminal_size().columns if sys.stdout.isatty() else 10**6
+            return kubenpu_top.once(source, args.interval, args.output, args.sort, width)
+        if not sys.stdout.isatty():
+            raise UsageError("the live view needs a terminal; use --once for scripts")
+        kubenpu_top.live(source, args.interval, args.sort)
+    except kubenpu_top.TopError as e:
+        raise UsageError(str(e)) from None
+    return None
 
 
 def _devices(args: argparse.Namespace) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from guest import boot
-from test_deploy import helm_values, render_helm
+from helpers import helm_values, render_helm
 from test_e2e_vm import _expected, _nonzero, _otlp_counts, _prom_counts
 
 KERNEL = os.environ.get("KUBENPU_LEAST_PRIVILEGE_KERNEL", "6.12")
