@@ -20,9 +20,9 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from email.message import Message
 from typing import Any, Protocol
 
@@ -45,6 +45,7 @@ from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
 from prometheus_client.core import Metric as PromMetric
+from prometheus_client.exposition import choose_encoder, gzip_accepted
 from prometheus_client.registry import Collector
 
 from kubenpu import __version__
@@ -388,6 +389,7 @@ class MetricsServer:
         self._sock = _listen(cfg.host, cfg.port)
         self.port = self._sock.getsockname()[1]
         self._pool = ThreadPoolExecutor(cfg.max_connections, thread_name_prefix="metrics")
+        self._shared = _SharedRender()
         self._loop = asyncio.new_event_loop()
         self._main = self._loop.create_task(self._accept_loop())
         self._thread = threading.Thread(target=self._run, name="metrics-io", daemon=True)
@@ -490,12 +492,20 @@ class MetricsServer:
         return self._metrics(query, headers)
 
     def _metrics(self, query: str, headers: Message) -> _Response:
+        accept, encoding = headers.get("Accept", ""), headers.get("Accept-Encoding", "")
+        if query:  # a filtered scrape (name[]=...) is rare: render it on its own
+            return self._render(accept, encoding, query)
+        # Scrapes that get the same bytes share one render (the key bounds the variants).
+        key = (choose_encoder(accept)[1], gzip_accepted(encoding))
+        return self._shared(key, lambda: self._render(accept, encoding, ""))
+
+    def _render(self, accept: str, encoding: str, query: str) -> _Response:
         environ = {
             "REQUEST_METHOD": "GET",
             "PATH_INFO": "/metrics",
             "QUERY_STRING": query,
-            "HTTP_ACCEPT": headers.get("Accept", ""),
-            "HTTP_ACCEPT_ENCODING": headers.get("Accept-Encoding", ""),
+            "HTTP_ACCEPT": accept,
+            "HTTP_ACCEPT_ENCODING": encoding,
         }
         started: list[Any] = []
         assert self._app is not None
@@ -509,6 +519,47 @@ class MetricsServer:
             self._thread.join()
         self._sock.close()
         self._pool.shutdown(wait=True)
+
+
+@dataclass
+class _Batch:
+    done: threading.Event = field(default_factory=threading.Event)
+    response: _Response | None = None
+    error: Exception | None = None
+
+
+class _SharedRender:
+    """Concurrent scrapes share renders. A scrape joins the next render of its key that has not
+    started yet, so its answer is never older than its request, and N concurrent scrapes cost
+    about two renders instead of N (each holding its own copy of the exposition)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: dict[Hashable, _Batch] = {}
+        self._running: dict[Hashable, threading.Lock] = {}
+
+    def __call__(self, key: Hashable, render: Callable[[], _Response]) -> _Response:
+        with self._lock:
+            batch = self._pending.get(key)
+            leader = batch is None
+            if batch is None:
+                batch = self._pending[key] = _Batch()
+            running = self._running.setdefault(key, threading.Lock())
+        if leader:
+            with running:  # one render of a key at a time; newcomers queue for the next
+                with self._lock:
+                    del self._pending[key]
+                try:
+                    batch.response = render()
+                except Exception as err:
+                    batch.error = err
+                finally:
+                    batch.done.set()
+        batch.done.wait()
+        if batch.error:
+            raise batch.error
+        assert batch.response is not None
+        return batch.response
 
 
 class _Connection(asyncio.Protocol):

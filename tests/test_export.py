@@ -19,7 +19,7 @@ from otlp_receiver import OtlpReceiver, attrs
 from test_metrics import Clock, calls, ioctl
 
 from kubenpu import __version__, config, export
-from kubenpu.metrics import EXPORT_ERRORS, OVERFLOW_ATTRS, DeviceRow
+from kubenpu.metrics import EXPORT_ERRORS, OVERFLOW_ATTRS, DeviceRow, Metrics
 
 HOUR = 3600.0  # an interval long enough that only explicit flushes push
 
@@ -555,3 +555,52 @@ def test_stop_with_a_blackholed_collector_is_bounded_and_reports_the_loss(
         f"OTLP export to http://127.0.0.1:{blackhole}: the final counts were not delivered "
         "within 1s (export.otlp.timeout_seconds); the collector keeps the last pushed counts"
     ]
+
+
+class GatedMetrics(Metrics):
+    """Metrics whose collect() takes its snapshot, then waits for the test to open the gate."""
+
+    def __init__(self) -> None:
+        super().__init__("node-a", 300, 100)
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+
+    def collect(self):
+        snapshot = super().collect()
+        self.entered.set()
+        assert self.gate.wait(30)
+        return snapshot
+
+
+def test_concurrent_scrapes_share_renders_but_never_get_an_older_one(tmp_path):
+    port = free_port()
+    metrics = GatedMetrics()
+    tel = export.start(make_config(tmp_path, server_yaml(port)), metrics, StubHealth())
+    bodies: dict[str, str] = {}
+
+    def scrape_into(name: str) -> None:
+        bodies[name] = scrape(port)
+
+    first = threading.Thread(target=scrape_into, args=("first",))
+    second = threading.Thread(target=scrape_into, args=("second",))
+    try:
+        first.start()
+        assert metrics.entered.wait(30)  # the first render has taken its snapshot
+        calls(metrics, "ns", "p", "c", 5)
+        second.start()  # asks after the calls: it must see them
+        for _ in range(3000):  # until the second request waits in the server (bounded)
+            if sum(t.name.startswith("metrics_") for t in threading.enumerate()) == 2:
+                break
+            threading.Event().wait(0.01)
+        metrics.gate.set()
+        first.join()
+        second.join()
+    finally:
+        metrics.gate.set()
+        tel.shutdown()
+    assert 'pod="p"' not in bodies["first"]
+    assert (
+        'kubenpu_ioctl_total{container="c",device="0000:03:00.0",kind="submit",'
+        in (bodies["second"])
+    )
+    assert 'pod="p",vendor="vgem"} 5.0' in bodies["second"]
