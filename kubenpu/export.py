@@ -442,7 +442,7 @@ class MetricsServer:
                 response = await loop.run_in_executor(self._pool, self._answer, head)
                 async with asyncio.timeout(timeout):
                     await conn_protocol.send(response)
-        except (OSError, TimeoutError, ValueError, ssl.SSLError):
+        except OSError:  # incl. TimeoutError and ssl.SSLError
             pass  # the client went away, was too slow, or spoke no HTTP (or no TLS)
         finally:
             if transport is None:
