@@ -7,8 +7,8 @@ cluster, starts Prometheus on it and runs each template variable's and panel's q
 recorded time range the way Grafana would. tests/test_e2e_vm.py asserts on the results; `draw`
 renders each dashboard's panels from them (matplotlib; Grafana itself cannot run here).
 
-usage: scripts/dashboards.py RECORDING.json [OUT_DIR]  (writes OUT_DIR/dashboard-NAME.png;
-default docs/)
+usage: scripts/dashboards.py RECORDING.json [OUT_DIR]  (draws OUT_DIR/dashboard-NAME.png, default
+docs/, and prints what each query returned as a Markdown table)
 """
 
 from __future__ import annotations
@@ -284,7 +284,7 @@ def draw(board: Board, at: Window, png: Path) -> None:
 
     panels = list(dict.fromkeys(q.panel for q in board.queries))
     rows = (len(panels) + 1) // 2
-    fig, axes = plt.subplots(rows, 2, figsize=(15, 4.2 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, 2, figsize=(15, 4.2 * rows), squeeze=False, layout="constrained")
     for ax, title in zip(axes.flat, panels, strict=False):
         queries = [q for q in board.queries if q.panel == title]
         (draw_table if queries[0].kind == "table" else draw_lines)(ax, queries, at)
@@ -293,7 +293,6 @@ def draw(board: Board, at: Window, png: Path) -> None:
         ax.axis("off")
     variables = ", ".join(f"{k} = {'|'.join(v)}" for k, v in board.variables.items())
     fig.suptitle(f"{board.title}  ({variables}; data: a real agent in the VM e2e)", fontsize=13)
-    fig.tight_layout()
     fig.savefig(png, dpi=80)
     plt.close(fig)
 
@@ -303,6 +302,7 @@ def draw_lines(ax: Any, queries: list[Query], at: Window) -> None:
         for series in q.result:
             t = [float(p[0]) - at.start for p in series["values"]]
             ax.plot(t, [float(p[1]) for p in series["values"]], label=legend(q, series["metric"]))
+    ax.set_xlim(0, at.end - at.start)
     ax.set_xlabel("seconds into the recording")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", ncol=2)
@@ -339,15 +339,14 @@ def main(argv: list[str]) -> int:
     record = json.loads(Path(argv[0]).read_text())
     out = Path(argv[1]) if len(argv) > 1 else ROOT / "docs"
     with tempfile.TemporaryDirectory() as work:
-        for board in run_all(tools(), record, Path(work)):
-            png = out / f"dashboard-{board.name}.png"
-            draw(board, Window.of(record), png)
-            print(f"{png}: {summary(board)}")
+        results = run_all(tools(), record, Path(work))
+    print("| dashboard | panel | query | series | points |\n|---|---|---|---|---|")
+    for board in results:
+        draw(board, Window.of(record), out / f"dashboard-{board.name}.png")
+        for q in board.queries:
+            points = sum(len(s.get("values", [s.get("value")])) for s in q.result)
+            print(f"| {board.name} | {q.panel} | {q.ref} | {len(q.result)} | {points} |")
     return 0
-
-
-def summary(board: Board) -> str:
-    return ", ".join(f"{q.panel} {q.ref}: {len(q.result)} series" for q in board.queries)
 
 
 if __name__ == "__main__":
