@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `make bench`: the host micro-benchmark, then the guest benchmark in one boot, then the table.
 #   bench/run.sh [KERNEL] [OUT_DIR]      (defaults: 6.12, out/bench)
-# Writes OUT_DIR/micro.json, OUT_DIR/bench.json (and the guest's logs) and OUT_DIR/table.md,
-# and prints the table. Speed figures only: exactness is asserted by
+# Writes OUT_DIR/micro.json, OUT_DIR/bench.json (and the guest's logs), OUT_DIR/table.md and
+# OUT_DIR/cpu.png (calls/s vs agent CPU), and prints the table. Speed figures only: exactness is asserted by
 # tests/test_bench_exactness_vm.py.
 set -euo pipefail
 
@@ -21,4 +21,5 @@ echo "bench: guest benchmark on $kernel (several minutes under TCG)" >&2
   echo "bench: the guest run failed; see $out/run.log and $out/console.log" >&2
   exit 1
 }
-"$py" "$repo/bench/report.py" "$out/bench.json" "$out/micro.json" | tee "$out/table.md"
+"$py" "$repo/bench/report.py" "$out/bench.json" "$out/micro.json" --plot "$out/cpu.png" |
+  tee "$out/table.md"
