@@ -14,7 +14,7 @@ from typing import TextIO
 
 from kubenpu import __version__, config, export
 from kubenpu.discovery import Device, discover
-from kubenpu.events import Batch, Deltas, Key, Tally
+from kubenpu.events import Batch, Birth, Deltas, Key, Tally, route
 from kubenpu.metrics import DeviceRow, Metrics
 from kubenpu.probe import Probe, ProbeError
 from kubenpu.resolve import Resolver
@@ -191,8 +191,8 @@ class Agent:
 
     def run(self) -> int:
         log.info("container runtime: %s", self.resolver.runtime_version() or "unreachable")
-        on_event = self.tally.add_sighting if self.aggregate else self.tally.add_event
-        mode = self.probe.start(on_event)
+        on_call = self.tally.add_sighting if self.aggregate else self.tally.add_event
+        mode = self.probe.start(route(on_call, self._born))
         log.info(
             "attached to drm_ioctl (mode %s, %s); counting %d device(s)",
             mode,
@@ -210,6 +210,10 @@ class Agent:
         self.probe.close()
         self.telemetry.shutdown()
         return 0
+
+    def _born(self, birth: Birth) -> None:
+        # On the polling thread, at once: the cgroup may be removed before the next flush.
+        self.resolver.cgroup_born(birth.cgroup_id, birth.parent_id)
 
     def _attribute_loop(self) -> None:
         last_read = last_reap = time.monotonic()

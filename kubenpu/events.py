@@ -9,7 +9,7 @@ from __future__ import annotations
 import struct
 import threading
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -37,6 +37,30 @@ class Key(NamedTuple):
 
 def decode(data: bytes) -> Event:
     return Event(*_EVENT.unpack_from(data)[:7])
+
+
+# The C `struct birth`: u64 cgroup_id, u64 parent_id. A new cgroup (tp_btf cgroup_mkdir), on the
+# same ring buffer as calls and told apart from them by its size.
+_BIRTH = struct.Struct("<QQ")
+
+
+class Birth(NamedTuple):
+    cgroup_id: int
+    parent_id: int
+
+
+def route(
+    on_call: Callable[[bytes], None], on_birth: Callable[[Birth], None]
+) -> Callable[[bytes], None]:
+    """One ring-buffer callback that sends birth records to on_birth and calls to on_call."""
+
+    def on_record(data: bytes) -> None:
+        if len(data) == _BIRTH.size:
+            on_birth(Birth(*_BIRTH.unpack(data)))
+        else:
+            on_call(data)
+
+    return on_record
 
 
 @dataclass

@@ -65,6 +65,11 @@ class Resolver:
             self._cache[cgroup_id] = result
         return result
 
+    def cgroup_born(self, cgroup_id: int, parent_id: int) -> None:
+        """A new cgroup, from the kernel: index it now, while its directory exists. Safe to call
+        from another thread than the other methods (minimal version of contract A's method)."""
+        self._index.born(cgroup_id, parent_id)
+
     def alive(self, cgroup_id: int) -> bool:
         return self._index.alive(cgroup_id)
 
