@@ -45,7 +45,11 @@ def _pod_counts(run: dict, scenario: str, counts: dict[tuple, float]) -> dict[tu
 
 @pytest.mark.parametrize("mode", MODES)
 def test_births_are_reported(result, mode):
+    """The cgroup_mkdir program loaded (also under lockdown=confidentiality when asked for)."""
     assert "cgroup births unavailable" not in result["modes"][mode]["agent_log"]
+    for arg in ARGS:
+        if arg.startswith("lockdown="):
+            assert f"[{arg.partition('=')[2]}]" in result["lockdown"]
 
 
 @pytest.mark.parametrize("mode", MODES)

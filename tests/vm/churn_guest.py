@@ -188,6 +188,7 @@ class Churn(Node):
             self.containerd.wait(timeout=30)
         return {
             "kernel": os.uname().release,
+            "lockdown": Path("/sys/kernel/security/lockdown").read_text().strip(),
             "oneshots": ONESHOTS,
             "timings": self.timings,
             "modes": modes,
