@@ -22,7 +22,7 @@ RUN python3 -m venv --system-site-packages /opt/kubenpu \
  && /opt/kubenpu/bin/python -c "import bcc, kubenpu" \
  && rm -rf /src
 
-# The in-container layout the Kubernetes manifests use: the node's /sys and /dev under /host.
+# The chart's default config: the node's /sys, /dev/dri and /dev/accel under /host.
 COPY deploy/kustomize/base/config.yaml /etc/kubenpu/config.yaml
 
 WORKDIR /

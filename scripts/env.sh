@@ -4,20 +4,56 @@ export KUBENPU_CACHE=${KUBENPU_CACHE:-/var/cache/kubenpu}
 export KUBENPU_APT_CONFIG=$KUBENPU_CACHE/apt/apt.conf
 mkdir -p "$KUBENPU_CACHE"
 
+# The Debian mirror the scripts download from: $KUBENPU_DEBIAN_MIRROR, else the first URI the
+# host's APT sources use for a Debian release suite (deb822 .sources or one-line sources.list), so
+# a host behind a local mirror needs no edit. The repo names no mirror host. KUBENPU_APT_ETC
+# (default /etc/apt) lets tests point it at fixtures.
+debian_mirror() {
+  if [[ -n ${KUBENPU_DEBIAN_MIRROR:-} ]]; then echo "${KUBENPU_DEBIAN_MIRROR%/}"; return; fi
+  local etc=${KUBENPU_APT_ETC:-/etc/apt}
+  local suites='^(buster|bullseye|bookworm|trixie|forky|duke|sid|oldstable|stable|testing|unstable)'
+  local uri
+  uri=$({
+    # deb822: one "URI SUITE" line per pair of a stanza (stanzas are blank-line separated).
+    for f in "$etc"/sources.list.d/*.sources; do
+      [[ -e $f ]] && awk -v RS= '!/(^|\n)Enabled: *no/ {
+          n = split($0, lines, "\n"); uris = ""; suites = ""
+          for (i = 1; i <= n; i++) {
+            if (lines[i] ~ /^URIs:/) uris = substr(lines[i], 6)
+            if (lines[i] ~ /^Suites:/) suites = substr(lines[i], 8)
+          }
+          nu = split(uris, u, " "); ns = split(suites, s, " ")
+          for (i = 1; i <= nu; i++) for (j = 1; j <= ns; j++) print u[i], s[j]
+        }' "$f"
+    done
+    # One-line style: deb [options] URI SUITE COMPONENT...
+    cat "$etc"/sources.list "$etc"/sources.list.d/*.list 2>/dev/null |
+      sed -n 's/^deb[[:space:]]\+\(\[[^]]*\][[:space:]]\+\)\?//p'
+  } | awk -v re="$suites(-updates|-backports)?\$" '$2 ~ re {print $1; exit}')
+  if [[ -z $uri ]]; then
+    echo "env.sh: no Debian mirror in the host's APT sources; set KUBENPU_DEBIAN_MIRROR" >&2
+    return 1
+  fi
+  echo "${uri%/}"
+}
+
 # A private APT configuration that sees bookworm, trixie, sid and the backports,
 # so we can download kernels and tools from any of them without touching the host's APT.
+# Refreshed daily, or at once when the mirror changes.
 apt_private_update() {
   local dir=$KUBENPU_CACHE/apt
   local stamp=$dir/updated
-  if [[ -e $stamp && -z $(find "$stamp" -mmin +1440) ]]; then return 0; fi
+  local mirror sources suite
+  mirror=$(debian_mirror)
+  for suite in bookworm bookworm-backports trixie trixie-backports sid; do
+    sources+="deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror $suite main"$'\n'
+  done
+  if [[ -e $stamp && -z $(find "$stamp" -mmin +1440) &&
+        $(cat "$dir/sources.list" 2>/dev/null) == "${sources%$'\n'}" ]]; then
+    return 0
+  fi
   mkdir -p "$dir"/{lists/partial,archives/partial,etc/preferences.d,etc/apt.conf.d}
-  cat >"$dir/sources.list" <<SRC
-deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bookworm main
-deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bookworm-backports main
-deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian trixie main
-deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian trixie-backports main
-deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian sid main
-SRC
+  printf '%s' "$sources" >"$dir/sources.list"
   cat >"$KUBENPU_APT_CONFIG" <<CONF
 Dir::Etc::SourceList "$dir/sources.list";
 Dir::Etc::SourceParts "$dir/etc/none";

@@ -13,11 +13,11 @@ import os
 
 import pytest
 from guest import boot
+from helpers import by_reason, expected_counts, ioctl_counts
 
 KERNELS = os.environ.get("KUBENPU_CHURN_KERNELS", "6.12").split()
 ARGS = os.environ.get("KUBENPU_CHURN_ARGS", "").split()
 MODES = ("aggregate", "events")
-LABELS = ("namespace", "pod", "container", "device", "vendor", "kind")
 
 pytestmark = pytest.mark.vm
 
@@ -27,15 +27,6 @@ def result(request, tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp(f"churn-{request.param}")
     boot(request.param, "/src/tests/vm/churn.sh", out, *ARGS)
     return json.loads((out / "result.json").read_text())
-
-
-def _counts(scrape: dict) -> dict[tuple, float]:
-    samples = scrape.get("kubenpu_ioctl_total", [])
-    return {tuple(s["labels"][k] for k in LABELS): s["value"] for s in samples}
-
-
-def _nonzero(scrape: dict, metric: str) -> dict[str, float]:
-    return {s["labels"]["reason"]: s["value"] for s in scrape.get(metric, []) if s["value"]}
 
 
 def _pod_counts(run: dict, scenario: str, counts: dict[tuple, float]) -> dict[tuple, float]:
@@ -57,19 +48,19 @@ def test_one_call_containers_keep_their_pod(result, mode):
     """Each container made one call and was gone at once (its cgroup removed by the runtime)."""
     run = result["modes"][mode]
     assert run["oneshot"]["cgroups_removed"] == result["oneshots"]
-    expected = {tuple(r["labels"]): r["value"] for r in run["expected"]}
-    got = _pod_counts(run, "oneshot", _counts(run["scrape"]))
+    expected = expected_counts(run["expected"])
+    got = _pod_counts(run, "oneshot", ioctl_counts(run["scrape"]))
     assert got == _pod_counts(run, "oneshot", expected)
     assert len(got) == result["oneshots"]
-    assert "not_indexed" not in _nonzero(run["scrape"], "kubenpu_unattributed_calls_total")
+    assert "not_indexed" not in by_reason(run["scrape"], "kubenpu_unattributed_calls_total")
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_containerd_restart_loses_no_attribution(result, mode):
     """Calls made while containerd was down end up on their pod once it is back."""
     run = result["modes"][mode]
-    expected = {tuple(r["labels"]): r["value"] for r in run["expected"]}
-    got = _counts(run["scrape"])
+    expected = expected_counts(run["expected"])
+    got = ioctl_counts(run["scrape"])
     assert _pod_counts(run, "restart", got) == _pod_counts(run, "restart", expected)
     assert got == expected  # nothing anywhere else either (no empty-label series)
-    assert _nonzero(run["scrape"], "kubenpu_unattributed_calls_total") == {}
+    assert by_reason(run["scrape"], "kubenpu_unattributed_calls_total") == {}

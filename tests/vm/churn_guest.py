@@ -28,46 +28,25 @@ from pathlib import Path
 
 import cri_test_pb2 as pb
 import grpc
-from e2e_guest import ATTACH_TIMEOUT, CREATE_DUMB, SETTLE_TIMEOUT, read_log
-from node_guest import DRMCALL, FOREVER, HERE, PY, Node, Pod, vgem, wait_for
+from guestlib import ATTACH_TIMEOUT, CGROUP, CREATE_DUMB, MODES, PROMETHEUS, Agent, drmcall_argv
+from node_guest import FOREVER, HERE, Node, Pod, vgem, wait_for
 
-MODES = ("aggregate", "events")
 ONESHOTS = int(os.environ.get("KUBENPU_CHURN_ONESHOTS", "8"))
-CGROUPS = Path("/sys/fs/cgroup")
 DOWN_SECONDS = 12  # containerd stays down this long
 
 
 class Churn(Node):
     def __init__(self, out: Path) -> None:
         super().__init__(out)
-        self.step = vgem(CREATE_DUMB, "alloc", 1)
         self.series = (self.devices["vgem"].id, "vgem", "alloc")
         self.containerd: subprocess.Popen | None = None
 
     # --- agent and containerd ----------------------------------------------------------------
 
-    def start_agent_in(self, mode: str) -> subprocess.Popen:
-        log_path = self.out / f"agent-{mode}.log"
-        cfg = self.out / f"agent-{mode}.yaml"
-        cfg.write_text(
-            json.dumps(
-                {
-                    "probe": {"mode": mode},
-                    "export": {"prometheus": {"enabled": True, "host": "127.0.0.1", "port": 8080}},
-                }
-            )
-        )
-        log = open(log_path, "w")  # noqa: SIM115 - lives as long as the agent
-        agent = subprocess.Popen(
-            [PY, "-m", "kubenpu.agent", "--config", str(cfg)], stdout=log, stderr=subprocess.STDOUT
-        )
-
-        def attached() -> bool:
-            if agent.poll() is not None:
-                raise SystemExit(f"agent exited {agent.returncode}; see {log_path}")
-            return "attached to drm_ioctl" in read_log(log_path)
-
-        wait_for(f"the agent ({mode}) to attach", attached, ATTACH_TIMEOUT)
+    def start_agent_in(self, mode: str) -> Agent:
+        config = {"probe": {"mode": mode}, "export": {"prometheus": PROMETHEUS}}
+        agent = Agent(self.out, config, name=f"agent-{mode}")
+        agent.attach(ATTACH_TIMEOUT)
         return agent
 
     def restart_containerd(self) -> None:
@@ -93,6 +72,10 @@ class Churn(Node):
 
     # --- scenarios ---------------------------------------------------------------------------
 
+    def drmcall(self, n: int) -> list[str]:
+        """drmcall's argv for n calls of CREATE_DUMB on vgem's card node."""
+        return drmcall_argv(self.calls([vgem(CREATE_DUMB, "alloc", n)]))
+
     def expect(self, pod: Pod, name: str, calls: int) -> None:
         self.expected[(pod.namespace, pod.name, name, *self.series)] += calls
 
@@ -102,11 +85,9 @@ class Churn(Node):
         gone = 0
         for i in range(ONESHOTS):
             name = f"c{i}"
-            cid = self.kubelet.start_container(
-                pod, name, 0, [DRMCALL, *self.drmcall_args([self.step])]
-            )
+            cid = self.kubelet.start_container(pod, name, 0, self.drmcall(1))
             self.expect(pod, name, 1)
-            cgroup = CGROUPS / pod.cgroup_parent.lstrip("/") / cid
+            cgroup = CGROUP / pod.cgroup_parent.lstrip("/") / cid
             wait_for(f"{name} to exit", lambda c=cid: self._exited(c))
             gone += self._removed(cgroup)
         self.mark(f"{mode}: {ONESHOTS} one-call containers ran")
@@ -132,12 +113,14 @@ class Churn(Node):
     def restart(self, mode: str) -> dict:
         pod = Pod(f"restart-{mode}", "trainer", f"0c0ffee0-0000-4000-9000-{len(mode):012x}")
         self.kubelet.run_pod(pod)
-        node, nr, size = self.drmcall_args([self.step])[:3]
-        one = f"{DRMCALL} {node} {nr} {size}"
+
+        def run(n: int) -> str:
+            return " ".join(self.drmcall(n))
+
         # steady: calls before, during and after the outage; late: first call during it.
         script = {
-            "steady": (f"{one} 2; sleep 6; {one} 3; sleep {DOWN_SECONDS + 8}; {one} 4", 9),
-            "late": (f"sleep 5; {one} 7", 7),
+            "steady": (f"{run(2)}; sleep 6; {run(3)}; sleep {DOWN_SECONDS + 8}; {run(4)}", 9),
+            "late": (f"sleep 5; {run(7)}", 7),
         }
         for name, (sh, calls) in script.items():
             self.kubelet.start_container(
@@ -149,14 +132,6 @@ class Churn(Node):
         time.sleep(16)  # steady's last calls, after the restart
         return {"pod": [pod.namespace, pod.name]}
 
-    def settle_exact(self) -> dict[str, list]:
-        deadline = time.monotonic() + SETTLE_TIMEOUT
-        while True:
-            prom = self.scrape()
-            if self.ioctl_counts(prom) == dict(self.expected) or time.monotonic() > deadline:
-                return prom
-            time.sleep(1)
-
     def run_mode(self, mode: str) -> dict:
         self.expected = Counter()
         agent = self.start_agent_in(mode)
@@ -164,17 +139,16 @@ class Churn(Node):
         try:
             oneshot = self.oneshot(mode)
             restart = self.restart(mode)
-            prom = self.settle_exact()
+            prom = self.settle(dict(self.expected))
             self.mark(f"{mode}: settled")
         finally:
-            agent.terminate()
-            agent.wait(timeout=60)
+            agent.stop(timeout=60)
         return {
             "oneshot": oneshot,
             "restart": restart,
             "expected": [{"labels": list(k), "value": v} for k, v in self.expected.items()],
             "scrape": prom,
-            "agent_log": read_log(self.out / f"agent-{mode}.log"),
+            "agent_log": agent.log(),
         }
 
     def run(self) -> dict:

@@ -5,7 +5,7 @@ kubenpu {
   // Any key of the Helm chart's values.yaml, with the same meaning and default.
   _config+:: {
     // Push to the Collector of deploy/otel, which runs in the same namespace.
-    config+: { export+: { otlp+: { enabled: true } } },
+    config: { export: { otlp: { enabled: true } } },
     priorityClassName: 'system-node-critical',
   },
 }
