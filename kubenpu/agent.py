@@ -468,8 +468,10 @@ def build(cfg: config.Config, debug: bool = False, trace: bool = False) -> Agent
         ringbuf_pages=cfg.probe.ringbuf_pages,
         debug=debug,
     )
+    # A new cgroup is indexed on the polling thread at once: it may be gone by the next flush.
+    probe = Probe(kernel, tally, on_birth=lambda born: resolver.cgroup_born(*born))
     return Agent(
-        probe=Probe(kernel, tally),
+        probe=probe,
         tally=tally,
         attributor=Attributor(
             devices,
