@@ -169,6 +169,19 @@ def test_born_under_an_unknown_parent_walks_once(root: Path, tmp_path: Path) -> 
     assert index.rebuilds == 3  # a miss of its own
 
 
+def test_born_cgroup_not_visible_yet_is_looked_for_again(root: Path, tmp_path: Path) -> None:
+    # cgroup_mkdir fires before kernfs_activate(): the birth may come before the directory shows.
+    index = CgroupIndex(str(root))
+    index.path(ino(root))
+    (tmp_path / "hidden").mkdir()
+    new = ino(tmp_path / "hidden")
+    index.cgroup_born(new, ino(root / "system.slice"))  # not in its parent's directory yet
+    (tmp_path / "hidden").rename(root / "system.slice" / "late.scope")  # now visible
+    born(index, root, "system.slice/next.scope")  # the next birth looks again
+    (root / "system.slice" / "late.scope").rename(tmp_path / "gone")  # removed at once
+    assert index.path(new) == "system.slice/late.scope"
+
+
 def test_born_cgroup_that_is_gone_survives_a_walk(root: Path, tmp_path: Path) -> None:
     index = CgroupIndex(str(root))
     index.path(ino(root))
