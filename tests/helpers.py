@@ -49,14 +49,11 @@ def otlp_counts(points: list[dict]) -> dict[tuple, float]:
 
 def script_output(name: str, timeout: float = 900) -> str:
     """Run scripts/<name>; its last output line (a bounded time: a download may be slow)."""
-    out = subprocess.run(
-        ["bash", str(ROOT / "scripts" / name)],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
+    proc = subprocess.run(
+        ["bash", str(ROOT / "scripts" / name)], capture_output=True, text=True, timeout=timeout
     )
-    return out.stdout.strip().splitlines()[-1]
+    assert proc.returncode == 0, f"scripts/{name} failed:\n{proc.stderr}"
+    return proc.stdout.strip().splitlines()[-1]
 
 
 # --- Helm: the chart rendered by real helm (fetched by scripts/k8s-tools.sh); used by the deploy
@@ -195,7 +192,7 @@ def calls(m: Metrics, ns: str, pod: str, c: str, n: int = 1, kind: str = "submit
 @functools.cache
 def receiver_tools() -> Path:
     """The directory holding prometheus, promtool and victoria-metrics (fetched once)."""
-    return Path(script_output("tools.sh"))
+    return dashboards.tools()
 
 
 @dataclass
