@@ -5,6 +5,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from fakes import Clock
 
 from kubenpu.resolve.cgroups import CgroupIndex
 
@@ -127,14 +128,6 @@ def test_other_file_systems_are_skipped(root: Path) -> None:
         subprocess.run(["umount", str(mnt)], check=True)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def born(index: CgroupIndex, root: Path, rel: str) -> int:
     """mkdir as the runtime does, and report it as the kernel would."""
     (root / rel).mkdir()
@@ -194,7 +187,7 @@ def test_born_cgroup_that_is_gone_survives_a_walk(root: Path, tmp_path: Path) ->
 
 def test_gone_born_cgroups_nobody_asked_about_are_pruned(root: Path, tmp_path: Path) -> None:
     """Most new cgroups never call a GPU driver: the index must not keep them all."""
-    clock = Clock()
+    clock = Clock(0.0)
     index = CgroupIndex(str(root), clock=clock)
     index.path(ino(root))
     away = tmp_path / "away"
