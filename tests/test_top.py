@@ -702,6 +702,7 @@ def test_live_view_of_a_real_agents_recording(serve, terminal, width, height):
     term.press("p")  # by pod name
     lines = term.wait_for(lambda ls: "sort pod ascending" in ls[-1])
     by_pod = sorted(sorted(step), key=lambda k: k[1])  # equal pods: by their labels
+    assert by_pod != want  # the key press changes the order
     assert [shown_key(r) for r in table_rows(lines)[1]] == [k[:4] for k in by_pod]
     term.press("q")
     term.wait_for(lambda _: term.dead())
