@@ -82,7 +82,7 @@ inputs_hash() {
   local srcs
   mapfile -t srcs < <(awk '$1 == "COPY" { for (i = 2; i < NF; i++) print $i }' "$repo/Dockerfile")
   {
-    cat "$repo/Dockerfile" "$repo/.dockerignore" "$0"
+    cat "$repo/Dockerfile" "$repo/.dockerignore" "${BASH_SOURCE[0]}"
     bh inspect --type image --format '{{.FromImageID}}' "$BASE"
     (cd "$repo" && find "${srcs[@]}" -type f ! -name '*.pyc' -print0 | sort -z | xargs -0 sha256sum)
   } | sha256sum | cut -c1-16
