@@ -7,36 +7,48 @@ Every figure comes from one boot, measured side by side: tight loops of counted 
 static C `drmcall` (no agent, then the agent in each probe mode), the agent's CPU from
 /proc/PID/stat at paced rates, counted + dropped against issued after every burst, the time from
 start to the first metric and the agent's RSS with 1,000 pods' worth of kubelet-style cgroups.
-It plays kubelet and the runtime as tests/vm/e2e_guest.py does, and reuses its pieces.
+It plays kubelet and the runtime as tests/vm/e2e_guest.py does, with the same guest helpers
+(tests/vm/guestlib.py).
 bench/report.py turns the JSON into the table.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "vm"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from cri_server import CriTestServer
-from e2e_guest import CREATE_DUMB, METRICS_URL, MODES, PY, read_log, systemd_cgroup
-from prometheus_client.parser import text_string_to_metric_families
+from guestlib import (
+    ATTACH_TIMEOUT,
+    CREATE_DUMB,
+    DRMCALL,
+    MODES,
+    PROMETHEUS,
+    Agent,
+    Call,
+    add_container,
+    by_reason,
+    device_node,
+    drmcall_argv,
+    reports,
+    scrape,
+    systemd_cgroup,
+)
 
 from kubenpu.discovery import discover
 
-DRMCALL = "/usr/local/bin/drmcall"
 CRI_SOCKET = "/run/kubenpu-bench-cri.sock"
-ATTACH_TIMEOUT = 300
 SETTLE_TIMEOUT = 180
 # No change in counted + dropped for this long: the agent will not account for more. Long,
 # because the agent resolves every new pod (a CRI request each) before it counts their calls.
@@ -69,19 +81,12 @@ LOADER = pod(PODS + 1, "bench", "loader")  # runs every drmcall loop; pods are 1
 
 
 def vgem_card() -> str:
-    vgem = next(d for d in discover("/") if d.vendor == "vgem")
-    return next(n.path for n in vgem.nodes if n.name.startswith("card"))
+    return device_node(next(d for d in discover("/") if d.vendor == "vgem"), "card")
 
 
-def enter(cgroup: Path, cpu: int | None = None):
-    """A preexec_fn that moves the child into `cgroup` (and pins it to `cpu`) before exec."""
-
-    def move() -> None:
-        (cgroup / "cgroup.procs").write_text(str(os.getpid()))
-        if cpu is not None:
-            os.sched_setaffinity(0, {cpu})
-
-    return move
+def pin(cpu: int) -> Callable[[], None]:
+    """A preexec_fn that pins the child to `cpu` before exec."""
+    return lambda: os.sched_setaffinity(0, {cpu})
 
 
 def drmcall(
@@ -89,16 +94,12 @@ def drmcall(
 ) -> tuple[int, float]:
     """`procs` concurrent drmcall loops of `count` counted calls each, one per CPU.
     Returns (calls issued, seconds of the slowest loop)."""
-    nr, size = CREATE_DUMB  # core ioctl, kind alloc: counted on every DRM device
-    args = [DRMCALL, *(["--rate", str(rate / procs)] if rate else [])]
-    args += [card, str(nr), str(size), str(count)]
+    calls = [Call.drm(card, CREATE_DUMB, count)]  # core ioctl, kind alloc: counted everywhere
+    argv = drmcall_argv(calls, cgroup, rate / procs)
     ncpu = os.cpu_count() or 1
     running = [
         subprocess.Popen(
-            args,
-            stdout=subprocess.PIPE,
-            text=True,
-            preexec_fn=enter(cgroup, i % ncpu if procs > 1 else None),
+            argv, stdout=subprocess.PIPE, text=True, preexec_fn=pin(i % ncpu) if procs > 1 else None
         )
         for i in range(procs)
     ]
@@ -107,7 +108,7 @@ def drmcall(
         out, _ = p.communicate()
         if p.returncode != 0:
             raise SystemExit(f"drmcall failed ({p.returncode})")
-        step = json.loads(out.splitlines()[-1])
+        (step,) = reports(out, calls)
         issued += step["calls"]
         seconds = max(seconds, step["seconds"])
     return issued, seconds
@@ -118,7 +119,7 @@ def make_pods(cri: CriTestServer, n: int) -> list[Path]:
     cgroups = []
     for i in range(n):
         p = pod(i + 1, "bench-pods", f"pod-{i + 1}")
-        cri.add_container(p["id"], p["namespace"], p["pod"], p["container"], pod_uid=p["pod_uid"])
+        add_container(cri, p)
         cg = systemd_cgroup(p)
         cg.mkdir(parents=True, exist_ok=True)
         cgroups.append(cg)
@@ -126,101 +127,61 @@ def make_pods(cri: CriTestServer, n: int) -> list[Path]:
 
 
 def tour(card: str, cgroups: list[Path], calls: int) -> int:
-    """One process visits every cgroup and makes `calls` counted calls in each (a process per
+    """One drmcall visits every cgroup and makes `calls` counted calls in each (a process per
     pod would cost ~0.1 s of exec each under TCG). Returns the calls issued."""
-    plan = Path("/tmp/tour.json")
-    plan.write_text(json.dumps({"card": card, "cgroups": [str(c) for c in cgroups]}))
-    subprocess.run([PY, __file__, "--tour", str(plan), str(calls)], check=True)
-    return len(cgroups) * calls
-
-
-def tour_main(plan_file: str, calls: int) -> int:
-    import fcntl
-
-    plan = json.loads(Path(plan_file).read_text())
-    nr, size = CREATE_DUMB
-    cmd = (3 << 30) | (size << 16) | (ord("d") << 8) | nr  # DRM_IOWR(nr, size)
-    fd = os.open(plan["card"], os.O_RDWR)
-    for cgroup in plan["cgroups"]:
-        Path(cgroup, "cgroup.procs").write_text(str(os.getpid()))
-        for _ in range(calls):
-            # Rejected by the driver or not, the call passed drm_ioctl's entry: it counts.
-            with contextlib.suppress(OSError):
-                fcntl.ioctl(fd, cmd, bytearray(size))
-    return 0
+    call = Call.drm(card, CREATE_DUMB, calls)
+    argv = [DRMCALL]
+    for cgroup in cgroups:
+        argv += ["--cgroup", str(cgroup), *call.args()]
+    out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+    return sum(step["calls"] for step in reports(out, [call] * len(cgroups)))
 
 
 # --- the agent ---------------------------------------------------------------------------------
 
 
-class Agent:
-    """One agent process with Prometheus export only (no OTLP push in the measured CPU)."""
+class Measured(Agent):
+    """One agent process with Prometheus export only (no OTLP push in the measured CPU), and
+    its CPU and memory."""
 
     def __init__(self, out: Path, mode: str) -> None:
         self.mode = mode
-        self.log = out / f"agent-{mode}.log"
-        cfg = out / f"agent-{mode}.yaml"
-        cfg.write_text(
-            json.dumps(
-                {
-                    "probe": {"mode": mode},
-                    # The CRI test server shares the guest's emulated CPUs with the agent and
-                    # the load: give it longer than a real runtime needs.
-                    "attribution": {
-                        "cri": {"endpoint": f"unix://{CRI_SOCKET}", "timeout_seconds": 15}
-                    },
-                    "export": {
-                        "prometheus": {"enabled": True, "host": "127.0.0.1", "port": 8080},
-                        "otlp": {"enabled": False},
-                    },
-                }
-            )
-        )
-        self.started = time.monotonic()
-        with open(self.log, "w") as log:
-            self.proc = subprocess.Popen(
-                [PY, "-m", "kubenpu.agent", "--config", str(cfg)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        while "attached to drm_ioctl" not in read_log(self.log):
-            if self.proc.poll() is not None or time.monotonic() - self.started > ATTACH_TIMEOUT:
-                raise SystemExit(f"agent did not attach; see {self.log}")
-            time.sleep(0.2)
-        self.attach_seconds = time.monotonic() - self.started
+        config = {
+            "probe": {"mode": mode},
+            # The CRI test server shares the guest's emulated CPUs with the agent and the load:
+            # give it longer than a real runtime needs.
+            "attribution": {"cri": {"endpoint": f"unix://{CRI_SOCKET}", "timeout_seconds": 15}},
+            "export": {"prometheus": PROMETHEUS, "otlp": {"enabled": False}},
+        }
+        super().__init__(out, config, name=f"agent-{mode}")
+        self.attach()
 
     def cpu_seconds(self) -> float:
         """utime + stime of all the agent's threads."""
-        stat = Path(f"/proc/{self.proc.pid}/stat").read_text()
+        stat = Path(f"/proc/{self.pid}/stat").read_text()
         fields = stat.rsplit(")", 1)[1].split()  # the name may hold spaces
         return (int(fields[11]) + int(fields[12])) / TICK
 
     def rss_mib(self) -> float:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
         raise SystemExit("no VmRSS for the agent")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=60)
 
 
 class Scrape:
     """What /metrics says: calls counted per namespace, drops per reason, ioctl series."""
 
     def __init__(self) -> None:
-        text = urllib.request.urlopen(METRICS_URL, timeout=30).read().decode()
+        samples = scrape(timeout=30)
+        ioctls = samples.get("kubenpu_ioctl_total", [])
         self.counted: Counter[str] = Counter()
-        self.dropped: Counter[str] = Counter()
-        self.series = 0
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                if s.name == "kubenpu_ioctl_total":
-                    self.counted[s.labels.get("namespace", "")] += int(s.value)
-                    self.series += 1
-                elif s.name == "kubenpu_events_dropped_total":
-                    self.dropped[s.labels["reason"]] += int(s.value)
+        for s in ioctls:
+            self.counted[s["labels"].get("namespace", "")] += int(s["value"])
+        self.dropped = Counter(
+            {r: int(n) for r, n in by_reason(samples, "kubenpu_events_dropped_total").items()}
+        )
+        self.series = len(ioctls)
 
     def seen(self) -> int:
         """Every call accounted for: counted or reported dropped."""
@@ -272,10 +233,7 @@ class Bench:
         self.loader.mkdir(parents=True, exist_ok=True)
         self.cri = CriTestServer()
         self.cri.start(CRI_SOCKET)
-        self.cri.add_container(
-            LOADER["id"], LOADER["namespace"], LOADER["pod"], LOADER["container"],
-            pod_uid=LOADER["pod_uid"],
-        )  # fmt: skip
+        add_container(self.cri, LOADER)
 
     def loops(self, count: int) -> list[float]:
         """REPEATS tight loops; ns per call of each."""
@@ -290,7 +248,7 @@ class Bench:
         rate = n / s
         return max(20_000, int(rate * LOOP_SECONDS)), rate
 
-    def windows(self, agent: Agent, ledger: Ledger, rates: list[float], top: int) -> list[dict]:
+    def windows(self, agent: Measured, ledger: Ledger, rates: list[float], top: int) -> list[dict]:
         """Paced windows at each rate, then an unpaced one on every CPU (`top` calls per CPU):
         the agent's CPU over each window, including the time it takes to catch up."""
         records = []
@@ -315,13 +273,13 @@ class Bench:
             print(f"  window {rec}", flush=True)
         return records
 
-    def idle_cpu(self, agent: Agent) -> float:
+    def idle_cpu(self, agent: Measured) -> float:
         """The agent's CPU per second with no calls at all (its timers and map reads)."""
         cpu0, t0 = agent.cpu_seconds(), time.monotonic()
         time.sleep(IDLE_SECONDS)
         return round((agent.cpu_seconds() - cpu0) / (time.monotonic() - t0), 4)
 
-    def first_metric(self, agent: Agent) -> float:
+    def first_metric(self, agent: Measured) -> float:
         """Seconds from the agent's start until /metrics shows a call made right after attach."""
         self.burst(10)
         while not Scrape().counted:
@@ -332,7 +290,7 @@ class Bench:
 
     def mode(self, mode: str, loop: int, rates: list[float], top: int, pods: list[Path]) -> dict:
         print(f"== {mode}: starting the agent", flush=True)
-        agent = Agent(self.out, mode)
+        agent = Measured(self.out, mode)
         try:
             first = self.first_metric(agent)
             ledger = Ledger()
@@ -352,7 +310,7 @@ class Bench:
             res["idle_cpu_per_second_pods"] = self.idle_cpu(agent)
             res["rss_mib_steady"] = round(agent.rss_mib(), 1)
         finally:
-            agent.stop()
+            agent.stop(timeout=60)
         print(f"  {mode} done: {json.dumps(res)}", flush=True)
         return res
 
@@ -384,14 +342,14 @@ class Bench:
         found = {}
         ncpu = os.cpu_count() or 1
         for mode in MODES:
-            agent = Agent(self.out, mode)
+            agent = Measured(self.out, mode)
             try:
                 self.first_metric(agent)
                 ledger = Ledger()
                 issued, _ = self.burst(CHECK_CALLS, procs=ncpu)
                 found[mode] = ledger.settle(issued)
             finally:
-                agent.stop()
+                agent.stop(timeout=60)
             print(f"check {mode}: {found[mode]} exact={exact(found[mode])}", flush=True)
         return {"kernel": os.uname().release, "modes": found}
 
@@ -400,10 +358,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", nargs="?", default="/out")
     parser.add_argument("--check", action="store_true", help="only the exactness bursts")
-    parser.add_argument("--tour", nargs=2, metavar=("PLAN", "CALLS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.tour:
-        return tour_main(args.tour[0], int(args.tour[1]))
     out = Path(args.out)
     bench = Bench(out)
     try:

@@ -25,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from cri_server import CriTestServer
+from helpers import resolved
 
 from kubenpu.agent import Attributor
 from kubenpu.discovery import Device, Node
@@ -77,7 +78,7 @@ class Setup:
         """A fresh agent path whose resolver has already seen every pod (steady state)."""
         resolver = Resolver(str(self.root / "cgroup"), f"unix://{self.root / 'cri.sock'}")
         for cgroup_id in self.cgroup_ids:
-            resolver.resolve(cgroup_id)
+            resolved(resolver, cgroup_id)
         return Attributor([self.device], resolver, Metrics("node", 300, 100_000))
 
     def keys(self, pods: int) -> list[Key]:
@@ -140,7 +141,7 @@ def aggregate_per_key(setup: Setup) -> float:
         total += 1
         cumulative = dict.fromkeys(keys, total)  # what Probe.read_counts() would return
         t0 = time.perf_counter_ns()
-        deltas.feed(cumulative, tally)
+        tally.add_counts(deltas.step(cumulative))
         attributor.flush(tally.drain())
         return time.perf_counter_ns() - t0, len(keys)
 

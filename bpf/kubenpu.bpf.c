@@ -3,14 +3,13 @@
  * KubeNPU kernel side (BCC dialect).
  *
  * fentry on drm_ioctl, the entry point every DRM and accel driver's ioctls pass through.
- * The kernel keeps only calls on known devices whose ioctl nr is in that vendor's table,
- * and sends one small event per kept call to the ring buffer.
+ * The kernel keeps only calls on known devices whose ioctl nr is in that vendor's table.
  *
- * Two modes, chosen at compile time:
- * - per-event (default): every kept call is one ring-buffer record;
- * - KUBENPU_AGGREGATE: calls are counted in a per-CPU hash keyed by {cgroup, device, kind}, and
- *   the ring buffer carries only the first call of each key, so user space can resolve a new
- *   cgroup at once while reading the counts on its own schedule.
+ * Two probe modes (`probe.mode`), chosen at compile time:
+ * - KUBENPU_AGGREGATE (the default, `aggregate`): calls are counted in a per-CPU hash keyed by
+ *   {cgroup, device, kind}, and the ring buffer carries only the first call of each key, so user
+ *   space can resolve a new cgroup at once while reading the counts on its own schedule;
+ * - without it (`events`): every kept call is one ring-buffer record.
  *
  * Python substitutes these before compiling:
  *   KUBENPU_ATTACH  the probe's header line (MODULE_KFUNC_PROBE, KFUNC_PROBE or a kprobe)
@@ -46,16 +45,19 @@ BPF_HASH(devices, u32, u32, 256);
 /* {vendor id, nr} -> kind (1 submit, 2 alloc, 3 wait) */
 BPF_HASH(ioctls, struct ioctl_key, u32, 4096);
 BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
-/* calls lost, by reason: [0] the ring buffer had no room, [1] the counts map was full.
- * [2] counts first sightings the ring buffer had no room for (aggregate mode): no call is lost,
- * the new cgroup is only resolved at the next map read instead of at once. */
+/* What went wrong, by index; user space reads the slots in this order (kubenpu/events.py
+ * KERNEL_LOST) and reports increments:
+ * [0] ringbuf_full: events mode, the ring buffer had no room: a call is lost;
+ * [1] map_full: aggregate mode, the counts map had no room for a new key: a call is lost;
+ * [2] late_sighting: aggregate mode, no room to announce a new key: no call is lost, the new
+ *     cgroup is only resolved at the next map read instead of at once (a self-metric). */
 BPF_PERCPU_ARRAY(lost, u64, 3);
 #define LOST_RINGBUF_FULL 0
 #define LOST_MAP_FULL 1
-#define LOST_SIGHTING 2
+#define LOST_LATE_SIGHTING 2
 
 #ifdef KUBENPU_AGGREGATE
-#define RINGBUF_FAILURE LOST_SIGHTING
+#define RINGBUF_FAILURE LOST_LATE_SIGHTING
 #else
 #define RINGBUF_FAILURE LOST_RINGBUF_FULL
 #endif

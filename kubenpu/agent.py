@@ -1,24 +1,41 @@
-"""kubenpu-agent: discover devices, attach the probe, attribute calls to pods, export counts."""
+"""kubenpu-agent: discover devices, attach the probe, attribute calls to pods, export counts.
+
+Two workers: the `poll` thread moves ring-buffer records into the Tally; the `attribution` thread
+reads the kernel's counters, attributes the Tally's counts to pods and reaps dead cgroups. No
+exception stops either: each iteration is guarded, and Health reports a worker that died anyway.
+"""
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import logging
 import signal
 import sys
 import threading
 import time
-from collections.abc import Iterable
-from typing import TextIO
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Protocol, TextIO
 
-from kubenpu import __version__, config, export
+from kubenpu import __version__
 from kubenpu.discovery import Device, discover
-from kubenpu.events import Batch, Deltas, Key, Tally
-from kubenpu.metrics import DeviceRow, Metrics
-from kubenpu.probe import Probe, ProbeError
-from kubenpu.resolve import Resolver
+from kubenpu.events import Batch, Drop, Key, Tally
+from kubenpu.probe import BccKernel, Probe, ProbeError
 from kubenpu.vendors import Kind, by_name, core
+
+try:  # `pip install kubenpu` (kubenpuctl only) lacks these: main() says so in one line
+    from kubenpu import config, export
+    from kubenpu.metrics import DeviceRow, Metrics
+    from kubenpu.resolve import Attribution, Resolver, Unattributed
+except ModuleNotFoundError as exc:
+    if (exc.name or "").startswith("kubenpu"):
+        raise
+    _MISSING_EXTRAS: ModuleNotFoundError | None = exc
+else:
+    _MISSING_EXTRAS = None
 
 log = logging.getLogger("kubenpu")
 
@@ -28,6 +45,10 @@ _FLUSH_SECONDS = 0.5  # first sightings and per-event tallies: new pods resolved
 # not with the call rate, and scrapes and pushes (15 s by default) see counts at most this old.
 _READ_SECONDS = 5.0
 _REAP_SECONDS = 5.0
+# Liveness fails when the kernel's counters were last read longer ago than this many reads.
+_STALE_READS = 3
+_PENDING_SECONDS = 120.0  # MERGE: cfg.attribution.pending_seconds (contract C) once it exists
+_MAX_PENDING_KEYS = 10000  # keys held for pods the CRI cannot name yet
 
 
 def select_devices(devices: Iterable[Device], ignore: Iterable[str]) -> list[Device]:
@@ -66,39 +87,88 @@ def _numa(dev: Device) -> str:
     return "" if dev.numa_node is None else str(dev.numa_node)
 
 
+class Resolve(Protocol):
+    """What the Attributor needs of kubenpu.resolve.Resolver (contract A)."""
+
+    def resolve(self, cgroup_id: int) -> Attribution | None: ...
+
+    def settle(self, cgroup_id: int) -> Attribution: ...
+
+    def alive(self, cgroup_id: int) -> bool: ...
+
+    def forget(self, cgroup_id: int) -> None: ...
+
+
+@dataclass
+class _Held:
+    """Counts of a cgroup whose pod the resolver cannot name yet."""
+
+    since: float
+    counts: Counter[Key] = field(default_factory=Counter)
+
+
 class Attributor:
-    """Turns (cgroup id, device, kind) tallies into labelled counts, off the polling thread."""
+    """Turns (cgroup id, device, kind) tallies into labelled counts, off the polling thread.
+
+    While the resolver answers None (a CRI lookup in flight, or failing and retried), a cgroup's
+    counts are held and retried at every flush; after `pending_seconds` they are counted with the
+    resolver's settled answer. At most `max_pending` keys are held; calls beyond that are counted
+    unattributed at once, with reason pending_full.
+    """
 
     def __init__(
         self,
         devices: list[Device],
-        resolver: Resolver,
+        resolver: Resolve,
         metrics: Metrics,
         trace: TextIO | None = None,
+        *,
+        pending_seconds: float = _PENDING_SECONDS,
+        max_pending: int = _MAX_PENDING_KEYS,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._by_node = {(n.major, n.minor): d for d in devices for n in d.nodes}
         self._resolver = resolver
         self._metrics = metrics
         self._trace = trace
+        self._pending_seconds = pending_seconds
+        self._max_pending = max_pending
+        self._clock = clock
         self._seen: dict[int, set[Key]] = {}  # cgroup id -> its keys, until the cgroup is gone
+        self._pending: dict[int, _Held] = {}
+        self._held_keys = 0
 
     def flush(self, batch: Batch) -> None:
+        """Count a batch; the counts it did not get to (an exception) stay in `batch.counts`."""
         # A first sighting is resolved at once, while a short-lived container still exists.
         for cgroup_id in batch.sighted:
             self._resolver.resolve(cgroup_id)
         if batch.received:
             self._metrics.events_received(batch.received)
-        if batch.overflow:
-            self._metrics.dropped("queue_full", batch.overflow)
-        for key, n in batch.counts.items():
-            self._count(key, n)
+        for reason, n in batch.dropped.items():
+            self._metrics.dropped(reason, n)
+        if batch.late_sightings:
+            self._metrics.late_sightings(batch.late_sightings)
+        counts = batch.counts
+        while counts:  # popped as counted: a caller can put back what an exception left
+            key, n = counts.popitem()
+            try:
+                self._count(key, n)
+            except Exception:
+                counts[key] = n
+                raise
+        self._retry_pending()
         if self._trace:
             self._print_trace(batch)
+
+    def pending(self) -> int:
+        """Keys held for a pod the resolver cannot name yet."""
+        return self._held_keys
 
     def _print_trace(self, batch: Batch) -> None:
         for ev in batch.events:
             dev = self._by_node.get((ev.major, ev.minor))
-            who = self._resolver.resolve(ev.cgroup_id)
+            who = self._resolver.resolve(ev.cgroup_id) or Attribution()  # pending: no labels yet
             line = {
                 "ts_ns": ev.ts_ns,
                 "tgid": ev.tgid,
@@ -119,10 +189,26 @@ class Attributor:
     def _count(self, key: Key, n: int) -> None:
         dev = self._by_node.get((key.major, key.minor))
         if dev is None:
-            self._metrics.dropped("device_unknown", n)
+            self._metrics.dropped(Drop.DEVICE_UNKNOWN, n)
             return
-        who = self._resolver.resolve(key.cgroup_id)
         self._seen.setdefault(key.cgroup_id, set()).add(key)
+        held = self._pending.get(key.cgroup_id)
+        who = None if held else self._resolver.resolve(key.cgroup_id)
+        if who is not None:
+            self._add(who, key, n, dev)
+        elif held is not None and key in held.counts:
+            held.counts[key] += n
+        elif self._held_keys < self._max_pending:
+            if held is None:
+                held = self._pending[key.cgroup_id] = _Held(self._clock())
+            held.counts[key] = n
+            self._held_keys += 1
+        else:
+            self._metrics.unattributed(Unattributed.PENDING_FULL, n)
+            self._add(Attribution(), key, n)
+
+    def _add(self, who: Attribution, key: Key, n: int, dev: Device | None = None) -> None:
+        dev = dev or self._by_node[(key.major, key.minor)]
         if who.reason:
             self._metrics.unattributed(who.reason, n)
         self._metrics.add_calls(
@@ -135,118 +221,283 @@ class Attributor:
             n=n,
         )
 
+    def _retry_pending(self, settle: bool = False) -> None:
+        now = self._clock()
+        for cgroup_id, held in list(self._pending.items()):
+            who = self._resolver.resolve(cgroup_id)
+            expired = who is None and (settle or now - held.since >= self._pending_seconds)
+            if who is None and not expired:
+                continue
+            if expired:
+                who = self._resolver.settle(cgroup_id)
+                self._metrics.pending_expired(sum(held.counts.values()))
+            del self._pending[cgroup_id]
+            self._held_keys -= len(held.counts)
+            for key, n in held.counts.items():
+                self._add(who, key, n)
+
+    def settle_all(self) -> None:
+        """Count every held call now, with the best answer there is (before exit)."""
+        self._retry_pending(settle=True)
+
     def dead_cgroups(self) -> list[int]:
-        """Cgroups seen here whose directory is gone."""
-        return [c for c in self._seen if not self._resolver.alive(c)]
+        """Cgroups seen here whose directory is gone and whose counts are not held."""
+        return [c for c in self._seen if c not in self._pending and not self._resolver.alive(c)]
 
     def forget(self, cgroup_ids: list[int]) -> list[Key]:
         """Retire dead cgroups' containers and forget them; returns their keys."""
         keys: list[Key] = []
         for cgroup_id in cgroup_ids:
             who = self._resolver.resolve(cgroup_id)
-            if who.pod:
+            if who is not None and who.pod:
                 self._metrics.container_gone(who.namespace, who.pod, who.container)
             self._resolver.forget(cgroup_id)
             keys.extend(self._seen.pop(cgroup_id))
         return keys
 
 
+class Health:
+    """Liveness and readiness for /healthz and /readyz (contract B)."""
+
+    def __init__(self, stale_after: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._stale_after = stale_after
+        self._clock = clock
+        self._workers: list[threading.Thread] = []
+        self._attached = False
+        self._last_read: float | None = None
+
+    def watch(self, worker: threading.Thread) -> None:
+        self._workers.append(worker)
+
+    def attached(self) -> None:
+        self._attached = True
+
+    def kernel_read(self) -> None:
+        self._last_read = self._clock()
+
+    def live(self) -> tuple[bool, str]:
+        dead = [w.name for w in self._workers if not w.is_alive()]
+        if dead:
+            return False, f"worker thread stopped: {', '.join(dead)}"
+        if self._last_read is not None:
+            age = self._clock() - self._last_read
+            if age > self._stale_after:
+                return False, f"kernel counters last read {age:.0f} s ago"
+        return True, "ok"
+
+    def ready(self) -> tuple[bool, str]:
+        if not self._attached:
+            return False, "probe not attached yet"
+        if self._last_read is None:
+            return False, "kernel counters not read yet"
+        return True, "ok"
+
+
+class _Streak:
+    """Logs the first failure of a streak and the recovery, not every repeat."""
+
+    def __init__(self, what: str) -> None:
+        self._what = what
+        self._failures = 0
+
+    def failed(self, exc: BaseException) -> None:
+        self._failures += 1
+        if self._failures == 1:
+            log.error("%s failed (retrying): %s: %s", self._what, type(exc).__name__, exc)
+
+    def ok(self) -> None:
+        if self._failures:
+            log.info("%s works again after %d failure(s)", self._what, self._failures)
+            self._failures = 0
+
+
+class Telemetry(Protocol):
+    def shutdown(self) -> None: ...
+
+
 class Agent:
     """The running agent: one thread polls the kernel, another attributes and counts."""
 
-    def __init__(self, cfg: config.Config, debug: bool = False, trace: bool = False) -> None:
-        self.cfg = cfg
-        self.devices = select_devices(discover(cfg.discovery.root), cfg.discovery.ignore_devices)
-        _log_tables(self.devices)
-        self.telemetry = export.start(cfg)
-        self.metrics = self.telemetry.metrics
-        self.metrics.set_devices(
-            DeviceRow(d.id, d.vendor or "", d.driver or "", d.pci_id or "", _numa(d))
-            for d in self.devices
-        )
-        cri = cfg.attribution.cri
-        self.resolver = Resolver(
-            cgroup_root=cfg.attribution.cgroup_root,
-            cri_endpoint=cri.endpoint,
-            cri_timeout=cri.timeout_seconds,
-            cri_retry_after=cri.retry_after_seconds,
-            on_rebuild=self.metrics.index_rebuilt,
-            on_cri_request=self.metrics.cri_request,
-        )
-        self.aggregate = cfg.probe.mode == "aggregate"
-        self.tally = Tally(cfg.probe.queue_size, keep_events=trace)
-        self.deltas = Deltas()
-        self.probe = Probe(
-            self.devices,
-            mode=cfg.probe.mode,
-            attach=cfg.probe.attach,
-            ringbuf_pages=cfg.probe.ringbuf_pages,
-            debug=debug,
-        )
-        self.attributor = Attributor(
-            self.devices, self.resolver, self.metrics, sys.stdout if trace else None
-        )
+    def __init__(
+        self,
+        *,
+        probe: Probe,
+        tally: Tally,
+        attributor: Attributor,
+        metrics: Metrics,
+        resolver: Resolver,
+        telemetry: Telemetry,
+        health: Health,
+        devices: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.probe = probe
+        self.tally = tally
+        self.attributor = attributor
+        self.metrics = metrics
+        self.resolver = resolver
+        self.telemetry = telemetry
+        self.health = health
+        self._devices = devices
+        self._clock = clock
         self.stop = threading.Event()
-        self._reported_drops: dict[str, int] = {}
+        self._last_counts = self._last_reap = -float("inf")
+        self._reads = _Streak("reading the kernel's counters")
+        self._steps = {"poll": _Streak("poll"), "attribution": _Streak("attribution")}
 
     def run(self) -> int:
-        log.info("container runtime: %s", self.resolver.runtime_version() or "unreachable")
-        on_event = self.tally.add_sighting if self.aggregate else self.tally.add_event
-        mode = self.probe.start(on_event)
-        log.info(
-            "attached to drm_ioctl (mode %s, %s); counting %d device(s)",
-            mode,
-            self.cfg.probe.mode,
-            len(self.devices),
-        )
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: self.stop.set())
-        worker = threading.Thread(target=self._attribute_loop, daemon=True)
-        worker.start()
-        while not self.stop.is_set():
-            self.probe.poll(_POLL_MS)
-        worker.join()
-        self._collect()  # the last calls before exit
-        self.probe.close()
-        self.telemetry.shutdown()
+        try:
+            log.info("container runtime: %s", self.resolver.runtime_version() or "unreachable")
+            self.attach()
+            workers = [
+                threading.Thread(target=self._poll_loop, name="poll", daemon=True),
+                threading.Thread(target=self._attribute_loop, name="attribution", daemon=True),
+            ]
+            for worker in workers:
+                self.health.watch(worker)
+                worker.start()
+            while not self.stop.wait(1.0):  # a timeout keeps signal handlers running promptly
+                pass
+            for worker in workers:
+                worker.join()
+            self._guarded("attribution", self._last_cycle)
+        finally:
+            self.probe.close()
+            self.resolver.close()
+            self.telemetry.shutdown()
         return 0
 
+    def attach(self) -> None:
+        """Load and attach the probe. Raises ProbeError."""
+        attach = self.probe.start()
+        self.health.attached()
+        log.info(
+            "attached to drm_ioctl via %s (probe.mode %s); counting %d device(s)",
+            attach,
+            self.probe.mode,
+            self._devices,
+        )
+
+    def _poll_loop(self) -> None:
+        while not self.stop.is_set():
+            if not self._guarded("poll", self.probe.poll, _POLL_MS):
+                self.stop.wait(_POLL_MS / 1000)  # a poll that fails at once must not spin
+
     def _attribute_loop(self) -> None:
-        last_read = last_reap = time.monotonic()
         while not self.stop.wait(_FLUSH_SECONDS):
-            now = time.monotonic()
-            read = self.aggregate and now - last_read >= _READ_SECONDS
-            self._collect(read_counts=read)
-            last_read = now if read else last_read
-            if now - last_reap >= _REAP_SECONDS:
-                self._reap()
-                last_reap = now
+            self._guarded("attribution", self.cycle)
+
+    def _guarded(self, worker: str, step: Callable[..., None], *args: int) -> bool:
+        try:
+            step(*args)
+        except Exception as exc:  # no exception may stop counting; it is logged instead
+            self._steps[worker].failed(exc)
+            return False
+        self._steps[worker].ok()
+        return True
+
+    def cycle(self) -> None:
+        """One attribution step: read the kernel (the counts map every _READ_SECONDS), count
+        what the Tally holds, and reap dead cgroups every _REAP_SECONDS."""
+        now = self._clock()
+        counts_due = now - self._last_counts >= _READ_SECONDS
+        if self._read(counts_due) and counts_due:
+            self._last_counts = now
+        self._flush()
+        if now - self._last_reap >= _REAP_SECONDS:
+            self._reap()
+            self._last_reap = now
+
+    def _last_cycle(self) -> None:
+        """The calls made since the last cycle, and every held one, before exit."""
+        self._read(counts=True)
+        self._flush()
+        self.attributor.settle_all()
+
+    def _read(self, counts: bool) -> bool:
+        try:
+            self.probe.read(counts)
+        except (ProbeError, OSError) as exc:
+            self.metrics.read_error()
+            self._reads.failed(exc)
+            return False
+        self._reads.ok()
+        self.health.kernel_read()
+        return True
 
     def _reap(self) -> None:
         dead = self.attributor.dead_cgroups()
-        if not dead:
-            return
         # A removed cgroup has no process left, so after this read its counts are final and
-        # forgetting it (here and in the kernel map) loses no call.
-        self._collect(read_counts=True)
-        gone = self.attributor.forget(dead)
-        if self.aggregate:
-            self.probe.forget_counts(gone)
-            self.deltas.forget(gone)
+        # forgetting it (here and in the kernel map) loses no call. No read, no forgetting.
+        if not dead or not self._read(counts=True):
+            return
+        self._flush()
+        self.probe.forget(self.attributor.forget(dead))
 
-    def _collect(self, read_counts: bool = True) -> None:
-        if self.aggregate and read_counts:
-            self.deltas.feed(self.probe.read_counts(), self.tally)
-        for reason, total in self.probe.kernel_drops().items():
-            new = total - self._reported_drops.get(reason, 0)
-            if new > 0:
-                self.metrics.dropped(reason, new)
-                self._reported_drops[reason] = total
-        self.attributor.flush(self.tally.drain())
+    def _flush(self) -> None:
+        batch = self.tally.drain()
+        try:
+            self.attributor.flush(batch)
+        finally:  # what an exception left uncounted is counted at the next flush
+            self.tally.put_back(batch.counts)
+
+
+def _start_export(cfg: config.Config, metrics: Metrics, health: Health):
+    """MERGE(contract B): becomes `export.start(cfg, metrics, health)` once it takes them; main's
+    export.start(cfg) still creates the Metrics itself, so the agent uses that one."""
+    if "health" in inspect.signature(export.start).parameters:
+        return export.start(cfg, metrics, health), metrics
+    telemetry = export.start(cfg)
+    return telemetry, telemetry.metrics
+
+
+def build(cfg: config.Config, debug: bool = False, trace: bool = False) -> Agent:
+    """The agent with its real collaborators: BCC, the CRI resolver, the exporters."""
+    devices = select_devices(discover(cfg.discovery.root), cfg.discovery.ignore_devices)
+    _log_tables(devices)
+    health = Health(_STALE_READS * _READ_SECONDS)
+    metrics = Metrics(cfg.node_name, cfg.metrics.series_ttl_seconds, cfg.metrics.max_series)
+    telemetry, metrics = _start_export(cfg, metrics, health)
+    metrics.set_devices(
+        DeviceRow(d.id, d.vendor or "", d.driver or "", d.pci_id or "", _numa(d)) for d in devices
+    )
+    cri = cfg.attribution.cri
+    resolver = Resolver(
+        cgroup_root=cfg.attribution.cgroup_root,
+        cri_endpoint=cri.endpoint,
+        cri_timeout=cri.timeout_seconds,
+        cri_retry_after=cri.retry_after_seconds,
+        on_rebuild=metrics.index_rebuilt,
+        on_cri_request=metrics.cri_request,
+    )
+    tally = Tally(cfg.probe.queue_size, keep_events=trace)
+    kernel = BccKernel(
+        devices,
+        mode=cfg.probe.mode,
+        attach=cfg.probe.attach,
+        ringbuf_pages=cfg.probe.ringbuf_pages,
+        debug=debug,
+    )
+    pending = getattr(cfg.attribution, "pending_seconds", _PENDING_SECONDS)  # MERGE: contract C
+    return Agent(
+        probe=Probe(kernel, tally),
+        tally=tally,
+        attributor=Attributor(
+            devices, resolver, metrics, sys.stdout if trace else None, pending_seconds=pending
+        ),
+        metrics=metrics,
+        resolver=resolver,
+        telemetry=telemetry,
+        health=health,
+        devices=len(devices),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="kubenpu-agent", description=__doc__)
+    if _MISSING_EXTRAS is not None:
+        print("kubenpu-agent needs the agent extras: pip install 'kubenpu[agent]'", file=sys.stderr)
+        return 2
+    parser = argparse.ArgumentParser(prog="kubenpu-agent", description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="/etc/kubenpu/config.yaml", help="YAML config file")
     parser.add_argument(
         "--check-config", metavar="FILE", help="validate FILE, print the effective config"
@@ -272,7 +523,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.trace:
             cfg.probe.mode = "events"
-        return Agent(cfg, args.debug, args.trace).run()
+        agent = build(cfg, args.debug, args.trace)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: agent.stop.set())
+        return agent.run()
     except (ProbeError, export.ExportError) as err:
         log.error("%s", err)
         return 2

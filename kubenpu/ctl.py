@@ -1,4 +1,4 @@
-"""kubenpuctl: show what the agent would count, from sysfs and the vendor plug-ins alone.
+"""kubenpuctl: show what the agent would count, from sysfs, /proc and the vendor plug-ins.
 
 Needs no privileges, no BCC and nothing outside the standard library, so that a plain
 `pip install kubenpu` gives a working command.
@@ -10,13 +10,16 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
 from kubenpu import __version__
+from kubenpu import top as kubenpu_top
 from kubenpu.discovery import Device, discover
+from kubenpu.fdinfo import Client, FdinfoReader
 from kubenpu.vendors import Vendor, all_vendors, by_name, core
 
 PROG = "kubenpuctl"
@@ -36,7 +39,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(format=f"{PROG}: warning: %(message)s", level=logging.WARNING)
     try:
         args = _parser().parse_args(argv)
-        print(args.run(args))
+        out = args.run(args)
+        if out is not None:  # the live `top` view prints nothing when it ends
+            print(out)
     except UsageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
@@ -62,11 +67,86 @@ def _parser() -> argparse.ArgumentParser:
     devices.add_argument("--output", "-o", choices=("table", "json"), default="table")
     devices.set_defaults(run=_devices)
 
+    clients = commands.add_parser("clients", help="list DRM clients and their usage from /proc")
+    clients.add_argument(
+        "--root", default="/", help="read DIR/proc and DIR/sys instead of /proc and /sys"
+    )
+    clients.add_argument("--output", "-o", choices=("table", "json"), default="table")
+    clients.set_defaults(run=_clients)
+
     ioctls = commands.add_parser("ioctls", help="list the ioctls that are counted")
     ioctls.add_argument("vendor", nargs="?", metavar="VENDOR", help="only this vendor (or drm)")
     ioctls.add_argument("--output", "-o", choices=("table", "tsv", "json"), default="table")
     ioctls.set_defaults(run=_ioctls)
+    _top_parser(commands)
     return parser
+
+
+def _top_parser(commands: argparse._SubParsersAction) -> None:
+    top = commands.add_parser("top", help="live call rates per pod, container and device")
+    source = top.add_mutually_exclusive_group()
+    source.add_argument(
+        "--url", default="http://localhost:8080/metrics", help="one agent's /metrics (default)"
+    )
+    source.add_argument(
+        "--prometheus", metavar="URL", help="a Prometheus query API: every node, with rate()"
+    )
+    top.add_argument(
+        "--window",
+        type=_seconds,
+        default=60.0,
+        metavar="SECONDS",
+        help="--prometheus: the rate() window (default 60)",
+    )
+    top.add_argument(
+        "--interval",
+        "-n",
+        type=_seconds,
+        default=2.0,
+        metavar="SECONDS",
+        help="seconds between reads (default 2)",
+    )
+    top.add_argument("--once", action="store_true", help="read twice, print one frame, exit")
+    top.add_argument(
+        "--output", "-o", choices=("table", "json"), default="table", help="json implies --once"
+    )
+    top.add_argument(
+        "--sort",
+        choices=tuple(kubenpu_top.SORTS),
+        default="total",
+        metavar="COLUMN",
+        help=f"sort by: {', '.join(kubenpu_top.SORTS)} (default total; keys in the view)",
+    )
+    top.set_defaults(run=_top)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0.1 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds in 0.1..3600")
+    return value
+
+
+def _top(args: argparse.Namespace) -> str | None:
+    source: kubenpu_top.Source = (
+        kubenpu_top.PrometheusSource(args.prometheus, args.window)
+        if args.prometheus
+        else kubenpu_top.ScrapeSource(args.url)
+    )
+    try:
+        if args.once or args.output == "json":
+            # A table for a person fits their terminal; for a pipe it is never cut.
+            width = shutil.get_terminal_size().columns if sys.stdout.isatty() else 10**6
+            return kubenpu_top.once(source, args.interval, args.output, args.sort, width)
+        if not sys.stdout.isatty():
+            raise UsageError("the live view needs a terminal; use --once for scripts")
+        kubenpu_top.live(source, args.interval, args.sort)
+    except kubenpu_top.TopError as e:
+        raise UsageError(str(e)) from None
+    return None
 
 
 def _devices(args: argparse.Namespace) -> str:
@@ -98,6 +178,73 @@ def _device_json(d: Device) -> dict[str, object]:
         "numa_node": d.numa_node,
         "paths": [n.path for n in d.nodes],
     }
+
+
+def _clients(args: argparse.Namespace) -> str:
+    root = Path(args.root)
+    if not (root / "proc").is_dir():
+        raise UsageError(f"{args.root}: no proc directory to read")
+    scan = FdinfoReader(discover(root), root).scan()
+    if scan.skipped:
+        counts = ", ".join(f"{reason} {n}" for reason, n in sorted(scan.skipped.items()))
+        logging.warning("skipped (see docs/fdinfo.md): %s", counts)
+    if args.output == "json":
+        return json.dumps([_client_json(c) for c in scan.clients], indent=2)
+    rows = [
+        [
+            c.device,
+            c.driver,
+            str(c.client_id),
+            ",".join(map(str, c.pids)),
+            _busy(c) or "-",
+            _memory(c) or "-",
+            c.cgroup or "-",  # last: the long column names the pod (kubepods path)
+        ]
+        for c in scan.clients
+    ]
+    return _table(["DEVICE", "DRIVER", "CLIENT", "PIDS", "BUSY", "MEMORY", "CGROUP"], rows)
+
+
+def _client_json(c: Client) -> dict[str, object]:
+    return {
+        "device": c.device,
+        "driver": c.driver,
+        "client_id": c.client_id,
+        "pids": c.pids,
+        "cgroup": c.cgroup,
+        "engines": c.engines,
+        "memory": c.memory,
+    }
+
+
+def _busy(c: Client) -> str:
+    """Busy time per engine, or busy/total cycles where the driver counts no time (xe)."""
+    cells = []
+    for name, e in c.engines.items():
+        if "busy_ns" in e:
+            cells.append(f"{name}={e['busy_ns'] / 1e9:.3f}s")
+        elif "cycles" in e:
+            total = e.get("total_cycles")
+            cells.append(f"{name}={e['cycles']}" + (f"/{total}cy" if total else "cy"))
+    return ",".join(cells)
+
+
+def _memory(c: Client) -> str:
+    """Resident bytes per region (total where the driver prints no resident), non-zero only."""
+    cells = []
+    for region, m in c.memory.items():
+        size = m.get("resident", m.get("total", 0))
+        if size:
+            cells.append(f"{region}={_bytes(size)}")
+    return ",".join(cells)
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:.4g}{unit}"
+        n /= 1024
+    return f"{n:.4g}GiB"
 
 
 def _ioctls(args: argparse.Namespace) -> str:

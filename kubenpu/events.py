@@ -1,7 +1,8 @@
 """Kernel events: the C `struct event` of bpf/kubenpu.bpf.c, decoded, and their aggregation.
 
-Only this module knows the struct layout. Events are folded at once into counts keyed by
-(cgroup id, device, kind), so everything downstream works per distinct key, not per call.
+Only this module knows the struct layout, the dev_t encoding and the index order of the BPF
+`lost` array. Events are folded at once into counts keyed by (cgroup id, device, kind), so
+everything downstream works per distinct key, not per call.
 """
 
 from __future__ import annotations
@@ -9,13 +10,49 @@ from __future__ import annotations
 import struct
 import threading
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from enum import StrEnum
+from typing import Generic, NamedTuple, TypeVar
+
+from kubenpu.vendors import Kind
 
 # u64 ts_ns, u64 cgroup_id, u32 tgid, u32 cmd, u32 major, u32 minor, u32 kind, u32 pad
 _EVENT = struct.Struct("<QQIIIIII")
 SIZE = _EVENT.size
+_KINDS = frozenset(Kind)
+_MINOR_BITS = 20  # the kernel-internal dev_t (MKDEV), not the 8/12-bit one of stat(2)
+
+
+def dev_t(major: int, minor: int) -> int:
+    """The kernel-internal dev_t, which keys the BPF `devices` and `counts` maps."""
+    return major << _MINOR_BITS | minor
+
+
+def split_dev_t(rdev: int) -> tuple[int, int]:
+    """(major, minor) of a kernel-internal dev_t."""
+    return rdev >> _MINOR_BITS, rdev & ((1 << _MINOR_BITS) - 1)
+
+
+class Drop(StrEnum):
+    """Why calls were lost (kubenpu_events_dropped_total{reason})."""
+
+    RINGBUF_FULL = "ringbuf_full"  # events mode: the kernel ring buffer had no room
+    MAP_FULL = "map_full"  # aggregate mode: the counts map had no room for a new key
+    QUEUE_FULL = "queue_full"  # a batch already held probe.queue_size distinct keys
+    DEVICE_UNKNOWN = "device_unknown"  # a call on a device the agent did not list
+    BAD_RECORD = "bad_record"  # a ring-buffer record that could not be decoded
+
+
+# What each slot of the BPF `lost` array counts, by index (LOST_* in bpf/kubenpu.bpf.c). Slot 2
+# loses no call: the ring buffer had no room for an aggregate-mode first sighting, so the new
+# cgroup is resolved at the next map read instead of at once.
+LATE_SIGHTING = "late_sighting"
+KERNEL_LOST = (Drop.RINGBUF_FULL, Drop.MAP_FULL, LATE_SIGHTING)
+
+
+class BadRecord(ValueError):
+    """A ring-buffer record that is not a `struct event` of a known kind."""
 
 
 class Event(NamedTuple):
@@ -35,8 +72,18 @@ class Key(NamedTuple):
     kind: int
 
 
+def _fields(data: bytes) -> tuple[int, ...]:
+    if len(data) < SIZE:
+        raise BadRecord(f"record of {len(data)} bytes, expected {SIZE}")
+    fields = _EVENT.unpack_from(data)
+    if fields[6] not in _KINDS:
+        raise BadRecord(f"unknown kind {fields[6]}")
+    return fields
+
+
 def decode(data: bytes) -> Event:
-    return Event(*_EVENT.unpack_from(data)[:7])
+    """Raises BadRecord for a record too short or of an unknown kind."""
+    return Event(*_fields(data)[:7])
 
 
 @dataclass
@@ -44,8 +91,9 @@ class Batch:
     """What a Tally collected since the last drain."""
 
     counts: Counter[Key] = field(default_factory=Counter)
-    overflow: int = 0  # calls whose key did not fit (the agent counts them as `queue_full`)
+    dropped: Counter[Drop] = field(default_factory=Counter)  # calls lost, by reason
     received: int = 0  # calls seen, counted or not
+    late_sightings: int = 0  # first sightings the kernel ring buffer had no room for
     sighted: set[int] = field(default_factory=set)  # cgroup ids announced by first sightings
     events: list[Event] = field(default_factory=list)  # kept only when tracing
     untraced: int = 0  # events not kept because the trace backlog was full
@@ -66,19 +114,46 @@ class Tally:
 
     def add(self, key: Key, n: int = 1) -> None:
         with self._lock:
-            batch = self._batch
-            batch.received += n
-            if key in batch.counts or len(batch.counts) < self._max_keys:
-                batch.counts[key] += n
-            else:
-                batch.overflow += n
+            self._add(key, n)
+
+    def add_counts(self, increments: Mapping[Key, int]) -> None:
+        with self._lock:
+            for key, n in increments.items():
+                self._add(key, n)
+
+    def _add(self, key: Key, n: int) -> None:  # caller holds the lock
+        batch = self._batch
+        batch.received += n
+        if key in batch.counts or len(batch.counts) < self._max_keys:
+            batch.counts[key] += n
+        else:
+            batch.dropped[Drop.QUEUE_FULL] += n
+
+    def put_back(self, counts: Mapping[Key, int]) -> None:
+        """Counts drained but not counted downstream, for the next drain (not received again)."""
+        with self._lock:
+            self._batch.counts.update(counts)
+
+    def drop(self, reason: Drop, n: int = 1) -> None:
+        with self._lock:
+            self._batch.dropped[reason] += n
+
+    def kernel_lost(self, lost: Mapping[str, int]) -> None:
+        """Increments of the BPF `lost` slots, by KERNEL_LOST name."""
+        with self._lock:
+            for name, n in lost.items():
+                if name == LATE_SIGHTING:
+                    self._batch.late_sightings += n
+                else:
+                    self._batch.dropped[Drop(name)] += n
 
     def add_event(self, data: bytes) -> None:
-        """Per-event mode: each ring-buffer record is one call."""
-        _, cgroup_id, _, _, major, minor, kind, _ = _EVENT.unpack_from(data)
+        """Events mode: each ring-buffer record is one call. Raises BadRecord."""
+        fields = _fields(data)  # the hot path: no Event built unless tracing
+        _, cgroup_id, _, _, major, minor, kind, _ = fields
         self.add(Key(cgroup_id, major, minor, kind))
         if self._keep_events:
-            self._keep(decode(data))
+            self._keep(Event(*fields[:7]))
 
     def _keep(self, event: Event) -> None:
         with self._lock:
@@ -90,7 +165,7 @@ class Tally:
 
     def add_sighting(self, data: bytes) -> None:
         """Aggregate mode: a record announces a new key; the kernel map holds its count."""
-        cgroup_id = _EVENT.unpack_from(data)[1]
+        cgroup_id = _fields(data)[1]
         with self._lock:
             self._batch.sighted.add(cgroup_id)
 
@@ -100,19 +175,24 @@ class Tally:
         return batch
 
 
-class Deltas:
-    """Turns the kernel's cumulative counts into increments, so one Tally serves both modes."""
+K = TypeVar("K", bound=Hashable)
+
+
+class Deltas(Generic[K]):
+    """Turns the kernel's cumulative counters into increments since the previous read."""
 
     def __init__(self) -> None:
-        self._last: dict[Key, int] = {}
+        self._last: dict[K, int] = {}
 
-    def feed(self, cumulative: dict[Key, int], tally: Tally) -> None:
+    def step(self, cumulative: Mapping[K, int]) -> dict[K, int]:
+        increments = {}
         for key, total in cumulative.items():
             delta = total - self._last.get(key, 0)
             if delta > 0:
-                tally.add(key, delta)
+                increments[key] = delta
             self._last[key] = total
+        return increments
 
-    def forget(self, keys: Iterable[Key]) -> None:
+    def forget(self, keys: Iterable[K]) -> None:
         for key in keys:
             self._last.pop(key, None)

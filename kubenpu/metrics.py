@@ -19,12 +19,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
+from kubenpu.events import Drop
+from kubenpu.resolve import Unattributed
+
 Attrs = dict[str, str | bool]
 
 OVERFLOW_ATTRS: Attrs = {"otel.metric.overflow": True}
-# The first three are the Go agent's names; map_full is aggregate mode's full kernel map.
-DROP_REASONS = ("ringbuf_full", "queue_full", "device_unknown", "map_full")
-UNATTRIBUTED_REASONS = ("not_indexed", "not_pod", "container_not_found", "cri_error")
+DROP_REASONS = tuple(r.value for r in Drop)
+UNATTRIBUTED_REASONS = tuple(r.value for r in Unattributed)
 CRI_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -59,8 +61,11 @@ DROPPED = Spec(
     "kubenpu.events.dropped",
     "counter",
     "{call}",
-    "Calls lost before being counted: ringbuf_full (kernel ring buffer), queue_full (user-space "
-    "backlog), device_unknown (an event for a device the agent did not list).",
+    "Calls lost before being counted: ringbuf_full (events mode: the kernel ring buffer was "
+    "full), map_full (aggregate mode: the kernel counts map had no room for a new key), "
+    "queue_full (a batch already held probe.queue_size distinct keys), device_unknown (a call "
+    "on a device the agent did not list), bad_record (a ring-buffer record that could not be "
+    "decoded).",
     ("reason",),
 )
 INDEX_REBUILDS = Spec(
@@ -73,7 +78,8 @@ RECEIVED = Spec(
     "kubenpu.events.received",
     "counter",
     "{event}",
-    "Events read from the kernel ring buffer.",
+    "Calls received from the kernel: one per ring-buffer event in events mode, the counts map's "
+    "increments in aggregate mode.",
 )
 UNATTRIBUTED = Spec(
     "kubenpu.unattributed_calls",
@@ -81,7 +87,8 @@ UNATTRIBUTED = Spec(
     "{call}",
     "Calls counted in kubenpu_ioctl_total with empty namespace/pod/container, by reason: "
     "not_indexed (no cgroup found), not_pod (host process outside any pod), "
-    "container_not_found (cgroup not known to the CRI), cri_error (CRI request failed).",
+    "container_not_found (cgroup not known to the CRI), cri_error (CRI request failed), "
+    "pending_full (held for a pod the CRI could not name yet, but the pending table was full).",
     ("reason",),
 )
 CRI_DURATION = Spec(
@@ -115,6 +122,26 @@ OVERFLOW_CALLS = Spec(
     'Calls counted in the kubenpu_ioctl_total{otel_metric_overflow="true"} series because '
     "metrics.max_series was reached.",
 )
+LATE_SIGHTINGS = Spec(
+    "kubenpu.sightings.late",
+    "counter",
+    "{sighting}",
+    "Aggregate mode: first calls of a new key the kernel ring buffer had no room to announce. "
+    "No call is lost; the cgroup is resolved at the next counts map read instead of at once.",
+)
+READ_ERRORS = Spec(
+    "kubenpu.probe.read.errors",
+    "counter",
+    "{read}",
+    "Reads of the kernel's counters that failed; retried at the next read, which loses nothing.",
+)
+PENDING_EXPIRED = Spec(
+    "kubenpu.pending.expired_calls",
+    "counter",
+    "{call}",
+    "Calls held while the CRI could not name their pod, then counted with empty pod labels "
+    "after attribution.pending_seconds.",
+)
 SPECS = (
     IOCTL,
     DEVICE_INFO,
@@ -127,6 +154,9 @@ SPECS = (
     EXPORT_ERRORS,
     IOCTL_SERIES,
     OVERFLOW_CALLS,
+    LATE_SIGHTINGS,
+    READ_ERRORS,
+    PENDING_EXPIRED,
 )
 
 
@@ -209,6 +239,9 @@ class Metrics:
         self._cri = _Histogram()
         self._cri_errors = 0
         self._export_errors = 0
+        self._late_sightings = 0
+        self._read_errors = 0
+        self._pending_expired = 0
 
     # --- called from the agent's event loop -------------------------------------------------
 
@@ -225,16 +258,18 @@ class Metrics:
         key = (container, device, vendor, kind)
         with self._lock:
             rec = self._pods.get((namespace, pod))
-            if rec is not None and key in rec.series:
-                rec.series[key] += n
-            elif self._nseries >= self._max:
-                self._overflow += n
-                return
-            else:
+            if rec is None or key not in rec.series:
+                if self._nseries >= self._max:
+                    self._sweep()  # expired series must not hold room until the next collect
+                    rec = self._pods.get((namespace, pod))
+                if self._nseries >= self._max:
+                    self._overflow += n
+                    return
                 if rec is None:
                     rec = self._pods[(namespace, pod)] = _Pod(time.time_ns())
-                rec.series[key] = n
+                rec.series[key] = 0
                 self._nseries += 1
+            rec.series[key] += n
             if pod and container not in rec.live:
                 rec.live.add(container)
                 self._gone.pop((namespace, pod), None)
@@ -258,6 +293,19 @@ class Metrics:
         """Calls also counted, with empty pod labels, through add_calls()."""
         with self._lock:
             self._unattributed[reason] = self._unattributed.get(reason, 0) + n
+
+    def late_sightings(self, n: int) -> None:
+        with self._lock:
+            self._late_sightings += n
+
+    def read_error(self) -> None:
+        with self._lock:
+            self._read_errors += 1
+
+    def pending_expired(self, n: int) -> None:
+        """Calls also counted, with empty pod labels, through add_calls()."""
+        with self._lock:
+            self._pending_expired += n
 
     def events_received(self, n: int) -> None:
         with self._lock:
@@ -325,6 +373,9 @@ class Metrics:
                 (EXPORT_ERRORS, [Point({}, self._export_errors, self._start_ns)]),
                 (IOCTL_SERIES, [Point({}, self._nseries, self._start_ns)]),
                 (OVERFLOW_CALLS, [Point({}, self._overflow, self._start_ns)]),
+                (LATE_SIGHTINGS, [Point({}, self._late_sightings, self._start_ns)]),
+                (READ_ERRORS, [Point({}, self._read_errors, self._start_ns)]),
+                (PENDING_EXPIRED, [Point({}, self._pending_expired, self._start_ns)]),
             ]
 
     def _ioctl_points(self) -> list[Point]:

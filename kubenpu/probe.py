@@ -1,6 +1,11 @@
-"""The kernel side: compile bpf/kubenpu.bpf.c with BCC, fill its maps, attach it to drm_ioctl.
+"""The kernel side: compile bpf/kubenpu.bpf.c with BCC, fill its maps, attach it to drm_ioctl,
+and feed what the kernel counted into a Tally.
 
-Attach modes, tried in this order under ``attach: auto``:
+`BccKernel` is the loaded program (the only code that touches BCC); `Probe` owns the probe mode
+(``aggregate`` or ``events``) and turns the kernel's records and cumulative counters into Tally
+increments. Tests replace the BccKernel with tests/fakes.py's FakeKernel.
+
+Attach variants (`probe.attach`), tried in this order under ``attach: auto``:
 - ``fentry-module``: MODULE_KFUNC_PROBE(drm, drm_ioctl) when DRM is a module (BCC >= 0.28);
 - ``fentry``: KFUNC_PROBE(drm_ioctl) when DRM is built into vmlinux;
 - ``kprobe``: the fallback where fentry is unavailable. It reads kernel memory through
@@ -19,9 +24,10 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from kubenpu.discovery import Device
-from kubenpu.events import Key
+from kubenpu.events import KERNEL_LOST, BadRecord, Deltas, Drop, Key, Tally, dev_t, split_dev_t
 from kubenpu.vendors import Vendor, all_vendors, core
 
 log = logging.getLogger(__name__)
@@ -39,18 +45,14 @@ _SOURCE_CANDIDATES = (
 
 _BATCH = 4096  # keys per BPF_MAP_LOOKUP_BATCH call
 
-# Index order of the `lost` array in bpf/kubenpu.bpf.c; index 2 (a late first sighting in
-# aggregate mode) loses no call, so it is not a drop.
-_LOST_REASONS = ("ringbuf_full", "map_full")
-
 
 class ProbeError(Exception):
-    """The probe could not be loaded or attached; the message is one line for the operator."""
+    """The probe could not be loaded, attached or read; the message is one line for the operator."""
 
 
 @dataclass(frozen=True)
 class AttachPlan:
-    mode: str
+    attach: str  # fentry-module, fentry or kprobe
     header: str  # replaces KUBENPU_ATTACH
     fn_name: str
 
@@ -153,11 +155,36 @@ class _CountsReader:
         for i in range(n):
             k = self._keys[i]
             total = sum(values[i * ncpus : (i + 1) * ncpus])
-            into[Key(k.cgroup_id, k.rdev >> 20, k.rdev & 0xFFFFF, k.kind)] = total
+            into[Key(k.cgroup_id, *split_dev_t(k.rdev), k.kind)] = total
 
 
-class Probe:
-    """One loaded BPF program. Not thread-safe: poll it from one thread."""
+class Kernel(Protocol):
+    """The loaded BPF program as the Probe uses it; tests/fakes.py has a fake one."""
+
+    aggregate: bool  # compiled for probe mode `aggregate` (else `events`)
+
+    def start(self, on_record: Callable[[bytes], None]) -> str:
+        """Load and attach, deliver ring-buffer records to on_record; returns the attach."""
+        ...
+
+    def poll(self, timeout_ms: int) -> None: ...
+
+    def read_lost(self) -> dict[str, int]:
+        """The `lost` array, cumulative, by KERNEL_LOST name. Raises ProbeError or OSError."""
+        ...
+
+    def read_counts(self) -> dict[Key, int]:
+        """Aggregate mode's counts map, cumulative. Raises ProbeError or OSError."""
+        ...
+
+    def forget_counts(self, keys: Iterable[Key]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class BccKernel:
+    """One BPF program loaded with BCC. poll() runs on one thread; the map reads and deletes
+    (independent syscalls) on one other."""
 
     def __init__(
         self,
@@ -170,7 +197,7 @@ class Probe:
         debug: bool = False,
     ) -> None:
         self._devices = [d for d in devices if d.vendor]
-        self._aggregate = mode == "aggregate"
+        self.aggregate = mode == "aggregate"
         self._attach = attach
         self._ringbuf_pages = ringbuf_pages
         self._counts_entries = counts_entries
@@ -178,22 +205,21 @@ class Probe:
         self._bpf = None
         self._reader: _CountsReader | None = None
 
-    def start(self, on_event: Callable[[bytes], None]) -> str:
-        """Compile, fill the maps, attach, open the ring buffer. Returns the attach mode."""
+    def start(self, on_record: Callable[[bytes], None]) -> str:
         errors = []
         for plan in attach_plans(self._attach):
             try:
                 self._bpf = self._load(plan)
             except Exception as exc:  # BCC raises bare Exception for compile/load failures
-                errors.append(f"{plan.mode}: {str(exc).splitlines()[0] if str(exc) else exc!r}")
-                log.warning("attach mode %s unavailable: %s", plan.mode, errors[-1])
+                errors.append(f"{plan.attach}: {str(exc).splitlines()[0] if str(exc) else exc!r}")
+                log.warning("attach %s unavailable: %s", plan.attach, errors[-1])
                 continue
-            if plan.mode == "kprobe":
+            if plan.attach == "kprobe":
                 log.warning(
                     "fentry is unavailable; using the kprobe fallback (fails under lockdown)"
                 )
-            self._open_ring_buffer(on_event)
-            return plan.mode
+            self._open_ring_buffer(on_record)
+            return plan.attach
         hints = _headers_hint() + _privileges_hint(errors)
         raise ProbeError("cannot attach to drm_ioctl: " + "; ".join(errors) + hints)
 
@@ -208,10 +234,10 @@ class Probe:
 
         flags = bcc.DEBUG_BPF_REGISTER_STATE if self._debug else 0
         text = source_text(plan, self._ringbuf_pages, self._counts_entries)
-        cflags = [*_DIALECT_CFLAGS, *(["-DKUBENPU_AGGREGATE"] if self._aggregate else [])]
+        cflags = [*_DIALECT_CFLAGS, *(["-DKUBENPU_AGGREGATE"] if self.aggregate else [])]
         bpf = _Deferred(text=text, cflags=cflags, debug=flags)
         self._fill_maps(bpf)
-        if plan.mode == "kprobe":
+        if plan.attach == "kprobe":
             bpf.attach_kprobe(event="drm_ioctl", fn_name=plan.fn_name)
         else:
             bpf.attach_kfunc(fn_name=plan.fn_name)
@@ -222,8 +248,7 @@ class Probe:
         devices = bpf["devices"]
         for dev in self._devices:
             for node in dev.nodes:
-                key = devices.Key(node.major << 20 | node.minor)
-                devices[key] = devices.Leaf(ids[dev.vendor])
+                devices[devices.Key(node.dev_t)] = devices.Leaf(ids[dev.vendor])
         ioctls = bpf["ioctls"]
         for vendor in (core(), *self._vendors_in_use()):
             for ioctl in vendor.ioctls:
@@ -234,34 +259,30 @@ class Probe:
         names = {d.vendor for d in self._devices}
         return [v for v in all_vendors() if v.name in names]
 
-    def _open_ring_buffer(self, on_event: Callable[[bytes], None]) -> None:
+    def _open_ring_buffer(self, on_record: Callable[[bytes], None]) -> None:
         def callback(_ctx, data, size) -> int:
-            on_event(ctypes.string_at(data, size))
+            on_record(ctypes.string_at(data, size))
             return 0
 
         self._callback = callback  # BCC keeps only a weak reference
         self._bpf["events"].open_ring_buffer(callback)
 
     def poll(self, timeout_ms: int) -> None:
-        """Deliver pending events to the callback, waiting up to timeout_ms for the first."""
         self._bpf.ring_buffer_poll(timeout_ms)
 
-    def kernel_drops(self) -> dict[str, int]:
-        """Calls lost in the kernel so far, by drop reason (cumulative)."""
+    def read_lost(self) -> dict[str, int]:
         table = self._bpf["lost"]
-        return {reason: int(sum(table[table.Key(i)])) for i, reason in enumerate(_LOST_REASONS)}
+        return {name: int(sum(table[table.Key(i)])) for i, name in enumerate(KERNEL_LOST)}
 
     def read_counts(self) -> dict[Key, int]:
-        """Aggregate mode: the cumulative count of every {cgroup, device, kind} in the kernel."""
         if self._reader is None:
             self._reader = _CountsReader(self._bpf["counts"])
         return self._reader.read()
 
     def forget_counts(self, keys: Iterable[Key]) -> None:
-        """Free the kernel entries of cgroups that are gone (no process can add to them)."""
         table = self._bpf["counts"]
         for key in keys:
-            ck = table.Key(key.cgroup_id, key.major << 20 | key.minor, key.kind)
+            ck = table.Key(key.cgroup_id, dev_t(key.major, key.minor), key.kind)
             with contextlib.suppress(KeyError):
                 del table[ck]
 
@@ -269,3 +290,60 @@ class Probe:
         if self._bpf is not None:
             self._bpf.cleanup()
             self._bpf = None
+
+
+class Probe:
+    """Feeds a Tally with what the kernel counted, in the kernel's probe mode.
+
+    - ``aggregate``: ring-buffer records are first sightings; `read()` turns the counts map into
+      increments.
+    - ``events``: each ring-buffer record is one call; there is no map to read.
+    In both modes `read()` turns the kernel's `lost` counters into increments. A record that
+    cannot be decoded is skipped and counted as a `bad_record` drop.
+    """
+
+    def __init__(self, kernel: Kernel, tally: Tally) -> None:
+        self._kernel = kernel
+        self._tally = tally
+        self._aggregate = kernel.aggregate
+        self.mode = "aggregate" if kernel.aggregate else "events"
+        self._counts: Deltas[Key] = Deltas()
+        self._lost: Deltas[str] = Deltas()
+        self._bad_records = 0
+
+    def start(self) -> str:
+        """Load and attach the program; returns the attach used. Raises ProbeError."""
+        return self._kernel.start(self._on_record)
+
+    def _on_record(self, data: bytes) -> None:
+        # Runs inside BCC's ctypes callback, where an exception would only be printed.
+        try:
+            if self._aggregate:
+                self._tally.add_sighting(data)
+            else:
+                self._tally.add_event(data)
+        except Exception as exc:
+            self._tally.drop(Drop.BAD_RECORD)
+            self._bad_records += 1
+            if self._bad_records == 1 or not isinstance(exc, BadRecord):
+                log.warning("ring-buffer record skipped (counted as bad_record): %s", exc)
+
+    def poll(self, timeout_ms: int) -> None:
+        """Deliver pending records to the Tally, waiting up to timeout_ms for the first."""
+        self._kernel.poll(timeout_ms)
+
+    def read(self, counts: bool = True) -> None:
+        """Add the kernel counters' increments to the Tally; the counts map only if `counts`.
+        Raises ProbeError or OSError; nothing is lost then, the next read has the totals."""
+        self._tally.kernel_lost(self._lost.step(self._kernel.read_lost()))
+        if self._aggregate and counts:
+            self._tally.add_counts(self._counts.step(self._kernel.read_counts()))
+
+    def forget(self, keys: list[Key]) -> None:
+        """Free the kernel entries of cgroups that are gone (no process can add to them)."""
+        if self._aggregate:
+            self._kernel.forget_counts(keys)
+            self._counts.forget(keys)
+
+    def close(self) -> None:
+        self._kernel.close()

@@ -1,7 +1,8 @@
 """A real CRI v1 RuntimeService gRPC server on a unix socket, for tests and the VM end-to-end test.
 
 It answers Version and ContainerStatus (with the labels kubelet sets) from a table of containers,
-and has knobs for faults: unavailable (UNAVAILABLE status) and slow (answers after a delay).
+and has knobs for faults: unavailable (UNAVAILABLE status), slow (answers after a delay) and
+hold (ContainerStatus answers only once released, so a test can see requests in flight).
 
 As a script:  python tests/cri_server.py --socket PATH [--containers FILE.json]
 FILE.json is a list of {"id", "namespace", "pod", "container", "pod_uid" (optional)}; it is
@@ -41,6 +42,11 @@ class CriTestServer(api_pb2_grpc.RuntimeServiceServicer):
         self._unavailable = False
         self._delay = 0.0
         self._release = threading.Event()  # ends slow answers early on stop()
+        self._gate = threading.Event()  # cleared while held
+        self._gate.set()
+        self._flight = threading.Condition(self._lock)
+        self.in_flight = 0  # ContainerStatus requests being answered now
+        self.max_in_flight = 0
         self._server: grpc.Server | None = None
         self._socket = ""
         self._file: str | None = None
@@ -60,6 +66,7 @@ class CriTestServer(api_pb2_grpc.RuntimeServiceServicer):
 
     def stop(self) -> None:
         self._release.set()
+        self._gate.set()
         if self._server is not None:
             self._server.stop(grace=None).wait()
             self._server = None
@@ -83,6 +90,18 @@ class CriTestServer(api_pb2_grpc.RuntimeServiceServicer):
         """Delay every answer by `seconds` (0 to answer at once)."""
         self._delay = seconds
 
+    def hold(self) -> None:
+        """ContainerStatus requests wait (in flight) until release() or stop()."""
+        self._gate.clear()
+
+    def release(self) -> None:
+        self._gate.set()
+
+    def wait_in_flight(self, n: int, timeout: float = 30.0) -> bool:
+        """Whether n ContainerStatus requests are in flight at once within `timeout` seconds."""
+        with self._flight:
+            return self._flight.wait_for(lambda: self.in_flight >= n, timeout)
+
     def watch_file(self, path: str) -> None:
         """Take the containers from a JSON file, re-read whenever it changes."""
         self._file = path
@@ -105,8 +124,21 @@ class CriTestServer(api_pb2_grpc.RuntimeServiceServicer):
         self, request: api_pb2.ContainerStatusRequest, context: grpc.ServicerContext
     ) -> api_pb2.ContainerStatusResponse:
         container_id = request.container_id
-        with self._lock:
+        with self._flight:
             self.requests[container_id] += 1
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            self._flight.notify_all()
+        try:
+            self._gate.wait()
+            return self._status(container_id, context)
+        finally:
+            with self._flight:
+                self.in_flight -= 1
+
+    def _status(
+        self, container_id: str, context: grpc.ServicerContext
+    ) -> api_pb2.ContainerStatusResponse:
         self._fault(context)
         self._reload()
         with self._lock:

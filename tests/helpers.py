@@ -1,15 +1,36 @@
-"""Host-side helpers shared by several test files (see each section's comment)."""
+"""Shared host-side test helpers: test files import these, never each other's private functions."""
 
 from __future__ import annotations
 
 import functools
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
+# --- VM test records: the result.json files tests/vm/*_guest.py write -----------------------------
+# /metrics samples in a record are read with the guests' own projections (tests/vm/guestlib.py).
+from vm.guestlib import LABELS, by_reason, ioctl_counts
+
+from kubenpu.resolve import Attribution, Resolver
+
 ROOT = Path(__file__).resolve().parents[1]
+
+__all__ = ["by_reason", "expected_counts", "ioctl_counts", "otlp_counts"]
+
+
+def expected_counts(rows: list[dict]) -> dict[tuple, float]:
+    """A record's expected kubenpu_ioctl_total series ([{labels, value}]) by their LABELS values."""
+    return {tuple(r["labels"]): r["value"] for r in rows}
+
+
+def otlp_counts(points: list[dict]) -> dict[tuple, float]:
+    """The kubenpu.ioctl points an OTLP receiver got ([{attributes, value}]) by LABELS values."""
+    return {tuple(p["attributes"][k] for k in LABELS): p["value"] for p in points}
+
 
 # --- Helm: the chart rendered by real helm (fetched by scripts/k8s-tools.sh); used by the deploy
 # tests and by the VM tests that run the agent with the chart's settings.
@@ -57,3 +78,23 @@ def render_helm(
     proc = helm("template", RELEASE, str(chart), "--namespace", namespace, values=values)
     assert proc.returncode == 0, f"helm template: {proc.stderr}"
     return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+# --- resolve: wait for what a Resolver answers once its CRI lookup (off the caller's thread) ends
+
+T = TypeVar("T")
+
+
+def eventually(check: Callable[[], T | None], what: str, bound: float = 30.0) -> T:
+    """check()'s first answer that is not None or False; a generous bound, not a timing claim."""
+    deadline = time.monotonic() + bound
+    while (value := check()) is None or value is False:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {bound:g}s")
+        time.sleep(0.005)
+    return value
+
+
+def resolved(resolver: Resolver, cgroup_id: int) -> Attribution:
+    """Polls resolve() until the pending lookup has answered."""
+    return eventually(lambda: resolver.resolve(cgroup_id), f"cgroup {cgroup_id} resolved")

@@ -1,23 +1,42 @@
-"""The agent's attribution stage on the host: real Resolver (cgroup tree + CRI gRPC server) and
-real Metrics; only the kernel's events are synthetic (the VM e2e covers the real ones)."""
+"""The agent on the host: the real Agent loop, Probe, Tally, Resolver (cgroup tree + CRI gRPC
+server) and Metrics. Only the BPF program is faked (tests/fakes.py: FakeKernel feeds recorded
+records and map snapshots; the VM e2e covers the real one), and a FakeResolver stands in where a
+test needs contract A's pending answers (None), which main's Resolver never gives."""
 
 from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import struct
-from collections.abc import Iterator
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from cri_server import CriTestServer
+from fakes import Clock, FakeKernel, FakeResolver, record
+from helpers import resolved
 
-from kubenpu.agent import Attributor, main, select_devices
+from kubenpu.agent import Agent, Attributor, Health, main, select_devices
 from kubenpu.discovery import Device, Node
-from kubenpu.events import Tally
-from kubenpu.metrics import DROPPED, IOCTL, UNATTRIBUTED, Metrics
-from kubenpu.resolve import Resolver
+from kubenpu.events import Key, Tally
+from kubenpu.metrics import (
+    DROPPED,
+    IOCTL,
+    LATE_SIGHTINGS,
+    PENDING_EXPIRED,
+    READ_ERRORS,
+    RECEIVED,
+    UNATTRIBUTED,
+    Metrics,
+)
+from kubenpu.probe import Probe, ProbeError
+from kubenpu.resolve import Attribution, Resolver
 
 UID = "0e6f7c3a-1b2d-4c5e-8f9a-0b1c2d3e4f5a"
 CID = "c" * 64
@@ -44,6 +63,10 @@ def resolver(tmp_path: Path, cgroups: Path) -> Iterator[Resolver]:
     server.start(str(tmp_path / "cri.sock"))
     server.add_container(CID, "ml", "trainer-0", "worker", pod_uid=UID)
     resolver = Resolver(cgroups, f"unix://{tmp_path / 'cri.sock'}", cri_timeout=2.0)
+    # The CRI answers are in before the calls come; calls held for a pending answer are tested
+    # with FakeResolver below.
+    for cgroup in (POD_DIR, "system.slice/sshd.service"):
+        resolved(resolver, os.stat(cgroups / cgroup).st_ino)
     yield resolver
     resolver.close()
     server.stop()
@@ -114,3 +137,306 @@ def test_bad_config_is_one_line_per_problem_and_exit_2(tmp_path, capsys):
     assert main(["--config", str(bad)]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 2 and all(str(bad) in line for line in lines)
+
+
+# --- the agent loop, with the fake kernel ---------------------------------------------------
+
+POD = ("ml", "trainer-0", "worker", "platform:vgem", "vgem")
+
+
+class Telemetry:
+    """Stands in for export.Telemetry: the exporters have their own tests."""
+
+    def __init__(self) -> None:
+        self.shut_down = False
+
+    def shutdown(self) -> None:
+        self.shut_down = True
+
+
+def make_agent(kernel: FakeKernel, resolver, clock: Clock | None = None, ttl: float = 300) -> Agent:
+    clock = clock or Clock()
+    tally, metrics = Tally(100), Metrics("node-1", series_ttl=ttl, max_series=100)
+    return Agent(
+        probe=Probe(kernel, tally),
+        tally=tally,
+        attributor=Attributor([VGEM], resolver, metrics, clock=clock),
+        metrics=metrics,
+        resolver=resolver,
+        telemetry=Telemetry(),
+        health=Health(stale_after=15, clock=clock),
+        devices=1,
+        clock=clock,
+    )
+
+
+def key(cgroup_id: int, kind: int = 2) -> Key:
+    return Key(cgroup_id, 226, 0, kind)
+
+
+def wait_for(cond: Callable[[], object]) -> None:
+    """Waits for a condition the agent's threads make true (a bound, not a timing assertion)."""
+    deadline = time.monotonic() + 10
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)
+
+
+def test_aggregate_mode_reads_the_counts_map_as_increments(cgroups, resolver):
+    kernel, clock = FakeKernel(aggregate=True), Clock()
+    agent = make_agent(kernel, resolver, clock)
+    agent.attach()
+    pod = key(os.stat(cgroups / POD_DIR).st_ino)
+    kernel.calls(pod, 5)
+    kernel.poll(0)
+    agent.cycle()
+    assert values(agent.metrics, IOCTL) == {(*POD, "alloc"): 5}
+    kernel.calls(pod, 3)
+    agent.cycle()  # the counts map is read every _READ_SECONDS only
+    assert values(agent.metrics, IOCTL) == {(*POD, "alloc"): 5}
+    clock.now += 5
+    agent.cycle()
+    agent.cycle()
+    assert values(agent.metrics, IOCTL) == {(*POD, "alloc"): 8}
+    assert values(agent.metrics, RECEIVED) == {(): 8}
+
+
+def test_kernel_drops_are_reported_as_increments(cgroups, resolver):
+    kernel = FakeKernel(aggregate=True)
+    agent = make_agent(kernel, resolver)
+    agent.attach()
+    kernel.lost.update(map_full=5, late_sighting=1)
+    agent.cycle()
+    kernel.lost.update(map_full=7, late_sighting=1)
+    agent.cycle()
+    agent.cycle()
+    assert values(agent.metrics, DROPPED) == {("map_full",): 7}
+    assert values(agent.metrics, LATE_SIGHTINGS) == {(): 1}
+
+
+def test_events_mode_counts_records_and_skips_bad_ones(cgroups, resolver, caplog):
+    kernel = FakeKernel(aggregate=False)
+    agent = make_agent(kernel, resolver)
+    agent.attach()
+    pod = key(os.stat(cgroups / POD_DIR).st_ino)
+    kernel.calls(pod, 2)
+    kernel.emit(record(pod)[:20], record(key(pod.cgroup_id, kind=7)))
+    kernel.calls(pod, 1)
+    kernel.poll(0)
+    agent.cycle()
+    assert values(agent.metrics, IOCTL) == {(*POD, "alloc"): 3}
+    assert values(agent.metrics, DROPPED) == {("bad_record",): 2}
+    assert "record skipped (counted as bad_record): record of 20 bytes" in caplog.text
+
+
+def test_dead_cgroups_are_read_a_last_time_then_forgotten_in_the_kernel(cgroups, resolver):
+    kernel, clock = FakeKernel(aggregate=True), Clock()
+    agent = make_agent(kernel, resolver, clock, ttl=0)
+    agent.attach()
+    pod = key(os.stat(cgroups / POD_DIR).st_ino)
+    kernel.calls(pod, 2)
+    kernel.poll(0)
+    agent.cycle()
+    kernel.calls(pod, 4)  # calls made just before the container exited
+    (cgroups / POD_DIR).rmdir()
+    clock.now += 1  # not yet time to read the counts map, but reaping reads it first
+    agent._last_reap = -float("inf")
+    agent.cycle()
+    assert kernel.forgotten == [pod] and kernel.counts == {}
+    # retired at once (TTL 0): the last 4 calls were counted before that
+    assert values(agent.metrics, IOCTL) == {}
+    assert values(agent.metrics, RECEIVED) == {(): 6}
+
+
+def test_exit_reads_the_kernel_a_last_time_and_closes_everything(cgroups, resolver):
+    kernel = FakeKernel(aggregate=True)
+    agent = make_agent(kernel, resolver)
+    pod = key(os.stat(cgroups / POD_DIR).st_ino)
+    kernel.counts[pod] = 3
+    agent.stop.set()
+    assert agent.run() == 0
+    assert values(agent.metrics, IOCTL) == {(*POD, "alloc"): 3}
+    assert kernel.closed and agent.telemetry.shut_down
+
+
+def test_failed_attach_still_closes_the_resolver_and_the_exporters():
+    kernel, resolver = FakeKernel(), FakeResolver()
+    kernel.start_raises = ProbeError("cannot attach to drm_ioctl: fentry-module: no BTF")
+    agent = make_agent(kernel, resolver)
+    with pytest.raises(ProbeError):
+        agent.run()
+    assert resolver.closed and kernel.closed and agent.telemetry.shut_down
+
+
+def test_a_failed_kernel_read_is_retried_and_loses_nothing(cgroups, resolver, caplog):
+    caplog.set_level(logging.INFO)
+    kernel, clock = FakeKernel(aggregate=True), Clock()
+    agent = make_agent(kernel, resolver, clock)
+    agent.attach()
+    pod = key(os.stat(cgroups / POD_DIR).st_ino)
+    kernel.calls(pod, 5)
+    kernel.failing_reads = 3
+    for _ in range(3):
+        agent.cycle()
+        clock.now += 0.5
+    assert values(agent.metrics, IOCTL) == {}
+    assert agent.health.ready() == (False, "kernel counters not read yet")
+    agent.cycle()  # counts are still due: read at the next cycle, not 5 s later
+    assert values(agent.metrics, IOCTL) == {(*POD, "alloc"): 5}
+    assert values(agent.metrics, READ_ERRORS) == {(): 3}
+    assert caplog.text.count("failed (retrying)") == 1  # once per streak
+    assert "works again after 3 failure(s)" in caplog.text
+
+
+def test_liveness_fails_when_the_kernel_is_not_read():
+    clock = Clock()
+    health = Health(stale_after=15, clock=clock)
+    assert health.ready() == (False, "probe not attached yet")
+    health.attached()
+    health.kernel_read()
+    assert health.live() == (True, "ok") and health.ready() == (True, "ok")
+    clock.now += 16
+    assert health.live() == (False, "kernel counters last read 16 s ago")
+
+
+class Kill(BaseException):
+    """What no guard catches: the worker thread dies."""
+
+
+@pytest.fixture
+def running() -> Iterator[Callable[[Agent], None]]:
+    agents: list[tuple[Agent, threading.Thread]] = []
+
+    def start(agent: Agent) -> None:
+        thread = threading.Thread(target=agent.run)
+        thread.start()
+        wait_for(lambda: agent.health.ready()[0])
+        agents.append((agent, thread))
+
+    yield start
+    for agent, thread in agents:
+        agent.stop.set()
+        thread.join()
+
+
+@pytest.mark.parametrize("mode", ["events", "aggregate"])
+def test_workers_survive_exceptions(mode, running, caplog):
+    kernel, resolver = FakeKernel(aggregate=mode == "aggregate"), FakeResolver()
+    resolver.answers[9] = Attribution("ml", "trainer-0", "worker")
+    agent = make_agent(kernel, resolver, Clock())
+    agent.cycle = _always_reading(agent)
+    running(agent)
+    kernel.poll_raises = RuntimeError("poll broke")
+    resolver.raises = ValueError("resolve broke")
+    kernel.calls(key(9), 2)
+    wait_for(lambda: values(agent.metrics, IOCTL))
+    kernel.calls(key(9), 1)
+    wait_for(lambda: values(agent.metrics, IOCTL).get((*POD, "alloc")) == 3)
+    assert "poll failed (retrying): RuntimeError: poll broke" in caplog.text
+    assert "attribution failed (retrying): ValueError: resolve broke" in caplog.text
+    assert agent.health.live() == (True, "ok")
+
+
+def _always_reading(agent: Agent) -> Callable[[], None]:
+    """The loop's cycle with the counts map due every time (the fake clock never moves)."""
+    cycle = agent.cycle
+
+    def step() -> None:
+        agent._last_counts = -float("inf")
+        cycle()
+
+    return step
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+@pytest.mark.parametrize("worker", ["poll", "attribution"])
+def test_a_dead_worker_fails_liveness(worker, running):
+    kernel, resolver = FakeKernel(aggregate=False), FakeResolver()
+    agent = make_agent(kernel, resolver)
+    running(agent)
+    if worker == "poll":
+        kernel.poll_raises = Kill()
+    else:
+        resolver.raises = Kill()
+        kernel.calls(key(9))
+    wait_for(lambda: not agent.health.live()[0])
+    assert agent.health.live() == (False, f"worker thread stopped: {worker}")
+
+
+# --- pending attribution ---------------------------------------------------------------------
+
+
+def test_pending_counts_are_attributed_when_the_answer_comes():
+    resolver, clock, metrics = FakeResolver(), Clock(), Metrics("n", 300, 100)
+    attributor = Attributor([VGEM], resolver, metrics, clock=clock)
+    tally = Tally(100)
+    tally.add(key(9), 4)
+    attributor.flush(tally.drain())
+    assert values(metrics, IOCTL) == {} and attributor.pending() == 1
+    tally.add(key(9), 1)
+    attributor.flush(tally.drain())
+    resolver.answers[9] = Attribution("ml", "trainer-0", "worker")
+    attributor.flush(tally.drain())
+    assert values(metrics, IOCTL) == {(*POD, "alloc"): 5}
+    assert attributor.pending() == 0 and values(metrics, UNATTRIBUTED) == {}
+
+
+def test_pending_counts_settle_after_pending_seconds():
+    resolver, clock, metrics = FakeResolver(), Clock(), Metrics("n", 300, 100)
+    attributor = Attributor([VGEM], resolver, metrics, pending_seconds=120, clock=clock)
+    tally = Tally(100)
+    tally.add(key(9), 4)
+    attributor.flush(tally.drain())
+    resolver.dead.add(9)
+    assert attributor.dead_cgroups() == []  # held counts keep the cgroup until they settle
+    clock.now += 119
+    attributor.flush(tally.drain())
+    assert values(metrics, IOCTL) == {}
+    clock.now += 1
+    attributor.flush(tally.drain())
+    assert values(metrics, IOCTL) == {("", "", "", "platform:vgem", "vgem", "alloc"): 4}
+    assert values(metrics, UNATTRIBUTED) == {("cri_error",): 4}
+    assert values(metrics, PENDING_EXPIRED) == {(): 4}
+    assert attributor.dead_cgroups() == [9]
+
+
+def test_pending_keys_are_capped_and_the_overflow_counted_unattributed():
+    resolver, metrics = FakeResolver(), Metrics("n", 300, 100)
+    attributor = Attributor([VGEM], resolver, metrics, max_pending=2, clock=Clock())
+    tally = Tally(100)
+    for cgroup in (1, 2, 3):
+        tally.add(key(cgroup), 10)
+    tally.add(key(1, kind=3), 10)
+    attributor.flush(tally.drain())
+    assert attributor.pending() == 2
+    assert values(metrics, UNATTRIBUTED) == {("pending_full",): 20}
+    attributor.settle_all()
+    assert attributor.pending() == 0
+    assert values(metrics, UNATTRIBUTED) == {("pending_full",): 20, ("cri_error",): 20}
+    assert sum(values(metrics, IOCTL).values()) == 40
+
+
+def test_trace_prints_pending_lookups_with_empty_labels():
+    out = io.StringIO()
+    tally = Tally(100, keep_events=True)
+    attributor = Attributor([VGEM], FakeResolver(), Metrics("n", 300, 100), trace=out)
+    tally.add_event(record(key(9)))
+    attributor.flush(tally.drain())
+    line = json.loads(out.getvalue())
+    assert (line["cgroup_id"], line["namespace"], line["pod"], line["container"]) == (9, "", "", "")
+
+
+def test_without_the_agent_extras_the_agent_says_what_to_install():
+    blocked = ["pydantic", "yaml", "grpc", "opentelemetry", "prometheus_client", "google"]
+    code = (
+        "import sys\n"
+        f"for name in {blocked!r}: sys.modules[name] = None\n"
+        "import kubenpu.ctl\n"  # kubenpuctl needs none of them
+        "from kubenpu.agent import main\n"
+        "sys.exit(main([]))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert (res.returncode, res.stderr) == (
+        2,
+        "kubenpu-agent needs the agent extras: pip install 'kubenpu[agent]'\n",
+    )

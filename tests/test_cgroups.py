@@ -1,6 +1,7 @@
 import logging
 import os
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -124,3 +125,103 @@ def test_other_file_systems_are_skipped(root: Path) -> None:
         assert index.path(ino(mnt)) != "cpu"
     finally:
         subprocess.run(["umount", str(mnt)], check=True)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def born(index: CgroupIndex, root: Path, rel: str) -> int:
+    """mkdir as the runtime does, and report it as the kernel would."""
+    (root / rel).mkdir()
+    cgroup_id = ino(root / rel)
+    index.cgroup_born(cgroup_id, ino((root / rel).parent))
+    return cgroup_id
+
+
+def test_born_cgroup_is_indexed_from_its_parent_without_a_walk(root: Path, tmp_path: Path) -> None:
+    index = CgroupIndex(str(root))
+    assert index.path(ino(root)) == ""
+    new = born(index, root, f"{CONTAINER}/sub")
+    (root / CONTAINER / "sub").rename(tmp_path / "gone")  # removed at once (keeps its inode)
+    assert index.path(new) == f"{CONTAINER}/sub"
+    assert not index.alive(new)
+    assert index.rebuilds == 1
+
+
+def test_born_under_an_unknown_parent_walks_once(root: Path, tmp_path: Path) -> None:
+    index = CgroupIndex(str(root))
+    new = born(index, root, "system.slice/new.service")  # nothing indexed yet
+    assert index.rebuilds == 1
+    assert index.path(new) == "system.slice/new.service"
+    assert index.path(ino(root / CONTAINER)) == CONTAINER
+    # A parent outside the root: one walk, then remembered as missing.
+    outside = tmp_path / "elsewhere"
+    for name in ("a", "b"):
+        (outside / name).mkdir(parents=True)
+        index.cgroup_born(ino(outside / name), ino(outside))
+    assert index.rebuilds == 2
+    assert index.path(ino(outside / "a")) is None
+    assert index.rebuilds == 3  # a miss of its own
+
+
+def test_born_cgroup_that_is_gone_survives_a_walk(root: Path, tmp_path: Path) -> None:
+    index = CgroupIndex(str(root))
+    index.path(ino(root))
+    new = born(index, root, "system.slice/short.scope")
+    (root / "system.slice" / "short.scope").rename(tmp_path / "gone")
+    assert index.path(missing_id(tmp_path, "other")) is None  # walks
+    assert index.rebuilds == 2
+    assert index.path(new) == "system.slice/short.scope"
+
+
+def test_gone_born_cgroups_nobody_asked_about_are_pruned(root: Path, tmp_path: Path) -> None:
+    """Most new cgroups never call a GPU driver: the index must not keep them all."""
+    clock = Clock()
+    index = CgroupIndex(str(root), clock=clock)
+    index.path(ino(root))
+    away = tmp_path / "away"
+    away.mkdir()
+    ids = [born(index, root, f"system.slice/s{i}") for i in range(1023)]  # one short of 1,024
+    asked, kept = ids[0], ids[1]
+    assert index.path(asked) == "system.slice/s0"
+    for i in range(1023):
+        if i != 1:
+            (root / "system.slice" / f"s{i}").rename(away / f"s{i}")
+    clock.now += 301
+    born(index, root, "system.slice/new1")
+    born(index, root, "system.slice/new2")  # 1,024 not asked about: prunes
+    walks = index.rebuilds
+    assert index.path(asked) == "system.slice/s0"  # asked for: kept until forget()
+    assert index.path(kept) == "system.slice/s1"  # still there
+    assert index.rebuilds == walks
+    assert index.path(ids[2]) is None  # pruned: a miss walks, and finds nothing
+    assert index.rebuilds == walks + 1
+
+
+def test_births_on_another_thread_while_walking(root: Path, tmp_path: Path) -> None:
+    index = CgroupIndex(str(root))
+    index.path(ino(root))
+    away = tmp_path / "away"
+    away.mkdir()
+    (root / "kubepods.slice" / "churn").mkdir()
+    ids: dict[int, str] = {}
+
+    def churn() -> None:
+        for i in range(300):
+            rel = f"kubepods.slice/churn/c{i}"
+            ids[born(index, root, rel)] = rel
+            (root / rel).rename(away / f"c{i}")
+
+    thread = threading.Thread(target=churn)
+    thread.start()
+    misses = 0
+    while thread.is_alive():
+        misses += 1
+        assert index.path(missing_id(tmp_path, f"m{misses}")) is None  # a walk each
+    thread.join()
+    assert {cgroup_id: index.path(cgroup_id) for cgroup_id in ids} == ids

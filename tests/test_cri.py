@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -60,30 +61,27 @@ def client(sock: str, **kw: Any) -> CriClient:
     return CriClient(f"unix://{sock}", **{"timeout": TIMEOUT, **kw})
 
 
-def test_labels_resolved_and_cached(server: CriTestServer, sock: str) -> None:
+# The client caches nothing (the Resolver owns the answers: see test_resolver.py's
+# test_answers_are_cached and test_forgotten_container_is_asked_again).
+
+
+def test_labels_resolved(server: CriTestServer, sock: str) -> None:
     requests = Requests()
     c = client(sock, on_request=requests)
     assert c.lookup(CID) == Attribution("ml", "trainer-0", "worker")
     assert c.lookup(CID) == Attribution("ml", "trainer-0", "worker")
-    assert server.requests[CID] == 1
-    assert requests.oks == [True]
-
-
-def test_forget_asks_again(server: CriTestServer, sock: str) -> None:
-    c = client(sock)
-    c.lookup(CID)
-    c.forget(CID)
-    c.lookup(CID)
     assert server.requests[CID] == 2
+    assert requests.oks == [True, True]
 
 
-def test_not_found_is_cached(server: CriTestServer, sock: str) -> None:
+def test_not_found_is_an_answer_and_asked_again(server: CriTestServer, sock: str) -> None:
     requests = Requests()
     c = client(sock, on_request=requests)
     assert c.lookup(OTHER) == Attribution(reason="container_not_found")
-    assert c.lookup(OTHER) == Attribution(reason="container_not_found")
-    assert server.requests[OTHER] == 1
-    assert requests.oks == [True]  # the runtime answered
+    server.add_container(OTHER, "ml", "trainer-0", "late")
+    assert c.lookup(OTHER) == Attribution("ml", "trainer-0", "late")
+    assert server.requests[OTHER] == 2
+    assert requests.oks == [True, True]  # the runtime answered
 
 
 def test_container_without_kubelet_labels(server: CriTestServer, sock: str) -> None:
@@ -170,8 +168,39 @@ def test_script_mode_rereads_the_containers_file(tmp_path: Path, sock: str) -> N
         new = tmp_path / "containers.json.new"
         new.write_text(json.dumps([entry, {**entry, "id": OTHER, "container": "d"}]))
         os.replace(new, file)
-        c.forget(OTHER)
         assert c.lookup(OTHER) == Attribution("ml", "p", "d")
     finally:
         proc.terminate()
         assert proc.wait(timeout=30) == 0
+
+
+def test_concurrent_lookups_share_one_client(server: CriTestServer, sock: str) -> None:
+    ids = [f"{i:064x}" for i in range(32)]
+    for container_id in ids:
+        server.add_container(container_id, "ml", f"pod-{container_id[-2:]}", "c")
+    requests = Requests()
+    c = client(sock, on_request=requests)
+    server.hold()
+    with ThreadPoolExecutor(8) as pool:
+        answers = pool.map(c.lookup, ids)
+        assert server.wait_in_flight(8)
+        server.release()
+        assert [a.pod for a in answers] == [f"pod-{i[-2:]}" for i in ids]
+    assert requests.oks == [True] * 32
+
+
+def test_close_ends_a_running_request(server: CriTestServer, sock: str) -> None:
+    """close() cancels a request the runtime holds (the timeout here is an hour); that is not
+    the runtime's failure, and nothing is sent afterwards."""
+    requests = Requests()
+    c = client(sock, timeout=3600.0, on_request=requests)
+    server.hold()
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(c.lookup, CID)
+        assert server.wait_in_flight(1)
+        c.close()
+        assert answer.result(timeout=60) == Attribution(reason="cri_error")
+    server.release()
+    assert c.lookup(CID) == Attribution(reason="cri_error")
+    assert server.requests[CID] == 1
+    assert requests.oks == []

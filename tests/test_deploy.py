@@ -851,9 +851,6 @@ def test_scripts_say_how_to_set_a_mirror_when_apt_names_none(tmp_path: Path) -> 
     )
 
 
-@pytest.mark.xfail(
-    strict=True, reason="tests/vm/build.sh (vmtests) still names one: ROOT_MIRROR=$(debian_mirror)"
-)
 def test_the_repo_names_no_package_mirror_host() -> None:
     hosts = r"([a-z0-9-]+\.)*(debian\.org|ubuntu\.com|debian\.net)"
     proc = subprocess.run(

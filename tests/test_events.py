@@ -1,6 +1,8 @@
 import struct
 
-from kubenpu.events import SIZE, Deltas, Key, Tally, decode
+import pytest
+
+from kubenpu.events import SIZE, BadRecord, Deltas, Drop, Key, Tally, decode, dev_t, split_dev_t
 
 
 def raw(cgroup_id=7, major=226, minor=128, kind=1, cmd=0xC0306443, tgid=42, ts=99) -> bytes:
@@ -28,7 +30,7 @@ def test_tally_folds_events_per_key_and_drains_once():
     tally.add_event(raw(kind=2))
     batch = tally.drain()
     assert batch.counts == {Key(7, 226, 128, 1): 3, Key(7, 226, 128, 2): 1}
-    assert (batch.received, batch.overflow) == (4, 0)
+    assert (batch.received, batch.dropped) == (4, {})
     assert not tally.drain().counts
 
 
@@ -38,7 +40,7 @@ def test_tally_bounds_distinct_keys_and_reports_the_overflow():
         tally.add_event(raw(cgroup_id=cgroup))
     batch = tally.drain()
     assert batch.counts == {Key(1, 226, 128, 1): 2, Key(2, 226, 128, 1): 1}
-    assert (batch.overflow, batch.received) == (2, 5)
+    assert (batch.dropped, batch.received) == ({Drop.QUEUE_FULL: 2}, 5)
 
 
 def test_sightings_do_not_count_calls():
@@ -50,12 +52,40 @@ def test_sightings_do_not_count_calls():
 
 
 def test_deltas_turn_cumulative_counts_into_increments():
-    tally, deltas = Tally(max_keys=10), Deltas()
+    deltas = Deltas()
     k1, k2 = Key(1, 226, 0, 1), Key(2, 226, 0, 3)
-    deltas.feed({k1: 5}, tally)
-    deltas.feed({k1: 8, k2: 2}, tally)
-    deltas.feed({k1: 8, k2: 2}, tally)
-    assert tally.drain().counts == {k1: 8, k2: 2}
+    assert deltas.step({k1: 5}) == {k1: 5}
+    assert deltas.step({k1: 8, k2: 2}) == {k1: 3, k2: 2}
+    assert deltas.step({k1: 8, k2: 2}) == {}
     deltas.forget([k1])
-    deltas.feed({k1: 1}, tally)  # a key the kernel recreated starts from zero again
-    assert tally.drain().counts == {k1: 1}
+    assert deltas.step({k1: 1}) == {k1: 1}  # a key the kernel recreated starts from zero again
+
+
+@pytest.mark.parametrize(
+    ("record", "why"),
+    [(raw()[:39], "39 bytes"), (raw(kind=0), "unknown kind 0"), (raw(kind=9), "unknown kind 9")],
+)
+def test_bad_records_are_rejected_with_a_reason(record, why):
+    with pytest.raises(BadRecord, match=why):
+        decode(record)
+    tally = Tally(max_keys=10)
+    with pytest.raises(BadRecord):
+        tally.add_event(record)
+    with pytest.raises(BadRecord):
+        tally.add_sighting(record)
+    batch = tally.drain()
+    assert (batch.received, batch.sighted) == (0, set())
+
+
+def test_kernel_lost_slots_are_drops_except_late_sightings():
+    tally = Tally(max_keys=10)
+    tally.kernel_lost({"ringbuf_full": 2, "map_full": 3, "late_sighting": 4})
+    batch = tally.drain()
+    assert batch.dropped == {Drop.RINGBUF_FULL: 2, Drop.MAP_FULL: 3}
+    assert batch.late_sightings == 4
+
+
+def test_dev_t_is_the_kernel_internal_encoding():
+    assert dev_t(226, 128) == 0xE200080
+    assert split_dev_t(0xE200080) == (226, 128)
+    assert split_dev_t(dev_t(511, 0xFFFFF)) == (511, 0xFFFFF)

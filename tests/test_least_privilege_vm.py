@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 from guest import boot
-from helpers import helm_values, render_helm
-from test_e2e_vm import _expected, _nonzero, _otlp_counts, _prom_counts
+from helpers import by_reason, expected_counts, helm_values, ioctl_counts, otlp_counts, render_helm
 
 KERNEL = os.environ.get("KUBENPU_LEAST_PRIVILEGE_KERNEL", "6.12")
 
@@ -66,11 +65,12 @@ def _assert_only(caps: dict, granted: list[str]) -> None:
 def test_agent_counts_exactly_with_chart_capabilities(guest_out):
     result = _result(guest_out, "chart")
     _assert_only(result["caps"], CHART_CAPS)
-    assert "attached to drm_ioctl (mode fentry-module," in result["agent_log"]
-    assert _prom_counts(result) == _expected(result)
-    assert _otlp_counts(result) == _expected(result)
-    assert _nonzero(result, "kubenpu_unattributed_calls_total") == result["expected_unattributed"]
-    assert _nonzero(result, "kubenpu_events_dropped_total") == {}
+    assert "attached to drm_ioctl via fentry-module " in result["agent_log"]
+    expected, prom = expected_counts(result["expected"]), result["prometheus"]
+    assert ioctl_counts(prom) == expected
+    assert otlp_counts(result["otlp"]) == expected
+    assert by_reason(prom, "kubenpu_unattributed_calls_total") == result["expected_unattributed"]
+    assert by_reason(prom, "kubenpu_events_dropped_total") == {}
 
 
 @pytest.mark.parametrize("name", REFUSED)

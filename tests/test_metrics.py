@@ -6,19 +6,25 @@ import gc
 import threading
 import tracemalloc
 from array import array
+from pathlib import Path
+
+import pytest
+from fakes import Clock
 
 from kubenpu import config, export
-from kubenpu.metrics import IOCTL, OVERFLOW_ATTRS, OVERFLOW_CALLS, DeviceRow, Metrics, Spec
-
-
-class Clock:
-    """A fake monotonic clock: series TTLs are tested without waiting."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from kubenpu.metrics import (
+    DROP_REASONS,
+    DROPPED,
+    IOCTL,
+    OVERFLOW_ATTRS,
+    OVERFLOW_CALLS,
+    SPECS,
+    UNATTRIBUTED,
+    UNATTRIBUTED_REASONS,
+    DeviceRow,
+    Metrics,
+    Spec,
+)
 
 
 def values(m: Metrics, spec: Spec) -> dict[frozenset, object]:
@@ -135,6 +141,19 @@ def test_cardinality_cap_folds_new_series_into_overflow() -> None:
     assert sum(got.values()) == 51  # nothing lost
 
 
+def test_expired_series_free_the_cap_at_once_not_at_the_next_collect() -> None:
+    clock = Clock()
+    m = Metrics("n", 60, 2, clock)
+    calls(m, "ns", "old", "a")
+    calls(m, "ns", "old", "a", kind="wait")
+    m.container_gone("ns", "old", "a")
+    clock.now += 60  # expired; no collect() since
+    calls(m, "ns", "new", "b", 4)
+    assert m.series_count() == 1
+    assert values(m, IOCTL) == {ioctl("ns", "new", "b"): 4}
+    assert values(m, OVERFLOW_CALLS) == {frozenset(): 0}
+
+
 def test_concurrent_updates_and_collections_are_exact() -> None:
     m = Metrics("n", 60, 10_000)
     stop = threading.Event()
@@ -203,3 +222,28 @@ def test_churn_of_1000_containers_returns_memory_to_baseline() -> None:
     # the pods that came and went: flat from the second wave on.
     assert after[-1] < 8_000
     assert after[-1] - after[1] <= 0
+
+
+def _doc_rows() -> dict[str, list[str]]:
+    """docs/metrics.md table rows by Prometheus name: [name, OTel name (unit), type, labels,
+    meaning]."""
+    text = (Path(__file__).parents[1] / "docs" / "metrics.md").read_text()
+    rows = [
+        [cell.strip() for cell in line.strip("|").split("|")]
+        for line in text.splitlines()
+        if line.startswith("| `")
+    ]
+    return {row[0].strip(" `"): row for row in rows}
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+def test_help_texts_and_the_metrics_doc_agree(spec: Spec) -> None:
+    row = _doc_rows()[export.prometheus_name(spec)]
+    assert row[1].startswith(f"`{spec.name}`")
+    assert f"(`{spec.unit}`)" in row[1] if spec.unit else "(" not in row[1]
+    assert row[-1].startswith(spec.description)
+
+
+def test_every_reason_is_in_its_help_text() -> None:
+    for spec, reasons in ((DROPPED, DROP_REASONS), (UNATTRIBUTED, UNATTRIBUTED_REASONS)):
+        assert [r for r in reasons if f"{r} (" not in spec.description] == []

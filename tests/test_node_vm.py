@@ -14,9 +14,9 @@ from collections import Counter
 
 import pytest
 from guest import boot
+from helpers import by_reason, expected_counts, ioctl_counts
 
 KERNEL = os.environ.get("KUBENPU_NODE_KERNEL", "6.12")
-LABELS = ("namespace", "pod", "container", "device", "vendor", "kind")
 KUBELET_LABELS = (
     "io.kubernetes.pod.namespace",
     "io.kubernetes.pod.name",
@@ -33,19 +33,6 @@ pytestmark = pytest.mark.vm
 def result(tmp_path_factory) -> dict:
     out = boot(KERNEL, "/src/tests/vm/node.sh", tmp_path_factory.mktemp(f"node-{KERNEL}"))
     return json.loads((out / "result.json").read_text())
-
-
-def _counts(scrape: dict) -> dict[tuple, float]:
-    samples = scrape.get("kubenpu_ioctl_total", [])
-    return {tuple(s["labels"][k] for k in LABELS): s["value"] for s in samples}
-
-
-def _expected(rows: list[dict]) -> dict[tuple, float]:
-    return {tuple(r["labels"]): r["value"] for r in rows}
-
-
-def _nonzero(scrape: dict, metric: str) -> dict[str, float]:
-    return {s["labels"]["reason"]: s["value"] for s in scrape.get(metric, []) if s["value"]}
 
 
 def _value(scrape: dict, metric: str) -> float:
@@ -65,7 +52,7 @@ def test_agent_asked_containerd(result):
 
 def test_counts_equal_issued_calls(result):
     """Pods before and after the agent, two containers, a restart, a host process: exact."""
-    assert _counts(result["before_delete"]) == _expected(result["expected_before"])
+    assert ioctl_counts(result["before_delete"]) == expected_counts(result["expected_before"])
 
 
 def _pod_series(counts: dict[tuple, float], vendor: str, kind: str) -> dict[str, float]:
@@ -75,8 +62,8 @@ def _pod_series(counts: dict[tuple, float], vendor: str, kind: str) -> dict[str,
 
 def test_two_containers_in_one_pod_are_separate_series(result):
     """main and sidecar both allocate on vgem: one series each, told apart by the container."""
-    got = _pod_series(_counts(result["before_delete"]), "vgem", "alloc")
-    assert got == _pod_series(_expected(result["expected_before"]), "vgem", "alloc")
+    got = _pod_series(ioctl_counts(result["before_delete"]), "vgem", "alloc")
+    assert got == _pod_series(expected_counts(result["expected_before"]), "vgem", "alloc")
     assert set(got) == {"main", "sidecar"}
 
 
@@ -91,23 +78,23 @@ def test_restarted_container_adds_up_under_the_same_series(result):
     total: Counter[tuple] = Counter()
     for row in issued[0] + issued[1]:
         total[tuple(row["labels"])] += row["value"]
-    got = {k[3:]: v for k, v in _counts(result["before_delete"]).items() if k[:3] == MAIN}
+    got = {k[3:]: v for k, v in ioctl_counts(result["before_delete"]).items() if k[:3] == MAIN}
     assert got == total
 
 
 def test_host_process_is_unattributed_not_pod(result):
     for scrape in ("before_delete", "after_delete"):
-        unattributed = _nonzero(result[scrape], "kubenpu_unattributed_calls_total")
+        unattributed = by_reason(result[scrape], "kubenpu_unattributed_calls_total")
         assert unattributed == result["expected_unattributed"]
         assert set(unattributed) == {"not_pod"}
-        assert _nonzero(result[scrape], "kubenpu_events_dropped_total") == {}
+        assert by_reason(result[scrape], "kubenpu_events_dropped_total") == {}
 
 
 def test_deleted_pod_is_retired_after_the_ttl(result):
-    after = _counts(result["after_delete"])
-    assert after == _expected(result["expected_after"])
+    after = ioctl_counts(result["after_delete"])
+    assert after == expected_counts(result["expected_after"])
     assert not [k for k in after if k[0] == "team-b"]
-    assert [k for k in _counts(result["before_delete"]) if k[0] == "team-b"]
+    assert [k for k in ioctl_counts(result["before_delete"]) if k[0] == "team-b"]
 
 
 def test_containerd_put_containers_in_kubelet_cgroups(result):

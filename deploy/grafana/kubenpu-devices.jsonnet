@@ -36,7 +36,7 @@ g.dashboard(
                 '{{node}} {{reason}}')],
       'reqps',
       g.pos(0, 17, 8, 8),
-      'Calls that were lost: ringbuf_full (kernel), map_full (kernel counts map), queue_full (agent backlog), device_unknown.',
+      'Calls that were lost: ringbuf_full (kernel ring buffer), map_full (kernel counts map), queue_full (keys per batch), device_unknown, bad_record (undecodable record).',
     ),
     g.timeseries(
       'CRI errors per second',
@@ -87,6 +87,20 @@ g.dashboard(
                 '{{node}}')],
       'short',
       g.pos(12, 33, 12, 8),
+    ),
+    g.timeseries(
+      'Agent faults and delays',
+      [
+        g.target('sum by (node) (increase(kubenpu_probe_read_errors_total{%s}[$__rate_interval]))' % node,
+                 '{{node}} failed kernel reads'),
+        g.target('sum by (node) (increase(kubenpu_sightings_late_total{%s}[$__rate_interval]))' % node,
+                 '{{node}} late first sightings', refId='B'),
+        g.target('sum by (node) (increase(kubenpu_pending_expired_calls_total{%s}[$__rate_interval]))' % node,
+                 '{{node}} calls unattributed after pending_seconds', refId='C'),
+      ],
+      'short',
+      g.pos(0, 41, 24, 8),
+      'Nothing here loses a call: failed reads are retried, late sightings resolve at the next map read, expired pending calls are counted without pod labels.',
     ),
   ],
 )

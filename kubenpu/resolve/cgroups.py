@@ -2,57 +2,115 @@
 
 bpf_get_current_cgroup_id() is the inode number of the process's cgroup v2 directory, so one walk
 of the hierarchy maps every id to its path. The walk is redone only when an unknown id shows up.
+A cgroup the kernel reports as new is indexed from its parent's directory alone (cgroup_born), so
+a short-lived container stays known after its directory is removed.
 """
 
 import logging
 import os
+import threading
+import time
 from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
+# Cgroups indexed at birth that nobody asked about are dropped once gone for this long (most new
+# cgroups on a node never call a GPU driver), checked when their number doubles.
+_UNCLAIMED_GRACE_SECONDS = 300.0
+_PRUNE_MIN = 1024
+
 
 class CgroupIndex:
-    """Not thread-safe: call from one thread."""
+    """Thread-safe: cgroup_born() runs on the probe's thread, the rest on the attribution thread."""
 
     def __init__(
-        self, root: str = "/sys/fs/cgroup", on_rebuild: Callable[[], None] | None = None
+        self,
+        root: str = "/sys/fs/cgroup",
+        on_rebuild: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._root = root
         self._on_rebuild = on_rebuild
+        self._clock = clock
+        self._lock = threading.Lock()  # guards the fields below; never held during a walk
+        self._walking = threading.Lock()  # one walk at a time
         self._paths: dict[int, str] = {}
         # Ids that were missing after the last walk: asking again must not walk again, or a
         # stream of events from one vanished cgroup would walk the tree once per event.
         self._missing: set[int] = set()
+        # Ids indexed at birth and not asked about yet -> birth time: a walk keeps them even
+        # when their directory is gone; _prune() drops the old gone ones.
+        self._unclaimed: dict[int, float] = {}
+        self._prune_at = _PRUNE_MIN
+        self._dev: int | None = None  # the root's file system, from the last walk
         self._root_error: str | None = None
         self.rebuilds = 0
 
     def path(self, cgroup_id: int) -> str | None:
         """Path relative to the root ("" for the root itself); None if no such cgroup exists."""
-        path = self._paths.get(cgroup_id)
-        if path is None and cgroup_id not in self._missing:
-            self._rebuild()
-            path = self._paths.get(cgroup_id)
-            if path is None:
-                self._missing.add(cgroup_id)
-        return path
+        with self._lock:
+            self._unclaimed.pop(cgroup_id, None)
+        return self._find(cgroup_id)
+
+    def cgroup_born(self, cgroup_id: int, parent_id: int) -> None:
+        """Index a new cgroup from one scan of its parent's directory (a walk only if the parent
+        is unknown too, e.g. before the first walk)."""
+        if self._claim_born(cgroup_id):
+            return  # a walk found it: kept through the next walks all the same
+        parent = self._find(parent_id)
+        with self._lock:
+            dev = self._dev
+        if parent is None or dev is None or self._claim_born(cgroup_id):
+            return  # outside the root, root unreadable, or found by the walk
+        found = _subdirs(self._root, parent, dev, inode=cgroup_id)
+        if found:  # else already gone: nothing left to name it by
+            self._claim_born(cgroup_id, found[0][1])
+
+    def _claim_born(self, cgroup_id: int, path: str | None = None) -> bool:
+        """Marks a known cgroup (or a new one at `path`) as born; False if unknown."""
+        with self._lock:
+            if path is not None:
+                self._paths[cgroup_id] = path
+                self._missing.discard(cgroup_id)
+            elif cgroup_id not in self._paths:
+                return False
+            self._unclaimed.setdefault(cgroup_id, self._clock())
+            prune = len(self._unclaimed) >= self._prune_at
+        if prune:
+            self._prune()
+        return True
 
     def alive(self, cgroup_id: int) -> bool:
         """Whether a known cgroup still exists (one stat; never walks)."""
-        path = self._paths.get(cgroup_id)
-        if path is None:
-            return False
-        try:
-            return os.stat(os.path.join(self._root, path)).st_ino == cgroup_id
-        except OSError:
-            return False
+        with self._lock:
+            path = self._paths.get(cgroup_id)
+        return path is not None and _exists(self._root, path, cgroup_id)
 
     def forget(self, cgroup_id: int) -> None:
-        self._paths.pop(cgroup_id, None)
-        self._missing.discard(cgroup_id)
+        with self._lock:
+            self._paths.pop(cgroup_id, None)
+            self._missing.discard(cgroup_id)
+            self._unclaimed.pop(cgroup_id, None)
+
+    def _find(self, cgroup_id: int) -> str | None:
+        """The path, walking once on a miss."""
+        with self._lock:
+            if cgroup_id in self._paths or cgroup_id in self._missing:
+                return self._paths.get(cgroup_id)
+        with self._walking:
+            with self._lock:  # another thread's walk may have found it meanwhile
+                if cgroup_id in self._paths:
+                    return self._paths[cgroup_id]
+            self._rebuild()
+        with self._lock:
+            path = self._paths.get(cgroup_id)
+            if path is None:
+                self._missing.add(cgroup_id)
+            return path
 
     def _rebuild(self) -> None:
         try:
-            self._paths = _walk(self._root)
+            dev, walked = _walk(self._root)
             self._root_error = None
         except OSError as e:
             if self._root_error != e.strerror:  # once, not on every miss
@@ -60,15 +118,41 @@ class CgroupIndex:
                     "cgroup root %s unreadable (%s): no pod attribution", self._root, e.strerror
                 )
             self._root_error = e.strerror
-            self._paths = {}
-        self._missing.clear()
-        self.rebuilds += 1
+            dev, walked = None, {}
+        with self._lock:
+            for cgroup_id in self._unclaimed:
+                walked.setdefault(cgroup_id, self._paths[cgroup_id])
+            self._paths, self._dev = walked, dev
+            self._missing.clear()
+            self.rebuilds += 1
         if self._on_rebuild is not None:
             self._on_rebuild()
 
+    def _prune(self) -> None:
+        now = self._clock()
+        with self._lock:
+            old = [
+                (cgroup_id, self._paths[cgroup_id])
+                for cgroup_id, born in self._unclaimed.items()
+                if now - born >= _UNCLAIMED_GRACE_SECONDS
+            ]
+        gone = [cgroup_id for cgroup_id, path in old if not _exists(self._root, path, cgroup_id)]
+        with self._lock:
+            for cgroup_id in gone:
+                if self._unclaimed.pop(cgroup_id, None) is not None:
+                    del self._paths[cgroup_id]
+            self._prune_at = max(_PRUNE_MIN, 2 * len(self._unclaimed))
 
-def _walk(root: str) -> dict[int, str]:
-    """Every cgroup under root by id; OSError if root itself is unreadable."""
+
+def _exists(root: str, path: str, cgroup_id: int) -> bool:
+    try:
+        return os.stat(os.path.join(root, path)).st_ino == cgroup_id
+    except OSError:
+        return False
+
+
+def _walk(root: str) -> tuple[int, dict[int, str]]:
+    """The root's device and every cgroup under it by id; OSError if root is unreadable."""
     top = os.stat(root)
     paths = {top.st_ino: ""}
     stack = [""]
@@ -76,17 +160,21 @@ def _walk(root: str) -> dict[int, str]:
         for ino, child in _subdirs(root, stack.pop(), top.st_dev):
             paths[ino] = child
             stack.append(child)
-    return paths
+    return top.st_dev, paths
 
 
-def _subdirs(root: str, rel: str, dev: int) -> list[tuple[int, str]]:
-    """(id, path) of rel's child directories on file system dev."""
+def _subdirs(root: str, rel: str, dev: int, inode: int | None = None) -> list[tuple[int, str]]:
+    """(id, path) of rel's child directories on file system dev (only the one with id `inode`
+    if given)."""
     found = []
     try:
         with os.scandir(os.path.join(root, rel)) as entries:
             for entry in entries:
                 # A cgroup removed during the walk is just skipped.
                 try:
+                    # readdir's d_ino is cgroupfs's id too, so a birth stats one entry only.
+                    if inode is not None and entry.inode() != inode:
+                        continue
                     if not entry.is_dir(follow_symlinks=False):
                         continue
                     # stat, not DirEntry.inode(): readdir's d_ino can differ from st_ino
@@ -96,7 +184,7 @@ def _subdirs(root: str, rel: str, dev: int) -> list[tuple[int, str]]:
                     continue
                 # Inode numbers are unique only within one file system: stay on the root's
                 # (cgroup v1 and hybrid layouts mount other hierarchies below it).
-                if st.st_dev == dev:
+                if st.st_dev == dev and (inode is None or st.st_ino == inode):
                     found.append((st.st_ino, os.path.join(rel, entry.name)))
     except OSError:
         pass

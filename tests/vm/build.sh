@@ -31,7 +31,6 @@ KERNEL_ORDER=(6.1 6.12 7.3)
 # The guest root. mount: not Essential in trixie; util-linux: unshare, setpriv; libcap2-bin: capsh;
 # iproute2: brings up lo for the CRI and OTLP test servers; kmod: modprobe, and depmod at build.
 ROOT_SUITE=trixie
-ROOT_MIRROR=http://deb.debian.org/debian
 ROOT_PACKAGES=python3,python3-venv,python3-bpfcc,kmod,ca-certificates,iproute2,mount
 ROOT_PACKAGES+=,util-linux,libcap2-bin,procps
 # Installed into /opt/kubenpu/venv besides the project itself (the guest runs OTLP/CRI servers).
@@ -43,6 +42,7 @@ INITRAMFS_MODULES=(virtio_pci 9pnet_virtio 9p overlay)
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 . "$repo/scripts/env.sh"
+ROOT_MIRROR=$(debian_mirror)   # the host's own mirror (or KUBENPU_DEBIAN_MIRROR)
 vm=$KUBENPU_CACHE/vm
 root=$vm/root
 stamps=$root/var/lib/kubenpu-vm   # inside the root: a rebuilt root drops its stamps with it

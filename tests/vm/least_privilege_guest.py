@@ -16,9 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-from e2e_guest import PY, Scenario, read_log
+from e2e_guest import Scenario
+from guestlib import ATTACHED, Agent
 
-ATTACH_TIMEOUT = 300
 STATUS_FIELDS = ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs")
 
 
@@ -63,7 +63,7 @@ class LeastPrivilegeScenario(Scenario):
         super().__init__(out, "aggregate")
         self.launcher = launcher(caps)
 
-    def start_agent(self) -> subprocess.Popen:
+    def start_agent(self) -> Agent:
         agent = super().start_agent()
         self.caps = process_caps(agent.pid)
         return agent
@@ -77,31 +77,16 @@ def scenario(out: Path, caps: list[str]) -> dict:
 def attach_check(out: Path, launch: tuple[str, ...], attach: str) -> dict:
     """Start the agent under `launch` (no exporters, no CRI) until it attaches or exits; record
     which, with its exit code and the capabilities it had."""
-    cfg = out / "agent.yaml"
-    cfg.write_text(
-        json.dumps({"probe": {"attach": attach}, "export": {"prometheus": {"enabled": False}}})
-    )
-    log_path = out / "agent.log"
-    with open(log_path, "w") as log:
-        agent = subprocess.Popen(
-            [*launch, PY, "-m", "kubenpu.agent", "--config", str(cfg)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        found = process_caps(agent.pid)
-        deadline = time.monotonic() + ATTACH_TIMEOUT
-        while agent.poll() is None and time.monotonic() < deadline:
-            if "attached to drm_ioctl" in read_log(log_path):
-                agent.terminate()
-            time.sleep(0.5)
-        if agent.poll() is None:
-            agent.kill()
-        rc = agent.wait(timeout=30)
-    text = read_log(log_path)
+    config = {"probe": {"attach": attach}, "export": {"prometheus": {"enabled": False}}}
+    agent = Agent(out, config, launcher=launch)
+    found = process_caps(agent.pid)
+    agent.wait_attached()
+    rc = agent.stop()
+    text = agent.log()
     return {
         "rc": rc,
         "caps": found,
-        "attached": "attached to drm_ioctl" in text,
+        "attached": ATTACHED in text,
         "errors": [line for line in text.splitlines() if " ERROR " in line],
         "agent_log": text,
     }

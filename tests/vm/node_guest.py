@@ -33,35 +33,41 @@ from typing import TypeVar
 import cri_test_pb2 as pb
 import grpc
 import oci_image
-from e2e_guest import (
+from google.protobuf.message import Message
+from guestlib import (
     ATTACH_TIMEOUT,
+    CGROUP,
     CREATE_DUMB,
-    SETTLE_TIMEOUT,
+    DRMCALL,
+    PROMETHEUS,
     SYNCOBJ_WAIT,
     VGEM_FENCE_ATTACH,
     VIRTGPU_EXECBUFFER,
     VIRTGPU_RESOURCE_CREATE,
     VIRTGPU_WAIT,
-    read_log,
+    Agent,
+    Call,
+    Samples,
+    device_node,
+    drmcall_argv,
+    ioctl_counts,
+    reports,
     scrape,
 )
-from google.protobuf.message import Message
 
 from kubenpu.discovery import Device, discover
 from kubenpu.resolve.cri import LABEL_CONTAINER, LABEL_NAMESPACE, LABEL_POD, LABEL_POD_UID
 
 HERE = Path(__file__).resolve().parent
-PY = sys.executable
 SOCKET = "/run/containerd/containerd.sock"  # also the agent's default CRI endpoint
 PAUSE_IMAGE = "docker.io/kubenpu/pause:test"  # tests/vm/containerd/config.toml's sandbox_image
 WORKLOAD_IMAGE = "docker.io/kubenpu/workload:test"
-DRMCALL = "/usr/local/bin/drmcall"
 FOREVER = "2147483647"  # seconds, for busybox sleep
 TTL = 10  # metrics.series_ttl_seconds: short, so the deleted pod retires within the run
 STEP_TIMEOUT = 120  # any single wait in the guest (TCG on a shared host is slow)
+SETTLE_TIMEOUT = 60  # for /metrics to show what was issued
 # kubelet's namespaces for a hostNetwork pod: no CNI needed.
 HOST_NETWORK = pb.NamespaceOption(network=pb.NODE, pid=pb.CONTAINER, ipc=pb.POD)
-LABELS = ("namespace", "pod", "container", "device", "vendor", "kind")
 T = TypeVar("T")
 M = TypeVar("M", bound=Message)
 
@@ -296,22 +302,15 @@ class Node:
 
     # --- workloads ---------------------------------------------------------------------------
 
-    def _node(self, step: Step) -> str:
-        return next(n.path for n in self.devices[step.vendor].nodes if n.name.startswith(step.node))
-
-    def drmcall_args(self, steps: list[Step]) -> list[str]:
-        return [str(a) for s in steps for a in (self._node(s), s.ioctl[0], s.ioctl[1], s.count)]
+    def calls(self, steps: list[Step]) -> list[Call]:
+        nodes = [device_node(self.devices[s.vendor], s.node) for s in steps]
+        return [Call.drm(node, s.ioctl, s.count) for node, s in zip(nodes, steps, strict=True)]
 
     def tally(self, pod: Pod | None, name: str, attempt: int, steps: list[Step], out: str) -> None:
         """Expected counts from drmcall's own report of what it issued."""
-        by_call = {(self._node(s), s.ioctl[0]): s for s in steps}
-        reports = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-        if len(reports) != len(steps):
-            raise SystemExit(f"drmcall reported {len(reports)} of {len(steps)} steps: {out!r}")
         who = (pod.namespace, pod.name, name) if pod else ("", "", "")
         issued = self.issued.setdefault(container_key(pod, name, attempt), Counter())
-        for rep in reports:
-            step = by_call[(rep["device"], rep["nr"])]
+        for step, rep in zip(steps, reports(out, self.calls(steps)), strict=True):
             series = (self.devices[step.vendor].id, step.vendor, step.kind)
             issued[series] += rep["calls"]
             self.expected[(*who, *series)] += rep["calls"]
@@ -320,8 +319,8 @@ class Node:
 
     def entrypoint(self, steps: list[Step]) -> list[str]:
         """A container command that makes the calls at start, then stays up like a server."""
-        script = f'{DRMCALL} "$@" && exec sleep {FOREVER}'
-        return ["/bin/sh", "-c", script, "drmcall", *self.drmcall_args(steps)]
+        script = f'"$0" "$@" && exec sleep {FOREVER}'  # $0: drmcall
+        return ["/bin/sh", "-c", script, *drmcall_argv(self.calls(steps))]
 
     def run_entrypoint(self, pod: Pod, name: str, attempt: int, steps: list[Step]) -> str:
         cid = self.kubelet.start_container(pod, name, attempt, self.entrypoint(steps))
@@ -331,14 +330,13 @@ class Node:
 
     def run_exec(self, pod: Pod, name: str, cid: str, steps: list[Step]) -> None:
         """drmcall through ExecSync, in a container of attempt 0 started before the agent."""
-        output = self.kubelet.exec(cid, [DRMCALL, *self.drmcall_args(steps)])
+        output = self.kubelet.exec(cid, drmcall_argv(self.calls(steps)))
         self.tally(pod, name, 0, steps, output)
 
     def run_host(self, steps: list[Step]) -> None:
-        cgroup = Path("/sys/fs/cgroup/system.slice/host-tool.service")
+        cgroup = CGROUP / "system.slice" / "host-tool.service"
         cgroup.mkdir(parents=True, exist_ok=True)
-        enter = 'echo $$ > "$0/cgroup.procs" && exec "$@"'
-        argv = ["sh", "-c", enter, str(cgroup), DRMCALL, *self.drmcall_args(steps)]
+        argv = drmcall_argv(self.calls(steps), cgroup)
         output = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
         self.tally(None, "host-tool", 0, steps, output)
 
@@ -384,44 +382,22 @@ class Node:
             ctr = ["ctr", "--address", SOCKET, "--namespace", "k8s.io", "images", "import"]
             subprocess.run([*ctr, str(archive)], check=True)
 
-    def start_agent(self) -> subprocess.Popen:
-        cfg = self.out / "agent.yaml"
-        cfg.write_text(
-            json.dumps(  # JSON is YAML. attribution.cri.endpoint: the default, containerd's.
-                {
-                    "metrics": {"series_ttl_seconds": TTL},
-                    "export": {"prometheus": {"enabled": True, "host": "127.0.0.1", "port": 8080}},
-                }
-            )
-        )
-        log = open(self.out / "agent.log", "w")  # noqa: SIM115 - lives as long as the agent
-        agent = subprocess.Popen(
-            [PY, "-m", "kubenpu.agent", "--config", str(cfg)], stdout=log, stderr=subprocess.STDOUT
-        )
-
-        def attached() -> bool:
-            if agent.poll() is not None:
-                raise SystemExit(f"agent exited {agent.returncode}; see agent.log")
-            return "attached to drm_ioctl" in read_log(self.out / "agent.log")
-
-        wait_for("the agent to attach", attached, ATTACH_TIMEOUT)
+    def start_agent(self) -> Agent:
+        # attribution.cri.endpoint: the default, containerd's.
+        config = {"metrics": {"series_ttl_seconds": TTL}, "export": {"prometheus": PROMETHEUS}}
+        agent = Agent(self.out, config)
+        agent.attach(ATTACH_TIMEOUT)
         return agent
 
     # --- /metrics ----------------------------------------------------------------------------
 
-    scrape = staticmethod(scrape)
-
     @staticmethod
-    def ioctl_counts(prom: dict[str, list]) -> dict[tuple[str, ...], float]:
-        samples = prom.get("kubenpu_ioctl_total", [])
-        return {tuple(s["labels"][k] for k in LABELS): s["value"] for s in samples}
-
-    def settle(self, want: dict[tuple[str, ...], int]) -> dict[str, list]:
+    def settle(want: dict[tuple[str, ...], int]) -> Samples:
         """The first scrape that shows exactly `want`, or the last one before the deadline."""
         deadline = time.monotonic() + SETTLE_TIMEOUT
         while True:
-            prom = self.scrape()
-            if self.ioctl_counts(prom) == want or time.monotonic() > deadline:
+            prom = scrape()
+            if ioctl_counts(prom) == want or time.monotonic() > deadline:
                 return prom
             time.sleep(1)
 
@@ -466,8 +442,7 @@ class Node:
             self.mark("pod B retired")
         finally:
             if agent:
-                agent.terminate()
-                agent.wait(timeout=30)
+                agent.stop()
             containerd.terminate()
             containerd.wait(timeout=30)
         return {
@@ -490,7 +465,7 @@ class Node:
             },
             "before_delete": before,
             "after_delete": after,
-            "agent_log": read_log(self.out / "agent.log"),
+            "agent_log": agent.log(),
         }
 
 

@@ -6,6 +6,7 @@ api_pb2*.py are generated from it by scripts/gen-cri.sh.
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -13,8 +14,8 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message
 
-from kubenpu.resolve.attribution import CONTAINER_NOT_FOUND, CRI_ERROR, NOT_POD, Attribution
 from kubenpu.resolve.cri import api_pb2, api_pb2_grpc
+from kubenpu.resolve.result import Attribution, Unattributed
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +27,9 @@ LABEL_POD = "io.kubernetes.pod.name"
 LABEL_POD_UID = "io.kubernetes.pod.uid"
 LABEL_CONTAINER = "io.kubernetes.container.name"
 
-# Called once per RPC sent: its duration and whether the runtime answered. NOT_FOUND is an
-# answer (ok=True); UNAVAILABLE, deadline and other failures are not (ok=False).
+# Called once per RPC sent, from the thread that sent it: its duration and whether the runtime
+# answered. NOT_FOUND is an answer (ok=True); UNAVAILABLE, deadline and other failures are not
+# (ok=False).
 RequestObserver = Callable[[float, bool], None]
 
 
@@ -41,10 +43,10 @@ def socket_path(endpoint: str) -> str:
 
 
 class CriClient:
-    """Looks containers up and caches the answers per container id. Not thread-safe.
+    """Looks containers up; safe to call from several threads at once (one shared channel).
 
     After a failed request no request is sent for `retry_after` seconds: a runtime that is down
-    must not be asked once per event. Failures are not cached, so lookups recover on their own.
+    must not be asked once per container. Answers are not cached here: the Resolver owns that.
     """
 
     def __init__(
@@ -60,80 +62,94 @@ class CriClient:
         self._retry_after = retry_after
         self._on_request = on_request
         self._clock = clock
+        self._lock = threading.Lock()  # guards the fields below
         self._channel: grpc.Channel | None = None
         self._stub: api_pb2_grpc.RuntimeServiceStub | None = None
-        self._cache: dict[str, Attribution] = {}
         self._down_until: float | None = None  # set while backing off after a failure
+        self._closed = False
 
     def version(self) -> str | None:
         """ "<runtime> <version> (CRI <api version>)" for a startup log line, or None (logged)."""
-        try:
-            v = self._call(self._runtime().Version, api_pb2.VersionRequest(version="v1"))
-        except grpc.RpcError as e:
-            self._failed(e)
+        v = self._ask("Version", api_pb2.VersionRequest(version="v1"))
+        if isinstance(v, Unattributed):
             return None
         return f"{v.runtime_name} {v.runtime_version} (CRI {v.runtime_api_version})"
 
     def lookup(self, container_id: str) -> Attribution:
-        if cached := self._cache.get(container_id):
-            return cached
-        if self._down_until is not None and self._clock() < self._down_until:
-            return Attribution(reason=CRI_ERROR)
+        """The container's pod; container_not_found if the runtime does not know it (yet),
+        cri_error if it did not answer or we are backing off."""
         request = api_pb2.ContainerStatusRequest(container_id=container_id)
-        try:
-            response = self._call(self._runtime().ContainerStatus, request)
-        except grpc.RpcError as e:
-            if e.code() != grpc.StatusCode.NOT_FOUND:
-                self._failed(e)
-                return Attribution(reason=CRI_ERROR)
-            result = Attribution(reason=CONTAINER_NOT_FOUND)
-        else:
-            result = _attribution(response.status)
-        self._cache[container_id] = result
-        return result
-
-    def forget(self, container_id: str) -> None:
-        self._cache.pop(container_id, None)
+        response = self._ask("ContainerStatus", request)
+        if isinstance(response, Unattributed):
+            return Attribution(reason=response)
+        return _attribution(response.status)
 
     def close(self) -> None:
-        if self._channel is not None:
-            self._channel.close()
-        self._channel = self._stub = None
+        """Ends in-flight requests at once (they read as cri_error) and sends no more."""
+        with self._lock:
+            self._closed = True
+            channel, self._channel, self._stub = self._channel, None, None
+        if channel is not None:
+            channel.close()
 
-    def _runtime(self) -> api_pb2_grpc.RuntimeServiceStub:
-        if self._stub is None:
-            self._channel = grpc.insecure_channel(grpc_target(self._endpoint))
-            self._stub = api_pb2_grpc.RuntimeServiceStub(self._channel)
-        return self._stub
-
-    def _call(self, method: Callable[..., Any], request: Message) -> Any:
+    def _ask(self, method: str, request: Message) -> Any:
+        """The response, or the reason there is none."""
+        with self._lock:
+            if self._closed or (self._down_until is not None and self._clock() < self._down_until):
+                return Unattributed.CRI_ERROR
+            if self._stub is None:
+                self._channel = grpc.insecure_channel(grpc_target(self._endpoint))
+                self._stub = api_pb2_grpc.RuntimeServiceStub(self._channel)
+            channel, stub = self._channel, self._stub
         start = time.monotonic()
-        ok = False
         try:
-            response = method(request, timeout=self._timeout)
-            ok = True
-            return response
+            response = getattr(stub, method)(request, timeout=self._timeout)
+        except ValueError:  # "closed channel": close(), or another thread replaced it
+            return Unattributed.CRI_ERROR
         except grpc.RpcError as e:
-            ok = e.code() == grpc.StatusCode.NOT_FOUND
-            raise
-        finally:
-            if self._on_request is not None:
-                self._on_request(time.monotonic() - start, ok)
-            if ok and self._down_until is not None:
-                log.info("CRI endpoint %s answers again", self._endpoint)
-                self._down_until = None
+            if self._closed:  # cancelled by close(): not the runtime's failure
+                return Unattributed.CRI_ERROR
+            if e.code() == grpc.StatusCode.NOT_FOUND:  # an answer: the runtime is up
+                self._answered(start)
+                return Unattributed.CONTAINER_NOT_FOUND
+            self._failed(e, channel)
+            self._observe(start, False)
+            return Unattributed.CRI_ERROR
+        self._answered(start)
+        return response
 
-    def _failed(self, error: grpc.RpcError) -> None:
-        if self._down_until is None:
+    def _answered(self, start: float) -> None:
+        with self._lock:
+            recovered, self._down_until = self._down_until is not None, None
+        if recovered:
+            log.info("CRI endpoint %s answers again", self._endpoint)
+        self._observe(start, True)
+
+    def _observe(self, start: float, ok: bool) -> None:
+        """Last, once the request's effect on the back-off is in place."""
+        if self._on_request is not None:
+            self._on_request(time.monotonic() - start, ok)
+
+    def _failed(self, error: grpc.RpcError, channel: grpc.Channel | None) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            first = self._down_until is None
+            self._down_until = self._clock() + self._retry_after
+            # A fresh channel on retry: gRPC's own reconnect back-off could outlast ours. Only
+            # the channel this request used: another thread may have opened a new one already.
+            stale = self._channel is channel
+            if stale:
+                self._channel = self._stub = None
+        if first:
             log.warning(
                 "CRI endpoint %s: %s; pods get empty labels, retrying every %gs",
                 self._endpoint,
                 _describe(self._endpoint, error),
                 self._retry_after,
             )
-        self._down_until = self._clock() + self._retry_after
-        # A fresh channel on retry: gRPC's own reconnect back-off could outlast ours.
-        self.close()
+        if stale and channel is not None:
+            channel.close()
 
 
 def _attribution(status: api_pb2.ContainerStatus) -> Attribution:
@@ -141,7 +157,7 @@ def _attribution(status: api_pb2.ContainerStatus) -> Attribution:
     container = labels.get(LABEL_CONTAINER) or status.metadata.name
     if not (labels.get(LABEL_NAMESPACE) and labels.get(LABEL_POD)):
         # A container kubelet did not create (e.g. started with ctr or nerdctl).
-        return Attribution(container=container, reason=NOT_POD)
+        return Attribution(container=container, reason=Unattributed.NOT_POD)
     return Attribution(labels[LABEL_NAMESPACE], labels[LABEL_POD], container)
 
 

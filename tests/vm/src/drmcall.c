@@ -1,13 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 /*
- * drmcall: make a known number of DRM ioctls, fast, with no runtime dependencies (built static,
- * so it runs in a bare container image and in tight benchmark loops).
+ * drmcall: make a known number of ioctls on device nodes, fast, with no runtime dependencies
+ * (built static, so it runs in a bare container image and in tight benchmark loops). It is the
+ * one workload generator of the VM tests and the benchmark.
  *
- *   drmcall [--rate CALLS_PER_SEC] DEVICE NR SIZE COUNT [DEVICE NR SIZE COUNT]...
+ *   drmcall [--rate CALLS_PER_SEC] [--cgroup DIR] [--raw] DEVICE NR SIZE COUNT ...
  *
- * Each step opens DEVICE and issues DRM_IOWR(NR, SIZE) COUNT times. The driver may reject the
- * call: it has still passed drm_ioctl's entry, which is what KubeNPU counts. With --rate, calls
- * are paced in batches to about that rate. One JSON line per step reports what was done.
+ * Arguments are read in order. A step `DEVICE NR SIZE COUNT` opens DEVICE and issues
+ * DRM_IOWR(NR, SIZE) COUNT times; with --raw before it, NR is a whole ioctl request issued as is
+ * (e.g. 0x5401, TCGETS: not a DRM ioctl at all), with a zeroed SIZE-byte argument. The driver may
+ * reject a call: it has still passed drm_ioctl's entry, which is what KubeNPU counts.
+ * --cgroup DIR moves the process into that cgroup v2 directory before the steps that follow (so
+ * one process can make calls from many cgroups); --rate paces the steps that follow, in batches,
+ * to about that many calls per second. One JSON line per step reports what was done.
  */
 #include <fcntl.h>
 #include <stdio.h>
@@ -19,6 +24,7 @@
 
 #define DRM_IOWR_CMD(nr, size) _IOC(_IOC_READ | _IOC_WRITE, 'd', (nr), (size))
 #define BATCH 1000
+#define MAX_SIZE 4096
 
 static double now(void)
 {
@@ -37,15 +43,26 @@ static void pace(double start, long done, double rate)
     }
 }
 
-static int run_step(const char *path, unsigned nr, unsigned size, long count, double rate)
+static int enter_cgroup(const char *dir)
 {
-    static unsigned char buf[4096];
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/cgroup.procs", dir);
+    FILE *f = fopen(path, "w");
+    if (!f || fprintf(f, "%d\n", getpid()) < 0 || fclose(f) != 0) {
+        perror(path);
+        return 1;
+    }
+    return 0;
+}
+
+static int run_step(const char *path, unsigned long cmd, unsigned size, long count, double rate)
+{
+    static unsigned char buf[MAX_SIZE];
     int fd = open(path, O_RDWR);
     if (fd < 0) {
         perror(path);
         return 1;
     }
-    unsigned long cmd = DRM_IOWR_CMD(nr, size);
     double start = now();
     for (long i = 0; i < count; i++) {
         memset(buf, 0, size);
@@ -55,32 +72,49 @@ static int run_step(const char *path, unsigned nr, unsigned size, long count, do
     }
     double elapsed = now() - start;
     close(fd);
-    printf("{\"device\": \"%s\", \"nr\": %u, \"calls\": %ld, \"seconds\": %.6f}\n", path, nr, count,
-           elapsed);
+    printf("{\"device\": \"%s\", \"cmd\": %lu, \"calls\": %ld, \"seconds\": %.6f}\n", path, cmd,
+           count, elapsed);
     return 0;
+}
+
+static int usage(const char *argv0)
+{
+    fprintf(stderr,
+            "usage: %s [--rate N] [--cgroup DIR] [--raw] DEVICE NR SIZE COUNT ...\n", argv0);
+    return 2;
 }
 
 int main(int argc, char **argv)
 {
     double rate = 0;
-    int i = 1;
-    if (argc > 2 && strcmp(argv[1], "--rate") == 0) {
-        rate = atof(argv[2]);
-        i = 3;
-    }
-    if (argc - i < 4 || (argc - i) % 4 != 0) {
-        fprintf(stderr, "usage: %s [--rate N] DEVICE NR SIZE COUNT [DEVICE NR SIZE COUNT]...\n",
-                argv[0]);
-        return 2;
-    }
-    for (; i < argc; i += 4) {
+    int steps = 0;
+    for (int i = 1; i < argc;) {
+        if (strcmp(argv[i], "--rate") == 0 && i + 1 < argc) {
+            rate = atof(argv[i + 1]);
+            i += 2;
+            continue;
+        }
+        if (strcmp(argv[i], "--cgroup") == 0 && i + 1 < argc) {
+            if (enter_cgroup(argv[i + 1]))
+                return 1;
+            i += 2;
+            continue;
+        }
+        int raw = strcmp(argv[i], "--raw") == 0;
+        i += raw;
+        if (argc - i < 4)
+            return usage(argv[0]);
+        unsigned long request = strtoul(argv[i + 1], NULL, 0);
         unsigned size = strtoul(argv[i + 2], NULL, 0);
-        if (size > 4096) {
+        if (size > MAX_SIZE) {
             fprintf(stderr, "size %u too large\n", size);
             return 2;
         }
-        if (run_step(argv[i], strtoul(argv[i + 1], NULL, 0), size, atol(argv[i + 3]), rate))
+        unsigned long cmd = raw ? request : DRM_IOWR_CMD(request, size);
+        if (run_step(argv[i], cmd, size, atol(argv[i + 3]), rate))
             return 1;
+        steps++;
+        i += 4;
     }
-    return 0;
+    return steps ? 0 : usage(argv[0]);
 }

@@ -1,0 +1,568 @@
+"""kubenpuctl top, used as a person and a script would: against /metrics snapshots recorded with
+the agent's own exporter (tests/testdata/top/record.py) and served by a real HTTP server, in a
+real tmux terminal, and through a real Prometheus.
+
+The recorded pods call at known rates (record.RATES), so every rate on screen is known. Timing
+is never asserted: rates are compared with a tolerance over the interval the server measured,
+and their ratios to each other, which no timing affects, exactly.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from test_export import free_port
+from test_export_prometheus import run_server, tools  # noqa: F401 (tools: a fixture)
+
+from kubenpu import top
+
+REPO = Path(__file__).resolve().parent.parent
+DATA = REPO / "tests/testdata/top"
+KUBENPUCTL = Path(sys.executable).parent / "kubenpuctl"
+_spec = importlib.util.spec_from_file_location("record", DATA / "record.py")
+assert _spec and _spec.loader
+record = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(record)
+KINDS = ("submit", "alloc", "wait")
+
+
+def fixture(name: str) -> str:
+    return (DATA / name).read_text()
+
+
+# --- a /metrics server with recorded snapshots ---------------------------------------------
+
+
+class MetricsServer:
+    """Serves /metrics on 127.0.0.1 from `body(now)`; keeps the time of every scrape."""
+
+    def __init__(self, body: Callable[[float], str]) -> None:
+        self.served: list[float] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path != "/metrics":
+                    self.send_error(404)
+                    return
+                now = time.monotonic()
+                data = body(now).encode()
+                server.served.append(now)
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}/metrics"
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+def sequence(*texts: str) -> Callable[[float], str]:
+    """The snapshots in order, then the last one again."""
+    served = []
+
+    def body(now: float) -> str:
+        served.append(now)
+        return texts[min(len(served), len(texts)) - 1]
+
+    return body
+
+
+def linear(before: str, after: str, seconds: float) -> Callable[[float], str]:
+    """`after`, its counters growing on at the rate they grew from `before`: any two scrapes,
+    whenever they come, see the recorded rates."""
+    old = dict(_values(before))
+    start = time.monotonic()
+
+    def body(now: float) -> str:
+        lines = []
+        for line in after.splitlines():
+            key, _, value = line.rpartition(" ")
+            if not line.startswith("#") and "_total" in key and float(value) > old.get(key, 0):
+                growth = (float(value) - old[key]) / seconds if key in old else 0.0
+                line = f"{key} {float(value) + growth * (now - start):.3f}"
+            lines.append(line)
+        return "\n".join(lines) + "\n"
+
+    return body
+
+
+def _values(text: str) -> Iterator[tuple[str, float]]:
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            yield key, float(value)
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[[Callable[[float], str]], MetricsServer]]:
+    servers: list[MetricsServer] = []
+
+    def start(body: Callable[[float], str]) -> MetricsServer:
+        servers.append(MetricsServer(body))
+        return servers[-1]
+
+    yield start
+    for s in servers:
+        s.close()
+
+
+def ctl(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(KUBENPUCTL), "top", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+# --- what the recording says every row must show -------------------------------------------
+
+
+def expected_rows() -> dict[tuple[str, ...], dict[str, float]]:
+    """(namespace, pod, container, device, vendor) -> calls/s per kind, from record.RATES."""
+    return {
+        (*k, record.VENDOR[k[3]]): dict(zip(KINDS, map(float, rates), strict=True))
+        for k, rates in record.RATES.items()
+    }
+
+
+def check_rates(rows: list[dict], scale: float, rel: float = 0.1, exact: bool = True) -> None:
+    """Rows are the recorded pods with the recorded rates times `scale` (the recorded seconds
+    over the measured ones), each within `rel`. `exact`: all with one and the same scale, which
+    holds whatever the timing (not on screen, where rates are rounded for reading)."""
+    want = expected_rows()
+    got = {tuple(r[k] for k in top.POD_LABELS): r["rates"] for r in rows}
+    assert set(got) == set(want)
+    measured = [got[k][kind] / v for k, kinds in want.items() for kind, v in kinds.items() if v]
+    if exact:
+        assert max(measured) == pytest.approx(min(measured), rel=1e-3)
+    assert all(m == pytest.approx(scale, rel=rel) for m in measured), measured
+    assert all(got[k][kind] == 0 for k, kinds in want.items() for kind, v in kinds.items() if not v)
+
+
+def by_total(rows: list[dict]) -> list[str]:
+    return [f"{r['namespace']}/{r['pod']}/{r['container']}" for r in rows]
+
+
+TOTAL_ORDER = [
+    "ml/trainer-0/main",
+    "ml/trainer-1/main",
+    "vision/infer-7f9c4-x2kq/server",
+    "vision/infer-7f9c4-x2kq/sidecar",
+    "//",  # host processes: empty pod labels
+    "batch/etl-0/worker",
+]
+
+
+# --- script mode -----------------------------------------------------------------------------
+
+
+def test_once_json_rows_rates_and_order(serve):
+    server = serve(sequence(fixture("agent-0.prom"), fixture("agent-1.prom")))
+    result = ctl("--once", "--interval", "1", "--output", "json", "--url", server.url)
+    assert (result.returncode, result.stderr) == (0, "")
+    rows = json.loads(result.stdout)
+    elapsed = server.served[1] - server.served[0]
+    check_rates(rows, record.SECONDS / elapsed)
+    assert by_total(rows) == TOTAL_ORDER  # ml/old-job-0 went between the scrapes: no row
+    assert set(rows[0]) == {"namespace", "pod", "container", "device", "vendor", "rates"}
+    assert rows[0]["device"] == record.GPU and rows[0]["vendor"] == "i915"
+
+
+def test_counter_reset_counts_from_zero(serve):
+    """The agent restarted between the scrapes: its counters started again from zero."""
+    server = serve(sequence(fixture("agent-1.prom"), fixture("restart.prom")))
+    result = ctl("--once", "--interval", "1", "-o", "json", "--url", server.url)
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout)
+    check_rates(rows, record.SECONDS / (server.served[1] - server.served[0]))
+
+
+def test_fdinfo_columns_appear_when_exported(serve):
+    server = serve(sequence(fixture("fdinfo-0.prom"), fixture("fdinfo-1.prom")))
+    result = ctl("--once", "--interval", "1", "-o", "json", "--url", server.url)
+    assert result.returncode == 0, result.stderr
+    rows = {(r["pod"], r["container"]): r for r in json.loads(result.stdout)}
+    check_rates(list(rows.values()), record.SECONDS / (server.served[1] - server.served[0]))
+    # Busy % over the same interval as the calls: exact relative to them.
+    scale = rows[("trainer-0", "main")]["rates"]["submit"] / 400
+    busy = rows[("trainer-0", "main")]["busy"]
+    assert set(busy) == {"render", "video"}
+    assert busy["render"] == pytest.approx(90 * scale, rel=1e-3)
+    assert busy["video"] == pytest.approx(5 * scale, rel=1e-3)
+    assert rows[("infer-7f9c4-x2kq", "server")]["busy"]["compute"] == pytest.approx(
+        75 * scale, abs=2e-3
+    )
+    assert rows[("infer-7f9c4-x2kq", "server")]["memory"] == {"local": {"total": 96 << 20}}
+    assert rows[("trainer-0", "main")]["memory"]["system"]["resident"] == 3 << 29
+    assert rows[("etl-0", "worker")]["busy"] == {}
+
+
+def test_once_table(serve):
+    server = serve(sequence(fixture("fdinfo-0.prom"), fixture("fdinfo-1.prom")))
+    result = ctl("--once", "--interval", "1", "--url", server.url, "--sort", "pod")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("kubenpu top - node worker-1 - agent 0.1.0 - every 1s")
+    assert lines[1] == "devices (2): 0000:00:02.0 i915, 0000:00:0b.0 ivpu"
+    assert lines[4].split() == [
+        *("NAMESPACE", "POD*", "CONTAINER", "DEVICE", "VENDOR", "TOTAL", "SUBMIT", "ALLOC"),
+        *("WAIT", "COMPUTE%", "RENDER%", "VIDEO%", "MEM"),
+    ]
+    pods = [line.split()[1] for line in lines[5:]]
+    assert pods == ["-", "etl-0", *["infer-7f9c4-x2kq"] * 2, "trainer-0", "trainer-1"]
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("closed", r"cannot reach http://127\.0\.0\.1:\d+/metrics: Connection refused"),
+        ("404", r"http://127\.0\.0\.1:\d+/nothing: HTTP 404 Not Found"),
+        (
+            "html",
+            r"http://127\.0\.0\.1:\d+/metrics: no kubenpu_ metrics there \(not a KubeNPU agent\?\)",
+        ),
+        ("bad", r"cannot reach nonsense://x: unknown url type: nonsense"),
+    ],
+)
+def test_dead_endpoint_is_one_line_and_exit_2(serve, url, message):
+    server = serve(sequence("<html>hello</html>\n"))
+    server_url = {
+        "closed": f"http://127.0.0.1:{_closed_port()}/metrics",
+        "404": server.url.replace("/metrics", "/nothing"),
+        "html": server.url,
+        "bad": "nonsense://x",
+    }[url]
+    result = ctl("--once", "--url", server_url)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert re.fullmatch(f"kubenpuctl: error: {message}\n", result.stderr), result.stderr
+
+
+def _closed_port() -> int:
+    return free_port()  # nothing listens there once it returns
+
+
+def test_live_view_needs_a_terminal(serve):
+    server = serve(sequence(fixture("agent-0.prom")))
+    result = ctl("--url", server.url)
+    assert result.returncode == 2
+    assert result.stderr == (
+        "kubenpuctl: error: the live view needs a terminal; use --once for scripts\n"
+    )
+
+
+def test_a_short_screen_says_how_many_rows_it_hides():
+    before, _ = top.parse(fixture("agent-0.prom"))
+    after, _ = top.parse(fixture("agent-1.prom"))
+    frame = top.build_frame(top.Reading(after, top.counter_rates(before, after, 2.0)), False)
+
+    class Source:
+        url, multi_node = "http://node:8080/metrics", False
+
+    view = top._View(Source(), 2.0, "total", frame=frame)
+    lines, titles = view.lines(60, 10)
+    assert len(lines) == 10 and titles == 4
+    assert [line.split()[1] for line in lines[5:8]] == ["trainer-0", "trainer-1", "infer-~4-x2kq"]
+    assert lines[8] == "... 3 more rows"
+    assert lines[9].startswith("sort total descending | keys:")
+    assert view.key(ord("w")) and view.sort == "wait"
+    assert not view.key(ord("q"))
+
+
+# --- the parser --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in DATA.glob("*.prom")))
+def test_parser_reads_what_prometheus_client_reads(name):
+    text = fixture(name)
+    ours, malformed = top.parse(text)
+    theirs = [
+        (s.name, s.labels, s.value)
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    ]
+    assert malformed == 0
+    assert [tuple(s) for s in ours] == theirs
+
+
+def test_parser_escapes_and_malformed_lines():
+    text = (
+        'a{x="q\\"uo,te",y="back\\\\slash\\nnl"} 1.5 1700000000000\n'
+        "b 2\n"
+        'c{x="unterminated} 3\n'
+        "d{} 4\n"
+        "e notanumber\n"
+        "f +Inf\n"
+    )
+    series, malformed = top.parse(text)
+    assert series == [
+        top.Series("a", {"x": 'q"uo,te', "y": "back\\slash\nnl"}, 1.5),
+        top.Series("b", {}, 2.0),
+        top.Series("d", {}, 4.0),
+        top.Series("f", {}, float("inf")),
+    ]
+    assert malformed == 2
+
+
+# --- in a terminal -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def tmux() -> str:
+    out = subprocess.run(
+        ["bash", str(REPO / "scripts/tmux.sh")],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    return out.stdout.strip().splitlines()[-1]
+
+
+class Terminal:
+    """One tmux session running a command, on a private tmux server."""
+
+    def __init__(self, tmux: str, tmp: Path, width: int, height: int, command: list[str]) -> None:
+        self._base = [tmux, "-S", str(tmp / "tmux.sock"), "-f", str(tmp / "tmux.conf")]
+        (tmp / "tmux.conf").write_text("set -g remain-on-exit on\n")
+        size = ["-x", str(width), "-y", str(height)]
+        # LINES/COLUMNS from the caller would override the terminal's size in curses.
+        env = ["env", "-u", "LINES", "-u", "COLUMNS", "TERM=screen", "LANG=C.UTF-8"]
+        self._tmux("new-session", "-d", *size, "-s", "top", *env, *command)
+
+    def _tmux(self, *args: str) -> str:
+        return subprocess.run(
+            [*self._base, *args], check=True, capture_output=True, text=True, timeout=30
+        ).stdout
+
+    def screen(self) -> list[str]:
+        return self._tmux("capture-pane", "-p", "-t", "top").rstrip("\n").split("\n")
+
+    def press(self, key: str) -> None:
+        self._tmux("send-keys", "-t", "top", key)
+
+    def dead(self) -> bool:
+        return self._tmux("display-message", "-p", "-t", "top", "#{pane_dead}").strip() == "1"
+
+    def wait_for(self, ready: Callable[[list[str]], bool], timeout: float = 60) -> list[str]:
+        """Poll the screen (bounded) until `ready` holds; fail with what the screen showed."""
+        deadline = time.monotonic() + timeout
+        while True:
+            lines = self.screen()
+            if ready(lines):
+                return lines
+            assert time.monotonic() < deadline, "\n".join(lines)
+            time.sleep(0.2)
+
+    def close(self) -> None:
+        subprocess.run([*self._base, "kill-server"], capture_output=True, timeout=30)
+
+
+def table_rows(lines: list[str]) -> tuple[list[str], list[dict[str, str]]]:
+    """The column titles and the rows below them, as a person reads the screen."""
+    at = next(i for i, line in enumerate(lines) if line.startswith("NAMESPACE"))
+    titles = lines[at].split()
+    rows = []
+    for line in lines[at + 1 :]:
+        cells = line.split()
+        if len(cells) != len(titles):
+            break
+        rows.append(dict(zip([t.rstrip("*") for t in titles], cells, strict=True)))
+    return titles, rows
+
+
+def has_rates(lines: list[str]) -> bool:
+    return any("calls/s" in line for line in lines) and any("trainer-0" in line for line in lines)
+
+
+def screen_rates(rows: list[dict[str, str]]) -> list[dict]:
+    """Screen rows as --once JSON rows ('-' is an empty label; devices lose domain 0000)."""
+    vendor = {d.removeprefix("0000:"): v for d, v in record.VENDOR.items()}
+    return [
+        {
+            "namespace": r["NAMESPACE"].strip("-"),
+            "pod": r["POD"].strip("-"),
+            "container": r["CONTAINER"].strip("-"),
+            "device": "0000:" + r["DEVICE"],
+            "vendor": vendor[r["DEVICE"]],
+            "rates": {k: float(r[k.upper()]) for k in KINDS},
+        }
+        for r in rows
+    ]
+
+
+def save_capture(name: str, lines: list[str]) -> None:
+    """KUBENPU_UPDATE_DOCS=1 writes the screen into docs/top.md between its markers."""
+    if os.environ.get("KUBENPU_UPDATE_DOCS") != "1":
+        return
+    doc = REPO / "docs/top.md"
+    begin, end = f"<!-- capture {name} -->\n", f"<!-- end {name} -->\n"
+    text = doc.read_text()
+    head, rest = text.split(begin)
+    tail = rest.split(end)[1]
+    screen = "\n".join(line.rstrip() for line in lines).rstrip("\n")
+    doc.write_text(f"{head}{begin}```\n{screen}\n```\n{end}{tail}")
+
+
+@pytest.fixture
+def terminal(tmux, tmp_path) -> Iterator[Callable[..., Terminal]]:
+    terms: list[Terminal] = []
+
+    def start(width: int, height: int, *args: str) -> Terminal:
+        terms.append(Terminal(tmux, tmp_path, width, height, [str(KUBENPUCTL), "top", *args]))
+        return terms[-1]
+
+    yield start
+    for t in terms:
+        t.close()
+
+
+@pytest.mark.tools  # tmux, installed by scripts/tmux.sh
+def test_live_view_80x24_sorts_on_key_press(serve, terminal):
+    before, after = fixture("agent-0.prom"), fixture("agent-1.prom")
+    server = serve(linear(before, after, record.SECONDS))
+    term = terminal(80, 24, "--url", server.url, "--interval", "1")
+    lines = term.wait_for(has_rates)
+    assert lines[0].startswith("kubenpu top - node worker-1 - agent 0.1.0 - every 1s")
+    assert lines[-1].startswith("sort total descending | keys: t total s submit a alloc")
+    titles, rows = table_rows(lines)
+    assert titles == [
+        "NAMESPACE",
+        "POD",
+        "CONTAINER",
+        "DEVICE",
+        *["TOTAL*", "SUBMIT", "ALLOC", "WAIT"],
+    ]
+    shown = screen_rates(rows)
+    check_rates(shown, 1.0, rel=0.15, exact=False)
+    assert by_total(shown) == TOTAL_ORDER
+    assert all(len(line) <= 80 for line in lines) and len(lines) == 24
+    save_capture("80x24", lines)
+
+    term.press("a")  # sort by alloc calls
+    lines = term.wait_for(lambda ls: "sort alloc descending" in ls[-1])
+    titles, rows = table_rows(lines)
+    assert "ALLOC*" in titles
+    assert [r["CONTAINER"] for r in rows][:3] == ["sidecar", "main", "main"]  # 30, 20, 5 /s
+    term.press("p")  # then by pod name
+    lines = term.wait_for(lambda ls: "sort pod ascending" in ls[-1])
+    assert [r["POD"] for r in table_rows(lines)[1]] == [
+        "-",
+        "etl-0",
+        *["infer-7f9c4-x2kq"] * 2,
+        "trainer-0",
+        "trainer-1",
+    ]
+    term.press("r")
+    lines = term.wait_for(lambda ls: "sort pod descending" in ls[-1])
+    assert table_rows(lines)[1][0]["POD"] == "trainer-1"
+    term.press("q")
+    term.wait_for(lambda _: term.dead())
+
+
+@pytest.mark.tools  # tmux, installed by scripts/tmux.sh
+def test_live_view_wide_with_fdinfo_columns(serve, terminal):
+    server = serve(linear(fixture("fdinfo-0.prom"), fixture("fdinfo-1.prom"), record.SECONDS))
+    term = terminal(160, 20, "--url", server.url, "--interval", "1")
+    lines = term.wait_for(has_rates)
+    titles, rows = table_rows(lines)
+    assert titles == [
+        *("NAMESPACE", "POD", "CONTAINER", "DEVICE", "VENDOR", "TOTAL*", "SUBMIT", "ALLOC"),
+        *("WAIT", "COMPUTE%", "RENDER%", "VIDEO%", "MEM"),
+    ]
+    check_rates(screen_rates(rows), 1.0, rel=0.15, exact=False)
+    trainer = next(r for r in rows if r["POD"] == "trainer-0")
+    assert float(trainer["RENDER%"]) == pytest.approx(90, rel=0.15)
+    assert (trainer["COMPUTE%"], trainer["MEM"]) == ("-", "1.5G")
+    save_capture("160x20", lines)
+    term.press("m")  # sort by memory
+    lines = term.wait_for(lambda ls: "sort memory descending" in ls[-1])
+    assert [r["MEM"] for r in table_rows(lines)[1]][:3] == ["1.5G", "256M", "96.0M"]
+
+
+@pytest.mark.tools  # tmux, installed by scripts/tmux.sh
+def test_live_view_survives_an_agent_going_away(serve, terminal):
+    server = serve(linear(fixture("agent-0.prom"), fixture("agent-1.prom"), record.SECONDS))
+    term = terminal(100, 30, "--url", server.url, "--interval", "1")
+    term.wait_for(has_rates)
+    server.close()
+    lines = term.wait_for(lambda ls: any("last read failed" in line for line in ls))
+    assert any("cannot reach" in line for line in lines)
+    assert not term.dead()
+
+
+# --- through Prometheus ------------------------------------------------------------------------
+
+
+@pytest.mark.tools
+def test_prometheus_source_across_nodes(serve, tools, tmp_path):  # noqa: F811 (the fixture)
+    """A real Prometheus 3 scrapes two recorded agents (as the ServiceMonitor does, with a
+    `node` label); top reads it through the query API."""
+    nodes = {
+        name: serve(linear(fixture("agent-0.prom"), fixture("agent-1.prom"), record.SECONDS))
+        for name in ("worker-1", "worker-2")
+    }
+    targets = "".join(
+        f"  - targets: ['{s.url.split('/')[2]}']\n    labels: {{node: {name}}}\n"
+        for name, s in nodes.items()
+    )
+    (tmp_path / "prometheus.yml").write_text(
+        "global: {scrape_interval: 1s}\nscrape_configs:\n- job_name: kubenpu\n"
+        f"  static_configs:\n{targets}"
+    )
+    port = free_port()
+    cmd = [
+        str(tools / "prometheus"),
+        f"--config.file={tmp_path / 'prometheus.yml'}",
+        f"--storage.tsdb.path={tmp_path / 'data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+    ]
+    for prom in run_server(cmd, port, tmp_path / "prometheus.log"):
+        # rate() is right once the window holds samples all along: six scrapes in 6s.
+        ioctl_series = 2 * 3 * len(record.RATES)
+        full = prom.wait_for("count_over_time(kubenpu_ioctl_total[6s]) >= 6", ioctl_series)
+        assert len(full) == ioctl_series
+        result = ctl("--prometheus", prom.url, "--window", "5", "--once", "-o", "json")
+        assert result.returncode == 0, result.stderr
+        rows = json.loads(result.stdout)
+        for node in nodes:
+            check_rates([r for r in rows if r["node"] == node], 1.0)
+            assert by_total([r for r in rows if r["node"] == node]) == TOTAL_ORDER
+        assert {r["node"] for r in rows[:2]} == set(nodes)  # trainer-0, 800/s on each
+
+        table = ctl("--prometheus", prom.url, "--window", "5", "--once").stdout.splitlines()
+        assert table[0].startswith("kubenpu top - node worker-1, worker-2 - agent 0.1.0")
+        assert table[1] == "devices (4): 0000:00:02.0 i915, 0000:00:0b.0 ivpu"
+        assert table[4].split()[:3] == ["NODE", "NAMESPACE", "POD"]
+        assert len(table) == 5 + 2 * len(record.RATES)
+
+
+def test_prometheus_source_unreachable_is_one_line():
+    result = ctl("--prometheus", f"http://127.0.0.1:{_closed_port()}", "--once")
+    assert result.returncode == 2
+    assert re.fullmatch(
+        r"kubenpuctl: error: cannot reach http://127\.0\.0\.1:\d+/api/v1/query\?query=\S+: "
+        r"Connection refused\n",
+        result.stderr,
+    )

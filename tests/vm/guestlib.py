@@ -1,0 +1,238 @@
+"""What every guest scenario does around the agent, in one place: write its config, start it,
+wait for its attach line, make calls with drmcall, and scrape and parse /metrics. Used by the
+e2e, node, least-privilege and lockdown scripts here and by bench/bench_guest.py inside the QEMU
+guest; the host tests read the guests' records with the same projections (LABELS, ioctl_counts,
+by_reason) through tests/helpers.py.
+
+It knows the agent only by its command line, its config file and its start-up line (ATTACHED).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from kubenpu.discovery import Device
+
+if TYPE_CHECKING:
+    from cri_server import CriTestServer  # tests/, on the path of every script that plays CRI
+
+PY = sys.executable
+DRMCALL = "/usr/local/bin/drmcall"  # tests/vm/src/drmcall.c, built into the root by build.sh
+ATTACHED = "attached to drm_ioctl"  # the agent's start-up line once its probe is attached
+ATTACH_TIMEOUT = 300  # BCC's compile under TCG on a shared host
+MODES = ("aggregate", "events")  # probe.mode
+# The Prometheus endpoint every scenario configures and scrapes.
+PROMETHEUS = {"enabled": True, "host": "127.0.0.1", "port": 8080}
+METRICS_URL = f"http://{PROMETHEUS['host']}:{PROMETHEUS['port']}/metrics"
+LABELS = ("namespace", "pod", "container", "device", "vendor", "kind")  # of kubenpu_ioctl_total
+
+# DRM ioctl numbers (nr, struct size) the workloads use; see kubenpu/vendors for the tables.
+CREATE_DUMB = (0xB2, 32)  # core, alloc
+SYNCOBJ_WAIT = (0xC3, 40)  # core, wait
+VERSION = (0x00, 64)  # core, not counted
+GET_CAP = (0x0C, 16)  # core, not counted
+VGEM_FENCE_ATTACH = (0x41, 16)  # vgem, submit
+VGEM_FENCE_SIGNAL = (0x42, 8)  # vgem, not counted
+VIRTGPU_EXECBUFFER = (0x42, 48)  # virtio_gpu, submit
+VIRTGPU_RESOURCE_CREATE = (0x44, 56)  # virtio_gpu, alloc
+VIRTGPU_WAIT = (0x48, 8)  # virtio_gpu, wait
+TCGETS = 0x5401  # not a DRM ioctl at all (type byte 'T'): a raw request for drmcall --raw
+
+
+def read_log(path: Path) -> str:
+    """The text of a log another process is appending to. The /out share (9p) sometimes answers
+    ENODATA to such a read (seen on 7.3); a moment later the same read succeeds."""
+    for _ in range(20):
+        try:
+            return path.read_text()
+        except OSError:
+            time.sleep(0.1)
+    return path.read_text()
+
+
+# --- the agent -------------------------------------------------------------------------------
+
+
+class Agent:
+    """One agent process: `config` written to OUT/NAME.yaml, its output to OUT/NAME.log, run
+    under `launcher` (e.g. setpriv). Starting it does not wait: call attach() or wait_attached()."""
+
+    def __init__(
+        self, out: Path, config: dict, *, name: str = "agent", launcher: Sequence[str] = ()
+    ) -> None:
+        self.config_file = out / f"{name}.yaml"
+        self.log_file = out / f"{name}.log"
+        self.config_file.write_text(json.dumps(config))  # JSON is YAML
+        self.attach_seconds = 0.0
+        self.started = time.monotonic()
+        with open(self.log_file, "w") as log:
+            self.proc = subprocess.Popen(
+                [*launcher, PY, "-m", "kubenpu.agent", "--config", str(self.config_file)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log(self) -> str:
+        return read_log(self.log_file)
+
+    def wait_attached(self, timeout: float = ATTACH_TIMEOUT) -> bool:
+        """True once the agent has logged its attach line; False if it exits or `timeout`
+        seconds pass first."""
+        deadline = self.started + timeout
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            if ATTACHED in self.log():
+                self.attach_seconds = time.monotonic() - self.started
+                return True
+            time.sleep(0.2)
+        return False
+
+    def attach(self, timeout: float = ATTACH_TIMEOUT) -> float:
+        """Seconds from start to the attach line; the run fails (naming the log) without it."""
+        if not self.wait_attached(timeout):
+            rc = self.stop()
+            raise SystemExit(f"agent did not attach (exit {rc}); see {self.log_file}")
+        return self.attach_seconds
+
+    def stop(self, timeout: float = 30) -> int:
+        """SIGTERM (a SIGKILL if it is not gone after `timeout` seconds); its exit code."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+
+# --- /metrics --------------------------------------------------------------------------------
+
+Samples = dict[str, list[dict]]  # sample name -> [{"labels": {...}, "value": float}]
+
+
+def parse(text: str) -> Samples:
+    """Prometheus text exposition as {sample name: [{labels, value}]} (JSON-ready)."""
+    found: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            found.setdefault(s.name, []).append({"labels": s.labels, "value": s.value})
+    return found
+
+
+def scrape(save_to: Path | None = None, timeout: float = 5) -> Samples:
+    """The agent's /metrics, parsed; the raw text saved if asked."""
+    with urllib.request.urlopen(METRICS_URL, timeout=timeout) as reply:
+        text = reply.read().decode()
+    if save_to:
+        save_to.write_text(text)
+    return parse(text)
+
+
+def ioctl_counts(samples: Samples) -> dict[tuple[str, ...], float]:
+    """kubenpu_ioctl_total by its LABELS values."""
+    series = samples.get("kubenpu_ioctl_total", [])
+    return {tuple(s["labels"][k] for k in LABELS): s["value"] for s in series}
+
+
+def by_reason(samples: Samples, metric: str) -> dict[str, float]:
+    """A self-metric's non-zero values, summed by its `reason` label."""
+    total: Counter[str] = Counter()
+    for s in samples.get(metric, []):
+        total[s["labels"]["reason"]] += s["value"]
+    return {reason: value for reason, value in total.items() if value}
+
+
+# --- workloads -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Call:
+    """`count` calls of DRM_IOWR(nr, size) on the device node `path`; with `raw`, `nr` is a
+    whole ioctl request, issued as is."""
+
+    path: str
+    nr: int
+    size: int
+    count: int
+    raw: bool = False
+
+    @classmethod
+    def drm(cls, path: str, ioctl: tuple[int, int], count: int) -> Call:
+        return cls(path, ioctl[0], ioctl[1], count)
+
+    def args(self) -> list[str]:
+        step = [self.path, hex(self.nr), str(self.size), str(self.count)]
+        return ["--raw", *step] if self.raw else step
+
+
+def drmcall_argv(calls: Sequence[Call], cgroup: Path | None = None, rate: float = 0) -> list[str]:
+    """drmcall's command line: from `cgroup` if given, paced to `rate` calls/s if given."""
+    argv = [DRMCALL, *(["--rate", str(rate)] if rate else [])]
+    argv += ["--cgroup", str(cgroup)] if cgroup else []
+    return argv + [a for c in calls for a in c.args()]
+
+
+def reports(output: str, calls: Sequence[Call]) -> list[dict]:
+    """drmcall's JSON report lines, one per call step in order; the run fails if any is
+    missing, for another device, or issued another number of calls."""
+    found = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+    done = [(r["device"], r["calls"]) for r in found]
+    if done != [(c.path, c.count) for c in calls]:
+        raise SystemExit(f"drmcall did not do what was asked: {calls} -> {output!r}")
+    return found
+
+
+def drmcall(calls: Sequence[Call], cgroup: Path | None = None) -> list[dict]:
+    """Run drmcall (in `cgroup`, made if missing) and return its checked reports."""
+    if cgroup:
+        cgroup.mkdir(parents=True, exist_ok=True)
+    out = subprocess.run(drmcall_argv(calls, cgroup), check=True, capture_output=True, text=True)
+    return reports(out.stdout, calls)
+
+
+def device_node(device: Device, prefix: str) -> str:
+    """The path of a discovered device's first node named `prefix`* (card, renderD)."""
+    return next(n.path for n in device.nodes if n.name.startswith(prefix))
+
+
+# --- kubelet and the runtime, played: a pod is {id, namespace, pod, container, pod_uid} -------
+
+CGROUP = Path("/sys/fs/cgroup")
+
+
+def add_container(cri: CriTestServer, pod: dict) -> None:
+    """Make the pod's container known to the CRI test server (tests/cri_server.py)."""
+    cri.add_container(
+        pod["id"], pod["namespace"], pod["pod"], pod["container"], pod_uid=pod["pod_uid"]
+    )
+
+
+def systemd_cgroup(pod: dict) -> Path:
+    """A container's cgroup under kubelet's systemd driver (burstable QoS)."""
+    uid = pod["pod_uid"].replace("-", "_")
+    return (
+        CGROUP
+        / "kubepods.slice"
+        / "kubepods-burstable.slice"
+        / f"kubepods-burstable-pod{uid}.slice"
+        / f"cri-containerd-{pod['id']}.scope"
+    )
+
+
+def cgroupfs_cgroup(pod: dict) -> Path:
+    """A container's cgroup under kubelet's cgroupfs driver (best-effort QoS)."""
+    return CGROUP / "kubepods" / "besteffort" / f"pod{pod['pod_uid']}" / pod["id"]
