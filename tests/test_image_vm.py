@@ -24,10 +24,18 @@ from typing import Any
 
 import pytest
 from guest import boot
-from helpers import NAMESPACE, ROOT, helm_values, render_helm
+from helpers import (
+    NAMESPACE,
+    ROOT,
+    by_reason,
+    expected_counts,
+    helm_values,
+    ioctl_counts,
+    otlp_counts,
+    render_helm,
+)
 
 KERNEL = os.environ.get("KUBENPU_IMAGE_KERNEL", "6.12")
-LABELS = ("namespace", "pod", "container", "device", "vendor", "kind")
 NODE_NAME = "gpu-node-0"
 AGENT_POD = {
     "namespace": NAMESPACE,
@@ -233,20 +241,13 @@ def result(tmp_path_factory, rendered) -> dict:
     return json.loads((out / "result.json").read_text())
 
 
-def _counts(rows: list[dict], labels_key: str) -> dict[tuple, float]:
-    return {tuple(r[labels_key][k] for k in LABELS): r["value"] for r in rows}
-
-
 def test_counts_exact_on_metrics_and_otlp(result):
     """Two containers of one pod, two devices, three kinds: exact, with the pod's labels."""
-    expected = {tuple(e["labels"]): e["value"] for e in result["expected"]}
+    expected = expected_counts(result["expected"])
     assert {k[:3] for k in expected} == {("team-a", "trainer-0", c) for c in ("main", "sidecar")}
-    assert _counts(result["prometheus"].get("kubenpu_ioctl_total", []), "labels") == expected
-    assert _counts(result["otlp"], "attributes") == expected
-    dropped = [
-        s for s in result["prometheus"].get("kubenpu_events_dropped_total", []) if s["value"]
-    ]
-    assert dropped == []
+    assert ioctl_counts(result["prometheus"]) == expected
+    assert otlp_counts(result["otlp"]) == expected
+    assert by_reason(result["prometheus"], "kubenpu_events_dropped_total") == {}
 
 
 def test_agent_ran_from_the_chart_image_with_its_args(result, agent_container):
@@ -258,7 +259,10 @@ def test_agent_ran_from_the_chart_image_with_its_args(result, agent_container):
 
 
 def test_probes_answer_as_the_chart_expects(result):
-    assert result["probes"] == {"startup": 200, "readiness": 200, "liveness": 200}
+    """The probe paths are the agent's health answers (contract B: 200 "ok"), not a catch-all."""
+    ok = {"status": 200, "body": "ok"}
+    probes = {k: {**p, "body": p["body"].strip()} for k, p in result["probes"].items()}
+    assert probes == {"startup": ok, "readiness": ok, "liveness": ok}
 
 
 def test_process_has_the_chart_security_context(result, agent_container):

@@ -23,10 +23,21 @@ import urllib.request
 from pathlib import Path
 
 import cri_test_pb2 as pb
-from e2e_guest import OTLP_PORT, SETTLE_TIMEOUT, Scenario, read_log
+from e2e_guest import OTLP_PORT, Scenario
 from google.protobuf import json_format
+from guestlib import read_log
 from least_privilege_guest import process_caps
-from node_guest import MAIN_0, POD_A, SIDECAR, SOCKET, STEP_TIMEOUT, Node, Pod, wait_for
+from node_guest import (
+    MAIN_0,
+    POD_A,
+    SETTLE_TIMEOUT,
+    SIDECAR,
+    SOCKET,
+    STEP_TIMEOUT,
+    Node,
+    Pod,
+    wait_for,
+)
 from otlp_receiver import OtlpReceiver
 
 from kubenpu.resolve.cri import LABEL_CONTAINER
@@ -35,15 +46,15 @@ CTR = ["ctr", "--address", SOCKET, "--namespace", "k8s.io"]
 STATUS_FIELDS = ("Uid", "Gid", "Seccomp", "NoNewPrivs")
 
 
-def probe(port: int, path: str) -> int:
-    """What kubelet's httpGet probe sees: the HTTP status, 0 when nothing answers."""
+def probe(port: int, path: str) -> dict:
+    """What kubelet's httpGet probe sees: the HTTP status (0 when nothing answers) and the body."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as reply:
-            return reply.status
+            return {"status": reply.status, "body": reply.read(200).decode(errors="replace")}
     except urllib.error.HTTPError as err:
-        return err.code
+        return {"status": err.code, "body": err.read(200).decode(errors="replace")}
     except OSError:
-        return 0
+        return {"status": 0, "body": ""}
 
 
 def prepare_volumes(spec: dict) -> None:
@@ -89,7 +100,7 @@ class AgentPod:
             state = self.status()["state"]
             if state != "CONTAINER_RUNNING":
                 raise SystemExit(f"agent container {state}; its log:\n{self.log}")
-            return probe(startup["port"], startup["path"]) == 200
+            return probe(startup["port"], startup["path"])["status"] == 200
 
         wait_for("the startup probe", up, startup["budget_seconds"])
         return round(time.monotonic() - started, 1)
