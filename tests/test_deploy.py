@@ -705,7 +705,7 @@ def dockerfile() -> list[tuple[str, str]]:
 
 
 def test_dockerfile_builds_the_agent_image_as_specified() -> None:
-    """Static checks only: no Docker daemon runs here, so the image is never built in tests."""
+    """Static checks of the Dockerfile; `make image` builds it, test_image_vm.py runs it."""
     steps = dockerfile()
     assert steps[0] == ("FROM", "debian:trixie-slim")
     runs = " ".join(arg for op, arg in steps if op == "RUN")
