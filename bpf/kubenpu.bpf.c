@@ -2,8 +2,12 @@
 /*
  * KubeNPU kernel side (BCC dialect).
  *
- * fentry on drm_ioctl, the entry point every DRM and accel driver's ioctls pass through.
- * The kernel keeps only calls on known devices whose ioctl nr is in that vendor's table.
+ * The probe runs at the entry of one of two hooks (`probe.hook`):
+ * - drm_ioctl, the function every DRM and accel driver's ioctls pass through (drm.ko);
+ * - security_file_ioctl (+ security_file_ioctl_compat where the kernel has it: 32-bit callers
+ *   since 6.8 and its stable backports), the LSM hook in vmlinux that every ioctl on the node
+ *   passes before the driver sees it. The filter below must stay cheap: it runs for all of them.
+ * The kernel keeps only DRM-type calls on known devices whose ioctl nr is in that vendor's table.
  *
  * Two probe modes (`probe.mode`), chosen at compile time:
  * - KUBENPU_AGGREGATE (the default, `aggregate`): calls are counted in a per-CPU hash keyed by
@@ -12,7 +16,8 @@
  * - without it (`events`): every kept call is one ring-buffer record.
  *
  * Python substitutes these before compiling:
- *   KUBENPU_ATTACH  the probe's header line (MODULE_KFUNC_PROBE, KFUNC_PROBE or a kprobe)
+ *   the attach line at the end of this file, once per hooked function (MODULE_KFUNC_PROBE,
+ *                   KFUNC_PROBE or a kprobe): the probe body after it is repeated for each
  *   RINGBUF_PAGES   ring buffer size in pages (a power of two)
  *   COUNTS_ENTRIES  size of the counts map (aggregate mode)
  * and fills `devices` and `ioctls` before attaching.
@@ -98,10 +103,9 @@ static __always_inline void emit(u64 cgroup_id, u32 rdev, u32 cmd, u32 kind)
 
 static __always_inline int handle(u32 rdev, u32 cmd)
 {
+    /* The caller has checked the type byte ('d'). */
     u32 *vendor = devices.lookup(&rdev);
     if (!vendor)
-        return 0;
-    if (((cmd >> 8) & 0xff) != DRM_IOCTL_TYPE)
         return 0;
 
     struct ioctl_key key = {};
@@ -136,8 +140,13 @@ static __always_inline int handle(u32 rdev, u32 cmd)
 }
 
 /* The attach line is substituted by the probe; every variant names its arguments filp and cmd.
- * The field read stays in the probe body so BCC can rewrite it for the kprobe fallback. */
+ * This probe must stay the last thing in the file: it is repeated once per hooked function.
+ * The cmd type test comes first, before any memory is read: on the LSM hook nearly every call
+ * (TCGETS, socket ioctls, ...) leaves here. The field read stays in the probe body so BCC can
+ * rewrite it for the kprobe fallback. */
 KUBENPU_ATTACH
 {
+    if (((cmd >> 8) & 0xff) != DRM_IOCTL_TYPE)
+        return 0;
     return handle(filp->f_inode->i_rdev, cmd);
 }
