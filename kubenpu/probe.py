@@ -169,10 +169,9 @@ def effective_capabilities(status: Path = Path("/proc/self/status")) -> set[str]
     return set()
 
 
-def privileges_hint(hook: str, errors: list[str], held: set[str]) -> str:
-    """Names the capabilities the hook needs and the agent lacks, when the kernel said no."""
-    if not any("super-user" in e or "not permitted" in e for e in errors):
-        return ""
+def privileges_hint(hook: str, held: set[str]) -> str:
+    """Names the capabilities the hook needs and the agent lacks (BCC's own message for a
+    refusal varies: a map, the BTF or the program may be the first thing refused)."""
     missing = [c for c in HOOK_CAPABILITIES[hook] if c not in held and "SYS_ADMIN" not in held]
     if not missing:
         return ""
@@ -297,7 +296,7 @@ class BccKernel:
                 if functions == [self._hook]
                 else f"{plan.attach} on {'+'.join(functions)}"
             )
-        hints = _headers_hint() + privileges_hint(self._hook, errors, effective_capabilities())
+        hints = _headers_hint() + privileges_hint(self._hook, effective_capabilities())
         raise ProbeError(f"cannot attach to {self._hook}: " + "; ".join(errors) + hints)
 
     def _load(self, plan: AttachPlan):  # returns bcc.BPF

@@ -112,13 +112,12 @@ def test_effective_capabilities_decode_cap_eff(tmp_path):
             "; missing CAP_PERFMON: probe.hook security_file_ioctl needs CAP_BPF + CAP_PERFMON",
         ),
         ("security_file_ioctl", set(), "; missing CAP_BPF, CAP_PERFMON: "),
-        ("security_file_ioctl", {"SYS_ADMIN"}, ""),  # refused for another reason: no guess
+        ("security_file_ioctl", {"SYS_ADMIN"}, ""),  # SYS_ADMIN passes every check
     ],
 )
 def test_privileges_hint_names_the_missing_capability(hook, held, hint):
-    found = privileges_hint(hook, ["fentry: Operation not permitted"], held)
+    found = privileges_hint(hook, held)
     assert found.startswith(hint) if hint else found == ""
-    assert privileges_hint(hook, ["fentry: No such file or directory"], held) == ""
 
 
 def test_vendor_ids_reserve_zero_for_the_core_table():
