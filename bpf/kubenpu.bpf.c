@@ -15,14 +15,19 @@
  *   space can resolve a new cgroup at once while reading the counts on its own schedule;
  * - without it (`events`): every kept call is one ring-buffer record.
  *
+ * In both modes a second program, on the cgroup_mkdir tracepoint, sends {new cgroup id, parent id}
+ * so user space can index a cgroup before it is removed (a container that makes one call and exits).
+ *
  * Python substitutes these before compiling:
- *   the attach line at the end of this file, once per hooked function (MODULE_KFUNC_PROBE,
- *                   KFUNC_PROBE or a kprobe): the probe body after it is repeated for each
+ *   the attach line of the ioctl probe below, once per hooked function (MODULE_KFUNC_PROBE,
+ *                   KFUNC_PROBE or a kprobe), the probe body repeated after each
  *   RINGBUF_PAGES   ring buffer size in pages (a power of two)
  *   COUNTS_ENTRIES  size of the counts map (aggregate mode)
  * and fills `devices` and `ioctls` before attaching.
  */
 #include <linux/fs.h>
+#include <linux/cgroup-defs.h>
+#include <linux/kernfs.h>
 
 #define DRM_IOCTL_TYPE 'd'
 #define DRM_COMMAND_BASE 0x40
@@ -43,6 +48,12 @@ struct event {
     u32 minor;
     u32 kind;
     u32 _pad;
+};
+
+/* A new cgroup. 16 bytes, so user space tells it from a 40-byte struct event by size alone. */
+struct birth {
+    u64 cgroup_id;
+    u64 parent_id;
 };
 
 /* kernel dev_t (MKDEV: major << 20 | minor) -> vendor id */
@@ -140,7 +151,7 @@ static __always_inline int handle(u32 rdev, u32 cmd)
 }
 
 /* The attach line is substituted by the probe; every variant names its arguments filp and cmd.
- * This probe must stay the last thing in the file: it is repeated once per hooked function.
+ * This probe (up to its closing brace) is repeated once per hooked function.
  * The cmd type test comes first, before any memory is read: on the LSM hook nearly every call
  * (TCGETS, socket ioctls, ...) leaves here. The field read stays in the probe body so BCC can
  * rewrite it for the kprobe fallback. */
@@ -149,4 +160,26 @@ KUBENPU_ATTACH
     if (((cmd >> 8) & 0xff) != DRM_IOCTL_TYPE)
         return 0;
     return handle(filp->f_inode->i_rdev, cmd);
+}
+
+/* tp_btf/cgroup_mkdir. BCC cannot load a tp_btf program itself, so the probe loads this one from
+ * BCC's compiled instructions. Every field is a direct BTF load (no bpf_probe_read), which
+ * lockdown=confidentiality allows. The ids are kernfs node ids, i.e. bpf_get_current_cgroup_id()
+ * and the directory's inode number; the parent is found through the css, whose layout is the same
+ * in 6.1 and 7.3 (kernfs_node's parent field was renamed in 6.15). */
+BPF_PROG(kubenpu_cgroup_mkdir, struct cgroup *cgrp, const char *path)
+{
+    /* Only the unified (v2) hierarchy, id 0: v1 hierarchies number their nodes separately. */
+    if (cgrp->root->hierarchy_id != 0)
+        return 0;
+    struct cgroup_subsys_state *parent = cgrp->self.parent;
+    if (!parent)
+        return 0;
+    struct birth *b = events.ringbuf_reserve(sizeof(*b));
+    if (!b)
+        return 0;  /* no call is lost: the cgroup is left to the next walk of the tree */
+    b->cgroup_id = cgrp->kn->id;
+    b->parent_id = parent->cgroup->kn->id;
+    events.ringbuf_submit(b, 0);
+    return 0;
 }

@@ -88,6 +88,7 @@ def test_each_function_gets_its_own_probe_body(tmp_path, kallsyms):
     # The type byte is tested first in each copy, before any memory is read.
     assert text.count("return handle(filp->f_inode->i_rdev, cmd);") == 2
     assert text.count("if (((cmd >> 8) & 0xff) != DRM_IOCTL_TYPE)") == 2
+    assert text.count("BPF_PROG(kubenpu_cgroup_mkdir,") == 1  # what follows the probe: once
 
 
 def test_effective_capabilities_decode_cap_eff(tmp_path):
