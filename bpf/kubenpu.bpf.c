@@ -65,8 +65,9 @@ BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
  * KERNEL_LOST) and reports increments:
  * [0] ringbuf_full: events mode, the ring buffer had no room: a call is lost;
  * [1] map_full: aggregate mode, the counts map had no room for a new key: a call is lost;
- * [2] late_sighting: aggregate mode, no room to announce a new key: no call is lost, the new
- *     cgroup is only resolved at the next map read instead of at once (a self-metric). */
+ * [2] late_sighting: no room to announce a new key (aggregate mode) or a new cgroup (a birth,
+ *     both modes): no call is lost, the cgroup is only resolved later, from a walk of the tree,
+ *     instead of at once (a self-metric). */
 BPF_PERCPU_ARRAY(lost, u64, 3);
 #define LOST_RINGBUF_FULL 0
 #define LOST_MAP_FULL 1
@@ -176,8 +177,10 @@ BPF_PROG(kubenpu_cgroup_mkdir, struct cgroup *cgrp, const char *path)
     if (!parent)
         return 0;
     struct birth *b = events.ringbuf_reserve(sizeof(*b));
-    if (!b)
-        return 0;  /* no call is lost: the cgroup is left to the next walk of the tree */
+    if (!b) {
+        count_lost(LOST_LATE_SIGHTING);  /* no call is lost: the cgroup is left to a walk */
+        return 0;
+    }
     b->cgroup_id = cgrp->kn->id;
     b->parent_id = parent->cgroup->kn->id;
     events.ringbuf_submit(b, 0);

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import json
 import math
 import re
 import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -42,6 +44,18 @@ def otlp_counts(points: list[dict]) -> dict[tuple, float]:
     return {tuple(p["attributes"][k] for k in LABELS): p["value"] for p in points}
 
 
+# --- tools: the scripts/*.sh that fetch real tools print where they put them on their last line
+
+
+def script_output(name: str, timeout: float = 900) -> str:
+    """Run scripts/<name>; its last output line (a bounded time: a download may be slow)."""
+    proc = subprocess.run(
+        ["bash", str(ROOT / "scripts" / name)], capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0, f"scripts/{name} failed:\n{proc.stderr}"
+    return proc.stdout.strip().splitlines()[-1]
+
+
 # --- Helm: the chart rendered by real helm (fetched by scripts/k8s-tools.sh); used by the deploy
 # tests and by the VM tests that run the agent with the chart's settings.
 
@@ -52,10 +66,7 @@ RELEASE = NAMESPACE = "kubenpu"
 @functools.cache
 def k8s_tools() -> Path:
     """The directory holding helm and kubectl (downloaded once, then cached)."""
-    out = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "k8s-tools.sh")], check=True, capture_output=True, text=True
-    )
-    return Path(out.stdout.strip().splitlines()[-1])
+    return Path(script_output("k8s-tools.sh"))
 
 
 def helm_values(**overrides: Any) -> dict[str, Any]:
@@ -153,6 +164,76 @@ def start_telemetry(
 def scrape(port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
         return r.read().decode()
+
+
+# --- metrics: calls recorded on a Metrics and the ioctl series they make (one device)
+
+
+def ioctl(ns: str, pod: str, c: str, kind: str = "submit") -> frozenset:
+    return frozenset(
+        {
+            "namespace": ns,
+            "pod": pod,
+            "container": c,
+            "device": "0000:03:00.0",
+            "vendor": "vgem",
+            "kind": kind,
+        }.items()
+    )
+
+
+def calls(m: Metrics, ns: str, pod: str, c: str, n: int = 1, kind: str = "submit") -> None:
+    m.add_calls(ns, pod, c, "0000:03:00.0", "vgem", kind, n)
+
+
+# --- receivers: a real Prometheus / VictoriaMetrics (scripts/tools.sh) queried over its HTTP API
+
+
+@functools.cache
+def receiver_tools() -> Path:
+    """The directory holding prometheus, promtool and victoria-metrics (fetched once)."""
+    return dashboards.tools()
+
+
+@dataclass
+class Prometheus:
+    url: str
+
+    def query(self, q: str) -> list[dict]:
+        u = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": q})
+        with urllib.request.urlopen(u, timeout=10) as r:
+            body = json.load(r)
+        assert body["status"] == "success", body
+        return body["data"]["result"]
+
+    def wait_for(self, q: str, n: int = 1, timeout: float = 60) -> list[dict]:
+        """Poll until the query returns n series (bounded; ingestion and scrapes are async)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            result = self.query(q)
+            if len(result) >= n or time.monotonic() > deadline:
+                return result
+            time.sleep(0.2)
+
+
+def run_server(cmd: list[str], port: int, log: Path) -> Iterator[Prometheus]:
+    """Start a server on 127.0.0.1:port, wait (bounded) until it answers, stop it afterwards."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log, "w"))  # noqa: SIM115
+    prom = Prometheus(f"http://127.0.0.1:{port}")
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{prom.url}/-/ready", timeout=2):
+                    break
+            except OSError:
+                assert proc.poll() is None, log.read_text()[-2000:]
+                assert time.monotonic() < deadline, f"{cmd[0]} did not become ready"
+                time.sleep(0.2)
+        yield prom
+    finally:
+        proc.terminate()
+        proc.wait(30)
 
 
 # --- dashboards: every Grafana query run on a recorded agent (scripts/dashboards.py), and what

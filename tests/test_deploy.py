@@ -24,7 +24,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from helpers import CHART, helm, helm_values, k8s_tools, render_helm
+from helpers import CHART, helm, helm_values, k8s_tools, render_helm, script_output
 
 from kubenpu.export import prometheus_name
 from kubenpu.metrics import SPECS
@@ -90,13 +90,7 @@ pytestmark = pytest.mark.tools
 
 @pytest.fixture(scope="session")
 def tools() -> Path:
-    out = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "deploy-tools.sh")],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return Path(out.stdout.strip().splitlines()[-1])
+    return Path(script_output("deploy-tools.sh"))
 
 
 def run(tool: Path, *args: str | Path, cwd: Path = ROOT) -> str:

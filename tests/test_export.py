@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import StubHealth, free_port, make_config, scrape, start_telemetry
+from fakes import Clock
+from helpers import StubHealth, calls, free_port, ioctl, make_config, scrape, start_telemetry
 from otlp_receiver import OtlpReceiver, attrs
-from test_metrics import Clock, calls, ioctl
 
 from kubenpu import __version__, config, export
 from kubenpu.metrics import EXPORT_ERRORS, OVERFLOW_ATTRS, DeviceRow, Metrics

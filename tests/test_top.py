@@ -22,9 +22,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from helpers import free_port, receiver_tools, run_server, script_output
 from prometheus_client.parser import text_string_to_metric_families
-from test_export import free_port
-from test_export_prometheus import run_server, tools  # noqa: F401 (tools: a fixture)
 
 from kubenpu import top
 
@@ -330,14 +329,7 @@ def test_parser_escapes_and_malformed_lines():
 
 @pytest.fixture(scope="session")
 def tmux() -> str:
-    out = subprocess.run(
-        ["bash", str(REPO / "scripts/tmux.sh")],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    return out.stdout.strip().splitlines()[-1]
+    return script_output("tmux.sh")
 
 
 class Terminal:
@@ -516,7 +508,7 @@ def test_live_view_survives_an_agent_going_away(serve, terminal):
 
 
 @pytest.mark.tools
-def test_prometheus_source_across_nodes(serve, tools, tmp_path):  # noqa: F811 (the fixture)
+def test_prometheus_source_across_nodes(serve, tmp_path):
     """A real Prometheus 3 scrapes two recorded agents (as the ServiceMonitor does, with a
     `node` label); top reads it through the query API."""
     nodes = {
@@ -533,7 +525,7 @@ def test_prometheus_source_across_nodes(serve, tools, tmp_path):  # noqa: F811 (
     )
     port = free_port()
     cmd = [
-        str(tools / "prometheus"),
+        str(receiver_tools() / "prometheus"),
         f"--config.file={tmp_path / 'prometheus.yml'}",
         f"--storage.tsdb.path={tmp_path / 'data'}",
         f"--web.listen-address=127.0.0.1:{port}",
