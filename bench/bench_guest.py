@@ -2,11 +2,14 @@
 
     bench_guest.py OUT_DIR            the full benchmark; writes OUT_DIR/bench.json
     bench_guest.py OUT_DIR --check    only the max-rate exactness bursts; writes OUT_DIR/check.json
+    bench_guest.py OUT_DIR --hooks    only the per-hook ioctl cost; writes OUT_DIR/bench.json
 
 Every figure comes from one boot, measured side by side: tight loops of counted ioctls with the
 static C `drmcall` (no agent, then the agent in each probe mode), the agent's CPU from
 /proc/PID/stat at paced rates, counted + dropped against issued after every burst, the time from
-start to the first metric and the agent's RSS with 1,000 pods' worth of kubelet-style cgroups.
+start to the first metric and the agent's RSS with 1,000 pods' worth of kubelet-style cgroups,
+and what each probe.hook adds to a non-DRM ioctl (TCGETS on a pty, which the security_file_ioctl
+hook sees as well) and to a counted DRM one.
 It plays kubelet and the runtime as tests/vm/e2e_guest.py does, with the same guest helpers
 (tests/vm/guestlib.py).
 bench/report.py turns the JSON into the table.
@@ -35,6 +38,7 @@ from guestlib import (
     DRMCALL,
     MODES,
     PROMETHEUS,
+    TCGETS,
     Agent,
     Call,
     add_container,
@@ -62,6 +66,8 @@ LOOP_SECONDS = 1.0  # target length of one tight loop
 WINDOW_SECONDS = 5.0  # length of one paced-rate window
 IDLE_SECONDS = 5.0
 CHECK_CALLS = 60_000  # per process, in --check
+HOOKS = ("security_file_ioctl", "drm_ioctl")  # probe.hook
+PTY = "/dev/ptmx"  # each open makes a new pty master: TCGETS on it is a plain tty ioctl
 
 
 def pod(i: int, namespace: str, name: str) -> dict:
@@ -144,16 +150,16 @@ class Measured(Agent):
     """One agent process with Prometheus export only (no OTLP push in the measured CPU), and
     its CPU and memory."""
 
-    def __init__(self, out: Path, mode: str) -> None:
+    def __init__(self, out: Path, mode: str, hook: str | None = None) -> None:
         self.mode = mode
         config = {
-            "probe": {"mode": mode},
+            "probe": {"mode": mode, **({"hook": hook} if hook else {})},
             # The CRI test server shares the guest's emulated CPUs with the agent and the load:
             # give it longer than a real runtime needs.
             "attribution": {"cri": {"endpoint": f"unix://{CRI_SOCKET}", "timeout_seconds": 15}},
             "export": {"prometheus": PROMETHEUS, "otlp": {"enabled": False}},
         }
-        super().__init__(out, config, name=f"agent-{mode}")
+        super().__init__(out, config, name="-".join(("agent", mode, *([hook] if hook else []))))
         self.attach()
 
     def cpu_seconds(self) -> float:
@@ -242,6 +248,38 @@ class Bench:
     def burst(self, count: int, procs: int = 1, rate: float = 0) -> tuple[int, float]:
         return drmcall(self.card, self.loader, count, procs, rate)
 
+    def tight(self, call: Call) -> float:
+        """One tight loop of `call` in the loader's cgroup: ns per call."""
+        out = subprocess.run(
+            drmcall_argv([call], self.loader), check=True, capture_output=True, text=True
+        ).stdout
+        (step,) = reports(out, [call])
+        return round(step["seconds"] / step["calls"] * 1e9, 1)
+
+    def hooks(self, count: int) -> dict:
+        """ns per call of TCGETS on a pty and of a counted DRM call, REPEATS loops each, with no
+        agent (before and after) and with the agent on each probe.hook."""
+        calls = {
+            "tcgets": Call(PTY, TCGETS, 64, count, raw=True),
+            "drm": Call.drm(self.card, CREATE_DUMB, count),
+        }
+
+        def measure() -> dict[str, list[float]]:
+            return {name: [self.tight(c) for _ in range(REPEATS)] for name, c in calls.items()}
+
+        found = {"none": measure()}
+        for hook in HOOKS:
+            print(f"== hook {hook}: starting the agent", flush=True)
+            agent = Measured(self.out, "aggregate", hook)
+            try:
+                found[hook] = measure()
+            finally:
+                agent.stop(timeout=60)
+            print(f"  {hook}: {found[hook]}", flush=True)
+        for name, ns in measure().items():
+            found["none"][name] += ns
+        return found
+
     def calibrate(self) -> tuple[int, float]:
         """Calls per tight loop (about LOOP_SECONDS long) and the VM's maximum call rate."""
         n, s = self.burst(20_000)
@@ -327,6 +365,7 @@ class Bench:
             modes[mode] = self.mode(mode, loop, rates, top, pods)
             baseline += self.loops(loop)  # no agent again: interleaved with the agent's phases
         return {
+            **self.hooks_only(loop),
             "kernel": os.uname().release,
             "cpus": os.cpu_count(),
             "loop_calls": loop,
@@ -335,6 +374,15 @@ class Bench:
             "baseline_ns": baseline,
             "baseline_ns_median": statistics.median(baseline),
             "modes": modes,
+        }
+
+    def hooks_only(self, loop: int | None = None) -> dict:
+        loop = loop or self.calibrate()[0]
+        return {
+            "kernel": os.uname().release,
+            "cpus": os.cpu_count(),
+            "hooks_loop_calls": loop,
+            "hooks": self.hooks(loop),
         }
 
     def check(self) -> dict:
@@ -358,12 +406,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", nargs="?", default="/out")
     parser.add_argument("--check", action="store_true", help="only the exactness bursts")
+    parser.add_argument("--hooks", action="store_true", help="only the per-hook ioctl cost")
     args = parser.parse_args()
     out = Path(args.out)
     bench = Bench(out)
     try:
         if args.check:
             (out / "check.json").write_text(json.dumps(bench.check(), indent=1))
+        elif args.hooks:
+            (out / "bench.json").write_text(json.dumps(bench.hooks_only(), indent=1))
         else:
             (out / "bench.json").write_text(json.dumps(bench.run(), indent=1))
     finally:

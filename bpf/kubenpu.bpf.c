@@ -2,8 +2,12 @@
 /*
  * KubeNPU kernel side (BCC dialect).
  *
- * fentry on drm_ioctl, the entry point every DRM and accel driver's ioctls pass through.
- * The kernel keeps only calls on known devices whose ioctl nr is in that vendor's table.
+ * The probe runs at the entry of one of two hooks (`probe.hook`):
+ * - drm_ioctl, the function every DRM and accel driver's ioctls pass through (drm.ko);
+ * - security_file_ioctl (+ security_file_ioctl_compat where the kernel has it: 32-bit callers
+ *   since 6.8 and its stable backports), the LSM hook in vmlinux that every ioctl on the node
+ *   passes before the driver sees it. The filter below must stay cheap: it runs for all of them.
+ * The kernel keeps only DRM-type calls on known devices whose ioctl nr is in that vendor's table.
  *
  * Two probe modes (`probe.mode`), chosen at compile time:
  * - KUBENPU_AGGREGATE (the default, `aggregate`): calls are counted in a per-CPU hash keyed by
@@ -15,7 +19,8 @@
  * so user space can index a cgroup before it is removed (a container that makes one call and exits).
  *
  * Python substitutes these before compiling:
- *   KUBENPU_ATTACH  the probe's header line (MODULE_KFUNC_PROBE, KFUNC_PROBE or a kprobe)
+ *   the attach line of the ioctl probe below, once per hooked function (MODULE_KFUNC_PROBE,
+ *                   KFUNC_PROBE or a kprobe), the probe body repeated after each
  *   RINGBUF_PAGES   ring buffer size in pages (a power of two)
  *   COUNTS_ENTRIES  size of the counts map (aggregate mode)
  * and fills `devices` and `ioctls` before attaching.
@@ -110,10 +115,9 @@ static __always_inline void emit(u64 cgroup_id, u32 rdev, u32 cmd, u32 kind)
 
 static __always_inline int handle(u32 rdev, u32 cmd)
 {
+    /* The caller has checked the type byte ('d'). */
     u32 *vendor = devices.lookup(&rdev);
     if (!vendor)
-        return 0;
-    if (((cmd >> 8) & 0xff) != DRM_IOCTL_TYPE)
         return 0;
 
     struct ioctl_key key = {};
@@ -148,9 +152,14 @@ static __always_inline int handle(u32 rdev, u32 cmd)
 }
 
 /* The attach line is substituted by the probe; every variant names its arguments filp and cmd.
- * The field read stays in the probe body so BCC can rewrite it for the kprobe fallback. */
+ * This probe (up to its closing brace) is repeated once per hooked function.
+ * The cmd type test comes first, before any memory is read: on the LSM hook nearly every call
+ * (TCGETS, socket ioctls, ...) leaves here. The field read stays in the probe body so BCC can
+ * rewrite it for the kprobe fallback. */
 KUBENPU_ATTACH
 {
+    if (((cmd >> 8) & 0xff) != DRM_IOCTL_TYPE)
+        return 0;
     return handle(filp->f_inode->i_rdev, cmd);
 }
 

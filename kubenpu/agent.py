@@ -464,6 +464,7 @@ def build(cfg: config.Config, debug: bool = False, trace: bool = False) -> Agent
     kernel = BccKernel(
         devices,
         mode=cfg.probe.mode,
+        hook=cfg.probe.hook,
         attach=cfg.probe.attach,
         ringbuf_pages=cfg.probe.ringbuf_pages,
         debug=debug,

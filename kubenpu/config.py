@@ -49,6 +49,7 @@ class _Model(BaseModel):
 
 class ProbeConfig(_Model):
     mode: Literal["aggregate", "events"] = "aggregate"
+    hook: Literal["drm_ioctl", "security_file_ioctl"] = "security_file_ioctl"
     attach: Literal["auto", "fentry", "kprobe"] = "auto"
     ringbuf_pages: int = Field(256, gt=0, le=65536)
     queue_size: int = Field(65536, gt=0, le=16_777_216)

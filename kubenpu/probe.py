@@ -1,13 +1,20 @@
-"""The kernel side: compile bpf/kubenpu.bpf.c with BCC, fill its maps, attach it to drm_ioctl,
-and feed what the kernel counted into a Tally.
+"""The kernel side: compile bpf/kubenpu.bpf.c with BCC, fill its maps, attach it to the hook
+(`probe.hook`), and feed what the kernel counted into a Tally.
 
 `BccKernel` is the loaded program (the only code that touches BCC); `Probe` owns the probe mode
 (``aggregate`` or ``events``) and turns the kernel's records and cumulative counters into Tally
 increments. Tests replace the BccKernel with tests/fakes.py's FakeKernel.
 
+Hooks (`probe.hook`):
+- ``drm_ioctl``: the DRM core's ioctl entry, in drm.ko on most distributions. fentry on a module
+  function needs the module's BTF object, which only CAP_SYS_ADMIN may look up;
+- ``security_file_ioctl``: the LSM hook in vmlinux that every ioctl passes, plus
+  security_file_ioctl_compat (32-bit callers) where the kernel has it; before that function
+  existed, 32-bit calls passed security_file_ioctl itself. CAP_BPF + CAP_PERFMON suffice.
+
 Attach variants (`probe.attach`), tried in this order under ``attach: auto``:
 - ``fentry-module``: MODULE_KFUNC_PROBE(drm, drm_ioctl) when DRM is a module (BCC >= 0.28);
-- ``fentry``: KFUNC_PROBE(drm_ioctl) when DRM is built into vmlinux;
+- ``fentry``: KFUNC_PROBE on a vmlinux function (drm_ioctl when DRM is built in, or the LSM hook);
 - ``kprobe``: the fallback where fentry is unavailable. It reads kernel memory through
   bpf_probe_read, which lockdown=confidentiality forbids.
 The maps are filled before the program is attached, so every call after attach is judged
@@ -62,26 +69,68 @@ class ProbeError(Exception):
 
 
 @dataclass(frozen=True)
-class AttachPlan:
-    attach: str  # fentry-module, fentry or kprobe
-    header: str  # replaces KUBENPU_ATTACH
+class Program:
+    """One probe on one kernel function: the attach line that replaces KUBENPU_ATTACH."""
+
+    function: str
+    header: str
     fn_name: str
 
 
-def attach_plans(attach: str, btf_dir: Path = Path("/sys/kernel/btf")) -> list[AttachPlan]:
+@dataclass(frozen=True)
+class AttachPlan:
+    attach: str  # fentry-module, fentry or kprobe
+    programs: tuple[Program, ...]  # one per hooked function, all attached or none
+
+
+# The functions of each hook: the compat LSM hook only exists from 6.8 (and stable backports).
+_HOOK_FUNCTIONS = {
+    "drm_ioctl": ("drm_ioctl",),
+    "security_file_ioctl": ("security_file_ioctl", "security_file_ioctl_compat"),
+}
+_OPTIONAL_FUNCTIONS = {"security_file_ioctl_compat"}
+
+
+def kernel_has(function: str, kallsyms: Path = Path("/proc/kallsyms")) -> bool:
+    """Whether the running kernel has `function` (names are readable without privileges)."""
+    with kallsyms.open() as f:
+        return any(line.split(maxsplit=3)[2:3] == [function] for line in f)
+
+
+def attach_plans(
+    attach: str,
+    hook: str = "drm_ioctl",
+    btf_dir: Path = Path("/sys/kernel/btf"),
+    kallsyms: Path = Path("/proc/kallsyms"),
+) -> list[AttachPlan]:
     """The attach variants to try, best first, for ``attach`` = auto | fentry | kprobe."""
-    if (btf_dir / "drm").exists():
+    functions = [
+        f for f in _HOOK_FUNCTIONS[hook] if f not in _OPTIONAL_FUNCTIONS or kernel_has(f, kallsyms)
+    ]
+    module = "drm" if hook == "drm_ioctl" and (btf_dir / "drm").exists() else "vmlinux"
+    if module == "drm":
         fentry = AttachPlan(
             "fentry-module",
-            f"MODULE_KFUNC_PROBE(drm, drm_ioctl, {_ARGS})",
-            "kfunc__drm__drm_ioctl",
+            tuple(
+                Program(f, f"MODULE_KFUNC_PROBE(drm, {f}, {_ARGS})", f"kfunc__drm__{f}")
+                for f in functions
+            ),
         )
     else:
         fentry = AttachPlan(
-            "fentry", f"KFUNC_PROBE(drm_ioctl, {_ARGS})", "kfunc__vmlinux__drm_ioctl"
+            "fentry",
+            tuple(
+                Program(f, f"KFUNC_PROBE({f}, {_ARGS})", f"kfunc__vmlinux__{f}") for f in functions
+            ),
         )
     kprobe = AttachPlan(
-        "kprobe", f"int kubenpu_kprobe(struct pt_regs *ctx, {_ARGS})", "kubenpu_kprobe"
+        "kprobe",
+        tuple(
+            Program(
+                f, f"int kubenpu_kprobe_{f}(struct pt_regs *ctx, {_ARGS})", f"kubenpu_kprobe_{f}"
+            )
+            for f in functions
+        ),
     )
     return {"auto": [fentry, kprobe], "fentry": [fentry], "kprobe": [kprobe]}[attach]
 
@@ -97,11 +146,13 @@ def source_text(plan: AttachPlan, ringbuf_pages: int, counts_entries: int) -> st
     path = next((p for p in _SOURCE_CANDIDATES if p.exists()), None)
     if path is None:
         raise ProbeError("bpf/kubenpu.bpf.c is missing from the installation")
-    text = path.read_text()
-    return (
-        text.replace("KUBENPU_ATTACH", plan.header)
-        .replace("RINGBUF_PAGES", str(ringbuf_pages))
-        .replace("COUNTS_ENTRIES", str(counts_entries))
+    # The probe (the attach line and its body, up to the first closing brace at the start of a
+    # line) is repeated, one copy per hooked function.
+    head, _, rest = path.read_text().partition("KUBENPU_ATTACH")
+    body, end, tail = rest.partition("\n}\n")
+    text = head + "".join(p.header + body + end for p in plan.programs) + tail
+    return text.replace("RINGBUF_PAGES", str(ringbuf_pages)).replace(
+        "COUNTS_ENTRIES", str(counts_entries)
     )
 
 
@@ -115,11 +166,31 @@ def _headers_hint() -> str:
     )
 
 
-def _privileges_hint(errors: list[str]) -> str:
-    if not any("super-user" in e or "not permitted" in e for e in errors):
+# What each hook needs (measured by tests/test_least_privilege_vm.py): fentry on a module function
+# needs the module's BTF object, which the kernel hands out only to CAP_SYS_ADMIN; fentry on a
+# vmlinux function needs CAP_BPF (maps, BTF) and CAP_PERFMON (tracing programs).
+HOOK_CAPABILITIES = {"drm_ioctl": ("SYS_ADMIN",), "security_file_ioctl": ("BPF", "PERFMON")}
+_CAP_BITS = {"SYS_ADMIN": 21, "PERFMON": 38, "BPF": 39}  # include/uapi/linux/capability.h
+
+
+def effective_capabilities(status: Path = Path("/proc/self/status")) -> set[str]:
+    """The capabilities of HOOK_CAPABILITIES that this process holds."""
+    for line in status.read_text().splitlines():
+        if line.startswith("CapEff:"):
+            mask = int(line.split()[1], 16)
+            return {name for name, bit in _CAP_BITS.items() if mask >> bit & 1}
+    return set()
+
+
+def privileges_hint(hook: str, held: set[str]) -> str:
+    """Names the capabilities the hook needs and the agent lacks (BCC's own message for a
+    refusal varies: a map, the BTF or the program may be the first thing refused)."""
+    missing = [c for c in HOOK_CAPABILITIES[hook] if c not in held and "SYS_ADMIN" not in held]
+    if not missing:
         return ""
-    # fentry on a module function needs the module's BTF object: CAP_SYS_ADMIN only.
-    return "; the agent needs CAP_SYS_ADMIN (see docs/deploy.md for why)"
+    names = ", ".join(f"CAP_{c}" for c in missing)
+    need = " + ".join(f"CAP_{c}" for c in HOOK_CAPABILITIES[hook])
+    return f"; missing {names}: probe.hook {hook} needs {need} (see docs/deploy.md)"
 
 
 class _CountsReader:
@@ -270,6 +341,7 @@ class BccKernel:
         devices: Iterable[Device],
         *,
         mode: str = "aggregate",
+        hook: str = "drm_ioctl",
         attach: str = "auto",
         ringbuf_pages: int = 256,
         counts_entries: int = 16384,
@@ -277,6 +349,7 @@ class BccKernel:
     ) -> None:
         self._devices = [d for d in devices if d.vendor]
         self.aggregate = mode == "aggregate"
+        self._hook = hook
         self._attach = attach
         self._ringbuf_pages = ringbuf_pages
         self._counts_entries = counts_entries
@@ -287,7 +360,7 @@ class BccKernel:
 
     def start(self, on_record: Callable[[bytes], None]) -> str:
         errors = []
-        for plan in attach_plans(self._attach):
+        for plan in attach_plans(self._attach, self._hook):
             try:
                 self._bpf = self._load(plan)
             except Exception as exc:  # BCC raises bare Exception for compile/load failures
@@ -300,9 +373,14 @@ class BccKernel:
                 )
             self._attach_births()
             self._open_ring_buffer(on_record)
-            return plan.attach
-        hints = _headers_hint() + _privileges_hint(errors)
-        raise ProbeError("cannot attach to drm_ioctl: " + "; ".join(errors) + hints)
+            functions = [p.function for p in plan.programs]
+            return (
+                plan.attach
+                if functions == [self._hook]
+                else f"{plan.attach} on {'+'.join(functions)}"
+            )
+        hints = _headers_hint() + privileges_hint(self._hook, effective_capabilities())
+        raise ProbeError(f"cannot attach to {self._hook}: " + "; ".join(errors) + hints)
 
     def _load(self, plan: AttachPlan):  # returns bcc.BPF
         import bcc  # deferred: BCC comes from the distribution and is only needed here
@@ -318,10 +396,11 @@ class BccKernel:
         cflags = [*_DIALECT_CFLAGS, *(["-DKUBENPU_AGGREGATE"] if self.aggregate else [])]
         bpf = _Deferred(text=text, cflags=cflags, debug=flags)
         self._fill_maps(bpf)
-        if plan.attach == "kprobe":
-            bpf.attach_kprobe(event="drm_ioctl", fn_name=plan.fn_name)
-        else:
-            bpf.attach_kfunc(fn_name=plan.fn_name)
+        for program in plan.programs:
+            if plan.attach == "kprobe":
+                bpf.attach_kprobe(event=program.function, fn_name=program.fn_name)
+            else:
+                bpf.attach_kfunc(fn_name=program.fn_name)
         return bpf
 
     def _attach_births(self) -> None:

@@ -46,7 +46,9 @@ SCRAPE_SERIES = {"up"}
 # The node paths the agent reads, each mounted read-only; the CRI directory comes from values.
 # Of /dev only the DRM and accel node directories (discovery checks the nodes exist there).
 HOST_PATHS = {"/sys", "/sys/fs/cgroup", "/dev/dri", "/dev/accel", "/lib/modules", "/usr/src"}
-CAPABILITIES = ["SYS_ADMIN"]  # see daemonset.yaml for why; tests/test_least_privilege_vm.py
+# What each probe.hook needs: daemonset.yaml says why; tests/test_least_privilege_vm.py measures
+CAPABILITIES = {"security_file_ioctl": ["BPF", "PERFMON"], "drm_ioctl": ["SYS_ADMIN"]}
+DRM_IOCTL_HOOK = {"config": {"probe": {"hook": "drm_ioctl"}}}
 CR_KINDS = {"ServiceMonitor", "PrometheusRule"}  # CRDs: no bundled schema
 DIGEST = "sha256:" + "ab" * 32
 MONITORING = {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}}
@@ -61,6 +63,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     },
     "accel": {"accel": {"required": True}},
     "events mode": {"config": {"probe": {"mode": "events"}}},
+    "drm_ioctl hook": DRM_IOCTL_HOOK,
     "kprobe attach": {"config": {"probe": {"attach": "kprobe"}}},
     "fentry attach": {"config": {"probe": {"attach": "fentry"}}},
     "tls and auth": {
@@ -314,9 +317,14 @@ def every_render(kustomizers: dict, tools: Path, tmp_path_factory) -> dict[str, 
     tmp = tmp_path_factory.mktemp("kustomize")
     renders = {f"helm {name}": render_helm(values) for name, values in VALUE_SETS.items()}
     for tool, build in kustomizers.items():
-        renders[f"{tool} all components"] = kustomize(build, tmp, "servicemonitor", "accel")
+        renders[f"{tool} all components"] = kustomize(
+            build, tmp, "servicemonitor", "accel", "drm-ioctl-hook"
+        )
     renders["otel collector"] = docs_of(run(tools / "kustomize", "build", DEPLOY / "otel"))
     renders["tanka default"] = tanka(TANKA_ENV)
+    renders["tanka drm_ioctl hook"] = tanka(
+        TANKA_LIB + " { _config+:: " + json.dumps(DRM_IOCTL_HOOK) + " }"
+    )
     return renders
 
 
@@ -339,7 +347,12 @@ def test_kubernetes_schema_check_can_fail() -> None:
 
 @pytest.mark.parametrize(
     ("components", "values"),
-    [((), {}), (("servicemonitor",), MONITORING), (("accel",), VALUE_SETS["accel"])],
+    [
+        ((), {}),
+        (("servicemonitor",), MONITORING),
+        (("accel",), VALUE_SETS["accel"]),
+        (("drm-ioctl-hook",), DRM_IOCTL_HOOK),
+    ],
 )
 def test_kustomize_renders_the_charts_objects(
     kustomizers: dict, tmp_path: Path, components: tuple[str, ...], values: dict
@@ -372,13 +385,15 @@ def test_tanka_passes_its_config_to_the_chart_as_values() -> None:
 # --- tests: what the agent needs, and nothing more -----------------------------------------------
 
 
-def check_agent_daemonset(ds: dict[str, Any], cri_dir: str) -> None:
+def check_agent_daemonset(
+    ds: dict[str, Any], cri_dir: str, hook: str = "security_file_ioctl"
+) -> None:
     pod = ds["spec"]["template"]["spec"]
     (agent,) = pod["containers"]
     sc = agent["securityContext"]
     assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
     assert sc["readOnlyRootFilesystem"] is True
-    assert sc["capabilities"] == {"drop": ["ALL"], "add": CAPABILITIES}
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": CAPABILITIES[hook]}
     assert not pod.get("hostPID") and not pod.get("hostNetwork") and not pod.get("hostIPC")
     host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     assert set(host.values()) == HOST_PATHS | {cri_dir}, "a host path too many or missing"
@@ -393,7 +408,19 @@ def check_agent_daemonset(ds: dict[str, Any], cri_dir: str) -> None:
 def test_agent_runs_unprivileged_with_read_only_node_mounts(every_render: dict) -> None:
     for name, docs in every_render.items():
         if name != "otel collector":
-            check_agent_daemonset(daemonset(docs), "/run/containerd")
+            hook = agent_config(docs)["probe"]["hook"]
+            check_agent_daemonset(daemonset(docs), "/run/containerd", hook)
+
+
+def test_capabilities_follow_the_hook() -> None:
+    """The least-privilege hook by default; drm_ioctl (drm.ko's BTF object) needs SYS_ADMIN."""
+    for values, hook in (({}, "security_file_ioctl"), (DRM_IOCTL_HOOK, "drm_ioctl")):
+        docs = render_helm(values)
+        assert agent_config(docs)["probe"]["hook"] == hook
+        sc = daemonset(docs)["spec"]["template"]["spec"]["containers"][0]["securityContext"]
+        assert sc["capabilities"]["add"] == CAPABILITIES[hook]
+    with pytest.raises(AssertionError):
+        check_agent_daemonset(daemonset(render_helm(DRM_IOCTL_HOOK)), "/run/containerd")
 
 
 def test_agent_check_catches_a_writable_mount_and_the_whole_dev() -> None:

@@ -85,7 +85,8 @@ def test_device_info_lists_both_devices(result):
 
 
 def test_attach_mode_is_fentry(result):
-    assert "attached to drm_ioctl via fentry-module " in result["agent_log"]
+    # the default probe.hook: fentry on the LSM hook, compat variant included
+    assert "attached to drm_ioctl via fentry on security_file_ioctl+" in result["agent_log"]
 
 
 def test_lockdown_is_as_booted(result, guest_run: GuestRun):
@@ -100,7 +101,7 @@ def test_kprobe_refused_under_lockdown(guest_run: GuestRun):
     assert "[confidentiality]" in kprobe["lockdown"].split()
     assert (kprobe["rc"], kprobe["attached"]) == (2, False)
     (error,) = kprobe["errors"]  # one line for the operator
-    assert "ERROR kubenpu: cannot attach to drm_ioctl: kprobe: " in error
+    assert "ERROR kubenpu: cannot attach to security_file_ioctl: kprobe: " in error
     # BCC turned the probe's field reads into bpf_probe_read, which lockdown withholds.
     assert "cannot use helper bpf_probe_read" in kprobe["agent_log"]
     assert any("use of bpf to read kernel RAM" in line for line in kprobe["kernel_log"])

@@ -1,11 +1,15 @@
-"""The agent with exactly the capabilities the Helm chart grants, on a real kernel in QEMU.
+"""The agent with exactly the capabilities the Helm chart grants for each probe.hook, on real
+kernels in QEMU.
 
 The guest (tests/vm/least_privilege_guest.py) runs the agent as uid 0 with every other capability
 dropped from all sets, bounding included, and no_new_privs: what a container gets from
-`drop: [ALL]` + `add: [...]` with allowPrivilegeEscalation: false. It must load, attach and count
-exactly; without any one of the chart's capabilities it must fail with its one-line error, which
-proves the set minimal. So must BPF + PERFMON alone, while the chart needs more than that (why:
-daemonset.yaml). Kernel: KUBENPU_LEAST_PRIVILEGE_KERNEL (default 6.12).
+`drop: [ALL]` + `add: [...]` with allowPrivilegeEscalation: false. With the chart's set for a hook
+it must load, attach and count exactly, 32-bit (compat) callers included; with one capability
+fewer it must fail with its one-line error naming the missing capability, which proves the set
+minimal. drm_ioctl's set (SYS_ADMIN) is also shown to be needed: BPF + PERFMON, which contain
+every smaller set, fail. One boot per kernel runs both hooks.
+Kernels: KUBENPU_LEAST_PRIVILEGE_KERNELS (default "6.1 6.12 7.3 6.12-lockdown"); a name of
+tests/vm/build.sh, + "-lockdown" to boot it with lockdown=confidentiality.
 """
 
 from __future__ import annotations
@@ -18,37 +22,64 @@ import pytest
 from guest import boot
 from helpers import by_reason, expected_counts, helm_values, ioctl_counts, otlp_counts, render_helm
 
-KERNEL = os.environ.get("KUBENPU_LEAST_PRIVILEGE_KERNEL", "6.12")
+KERNELS = os.environ.get("KUBENPU_LEAST_PRIVILEGE_KERNELS", "6.1 6.12 7.3 6.12-lockdown").split()
+LOCKDOWN = "-lockdown"
+HOOKS = ("security_file_ioctl", "drm_ioctl")
+# The agent's start-up line per hook (every kernel of the matrix has security_file_ioctl_compat).
+ATTACHED = {
+    "security_file_ioctl": "attached to drm_ioctl via fentry on "
+    "security_file_ioctl+security_file_ioctl_compat ",
+    "drm_ioctl": "attached to drm_ioctl via fentry-module ",
+}
+BPF_PERFMON = ["BPF", "PERFMON"]
 
 pytestmark = pytest.mark.vm
 
 
-def chart_capabilities() -> list[str]:
+def chart_capabilities(hook: str) -> list[str]:
     """The capabilities the chart's DaemonSet adds to the agent container (after drop: ALL)."""
-    (ds,) = (d for d in render_helm(helm_values()) if d["kind"] == "DaemonSet")
+    values = helm_values()
+    values["config"]["probe"]["hook"] = hook
+    (ds,) = (d for d in render_helm(values) if d["kind"] == "DaemonSet")
     (agent,) = ds["spec"]["template"]["spec"]["containers"]
     caps = agent["securityContext"]["capabilities"]
     assert caps["drop"] == ["ALL"]
     return sorted(caps["add"])
 
 
-CHART_CAPS = chart_capabilities()
-BPF_PERFMON = ["BPF", "PERFMON"]
-# Sets that must not attach: one capability fewer each, and BPF + PERFMON while the chart needs
-# more. fentry only: `auto` would add the kprobe attempt (refused as well, measured) and a
-# second BCC compile.
-REFUSED = {f"without-{c}": [k for k in CHART_CAPS if k != c] for c in CHART_CAPS}
-if CHART_CAPS != BPF_PERFMON:
-    REFUSED["bpf-perfmon"] = BPF_PERFMON
+def refused_sets(chart: list[str]) -> dict[str, tuple[list[str], str]]:
+    """Sets that must not attach, each with the capability its error must name: one fewer each,
+    and BPF + PERFMON while the chart needs more. A set inside another refused set is left out
+    (capabilities only ever allow more), which saves its BCC compile."""
+    sets = {f"without-{c}": ([k for k in chart if k != c], c) for c in chart}
+    if chart != BPF_PERFMON:
+        sets["bpf-perfmon"] = (BPF_PERFMON, next(c for c in chart if c not in BPF_PERFMON))
+    return {
+        name: (caps, missing)
+        for name, (caps, missing) in sets.items()
+        if not any(set(caps) < set(other) for other, _ in sets.values())
+    }
 
 
-@pytest.fixture(scope="module")
-def guest_out(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("least-privilege")
-    plan = [{"name": "chart", "caps": CHART_CAPS, "scenario": True}]
-    plan += [{"name": name, "caps": caps, "attach": "fentry"} for name, caps in REFUSED.items()]
+CHART_CAPS = {hook: chart_capabilities(hook) for hook in HOOKS}
+REFUSED = {hook: refused_sets(CHART_CAPS[hook]) for hook in HOOKS}
+REFUSED_RUNS = [(hook, name) for hook in HOOKS for name in REFUSED[hook]]
+
+
+@pytest.fixture(scope="module", params=KERNELS)
+def guest_out(request, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp(f"least-privilege-{request.param}")
+    plan = []
+    for hook in HOOKS:
+        plan.append({"name": hook, "caps": CHART_CAPS[hook], "hook": hook, "scenario": True})
+        plan += [
+            {"name": f"{hook}-{name}", "caps": caps, "hook": hook, "attach": "fentry"}
+            for name, (caps, _) in REFUSED[hook].items()
+        ]
     (out / "plan.json").write_text(json.dumps(plan))
-    return boot(KERNEL, "/src/tests/vm/least_privilege.sh", out)
+    kernel = request.param.removesuffix(LOCKDOWN)
+    extra = ["lockdown=confidentiality"] if kernel != request.param else []
+    return boot(kernel, "/src/tests/vm/least_privilege.sh", out, *extra)
 
 
 def _result(out: Path, name: str) -> dict:
@@ -62,21 +93,29 @@ def _assert_only(caps: dict, granted: list[str]) -> None:
     assert caps["NoNewPrivs"] == "1"
 
 
-def test_agent_counts_exactly_with_chart_capabilities(guest_out):
-    result = _result(guest_out, "chart")
-    _assert_only(result["caps"], CHART_CAPS)
-    assert "attached to drm_ioctl via fentry-module " in result["agent_log"]
+def test_chart_default_is_the_least_privilege_hook():
+    assert helm_values()["config"]["probe"]["hook"] == "security_file_ioctl"
+    assert CHART_CAPS["security_file_ioctl"] == BPF_PERFMON
+
+
+@pytest.mark.parametrize("hook", HOOKS)
+def test_agent_counts_exactly_with_chart_capabilities(guest_out, hook):
+    result = _result(guest_out, hook)
+    _assert_only(result["caps"], CHART_CAPS[hook])
+    assert ATTACHED[hook] in result["agent_log"]
     expected, prom = expected_counts(result["expected"]), result["prometheus"]
-    assert ioctl_counts(prom) == expected
+    assert ioctl_counts(prom) == expected  # 64- and 32-bit callers
     assert otlp_counts(result["otlp"]) == expected
     assert by_reason(prom, "kubenpu_unattributed_calls_total") == result["expected_unattributed"]
     assert by_reason(prom, "kubenpu_events_dropped_total") == {}
 
 
-@pytest.mark.parametrize("name", REFUSED)
-def test_agent_fails_with_fewer_capabilities(guest_out, name):
-    result = _result(guest_out, name)
-    _assert_only(result["caps"], REFUSED[name])
+@pytest.mark.parametrize(("hook", "name"), REFUSED_RUNS)
+def test_agent_fails_with_fewer_capabilities(guest_out, hook, name):
+    caps, missing = REFUSED[hook][name]
+    result = _result(guest_out, f"{hook}-{name}")
+    _assert_only(result["caps"], caps)
     assert (result["rc"], result["attached"]) == (2, False)
     (error,) = result["errors"]  # one line for the operator
-    assert "ERROR kubenpu: cannot attach to drm_ioctl: fentry-module: " in error
+    assert f"ERROR kubenpu: cannot attach to {hook}: fentry" in error
+    assert f"missing CAP_{missing}" in error

@@ -1,36 +1,124 @@
 """Host-side checks of the probe's plumbing. Loading and attaching run in the VM (test_e2e_vm)."""
 
 import re
+from pathlib import Path
 
 import pytest
 
 from kubenpu import vendors
 from kubenpu.events import KERNEL_LOST
-from kubenpu.probe import AttachPlan, attach_plans, source_text, vendor_ids
+from kubenpu.probe import (
+    AttachPlan,
+    attach_plans,
+    effective_capabilities,
+    privileges_hint,
+    source_text,
+    vendor_ids,
+)
+
+KALLSYMS_6_8 = (
+    "0000000000000000 T security_file_ioctl\n0000000000000000 T security_file_ioctl_compat\n"
+)
+
+
+@pytest.fixture
+def kallsyms(tmp_path) -> Path:
+    path = tmp_path / "kallsyms"
+    path.write_text("0000000000000000 T drm_ioctl\t[drm]\n" + KALLSYMS_6_8)
+    return path
 
 
 def test_module_drm_uses_module_kfunc_then_kprobe(tmp_path):
     (tmp_path / "drm").touch()
-    plans = attach_plans("auto", tmp_path)
+    plans = attach_plans("auto", "drm_ioctl", tmp_path)
     assert [p.attach for p in plans] == ["fentry-module", "kprobe"]
-    assert plans[0].header.startswith("MODULE_KFUNC_PROBE(drm, drm_ioctl,")
-    assert plans[0].fn_name == "kfunc__drm__drm_ioctl"
+    (program,) = plans[0].programs
+    assert program.header.startswith("MODULE_KFUNC_PROBE(drm, drm_ioctl,")
+    assert program.fn_name == "kfunc__drm__drm_ioctl"
 
 
 def test_builtin_drm_uses_kfunc(tmp_path):
-    assert [p.attach for p in attach_plans("fentry", tmp_path)] == ["fentry"]
-    assert attach_plans("auto", tmp_path)[0].fn_name == "kfunc__vmlinux__drm_ioctl"
+    assert [p.attach for p in attach_plans("fentry", "drm_ioctl", tmp_path)] == ["fentry"]
+    (program,) = attach_plans("auto", "drm_ioctl", tmp_path)[0].programs
+    assert program.fn_name == "kfunc__vmlinux__drm_ioctl"
 
 
 def test_kprobe_only_when_asked(tmp_path):
-    assert [p.attach for p in attach_plans("kprobe", tmp_path)] == ["kprobe"]
+    assert [p.attach for p in attach_plans("kprobe", "drm_ioctl", tmp_path)] == ["kprobe"]
 
 
-@pytest.mark.parametrize("plan", attach_plans("auto") + attach_plans("fentry"))
+def test_lsm_hook_is_vmlinux_fentry_on_both_functions(tmp_path, kallsyms):
+    (tmp_path / "drm").touch()  # a drm module does not matter to the vmlinux hook
+    plans = attach_plans("auto", "security_file_ioctl", tmp_path, kallsyms)
+    assert [p.attach for p in plans] == ["fentry", "kprobe"]
+    assert [p.fn_name for p in plans[0].programs] == [
+        "kfunc__vmlinux__security_file_ioctl",
+        "kfunc__vmlinux__security_file_ioctl_compat",
+    ]
+    assert [p.function for p in plans[1].programs] == [
+        "security_file_ioctl",
+        "security_file_ioctl_compat",
+    ]
+
+
+def test_lsm_hook_without_the_compat_function(tmp_path):
+    # Before 6.8 (without the backport) compat_sys_ioctl called security_file_ioctl itself.
+    kallsyms = tmp_path / "kallsyms"
+    kallsyms.write_text("0000000000000000 T security_file_ioctl\n0000000000000000 t x_compat\n")
+    (plan,) = attach_plans("fentry", "security_file_ioctl", tmp_path, kallsyms)
+    assert [p.function for p in plan.programs] == ["security_file_ioctl"]
+
+
+@pytest.mark.parametrize(
+    "plan",
+    attach_plans("auto")
+    + attach_plans("fentry")
+    + attach_plans("auto", "security_file_ioctl", kallsyms=Path("/dev/null")),
+)
 def test_source_has_no_placeholders_left(plan: AttachPlan):
     text = source_text(plan, ringbuf_pages=64, counts_entries=1024)
-    assert plan.header in text
+    for program in plan.programs:
+        assert program.header in text
     assert not re.search(r"\b(KUBENPU_ATTACH|RINGBUF_PAGES|COUNTS_ENTRIES)\b", text)
+
+
+def test_each_function_gets_its_own_probe_body(tmp_path, kallsyms):
+    (plan,) = attach_plans("fentry", "security_file_ioctl", tmp_path, kallsyms)
+    text = source_text(plan, ringbuf_pages=64, counts_entries=1024)
+    # The type byte is tested first in each copy, before any memory is read.
+    assert text.count("return handle(filp->f_inode->i_rdev, cmd);") == 2
+    assert text.count("if (((cmd >> 8) & 0xff) != DRM_IOCTL_TYPE)") == 2
+    assert text.count("BPF_PROG(kubenpu_cgroup_mkdir,") == 1  # what follows the probe: once
+
+
+def test_effective_capabilities_decode_cap_eff(tmp_path):
+    status = tmp_path / "status"
+    status.write_text("Name:\tpython3\nCapPrm:\t000001ffffffffff\nCapEff:\t000000c000000000\n")
+    assert effective_capabilities(status) == {"BPF", "PERFMON"}
+    status.write_text("CapEff:\t0000000000200000\n")
+    assert effective_capabilities(status) == {"SYS_ADMIN"}
+
+
+@pytest.mark.parametrize(
+    ("hook", "held", "hint"),
+    [
+        (
+            "drm_ioctl",
+            {"BPF", "PERFMON"},
+            "; missing CAP_SYS_ADMIN: probe.hook drm_ioctl needs CAP_SYS_ADMIN",
+        ),
+        (
+            "security_file_ioctl",
+            {"BPF"},
+            "; missing CAP_PERFMON: probe.hook security_file_ioctl needs CAP_BPF + CAP_PERFMON",
+        ),
+        ("security_file_ioctl", set(), "; missing CAP_BPF, CAP_PERFMON: "),
+        ("security_file_ioctl", {"SYS_ADMIN"}, ""),  # SYS_ADMIN passes every check
+    ],
+)
+def test_privileges_hint_names_the_missing_capability(hook, held, hint):
+    found = privileges_hint(hook, held)
+    assert found.startswith(hint) if hint else found == ""
 
 
 def test_vendor_ids_reserve_zero_for_the_core_table():

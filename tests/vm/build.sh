@@ -54,7 +54,8 @@ hash_of() { printf '%s\n' "$@" | sha256sum | cut -c1-16; }
 # --- host tools --------------------------------------------------------------------------------
 
 host_tools() {
-  host_install qemu-system-x86 busybox-static mmdebstrap cpio zstd xz-utils gcc libc6-dev
+  # gcc-multilib: drmcall32, a 32-bit build of drmcall whose ioctls enter as compat calls.
+  host_install qemu-system-x86 busybox-static mmdebstrap cpio zstd xz-utils gcc libc6-dev gcc-multilib
 }
 
 # --- the guest root ----------------------------------------------------------------------------
@@ -236,17 +237,25 @@ build_boot() {
 }
 
 # Static C programs the guest runs (tests/vm/src/*.c -> /usr/local/bin in the root): static so
-# they also run in bare container images and tight benchmark loops.
+# they also run in bare container images and tight benchmark loops. drmcall is also built for
+# i386 (drmcall32): its ioctls reach the kernel as 32-bit compat calls.
 build_tools() {
-  local src want
+  local src
   for src in "$repo/tests/vm/src/"*.c; do
-    want=cc.$(basename "$src" .c).$(sha256sum "$src" | cut -c1-16)
-    [[ -e $stamps/$want ]] && continue
-    log "compiling $(basename "$src")"
-    gcc -O2 -static -Wall -Wextra -o "$root/usr/local/bin/$(basename "$src" .c)" "$src"
-    rm -f "$stamps/cc.$(basename "$src" .c)".*
-    touch "$stamps/$want"
+    build_tool "$src" "$(basename "$src" .c)"
   done
+  build_tool "$repo/tests/vm/src/drmcall.c" drmcall32 -m32
+}
+
+build_tool() {
+  local src=$1 name=$2 want
+  shift 2
+  want=cc.$name.$(sha256sum "$src" | cut -c1-16)
+  [[ -e $stamps/$want ]] && return 0
+  log "compiling $name"
+  gcc -O2 -static -Wall -Wextra "$@" -o "$root/usr/local/bin/$name" "$src"
+  rm -f "$stamps/cc.$name".*
+  touch "$stamps/$want"
 }
 
 # A real container runtime for tests/vm/node_guest.py: containerd (CRI plugin built in), runc, and

@@ -94,6 +94,7 @@ def pods(mode: str) -> tuple[dict, dict]:
 
 class Scenario:
     launcher: tuple[str, ...] = ()  # what the agent runs under (setpriv for least privilege)
+    hook: str | None = None  # probe.hook; None: the agent's default
 
     def __init__(self, out: Path, mode: str) -> None:
         self.out = out
@@ -145,7 +146,7 @@ class Scenario:
 
     def start_agent(self) -> Agent:
         config = {
-            "probe": {"mode": self.mode},
+            "probe": {"mode": self.mode, **({"hook": self.hook} if self.hook else {})},
             "attribution": {"cri": {"endpoint": f"unix://{self.cri_socket}"}},
             "export": {
                 "prometheus": PROMETHEUS,

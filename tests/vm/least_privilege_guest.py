@@ -1,8 +1,9 @@
 """The agent under a reduced capability set, run as root inside the QEMU guest.
 
 tests/vm/least_privilege.sh runs it; the host test writes /out/plan.json, a list of runs:
-  {"name": DIR, "caps": ["BPF", ...], "scenario": true}    the e2e scenario (aggregate mode)
-  {"name": DIR, "caps": [...], "attach": "fentry"}          does the agent attach? (or how it fails)
+  {"name": DIR, "caps": ["BPF", ...], "hook": H, "scenario": true}  the e2e scenario (aggregate
+                                                      mode), plus calls from a 32-bit drmcall
+  {"name": DIR, "caps": [...], "hook": H, "attach": "fentry"}  does it attach? (or how it fails)
 Each run keeps uid 0 and only `caps` in every set (bounding too), with no inheritable or ambient
 capabilities and no_new_privs: what runc gives a container with `drop: [ALL]`, `add: caps` and
 allowPrivilegeEscalation: false. The capabilities the agent process really had are recorded.
@@ -10,16 +11,31 @@ allowPrivilegeEscalation: false. The capabilities the agent process really had a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from e2e_guest import Scenario
-from guestlib import ATTACHED, Agent
+from e2e_guest import Scenario, pods
+from guestlib import (
+    ATTACHED,
+    CREATE_DUMB,
+    SYNCOBJ_WAIT,
+    TCGETS,
+    VGEM_FENCE_ATTACH,
+    Agent,
+    Call,
+    device_node,
+    drmcall_argv,
+    reports,
+    systemd_cgroup,
+)
 
 STATUS_FIELDS = ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs")
+# drmcall built with gcc -m32 (tests/vm/build.sh): its ioctls enter the kernel as compat calls.
+DRMCALL32 = "/usr/local/bin/drmcall32"
 
 
 def launcher(caps: list[str]) -> tuple[str, ...]:
@@ -59,9 +75,32 @@ def process_caps(pid: int) -> dict:
 
 
 class LeastPrivilegeScenario(Scenario):
-    def __init__(self, out: Path, caps: list[str]) -> None:
+    def __init__(self, out: Path, caps: list[str], hook: str) -> None:
         super().__init__(out, "aggregate")
         self.launcher = launcher(caps)
+        self.hook = hook
+
+    def run(self) -> dict:
+        # The other hook's run in this boot left pod A's cgroup behind; the scenario makes it.
+        with contextlib.suppress(FileNotFoundError):
+            systemd_cgroup(pods(self.mode)[0]).rmdir()
+        return super().run()
+
+    def workload(self, pod: dict | None, cgroup: Path, vgem_scale: int, virtio_scale: int) -> None:
+        """The e2e workload, then the same kinds from a 32-bit process (compat ioctls)."""
+        super().workload(pod, cgroup, vgem_scale, virtio_scale)
+        vg = device_node(self.vgem, "card")
+        calls = [
+            Call.drm(vg, CREATE_DUMB, 3 * vgem_scale),
+            Call.drm(vg, VGEM_FENCE_ATTACH, 2 * vgem_scale),
+            Call.drm(vg, SYNCOBJ_WAIT, 1 * vgem_scale),
+            Call(vg, TCGETS, 64, 3, raw=True),  # not a DRM ioctl: not counted
+        ]
+        argv = [DRMCALL32, *drmcall_argv(calls, cgroup)[1:]]
+        reports(subprocess.run(argv, check=True, capture_output=True, text=True).stdout, calls)
+        self.expect(pod, self.vgem, "alloc", 3 * vgem_scale)
+        self.expect(pod, self.vgem, "submit", 2 * vgem_scale)
+        self.expect(pod, self.vgem, "wait", 1 * vgem_scale)
 
     def start_agent(self) -> Agent:
         agent = super().start_agent()
@@ -69,15 +108,16 @@ class LeastPrivilegeScenario(Scenario):
         return agent
 
 
-def scenario(out: Path, caps: list[str]) -> dict:
-    run = LeastPrivilegeScenario(out, caps)
+def scenario(out: Path, caps: list[str], hook: str) -> dict:
+    run = LeastPrivilegeScenario(out, caps, hook)
     return {**run.run(), "caps": run.caps}
 
 
-def attach_check(out: Path, launch: tuple[str, ...], attach: str) -> dict:
+def attach_check(out: Path, launch: tuple[str, ...], attach: str, hook: str | None = None) -> dict:
     """Start the agent under `launch` (no exporters, no CRI) until it attaches or exits; record
-    which, with its exit code and the capabilities it had."""
-    config = {"probe": {"attach": attach}, "export": {"prometheus": {"enabled": False}}}
+    which, with its exit code and the capabilities it had. `hook` None: the agent's default."""
+    probe = {"attach": attach, **({"hook": hook} if hook else {})}
+    config = {"probe": probe, "export": {"prometheus": {"enabled": False}}}
     agent = Agent(out, config, launcher=launch)
     found = process_caps(agent.pid)
     agent.wait_attached()
@@ -99,9 +139,10 @@ def main() -> int:
         where.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         if run.get("scenario"):
-            result = scenario(where, run["caps"])
+            result = scenario(where, run["caps"], run["hook"])
         else:
-            result = attach_check(where, launcher(run["caps"]), run.get("attach", "auto"))
+            launch = launcher(run["caps"])
+            result = attach_check(where, launch, run.get("attach", "auto"), run.get("hook"))
         result["seconds"] = time.monotonic() - started
         (where / "result.json").write_text(json.dumps(result, indent=1, sort_keys=True))
         print(f"least privilege {run['name']} ({','.join(run['caps'])}): {result['seconds']:.0f}s")

@@ -1,0 +1,31 @@
+"""bench/report.py renders what bench_guest.py measured; here with made-up figures."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+_spec = importlib.util.spec_from_file_location(
+    "bench_report", Path(__file__).parents[1] / "bench" / "report.py"
+)
+report = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(report)
+
+HOOKS_ONLY = {
+    "kernel": "6.12.117+deb13-amd64",
+    "cpus": 2,
+    "hooks_loop_calls": 20000,
+    "hooks": {
+        "none": {"tcgets": [1000.0, 1100.0, 900.0], "drm": [2000.0, 2000.0, 2200.0]},
+        "security_file_ioctl": {"tcgets": [1500.0, 1500.0], "drm": [3000.0, 3000.0]},
+        "drm_ioctl": {"tcgets": [1000.0, 1000.0], "drm": [2600.0, 2600.0]},
+    },
+}
+
+
+def test_hook_rows_compare_each_hook_with_no_agent():
+    text = report.render(HOOKS_ONLY, None)
+    assert "| security_file_ioctl | 1500 | 1.50x | +500 | 3000 | 1.50x | +1000 |" in text
+    assert "| drm_ioctl | 1000 | 1.00x | +0 | 2600 | 1.30x | +600 |" in text
+    assert "| none (no agent) | 1000 | 1.00x | +0 | 2000 | 1.00x | +0 |" in text
+    assert "Added cost per ioctl" not in text  # a --hooks run has no per-mode phases
