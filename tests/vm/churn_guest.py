@@ -17,7 +17,6 @@ tests/test_churn_vm.py asserts on it.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -28,7 +27,16 @@ from pathlib import Path
 
 import cri_test_pb2 as pb
 import grpc
-from guestlib import ATTACH_TIMEOUT, CGROUP, CREATE_DUMB, MODES, PROMETHEUS, Agent, drmcall_argv
+from guestlib import (
+    ATTACH_TIMEOUT,
+    CGROUP,
+    CREATE_DUMB,
+    MODES,
+    PROMETHEUS,
+    Agent,
+    drmcall_argv,
+    run_scenario,
+)
 from node_guest import FOREVER, HERE, Node, Pod, vgem, wait_for
 
 ONESHOTS = int(os.environ.get("KUBENPU_CHURN_ONESHOTS", "8"))
@@ -169,15 +177,5 @@ class Churn(Node):
         }
 
 
-def main() -> int:
-    out = Path(sys.argv[1] if len(sys.argv) > 1 else "/out")
-    started = time.monotonic()
-    result = Churn(out).run()
-    result["guest_seconds"] = round(time.monotonic() - started, 1)
-    (out / "result.json").write_text(json.dumps(result, indent=1, sort_keys=True))
-    print(f"churn scenario done on {result['kernel']} in {result['guest_seconds']}s", flush=True)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_scenario("churn", lambda out: Churn(out).run()))

@@ -15,7 +15,7 @@ import sys
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -236,3 +236,14 @@ def systemd_cgroup(pod: dict) -> Path:
 def cgroupfs_cgroup(pod: dict) -> Path:
     """A container's cgroup under kubelet's cgroupfs driver (best-effort QoS)."""
     return CGROUP / "kubepods" / "besteffort" / f"pod{pod['pod_uid']}" / pod["id"]
+
+
+def run_scenario(name: str, scenario: Callable[[Path], dict]) -> int:
+    """A guest script's main: run the scenario on /out (or argv[1]), time it, write result.json."""
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "/out")
+    started = time.monotonic()
+    result = scenario(out)
+    result["guest_seconds"] = round(time.monotonic() - started, 1)
+    (out / "result.json").write_text(json.dumps(result, indent=1, sort_keys=True))
+    print(f"{name} scenario done on {result['kernel']} in {result['guest_seconds']}s", flush=True)
+    return 0

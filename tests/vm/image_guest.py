@@ -25,7 +25,7 @@ from pathlib import Path
 import cri_test_pb2 as pb
 from e2e_guest import OTLP_PORT, Scenario
 from google.protobuf import json_format
-from guestlib import read_log
+from guestlib import read_log, run_scenario
 from least_privilege_guest import process_caps
 from node_guest import (
     MAIN_0,
@@ -208,15 +208,5 @@ def run(out: Path) -> dict:
     }
 
 
-def main() -> int:
-    out = Path(sys.argv[1] if len(sys.argv) > 1 else "/out")
-    started = time.monotonic()
-    result = run(out)
-    result["guest_seconds"] = round(time.monotonic() - started, 1)
-    (out / "result.json").write_text(json.dumps(result, indent=1, sort_keys=True))
-    print(f"image scenario done on {result['kernel']} in {result['guest_seconds']}s", flush=True)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_scenario("image", run))

@@ -52,6 +52,7 @@ from guestlib import (
     drmcall_argv,
     ioctl_counts,
     reports,
+    run_scenario,
     scrape,
 )
 
@@ -469,15 +470,5 @@ class Node:
         }
 
 
-def main() -> int:
-    out = Path(sys.argv[1] if len(sys.argv) > 1 else "/out")
-    started = time.monotonic()
-    result = Node(out).run()
-    result["guest_seconds"] = round(time.monotonic() - started, 1)
-    (out / "result.json").write_text(json.dumps(result, indent=1, sort_keys=True))
-    print(f"node scenario done on {result['kernel']} in {result['guest_seconds']}s", flush=True)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_scenario("node", lambda out: Node(out).run()))
