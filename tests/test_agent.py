@@ -9,7 +9,6 @@ import io
 import json
 import logging
 import os
-import struct
 import subprocess
 import sys
 import threading
@@ -47,11 +46,6 @@ VGEM = Device("platform:vgem", None, None, None, (Node("/dev/dri/card0", "card0"
 POD_DIR = f"kubepods/besteffort/pod{UID}/{CID}"
 
 
-def event(cgroup_id: int, minor: int = 0, kind: int = 2, nr: int = 0xB2) -> bytes:
-    cmd = 0xC0206400 | nr
-    return struct.pack("<QQIIIIII", 1, cgroup_id, 42, cmd, 226, minor, kind, 0)
-
-
 @pytest.fixture
 def cgroups(tmp_path: Path) -> Path:
     root = tmp_path / "cgroup"
@@ -86,9 +80,9 @@ def test_pod_and_host_calls_are_counted_with_a_reason_for_the_partial_ones(cgrou
     pod = os.stat(cgroups / POD_DIR).st_ino
     host = os.stat(cgroups / "system.slice/sshd.service").st_ino
     for _ in range(3):
-        tally.add_event(event(pod))
-    tally.add_event(event(host, kind=3))
-    tally.add_event(event(pod, minor=7))  # a device the probe never listed
+        tally.add_event(record(key(pod)))
+    tally.add_event(record(key(host, kind=3)))
+    tally.add_event(record(Key(pod, 226, 7, 2)))  # a device the probe never listed
     attributor.flush(tally.drain())
     assert values(metrics, IOCTL) == {
         ("ml", "trainer-0", "worker", "platform:vgem", "vgem", "alloc"): 3,
@@ -102,7 +96,7 @@ def test_removed_cgroups_are_forgotten_and_their_pods_retired(cgroups, resolver)
     metrics = Metrics("node-1", series_ttl=0, max_series=100)
     tally, attributor = Tally(100), Attributor([VGEM], resolver, metrics)
     pod = os.stat(cgroups / POD_DIR).st_ino
-    tally.add_event(event(pod))
+    tally.add_event(record(key(pod)))
     attributor.flush(tally.drain())
     assert attributor.dead_cgroups() == []
     (cgroups / POD_DIR).rmdir()
@@ -117,7 +111,7 @@ def test_trace_prints_each_call_with_its_pod(cgroups, resolver):
     out = io.StringIO()
     tally = Tally(100, keep_events=True)
     attributor = Attributor([VGEM], resolver, Metrics("n", 300, 100), trace=out)
-    tally.add_event(event(os.stat(cgroups / POD_DIR).st_ino, nr=0xC3, kind=3))
+    tally.add_event(record(key(os.stat(cgroups / POD_DIR).st_ino, kind=3), nr=0xC3))
     attributor.flush(tally.drain())
     line = json.loads(out.getvalue())
     assert (line["pod"], line["device"], line["nr"], line["kind"]) == (
