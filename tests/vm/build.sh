@@ -259,9 +259,10 @@ build_tool() {
 }
 
 # A real container runtime for tests/vm/node_guest.py: containerd (CRI plugin built in), runc, and
-# busybox-static for the test images. Installed into the finished root rather than listed in
-# ROOT_PACKAGES, so adding them does not rebuild the root under guests that may be running.
-NODE_PACKAGES=(containerd runc busybox-static)
+# busybox-static for the test images; bpftrace for the benchmark's floor (bench/bench_guest.py).
+# Installed into the finished root rather than listed in ROOT_PACKAGES, so adding them does not
+# rebuild the root under guests that may be running.
+NODE_PACKAGES=(containerd runc busybox-static bpftrace)
 build_node_packages() {
   local want
   want=node.$(hash_of "${NODE_PACKAGES[@]}")
