@@ -8,6 +8,7 @@ exception stops either: each iteration is guarded, and Health reports a worker t
 from __future__ import annotations
 
 import argparse
+import functools
 import inspect
 import json
 import logging
@@ -18,11 +19,13 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol, TextIO
 
 from kubenpu import __version__
 from kubenpu.discovery import Device, discover
 from kubenpu.events import Batch, Drop, Key, Tally
+from kubenpu.pin import PinnedProbe, uninstall
 from kubenpu.probe import BccKernel, Probe, ProbeError
 from kubenpu.vendors import Kind, by_name, core
 
@@ -471,7 +474,10 @@ def build(cfg: config.Config, debug: bool = False, trace: bool = False) -> Agent
         on_cri_request=metrics.cri_request,
     )
     tally = Tally(cfg.probe.queue_size, keep_events=trace)
-    kernel = BccKernel(
+    kernel_class = BccKernel
+    if cfg.probe.pin_dir:
+        kernel_class = functools.partial(PinnedProbe, Path(cfg.probe.pin_dir))
+    kernel = kernel_class(
         devices,
         mode=cfg.probe.mode,
         attach=cfg.probe.attach,
@@ -493,6 +499,16 @@ def build(cfg: config.Config, debug: bool = False, trace: bool = False) -> Agent
     )
 
 
+def _uninstall(root: Path) -> int:
+    try:
+        n = uninstall(root)
+    except OSError as err:
+        print(f"kubenpu-agent: cannot remove {root}: {err}", file=sys.stderr)
+        return 1
+    print(f"kubenpu-agent: removed {n} pinned probe(s) from {root}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     if _MISSING_EXTRAS is not None:
         print("kubenpu-agent needs the agent extras: pip install 'kubenpu[agent]'", file=sys.stderr)
@@ -508,6 +524,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="print every counted call as a JSON line (switches the probe to events mode)",
     )
+    parser.add_argument(
+        "--uninstall",
+        action="store_true",
+        help="remove the probe pinned in probe.pin_dir (detaching it) and exit",
+    )
     parser.add_argument("--version", action="version", version=__version__)
     args = parser.parse_args(argv)
     if args.check_config:
@@ -518,6 +539,8 @@ def main(argv: list[str] | None = None) -> int:
         for problem in err.problems:
             print(f"kubenpu-agent: {problem}", file=sys.stderr)
         return 2
+    if args.uninstall:
+        return _uninstall(Path(cfg.probe.pin_dir)) if cfg.probe.pin_dir else 0
     level = logging.DEBUG if args.debug else getattr(logging, cfg.log_level.upper())
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

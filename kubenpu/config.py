@@ -31,6 +31,7 @@ class ProbeConfig(_Model):
     attach: Literal["auto", "fentry", "kprobe"] = "auto"
     ringbuf_pages: int = Field(256, gt=0)
     queue_size: int = Field(65536, gt=0)
+    pin_dir: str = "/sys/fs/bpf/kubenpu"  # "" = no pinning: counting stops with the agent
 
     @field_validator("ringbuf_pages")
     @classmethod

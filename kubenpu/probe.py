@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
+import hashlib
 import logging
 import os
 from collections.abc import Callable, Iterable
@@ -26,9 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from kubenpu import bpfsys
 from kubenpu.discovery import Device
 from kubenpu.events import KERNEL_LOST, BadRecord, Deltas, Drop, Key, Tally, dev_t, split_dev_t
-from kubenpu.vendors import Vendor, all_vendors, core
+from kubenpu.vendors import all_vendors, core
 
 log = logging.getLogger(__name__)
 
@@ -111,42 +112,46 @@ def _privileges_hint(errors: list[str]) -> str:
     return "; the agent needs CAP_SYS_ADMIN (see docs/deploy.md for why)"
 
 
-class _CountsReader:
-    """Reads the per-CPU counts map with BPF_MAP_LOOKUP_BATCH into buffers allocated once.
+class CountKey(ctypes.Structure):
+    """The C `struct count_key` of bpf/kubenpu.bpf.c."""
 
-    BCC's items() costs two syscalls and several ctypes objects per key, and its own batch
-    helper allocates buffers for the whole map on every call; this reads _BATCH keys a syscall.
-    """
+    _fields_ = [
+        ("cgroup_id", ctypes.c_uint64),
+        ("rdev", ctypes.c_uint32),
+        ("kind", ctypes.c_uint32),
+    ]
 
-    def __init__(self, table) -> None:  # table: a BCC per-CPU hash
-        from bcc.utils import get_possible_cpus  # deferred like every BCC import
 
-        self._fd = table.map_fd
-        self._ncpus = len(get_possible_cpus())
-        self._keys = (table.Key * _BATCH)()
+class CountsReader:
+    """Reads the per-CPU counts map (by fd) with BPF_MAP_LOOKUP_BATCH into buffers allocated
+    once: _BATCH keys a syscall, where BCC's items() costs two syscalls and several ctypes
+    objects per key."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._ncpus = bpfsys.possible_cpus()
+        self._keys = (CountKey * _BATCH)()
         self._values = (ctypes.c_uint64 * (_BATCH * self._ncpus))()  # one u64 per CPU per key
 
     def read(self) -> dict[Key, int]:
-        from bcc.libbcc import lib
-
         found: dict[Key, int] = {}
         token_in, token_out = ctypes.c_uint32(0), ctypes.c_uint32(0)
         first = True
         while True:
             count = ctypes.c_uint32(_BATCH)
-            res = lib.bpf_lookup_batch(
-                self._fd,
-                None if first else ctypes.byref(token_in),
-                ctypes.byref(token_out),
-                self._keys,
-                self._values,
-                ctypes.byref(count),
-            )
-            err = ctypes.get_errno()
-            if res != 0 and err != errno.ENOENT:  # ENOENT: this was the last batch
-                raise ProbeError(f"reading the counts map failed: {os.strerror(err)}")
+            try:
+                more = bpfsys.lookup_batch(
+                    self._fd,
+                    None if first else token_in,
+                    token_out,
+                    self._keys,
+                    self._values,
+                    count,
+                )
+            except bpfsys.BpfError as err:
+                raise ProbeError(f"reading the counts map failed: {err}") from err
             self._decode(count.value, found)
-            if res != 0 or count.value == 0:
+            if not more or count.value == 0:
                 return found
             token_in.value, first = token_out.value, False
 
@@ -156,6 +161,18 @@ class _CountsReader:
             k = self._keys[i]
             total = sum(values[i * ncpus : (i + 1) * ncpus])
             into[Key(k.cgroup_id, *split_dev_t(k.rdev), k.kind)] = total
+
+
+def tables(devices: Iterable[Device]) -> tuple[dict[int, int], dict[tuple[int, int], int]]:
+    """The contents of the `devices` (dev_t -> vendor id) and `ioctls` ({vendor id, nr} ->
+    kind) maps for the counted devices."""
+    ids = vendor_ids()
+    devices = [d for d in devices if d.vendor]
+    by_node = {node.dev_t: ids[d.vendor] for d in devices for node in d.nodes}
+    names = {d.vendor for d in devices}
+    vendors = (core(), *(v for v in all_vendors() if v.name in names))
+    ioctls = {(ids[v.name], i.nr): int(i.kind) for v in vendors for i in v.ioctls}
+    return by_node, ioctls
 
 
 class Kernel(Protocol):
@@ -195,15 +212,17 @@ class BccKernel:
         ringbuf_pages: int = 256,
         counts_entries: int = 16384,
         debug: bool = False,
+        before_attach: Callable[[], None] | None = None,
     ) -> None:
         self._devices = [d for d in devices if d.vendor]
+        self._before_attach = before_attach  # runs once the maps are filled (a hand-over)
         self.aggregate = mode == "aggregate"
         self._attach = attach
         self._ringbuf_pages = ringbuf_pages
         self._counts_entries = counts_entries
         self._debug = debug
         self._bpf = None
-        self._reader: _CountsReader | None = None
+        self._reader: CountsReader | None = None
 
     def start(self, on_record: Callable[[bytes], None]) -> str:
         errors = []
@@ -234,30 +253,46 @@ class BccKernel:
 
         flags = bcc.DEBUG_BPF_REGISTER_STATE if self._debug else 0
         text = source_text(plan, self._ringbuf_pages, self._counts_entries)
-        cflags = [*_DIALECT_CFLAGS, *(["-DKUBENPU_AGGREGATE"] if self.aggregate else [])]
-        bpf = _Deferred(text=text, cflags=cflags, debug=flags)
+        bpf = _Deferred(text=text, cflags=self._cflags(), debug=flags)
         self._fill_maps(bpf)
+        if self._before_attach is not None:
+            self._before_attach()
         if plan.attach == "kprobe":
             bpf.attach_kprobe(event="drm_ioctl", fn_name=plan.fn_name)
         else:
             bpf.attach_kfunc(fn_name=plan.fn_name)
         return bpf
 
-    def _fill_maps(self, bpf) -> None:
-        ids = vendor_ids()
-        devices = bpf["devices"]
-        for dev in self._devices:
-            for node in dev.nodes:
-                devices[devices.Key(node.dev_t)] = devices.Leaf(ids[dev.vendor])
-        ioctls = bpf["ioctls"]
-        for vendor in (core(), *self._vendors_in_use()):
-            for ioctl in vendor.ioctls:
-                key = ioctls.Key(ids[vendor.name], ioctl.nr)
-                ioctls[key] = ioctls.Leaf(int(ioctl.kind))
+    def digest(self) -> str:
+        """sha256 of what this kernel compiles: every attach variant's substituted source and
+        the cflags; equal digests mean the same program."""
+        h = hashlib.sha256()
+        for plan in attach_plans(self._attach):
+            h.update(source_text(plan, self._ringbuf_pages, self._counts_entries).encode())
+        h.update(" ".join(self._cflags()).encode())
+        return h.hexdigest()
 
-    def _vendors_in_use(self) -> list[Vendor]:
-        names = {d.vendor for d in self._devices}
-        return [v for v in all_vendors() if v.name in names]
+    def _cflags(self) -> list[str]:
+        return [*_DIALECT_CFLAGS, *(["-DKUBENPU_AGGREGATE"] if self.aggregate else [])]
+
+    def objects(self) -> dict[str, int]:
+        """fds of the loaded maps by name and, for an fentry attach, of its bpf_link ("link"):
+        what can be pinned. A kprobe attach is a perf event, which bpffs cannot pin."""
+        fds = {name: self._bpf[name].map_fd for name in ("devices", "ioctls", "lost", "events")}
+        if self.aggregate:
+            fds["counts"] = self._bpf["counts"].map_fd
+        for fd in self._bpf.kfunc_entry_fds.values():  # BCC's attach_kfunc: a tracing bpf_link
+            fds["link"] = fd
+        return fds
+
+    def _fill_maps(self, bpf) -> None:
+        by_node, ioctl_kinds = tables(self._devices)
+        devices = bpf["devices"]
+        for rdev, vendor in by_node.items():
+            devices[devices.Key(rdev)] = devices.Leaf(vendor)
+        ioctls = bpf["ioctls"]
+        for (vendor, nr), kind in ioctl_kinds.items():
+            ioctls[ioctls.Key(vendor, nr)] = ioctls.Leaf(kind)
 
     def _open_ring_buffer(self, on_record: Callable[[bytes], None]) -> None:
         def callback(_ctx, data, size) -> int:
@@ -276,7 +311,7 @@ class BccKernel:
 
     def read_counts(self) -> dict[Key, int]:
         if self._reader is None:
-            self._reader = _CountsReader(self._bpf["counts"])
+            self._reader = CountsReader(self._bpf["counts"].map_fd)
         return self._reader.read()
 
     def forget_counts(self, keys: Iterable[Key]) -> None:

@@ -45,7 +45,16 @@ SCRAPE_SERIES = {"up"}
 
 # The node paths the agent reads, each mounted read-only; the CRI directory comes from values.
 # Of /dev only the DRM and accel node directories (discovery checks the nodes exist there).
-HOST_PATHS = {"/sys", "/sys/fs/cgroup", "/dev/dri", "/dev/accel", "/lib/modules", "/usr/src"}
+HOST_PATHS = {
+    "/sys",
+    "/sys/fs/cgroup",
+    "/sys/fs/bpf",
+    "/dev/dri",
+    "/dev/accel",
+    "/lib/modules",
+    "/usr/src",
+}
+WRITABLE = {"bpffs"}  # the probe is pinned there (docs/pinning.md); every other node mount is ro
 CAPABILITIES = ["SYS_ADMIN"]  # see daemonset.yaml for why; tests/test_least_privilege_vm.py
 CR_KINDS = {"ServiceMonitor", "PrometheusRule"}  # CRDs: no bundled schema
 DIGEST = "sha256:" + "ab" * 32
@@ -390,7 +399,7 @@ def check_agent_daemonset(ds: dict[str, Any], cri_dir: str) -> None:
     assert set(host.values()) == HOST_PATHS | {cri_dir}, "a host path too many or missing"
     mounts = {m["name"]: m for m in agent["volumeMounts"]}
     for name in host:
-        assert mounts[name].get("readOnly") is True, f"{name} is writable"
+        assert (mounts[name].get("readOnly") is True) != (name in WRITABLE), f"{name} is writable"
     assert mounts["cri"]["mountPath"] == cri_dir
     env = {e["name"]: e for e in agent["env"]}
     assert env["K8S_NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
@@ -768,7 +777,8 @@ def test_readme_quick_test_runs_the_agent_as_the_chart_does() -> None:
     scratch = {mounts[v["name"]]["mountPath"] for v in pod["volumes"] if "emptyDir" in v}
     assert set(flags["--tmpfs"]) == scratch
     chart_binds = {
-        f"{v['hostPath']['path']}:{mounts[v['name']]['mountPath']}:ro"
+        f"{v['hostPath']['path']}:{mounts[v['name']]['mountPath']}"
+        + (":ro" if mounts[v["name"]].get("readOnly") else "")
         for v in pod["volumes"]
         if "hostPath" in v
     }

@@ -1,0 +1,254 @@
+"""The kernel side pinned in bpffs, so it outlives the agent (docs/pinning.md).
+
+`PinnedProbe` is the Kernel the agent uses when `probe.pin_dir` is set. At start it either
+- adopts the probe pinned under ``pin_dir/<identity>/`` (same agent version, program digest,
+  kernel release and mode): it opens the pinned maps with BPF_OBJ_GET, refreshes the device and
+  ioctl tables from discovery and reads on; no BCC, no compile, no attach; or
+- loads the program with BCC (`BccKernel`) and, once its maps are filled and before it attaches,
+  retires every other pinned probe (unpins it, which detaches it, then reads its final totals,
+  which the first reads add), attaches, and pins the new one.
+
+A pin directory is complete once its `meta` map exists (it is pinned last); an incomplete one,
+left by a crash while pinning, is removed at the next start.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import struct
+from collections import Counter
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from kubenpu import __version__, bpfsys
+from kubenpu.discovery import Device
+from kubenpu.events import KERNEL_LOST, Key, dev_t
+from kubenpu.probe import BccKernel, CountsReader, tables
+
+log = logging.getLogger(__name__)
+
+META = "meta"  # pinned last: its presence marks a complete pin directory
+_META_SIZE = 512
+
+
+def uninstall(root: Path) -> int:
+    """Remove every pinned probe under `root` (detaching it once no process holds it); returns
+    how many there were."""
+    if not root.is_dir():
+        return 0
+    probes = [d for d in root.iterdir() if d.is_dir()]
+    for probe_dir in probes:
+        _unpin(probe_dir)
+    root.rmdir()
+    return len(probes)
+
+
+def _unpin(probe_dir: Path) -> None:
+    # bpffs holds only pins: unlinking drops the references, rmdir the empty directory.
+    shutil.rmtree(probe_dir)
+
+
+class PinnedKernel:
+    """A probe pinned in bpffs, used through bpf(2) and libbpf only (no BCC)."""
+
+    def __init__(self, probe_dir: Path) -> None:
+        self.dir = probe_dir
+        self.meta = _read_meta(probe_dir)
+        self.aggregate = self.meta["mode"] == "aggregate"
+        self._fds: dict[str, int] = {}
+        self._ring: bpfsys.RingBuffer | None = None
+        self._reader: CountsReader | None = None
+        self._ncpus = bpfsys.possible_cpus()
+
+    def open(self) -> None:
+        """Open the pinned maps. Raises bpfsys.BpfError."""
+        names = ["devices", "ioctls", "lost", "events", *(["counts"] if self.aggregate else [])]
+        for name in names:
+            self._fds[name] = bpfsys.obj_get(self.dir / name)
+
+    def start(self, on_record: Callable[[bytes], None], devices: Iterable[Device]) -> str:
+        self.open()
+        self.refresh(devices)
+        self._ring = bpfsys.RingBuffer(self._fds["events"], on_record)
+        return self.meta["attach"]
+
+    def refresh(self, devices: Iterable[Device]) -> None:
+        """Make the device and ioctl tables what discovery found now (hot-plug, rebinding)."""
+        by_node, ioctls = tables(devices)
+        _sync(self._fds["devices"], 4, {struct.pack("=I", k): v for k, v in by_node.items()})
+        _sync(self._fds["ioctls"], 8, {struct.pack("=II", *k): v for k, v in ioctls.items()})
+
+    def poll(self, timeout_ms: int) -> None:
+        self._ring.poll(timeout_ms)
+
+    def read_lost(self) -> dict[str, int]:
+        found = {}
+        for i, name in enumerate(KERNEL_LOST):
+            raw = bpfsys.lookup(self._fds["lost"], struct.pack("=I", i), 8 * self._ncpus)
+            found[name] = sum(struct.unpack(f"={self._ncpus}Q", raw)) if raw else 0
+        return found
+
+    def read_counts(self) -> dict[Key, int]:
+        if self._reader is None:
+            self._reader = CountsReader(self._fds["counts"])
+        return self._reader.read()
+
+    def forget_counts(self, keys: Iterable[Key]) -> None:
+        for key in keys:
+            packed = struct.pack("=QII", key.cgroup_id, dev_t(key.major, key.minor), key.kind)
+            bpfsys.delete(self._fds["counts"], packed)
+
+    def close(self) -> None:
+        if self._ring is not None:
+            self._ring.close()
+            self._ring = None
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+
+def _sync(fd: int, key_size: int, wanted: dict[bytes, int]) -> None:
+    for key in bpfsys.keys(fd, key_size):
+        if key not in wanted:
+            bpfsys.delete(fd, key)
+    for key, value in wanted.items():
+        bpfsys.update(fd, key, struct.pack("=I", value))
+
+
+def _read_meta(probe_dir: Path) -> dict:
+    fd = bpfsys.obj_get(probe_dir / META)
+    try:
+        raw = bpfsys.lookup(fd, struct.pack("=I", 0), _META_SIZE) or b""
+    finally:
+        os.close(fd)
+    return json.loads(raw.rstrip(b"\0") or b"{}")
+
+
+class PinnedProbe:
+    """The agent's Kernel with `probe.pin_dir` set: adopts a matching pinned probe, or loads
+    one with BCC, hands over from any other pinned one, and pins it."""
+
+    def __init__(
+        self,
+        root: Path,
+        devices: Iterable[Device],
+        *,
+        mode: str = "aggregate",
+        attach: str = "auto",
+        ringbuf_pages: int = 256,
+        debug: bool = False,
+    ) -> None:
+        self._root = root
+        self._devices = list(devices)
+        self.aggregate = mode == "aggregate"
+        self._bcc = BccKernel(
+            self._devices,
+            mode=mode,
+            attach=attach,
+            ringbuf_pages=ringbuf_pages,
+            debug=debug,
+            before_attach=self._retire_others,
+        )
+        self.meta = {
+            "version": __version__,
+            "program": self._bcc.digest(),
+            "kernel": os.uname().release,
+            "mode": mode,
+        }
+        # The directory's name is the identity: an agent finds its own probe by name.
+        ident = hashlib.sha256(json.dumps(self.meta, sort_keys=True).encode()).hexdigest()
+        self._dir = root / ident[:16]
+        self._active: PinnedKernel | BccKernel = self._bcc
+        self._inherited_counts: Counter[Key] = Counter()
+        self._inherited_lost: Counter[str] = Counter()
+
+    def start(self, on_record: Callable[[bytes], None]) -> str:
+        if (self._dir / META).exists():
+            adopted = PinnedKernel(self._dir)
+            try:
+                attach = adopted.start(on_record, self._devices)
+            except (bpfsys.BpfError, KeyError, ValueError) as err:
+                adopted.close()
+                log.warning("pinned probe %s unusable, loading anew: %s", self._dir, err)
+            else:
+                self._active = adopted
+                log.info("adopted the pinned probe %s (no compile, no attach)", self._dir)
+                return f"{attach} (adopted from {self._dir})"
+        if self._dir.exists():
+            _unpin(self._dir)  # incomplete: a crash while pinning, or unusable
+        attach = self._bcc.start(on_record)
+        self._pin(attach)
+        return attach
+
+    def _retire_others(self) -> None:
+        """Hand-over: detach every other pinned probe (unpinning it drops the last reference
+        to its link), then read its final totals; the new program attaches right after."""
+        if not self._root.is_dir():
+            return
+        for old in (d for d in self._root.iterdir() if d.is_dir() and d != self._dir):
+            try:
+                kernel = PinnedKernel(old)
+                kernel.open()
+            except (bpfsys.BpfError, KeyError, ValueError) as err:
+                log.warning("removing the incomplete pinned probe %s: %s", old, err)
+                _unpin(old)
+                continue
+            _unpin(old)  # detaches it: this process holds maps, not the link
+            try:
+                self._inherited_lost.update(kernel.read_lost())
+                if kernel.aggregate and self.aggregate:
+                    self._inherited_counts.update(kernel.read_counts())
+            finally:
+                kernel.close()
+            log.info("handed over from the pinned probe %s (%s)", old, kernel.meta)
+
+    def _pin(self, attach: str) -> None:
+        objects = self._bcc.objects()
+        if "link" not in objects:
+            log.warning("the kprobe attach cannot be pinned: counting stops with the agent")
+            return
+        try:
+            self._dir.mkdir(parents=True, exist_ok=True)
+            for name, fd in objects.items():
+                bpfsys.obj_pin(fd, self._dir / name)
+            self._pin_meta(dict(self.meta, attach=attach))
+        except (OSError, bpfsys.BpfError) as err:
+            log.warning("cannot pin the probe in %s (it stops with the agent): %s", self._dir, err)
+            if self._dir.exists():
+                _unpin(self._dir)
+            return
+        log.info("pinned the probe in %s", self._dir)
+
+    def _pin_meta(self, meta: dict) -> None:
+        raw = json.dumps(meta).encode().ljust(_META_SIZE, b"\0")
+        fd = bpfsys.array_create("kubenpu_meta", raw[:_META_SIZE])
+        try:
+            bpfsys.obj_pin(fd, self._dir / META)
+        finally:
+            os.close(fd)
+
+    def poll(self, timeout_ms: int) -> None:
+        self._active.poll(timeout_ms)
+
+    def read_lost(self) -> dict[str, int]:
+        lost = Counter(self._active.read_lost())
+        lost.update(self._inherited_lost)
+        return dict(lost)
+
+    def read_counts(self) -> dict[Key, int]:
+        counts = Counter(self._active.read_counts())
+        counts.update(self._inherited_counts)
+        return dict(counts)
+
+    def forget_counts(self, keys: Iterable[Key]) -> None:
+        keys = list(keys)
+        self._active.forget_counts(keys)
+        for key in keys:
+            self._inherited_counts.pop(key, None)
+
+    def close(self) -> None:
+        self._active.close()  # the pins keep the probe attached and its maps alive
