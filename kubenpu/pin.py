@@ -26,8 +26,8 @@ from pathlib import Path
 
 from kubenpu import __version__, bpfsys
 from kubenpu.discovery import Device
-from kubenpu.events import KERNEL_LOST, Key, dev_t
-from kubenpu.probe import BccKernel, CountsReader, tables
+from kubenpu.events import KERNEL_LOST, Drop, Key, dev_t
+from kubenpu.probe import BccKernel, CountsReader, ProbeError, tables
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +57,9 @@ class PinnedKernel:
 
     def __init__(self, probe_dir: Path) -> None:
         self.dir = probe_dir
+        self._fds: dict[str, int] = {}
         self.meta = _read_meta(probe_dir)
         self.aggregate = self.meta["mode"] == "aggregate"
-        self._fds: dict[str, int] = {}
         self._ring: bpfsys.RingBuffer | None = None
         self._reader: CountsReader | None = None
         self._ncpus = bpfsys.possible_cpus()
@@ -165,6 +165,7 @@ class PinnedProbe:
         self._active: PinnedKernel | BccKernel = self._bcc
         self._inherited_counts: Counter[Key] = Counter()
         self._inherited_lost: Counter[str] = Counter()
+        self._retired: list[PinnedKernel] = []
 
     def start(self, on_record: Callable[[bytes], None]) -> str:
         if (self._dir / META).exists():
@@ -181,30 +182,42 @@ class PinnedProbe:
         if self._dir.exists():
             _unpin(self._dir)  # incomplete: a crash while pinning, or unusable
         attach = self._bcc.start(on_record)
+        self._inherit()
         self._pin(attach)
         return attach
 
     def _retire_others(self) -> None:
-        """Hand-over: detach every other pinned probe (unpinning it drops the last reference
-        to its link), then read its final totals; the new program attaches right after."""
+        """Hand-over, right before the new program attaches: unpin every other pinned probe,
+        which detaches it (this process holds its maps, not its link). Its final totals are read
+        once the new one is attached (_inherit), so the gap without a probe is one attach."""
         if not self._root.is_dir():
             return
         for old in (d for d in self._root.iterdir() if d.is_dir() and d != self._dir):
             try:
                 kernel = PinnedKernel(old)
+                self._retired.append(kernel)
                 kernel.open()
             except (bpfsys.BpfError, KeyError, ValueError) as err:
-                log.warning("removing the incomplete pinned probe %s: %s", old, err)
-                _unpin(old)
-                continue
-            _unpin(old)  # detaches it: this process holds maps, not the link
+                log.warning("pinned probe %s unreadable, its totals are lost: %s", old, err)
+            _unpin(old)
+
+    def _inherit(self) -> None:
+        """The retired probes' final totals, added to this probe's own from the first read."""
+        for kernel in self._retired:
             try:
                 self._inherited_lost.update(kernel.read_lost())
-                if kernel.aggregate and self.aggregate:
-                    self._inherited_counts.update(kernel.read_counts())
+                if kernel.aggregate:
+                    counts = kernel.read_counts()
+                    if self.aggregate:
+                        self._inherited_counts.update(counts)
+                    else:  # events mode has no counts to add them to
+                        self._inherited_lost[Drop.HANDOVER] += sum(counts.values())
+            except (OSError, ProbeError) as err:
+                log.warning("cannot read the final totals of %s: %s", kernel.dir, err)
             finally:
                 kernel.close()
-            log.info("handed over from the pinned probe %s (%s)", old, kernel.meta)
+            log.info("handed over from the pinned probe %s (%s)", kernel.dir, kernel.meta)
+        self._retired.clear()
 
     def _pin(self, attach: str) -> None:
         objects = self._bcc.objects()

@@ -1,0 +1,60 @@
+"""Agent restarts with the probe pinned in bpffs, on a real kernel in QEMU (docs/pinning.md).
+
+The guest (tests/vm/restart_guest.py) runs a paced load across a SIGKILL of the agent and a
+restart that adopts the pinned probe, then across an upgrade (another program) that hands over,
+then uninstalls. Start times and RSS are recorded in result.json and printed, not asserted.
+Kernel: KUBENPU_RESTART_KERNEL (default 6.12).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from guest import boot
+
+KERNEL = os.environ.get("KUBENPU_RESTART_KERNEL", "6.12")
+
+pytestmark = pytest.mark.vm
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory) -> dict:
+    out = boot(KERNEL, "/src/tests/vm/restart.sh", tmp_path_factory.mktemp("restart"))
+    found = json.loads((out / "result.json").read_text())
+    for start in ("cold", "adopt", "upgrade"):
+        print(start, {k: v for k, v in found[start].items() if k != "dropped"})
+    return found
+
+
+def test_probe_outlives_a_killed_agent(result):
+    assert len(result["pins"]["after_cold"]) == 1
+    assert result["programs_after_kill"], "nothing of ours attached once the agent was killed"
+
+
+def test_restart_adopts_and_loses_no_call_across_a_kill(result):
+    assert "adopted the pinned probe" in result["logs"]["adopt"]
+    assert "attached to drm_ioctl via fentry-module (adopted" in result["logs"]["adopt"]
+    assert result["restart"]["counted"] == result["restart"]["issued"]
+
+
+def test_adopting_agent_has_no_bcc_in_memory(result):
+    assert result["cold"]["libbcc"] and not result["adopt"]["libbcc"]
+
+
+def test_upgrade_hands_over_and_keeps_the_totals(result):
+    upgrade = result["upgrade"]
+    assert "handed over from the pinned probe" in result["logs"]["upgrade"]
+    assert result["pins"]["after_upgrade"] != result["pins"]["after_cold"]
+    assert len(result["pins"]["after_upgrade"]) == 1
+    # The calls between the old probe's detach and the new one's attach are not counted.
+    assert 0 <= upgrade["issued"] - upgrade["counted"] < 0.01 * upgrade["issued"]
+    assert not [d for d in upgrade["dropped"] if d["value"]]
+
+
+def test_uninstall_leaves_nothing_attached(result):
+    assert result["uninstall"]["rc"] == 0, result["uninstall"]["output"]
+    assert result["programs_before_uninstall"], "the pinned probe did not survive the stop"
+    assert result["programs_after_uninstall"] == []
+    assert not result["pin_dir_exists"]

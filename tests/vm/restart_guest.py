@@ -1,0 +1,151 @@
+"""Restarts of the agent under load, with the probe pinned in bpffs (docs/pinning.md).
+
+Run by tests/vm/restart.sh in the QEMU guest; writes /out/result.json for
+tests/test_restart_vm.py. One boot, one paced drmcall load per phase, one cgroup:
+1. cold: agent A compiles, attaches and pins; load 1 starts; A is killed with SIGKILL while it
+   runs; agent B (same config) adopts the pins while load 1 goes on. B's counted total must equal
+   every call issued since A attached.
+2. upgrade: load 2 starts; B stops (SIGTERM); agent C has another program (probe.ringbuf_pages),
+   so it compiles while the pinned probe counts, then hands over: retires the pinned probe and
+   takes over its final totals.
+3. uninstall: C stops, `kubenpu-agent --uninstall` removes the pins; no program of ours is left.
+Times to the first metric (/readyz: attached and first read done) and each agent's RSS are
+recorded for each start, all in this boot.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from guestlib import PROMETHEUS, PY, SYNCOBJ_WAIT, Agent, Call, device_node, drmcall_argv, scrape
+
+from kubenpu import bpfsys
+from kubenpu.discovery import discover
+
+RATE = 2000  # calls/s of each load
+READY_URL = f"http://{PROMETHEUS['host']}:{PROMETHEUS['port']}/readyz"
+PIN_DIR = "/sys/fs/bpf/kubenpu"
+CGROUP = Path("/sys/fs/cgroup/restart-load")
+
+
+def config(ringbuf_pages: int = 256) -> dict:
+    return {
+        "probe": {"ringbuf_pages": ringbuf_pages, "pin_dir": PIN_DIR},
+        "export": {"prometheus": PROMETHEUS},
+    }
+
+
+def first_metric(agent: Agent, timeout: float = 300) -> float:
+    """Seconds from the agent's start until /readyz answers 200."""
+    deadline = agent.started + timeout
+    while time.monotonic() < deadline and agent.proc.poll() is None:
+        try:
+            with urllib.request.urlopen(READY_URL, timeout=2) as reply:
+                if reply.status == 200:
+                    return time.monotonic() - agent.started
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.05)
+    raise SystemExit(f"agent never became ready; see {agent.log_file}")
+
+
+def rss_kib(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS")))
+
+
+def counted() -> int:
+    samples = scrape()
+    return int(sum(s["value"] for s in samples.get("kubenpu_ioctl_total", [])))
+
+
+def settled_count(expected: int, timeout: float = 30) -> int:
+    """The agent's total once it reached `expected` or stopped moving for `timeout` s."""
+    deadline = time.monotonic() + timeout
+    seen = counted()
+    while seen != expected and time.monotonic() < deadline:
+        time.sleep(1)
+        seen = counted()
+    return seen
+
+
+def start_load(node: str, calls: int) -> subprocess.Popen:
+    argv = drmcall_argv([Call.drm(node, SYNCOBJ_WAIT, calls)], CGROUP, rate=RATE)
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+
+
+def ours(before: set[str]) -> list[str]:
+    return sorted(set(bpfsys.program_names()) - before)
+
+
+def libbcc_mapped(pid: int) -> bool:
+    """Whether BCC (and with it LLVM/clang) is in the process's memory."""
+    return "libbcc" in Path(f"/proc/{pid}/maps").read_text()
+
+
+def start(out: Path, name: str, cfg: dict) -> tuple[Agent, dict]:
+    agent = Agent(out, cfg, name=name)
+    seconds = first_metric(agent)
+    return agent, {
+        "first_metric_seconds": seconds,
+        "rss_kib": rss_kib(agent.pid),
+        "libbcc": libbcc_mapped(agent.pid),
+    }
+
+
+def main() -> int:
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "/out")
+    vgem = next(d for d in discover("/") if d.vendor == "vgem")
+    node = device_node(vgem, "card")
+    CGROUP.mkdir(exist_ok=True)
+    before = set(bpfsys.program_names())
+    result: dict = {"pins": {}}
+
+    a, result["cold"] = start(out, "cold", config())
+    result["pins"]["after_cold"] = sorted(os.listdir(PIN_DIR))
+    load = start_load(node, 30 * RATE)
+    time.sleep(5)
+    a.proc.send_signal(signal.SIGKILL)
+    a.proc.wait()
+    result["programs_after_kill"] = ours(before)
+    time.sleep(3)  # calls made while no agent runs
+    b, result["adopt"] = start(out, "adopt", config())
+    load.wait()
+    issued = 30 * RATE
+    result["restart"] = {"issued": issued, "counted": settled_count(issued)}
+
+    load = start_load(node, 90 * RATE)
+    time.sleep(3)
+    b.stop()
+    c, result["upgrade"] = start(out, "upgrade", config(ringbuf_pages=512))
+    result["pins"]["after_upgrade"] = sorted(os.listdir(PIN_DIR))
+    load.wait()
+    issued += 90 * RATE
+    result["upgrade"].update(issued=issued, counted=settled_count(issued))
+    result["upgrade"]["dropped"] = scrape().get("kubenpu_events_dropped_total", [])
+    c.stop()
+
+    result["programs_before_uninstall"] = ours(before)
+    done = subprocess.run(
+        [PY, "-m", "kubenpu.agent", "--config", str(c.config_file), "--uninstall"],
+        capture_output=True,
+        text=True,
+    )
+    result["uninstall"] = {"rc": done.returncode, "output": done.stdout + done.stderr}
+    result["programs_after_uninstall"] = ours(before)
+    result["pin_dir_exists"] = Path(PIN_DIR).exists()
+    result["logs"] = {"cold": a.log(), "adopt": b.log(), "upgrade": c.log()}
+    (out / "result.json").write_text(json.dumps(result, indent=1, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
