@@ -8,7 +8,6 @@ exception stops either: each iteration is guarded, and Health reports a worker t
 from __future__ import annotations
 
 import argparse
-import functools
 import inspect
 import json
 import logging
@@ -474,16 +473,15 @@ def build(cfg: config.Config, debug: bool = False, trace: bool = False) -> Agent
         on_cri_request=metrics.cri_request,
     )
     tally = Tally(cfg.probe.queue_size, keep_events=trace)
-    kernel_class = BccKernel
-    if cfg.probe.pin_dir:
-        kernel_class = functools.partial(PinnedProbe, Path(cfg.probe.pin_dir))
-    kernel = kernel_class(
+    kernel = BccKernel(
         devices,
         mode=cfg.probe.mode,
         attach=cfg.probe.attach,
         ringbuf_pages=cfg.probe.ringbuf_pages,
         debug=debug,
     )
+    if cfg.probe.pin_dir:
+        kernel = PinnedProbe(Path(cfg.probe.pin_dir), kernel, devices)
     pending = getattr(cfg.attribution, "pending_seconds", _PENDING_SECONDS)  # MERGE: contract C
     return Agent(
         probe=Probe(kernel, tally),

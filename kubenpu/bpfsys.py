@@ -27,7 +27,11 @@ _PROG_GET_NEXT_ID = 11
 _PROG_GET_FD_BY_ID = 13
 _OBJ_GET_INFO_BY_FD = 15
 _MAP_LOOKUP_BATCH = 24
-_MAP_TYPE_ARRAY = 2
+MAP_TYPE_HASH = 1
+MAP_TYPE_ARRAY = 2
+MAP_TYPE_PERCPU_HASH = 5
+MAP_TYPE_PERCPU_ARRAY = 6
+MAP_TYPE_RINGBUF = 27
 _ATTR_SIZE = 128  # larger than every attr used here; the kernel checks the tail is zero
 _SYSCALL = {"x86_64": 321, "aarch64": 280}
 
@@ -71,10 +75,15 @@ def obj_pin(fd: int, path: Path) -> None:
     _bpf(_OBJ_PIN, _attr("=QII", _addr(name), fd, 0), f"pinning {path}")
 
 
+def map_create(map_type: int, key_size: int, value_size: int, max_entries: int, name: str) -> int:
+    """A new map's fd."""
+    attr = _attr("=7I16s", map_type, key_size, value_size, max_entries, 0, 0, 0, name.encode()[:15])
+    return _bpf(_MAP_CREATE, attr, f"creating map {name}")
+
+
 def array_create(name: str, value: bytes) -> int:
     """A one-entry array map holding `value` (how a small record lives in bpffs); its fd."""
-    attr = _attr("=7I16s", _MAP_TYPE_ARRAY, 4, len(value), 1, 0, 0, 0, name.encode()[:15])
-    fd = _bpf(_MAP_CREATE, attr, f"creating map {name}")
+    fd = map_create(MAP_TYPE_ARRAY, 4, len(value), 1, name)
     update(fd, struct.pack("=I", 0), value)
     return fd
 

@@ -23,11 +23,12 @@ import struct
 from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Protocol
 
 from kubenpu import __version__, bpfsys
 from kubenpu.discovery import Device
 from kubenpu.events import KERNEL_LOST, Drop, Key, dev_t
-from kubenpu.probe import BccKernel, CountsReader, ProbeError, tables
+from kubenpu.probe import CountsReader, ProbeError, tables
 
 log = logging.getLogger(__name__)
 
@@ -128,60 +129,71 @@ def _read_meta(probe_dir: Path) -> dict:
     return json.loads(raw.rstrip(b"\0") or b"{}")
 
 
+class Loader(Protocol):
+    """What PinnedProbe needs of probe.BccKernel (tests use one made of plain maps)."""
+
+    aggregate: bool
+    before_attach: Callable[[], None] | None
+
+    def digest(self) -> str: ...
+
+    def start(self, on_record: Callable[[bytes], None]) -> str: ...
+
+    def objects(self) -> dict[str, int]: ...
+
+    def poll(self, timeout_ms: int) -> None: ...
+
+    def read_lost(self) -> dict[str, int]: ...
+
+    def read_counts(self) -> dict[Key, int]: ...
+
+    def forget_counts(self, keys: Iterable[Key]) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class PinnedProbe:
     """The agent's Kernel with `probe.pin_dir` set: adopts a matching pinned probe, or loads
     one with BCC, hands over from any other pinned one, and pins it."""
 
-    def __init__(
-        self,
-        root: Path,
-        devices: Iterable[Device],
-        *,
-        mode: str = "aggregate",
-        attach: str = "auto",
-        ringbuf_pages: int = 256,
-        debug: bool = False,
-    ) -> None:
+    def __init__(self, root: Path, loader: Loader, devices: Iterable[Device]) -> None:
         self._root = root
         self._devices = list(devices)
-        self.aggregate = mode == "aggregate"
-        self._bcc = BccKernel(
-            self._devices,
-            mode=mode,
-            attach=attach,
-            ringbuf_pages=ringbuf_pages,
-            debug=debug,
-            before_attach=self._retire_others,
-        )
+        self._loader = loader
+        self.aggregate = loader.aggregate
+        loader.before_attach = self._retire_others
+        mode = "aggregate" if loader.aggregate else "events"
         self.meta = {
             "version": __version__,
-            "program": self._bcc.digest(),
+            "program": self._loader.digest(),
             "kernel": os.uname().release,
             "mode": mode,
         }
         # The directory's name is the identity: an agent finds its own probe by name.
         ident = hashlib.sha256(json.dumps(self.meta, sort_keys=True).encode()).hexdigest()
-        self._dir = root / ident[:16]
-        self._active: PinnedKernel | BccKernel = self._bcc
+        self.dir = root / ident[:16]
+        self._active: PinnedKernel | Loader = self._loader
         self._inherited_counts: Counter[Key] = Counter()
         self._inherited_lost: Counter[str] = Counter()
         self._retired: list[PinnedKernel] = []
 
     def start(self, on_record: Callable[[bytes], None]) -> str:
-        if (self._dir / META).exists():
-            adopted = PinnedKernel(self._dir)
+        if (self.dir / META).exists():
+            adopted = None
             try:
+                adopted = PinnedKernel(self.dir)
                 attach = adopted.start(on_record, self._devices)
             except (bpfsys.BpfError, KeyError, ValueError) as err:
-                adopted.close()
-                log.warning("pinned probe %s unusable, loading anew: %s", self._dir, err)
+                if adopted is not None:
+                    adopted.close()
+                log.warning("pinned probe %s unusable, loading anew: %s", self.dir, err)
             else:
                 self._active = adopted
-                log.info("adopted the pinned probe %s (no compile, no attach)", self._dir)
-                return f"{attach} (adopted from {self._dir})"
-        if self._dir.exists():
-            _unpin(self._dir)  # incomplete: a crash while pinning, or unusable
-        attach = self._bcc.start(on_record)
+                log.info("adopted the pinned probe %s (no compile, no attach)", self.dir)
+                return f"{attach} (adopted from {self.dir})"
+        if self.dir.exists():
+            _unpin(self.dir)  # incomplete: a crash while pinning, or unusable
+        attach = self._loader.start(on_record)
         self._inherit()
         self._pin(attach)
         return attach
@@ -192,7 +204,7 @@ class PinnedProbe:
         once the new one is attached (_inherit), so the gap without a probe is one attach."""
         if not self._root.is_dir():
             return
-        for old in (d for d in self._root.iterdir() if d.is_dir() and d != self._dir):
+        for old in (d for d in self._root.iterdir() if d.is_dir() and d != self.dir):
             try:
                 kernel = PinnedKernel(old)
                 self._retired.append(kernel)
@@ -220,27 +232,27 @@ class PinnedProbe:
         self._retired.clear()
 
     def _pin(self, attach: str) -> None:
-        objects = self._bcc.objects()
+        objects = self._loader.objects()
         if "link" not in objects:
             log.warning("the kprobe attach cannot be pinned: counting stops with the agent")
             return
         try:
-            self._dir.mkdir(parents=True, exist_ok=True)
+            self.dir.mkdir(parents=True, exist_ok=True)
             for name, fd in objects.items():
-                bpfsys.obj_pin(fd, self._dir / name)
+                bpfsys.obj_pin(fd, self.dir / name)
             self._pin_meta(dict(self.meta, attach=attach))
         except (OSError, bpfsys.BpfError) as err:
-            log.warning("cannot pin the probe in %s (it stops with the agent): %s", self._dir, err)
-            if self._dir.exists():
-                _unpin(self._dir)
+            log.warning("cannot pin the probe in %s (it stops with the agent): %s", self.dir, err)
+            if self.dir.exists():
+                _unpin(self.dir)
             return
-        log.info("pinned the probe in %s", self._dir)
+        log.info("pinned the probe in %s", self.dir)
 
     def _pin_meta(self, meta: dict) -> None:
         raw = json.dumps(meta).encode().ljust(_META_SIZE, b"\0")
         fd = bpfsys.array_create("kubenpu_meta", raw[:_META_SIZE])
         try:
-            bpfsys.obj_pin(fd, self._dir / META)
+            bpfsys.obj_pin(fd, self.dir / META)
         finally:
             os.close(fd)
 

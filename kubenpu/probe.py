@@ -212,10 +212,9 @@ class BccKernel:
         ringbuf_pages: int = 256,
         counts_entries: int = 16384,
         debug: bool = False,
-        before_attach: Callable[[], None] | None = None,
     ) -> None:
         self._devices = [d for d in devices if d.vendor]
-        self._before_attach = before_attach  # runs once the maps are filled (a hand-over)
+        self.before_attach: Callable[[], None] | None = None  # runs once the maps are filled
         self.aggregate = mode == "aggregate"
         self._attach = attach
         self._ringbuf_pages = ringbuf_pages
@@ -255,8 +254,8 @@ class BccKernel:
         text = source_text(plan, self._ringbuf_pages, self._counts_entries)
         bpf = _Deferred(text=text, cflags=self._cflags(), debug=flags)
         self._fill_maps(bpf)
-        if self._before_attach is not None:
-            self._before_attach()
+        if self.before_attach is not None:
+            self.before_attach()
         if plan.attach == "kprobe":
             bpf.attach_kprobe(event="drm_ioctl", fn_name=plan.fn_name)
         else:

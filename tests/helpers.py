@@ -98,3 +98,55 @@ def eventually(check: Callable[[], T | None], what: str, bound: float = 30.0) ->
 def resolved(resolver: Resolver, cgroup_id: int) -> Attribution:
     """Polls resolve() until the pending lookup has answered."""
     return eventually(lambda: resolver.resolve(cgroup_id), f"cgroup {cgroup_id} resolved")
+
+
+# --- bpffs: run a check against the real bpf(2) syscall in a private mount namespace, with a bpffs
+# of its own (tests/test_pin.py); skipped where the process may not make BPF maps or mounts.
+
+_CLONE_NEWNS = 0x00020000
+_MS_REC, _MS_PRIVATE = 0x4000, 0x40000
+
+
+def in_private_bpffs(check: Callable[[Path], T]) -> T:
+    """`check(bpffs_dir)` in a forked child that has its own mount namespace and bpffs; its
+    return value (pickled back), or its exception re-raised as AssertionError; pytest.skip
+    when namespaces, bpffs or BPF maps are not available here."""
+    import ctypes
+    import os
+    import pickle
+    import tempfile
+    import traceback
+
+    import pytest
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        outcome: tuple[str, Any]
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            where = Path(tempfile.mkdtemp(prefix="bpffs-"))
+            if (
+                libc.unshare(_CLONE_NEWNS) != 0
+                or libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None) != 0
+                or libc.mount(b"bpf", bytes(where), b"bpf", 0, None) != 0
+            ):
+                outcome = ("skip", f"no private bpffs: {os.strerror(ctypes.get_errno())}")
+            else:
+                outcome = ("ok", check(where))
+        except Exception:
+            outcome = ("error", traceback.format_exc())
+        os.write(write, pickle.dumps(outcome))
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        data = pipe.read()
+    os.waitpid(pid, 0)
+    kind, value = pickle.loads(data)
+    if kind == "skip":
+        pytest.skip(value)
+    if kind == "error":
+        if "Operation not permitted" in value:
+            pytest.skip("BPF maps need privileges this test run lacks")
+        raise AssertionError(value)
+    return value

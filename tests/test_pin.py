@@ -1,0 +1,212 @@
+"""kubenpu/pin.py and kubenpu/bpfsys.py against the real bpf(2) syscall and a real bpffs.
+
+Each check runs in a forked child with its own mount namespace and bpffs (helpers.in_private_bpffs).
+What cannot run here is BCC and an attach to drm_ioctl: `MapLoader` stands in for probe.BccKernel
+with real maps of the same layout, and pins an array map where BCC's bpf_link would be. The real
+program, link and kernel are tested in tests/test_restart_vm.py.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Callable
+from pathlib import Path
+
+from helpers import in_private_bpffs
+
+from kubenpu import bpfsys
+from kubenpu.discovery import Device, Node
+from kubenpu.events import Drop, Key, dev_t
+from kubenpu.pin import META, PinnedProbe, uninstall
+from kubenpu.probe import CountsReader, tables
+
+VGEM = Device(
+    "platform:vgem", "vgem", None, None, (Node("/dev/dri/card0", "card0", 226, 0),), "vgem"
+)
+KEY = Key(4242, 226, 0, 2)
+
+
+class MapLoader:
+    """probe.BccKernel's part PinnedProbe uses, with real maps and no program."""
+
+    def __init__(self, digest: str = "a", aggregate: bool = True) -> None:
+        self.aggregate = aggregate
+        self.before_attach: Callable[[], None] | None = None
+        self._digest = digest
+        self.started = False
+        ncpus = bpfsys.possible_cpus()
+        self.ncpus = ncpus
+        self.fds = {
+            "devices": bpfsys.map_create(bpfsys.MAP_TYPE_HASH, 4, 4, 256, "devices"),
+            "ioctls": bpfsys.map_create(bpfsys.MAP_TYPE_HASH, 8, 4, 4096, "ioctls"),
+            "lost": bpfsys.map_create(bpfsys.MAP_TYPE_PERCPU_ARRAY, 4, 8, 3, "lost"),
+            "events": bpfsys.map_create(bpfsys.MAP_TYPE_RINGBUF, 0, 0, 4096, "events"),
+            "link": bpfsys.map_create(bpfsys.MAP_TYPE_ARRAY, 4, 4, 1, "link"),
+        }
+        if aggregate:
+            self.fds["counts"] = bpfsys.map_create(
+                bpfsys.MAP_TYPE_PERCPU_HASH, 16, 8, 1024, "counts"
+            )
+
+    def digest(self) -> str:
+        return self._digest
+
+    def start(self, on_record) -> str:
+        if self.before_attach:
+            self.before_attach()
+        self.started = True
+        return "fentry-module"
+
+    def objects(self) -> dict[str, int]:
+        return dict(self.fds)
+
+    def count(self, key: Key, n: int) -> None:
+        """What the program does for `n` calls (on CPU 0)."""
+        add_count(self.fds["counts"], key, n, self.ncpus)
+
+    def lose(self, slot: int, n: int) -> None:
+        value = struct.pack(f"={self.ncpus}Q", n, *[0] * (self.ncpus - 1))
+        bpfsys.update(self.fds["lost"], struct.pack("=I", slot), value)
+
+    def read_counts(self) -> dict[Key, int]:
+        return CountsReader(self.fds["counts"]).read()
+
+    def read_lost(self) -> dict[str, int]:
+        return {}
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+
+
+def add_count(fd: int, key: Key, n: int, ncpus: int) -> None:
+    packed = struct.pack("=QII", key.cgroup_id, dev_t(key.major, key.minor), key.kind)
+    old = bpfsys.lookup(fd, packed, 8 * ncpus)
+    total = (struct.unpack(f"={ncpus}Q", old)[0] if old else 0) + n
+    bpfsys.update(fd, packed, struct.pack(f"={ncpus}Q", total, *[0] * (ncpus - 1)))
+
+
+def _cold_then_adopt(bpffs: Path) -> dict:
+    root = bpffs / "kubenpu"
+    loader = MapLoader()
+    cold = PinnedProbe(root, loader, [VGEM])
+    attach = cold.start(lambda _: None)
+    loader.count(KEY, 5)
+    pins = sorted(p.name for p in cold.dir.iterdir())
+    cold.close()  # the agent is gone; the pins hold the maps
+
+    fd = bpfsys.obj_get(cold.dir / "counts")  # the kernel counts on meanwhile
+    add_count(fd, KEY, 3, bpfsys.possible_cpus())
+    fd = bpfsys.obj_get(cold.dir / "devices")
+    bpfsys.update(fd, struct.pack("=I", dev_t(1, 1)), struct.pack("=I", 9))  # unplugged since
+
+    second = MapLoader()
+    adopting = PinnedProbe(root, second, [VGEM])
+    adopted = adopting.start(lambda _: None)
+    devices = {struct.unpack("=I", k)[0] for k in bpfsys.keys(fd, 4)}
+    counts = adopting.read_counts()
+    adopting.forget_counts([KEY])
+    return {
+        "attach": attach,
+        "pins": pins,
+        "adopted": adopted,
+        "loader_started": second.started,
+        "counts": counts,
+        "after_forget": adopting.read_counts(),
+        "devices": devices,
+        "lost": adopting.read_lost(),
+    }
+
+
+def test_a_restart_adopts_the_pins_and_reads_on_from_the_kernel_totals():
+    found = in_private_bpffs(_cold_then_adopt)
+    assert found["attach"] == "fentry-module"
+    assert found["pins"] == sorted(["counts", "devices", "events", "ioctls", "link", "lost", META])
+    assert found["adopted"].startswith("fentry-module (adopted from ")
+    assert not found["loader_started"], "adopting must not load or attach a program"
+    assert found["counts"] == {KEY: 8}  # 5 before the restart, 3 while no agent ran
+    assert found["after_forget"] == {}
+    assert found["devices"] == set(tables([VGEM])[0])  # the stale device is gone
+    assert found["lost"] == {"ringbuf_full": 0, "map_full": 0, "late_sighting": 0}
+
+
+def _hand_over(bpffs: Path, new_aggregate: bool) -> dict:
+    root = bpffs / "kubenpu"
+    old_loader = MapLoader("old")
+    old = PinnedProbe(root, old_loader, [VGEM])
+    old.start(lambda _: None)
+    old_loader.count(KEY, 7)
+    old_loader.lose(1, 2)  # map_full
+    old.close()
+
+    loader = MapLoader("new", aggregate=new_aggregate)
+    new = PinnedProbe(root, loader, [VGEM])
+    new.start(lambda _: None)
+    if new_aggregate:
+        loader.count(KEY, 1)
+    return {
+        "dirs": sorted(p.name for p in root.iterdir()),
+        "new_dir": new.dir.name,
+        "counts": new.read_counts() if new_aggregate else {},
+        "lost": new.read_lost(),
+    }
+
+
+def test_a_changed_program_takes_over_the_retired_probe_totals():
+    found = in_private_bpffs(lambda bpffs: _hand_over(bpffs, new_aggregate=True))
+    assert found["dirs"] == [found["new_dir"]]
+    assert found["counts"] == {KEY: 8}
+    assert found["lost"]["map_full"] == 2
+
+
+def test_an_events_mode_agent_counts_the_totals_it_cannot_attribute_as_handover_drops():
+    found = in_private_bpffs(lambda bpffs: _hand_over(bpffs, new_aggregate=False))
+    assert found["dirs"] == [found["new_dir"]]
+    assert found["lost"][Drop.HANDOVER] == 7 and found["lost"]["map_full"] == 2
+
+
+def _incomplete(bpffs: Path) -> dict:
+    root = bpffs / "kubenpu"
+    loader = MapLoader()
+    probe = PinnedProbe(root, loader, [VGEM])
+    probe.dir.mkdir(parents=True)
+    bpfsys.obj_pin(loader.fds["counts"], probe.dir / "counts")  # a crash before `meta`
+    probe.start(lambda _: None)
+    return {"loaded": loader.started, "meta": (probe.dir / META).exists()}
+
+
+def test_a_pin_directory_left_by_a_crash_is_replaced():
+    assert in_private_bpffs(_incomplete) == {"loaded": True, "meta": True}
+
+
+def _stale_pin_raising(bpffs: Path) -> str:
+    root = bpffs / "kubenpu"
+    loader = MapLoader()
+    probe = PinnedProbe(root, loader, [VGEM])
+    probe.dir.mkdir(parents=True)
+    fd = bpfsys.array_create("kubenpu_meta", b"{}".ljust(512, b"\0"))  # no mode, no attach
+    bpfsys.obj_pin(fd, probe.dir / META)
+    return probe.start(lambda _: None)
+
+
+def test_an_unusable_pin_is_loaded_anew():
+    assert in_private_bpffs(_stale_pin_raising) == "fentry-module"
+
+
+def _uninstall(bpffs: Path) -> tuple[int, bool]:
+    root = bpffs / "kubenpu"
+    for digest in ("a", "b"):
+        loader = MapLoader(digest)
+        probe = PinnedProbe(root, loader, [VGEM])
+        probe.start(lambda _: None)
+        probe.close()
+    return uninstall(root), root.exists()
+
+
+def test_uninstall_removes_every_pinned_probe():
+    assert in_private_bpffs(_uninstall) == (1, False)  # "b" retired "a" at its start
+
+
+def test_uninstall_without_pins_does_nothing(tmp_path):
+    assert uninstall(tmp_path / "none") == 0
