@@ -20,6 +20,7 @@ import logging
 import os
 import shutil
 import struct
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -32,6 +33,7 @@ from kubenpu.probe import CountsReader, ProbeError, tables
 
 log = logging.getLogger(__name__)
 
+_RETIRED = "-retired-"  # a set-aside directory's name: <identity>-retired-<ns> (bpffs forbids dots)
 META = "meta"  # pinned last: its presence marks a complete pin directory
 _META_SIZE = 512
 
@@ -59,23 +61,24 @@ class PinnedKernel:
     def __init__(self, probe_dir: Path) -> None:
         self.dir = probe_dir
         self._fds: dict[str, int] = {}
-        self.meta = _read_meta(probe_dir)
-        self.aggregate = self.meta["mode"] == "aggregate"
+        self.meta = _read_meta(probe_dir) if (probe_dir / META).exists() else {}
+        self.aggregate = (probe_dir / "counts").exists()  # what the program was built for
         self._ring: bpfsys.RingBuffer | None = None
         self._reader: CountsReader | None = None
         self._ncpus = bpfsys.possible_cpus()
 
-    def open(self) -> None:
-        """Open the pinned maps. Raises bpfsys.BpfError."""
-        names = ["devices", "ioctls", "lost", "events", *(["counts"] if self.aggregate else [])]
-        for name in names:
+    def open(self, names: Iterable[str] = ("devices", "ioctls", "lost", "events")) -> None:
+        """Open the pinned maps `names` (and `counts` in aggregate mode). Raises
+        bpfsys.BpfError."""
+        for name in (*names, *(["counts"] if self.aggregate else [])):
             self._fds[name] = bpfsys.obj_get(self.dir / name)
 
     def start(self, on_record: Callable[[bytes], None], devices: Iterable[Device]) -> str:
+        attach = self.meta["attach"]  # KeyError: not a complete pin directory
         self.open()
         self.refresh(devices)
         self._ring = bpfsys.RingBuffer(self._fds["events"], on_record)
-        return self.meta["attach"]
+        return attach
 
     def refresh(self, devices: Iterable[Device]) -> None:
         """Make the device and ioctl tables what discovery found now (hot-plug, rebinding)."""
@@ -161,7 +164,7 @@ class PinnedProbe:
         self._devices = list(devices)
         self._loader = loader
         self.aggregate = loader.aggregate
-        loader.before_attach = self._retire_others
+        loader.before_attach = self._detach_others
         mode = "aggregate" if loader.aggregate else "events"
         self.meta = {
             "version": __version__,
@@ -175,61 +178,89 @@ class PinnedProbe:
         self._active: PinnedKernel | Loader = self._loader
         self._inherited_counts: Counter[Key] = Counter()
         self._inherited_lost: Counter[str] = Counter()
-        self._retired: list[PinnedKernel] = []
+        self._retired: list[PinnedKernel] = []  # kept open: their keys are forgotten too
 
     def start(self, on_record: Callable[[bytes], None]) -> str:
-        if (self.dir / META).exists():
-            adopted = None
-            try:
-                adopted = PinnedKernel(self.dir)
-                attach = adopted.start(on_record, self._devices)
-            except (bpfsys.BpfError, KeyError, ValueError) as err:
-                if adopted is not None:
-                    adopted.close()
-                log.warning("pinned probe %s unusable, loading anew: %s", self.dir, err)
-            else:
-                self._active = adopted
-                log.info("adopted the pinned probe %s (no compile, no attach)", self.dir)
-                return f"{attach} (adopted from {self.dir})"
-        if self.dir.exists():
-            _unpin(self.dir)  # incomplete: a crash while pinning, or unusable
-        attach = self._loader.start(on_record)
-        self._inherit()
-        self._pin(attach)
+        attach = self._adopt(on_record)
+        if attach is None:
+            if self.dir.exists():
+                self._set_aside(self.dir)
+            attach = self._loader.start(on_record)  # calls _detach_others before attaching
+            self._pin(attach)
+        self._take_over_retired()
         return attach
 
-    def _retire_others(self) -> None:
-        """Hand-over, right before the new program attaches: unpin every other pinned probe,
-        which detaches it (this process holds its maps, not its link). Its final totals are read
-        once the new one is attached (_inherit), so the gap without a probe is one attach."""
-        if not self._root.is_dir():
-            return
-        for old in (d for d in self._root.iterdir() if d.is_dir() and d != self.dir):
-            try:
-                kernel = PinnedKernel(old)
-                self._retired.append(kernel)
-                kernel.open()
-            except (bpfsys.BpfError, KeyError, ValueError) as err:
-                log.warning("pinned probe %s unreadable, its totals are lost: %s", old, err)
-            _unpin(old)
+    def _adopt(self, on_record: Callable[[bytes], None]) -> str | None:
+        """The attach of this agent's own pinned probe, now in use; None if there is none."""
+        if not (self.dir / "link").exists():
+            return None  # none, or detached: then not adoptable
+        adopted = None
+        try:
+            adopted = PinnedKernel(self.dir)
+            attach = adopted.start(on_record, self._devices)
+        except (bpfsys.BpfError, KeyError, ValueError) as err:
+            if adopted is not None:
+                adopted.close()
+            log.warning("pinned probe %s unusable, loading anew: %s", self.dir, err)
+            return None
+        self._active = adopted
+        log.info("adopted the pinned probe %s (no compile, no attach)", self.dir)
+        return f"{attach} (adopted from {self.dir})"
 
-    def _inherit(self) -> None:
-        """The retired probes' final totals, added to this probe's own from the first read."""
-        for kernel in self._retired:
+    def _set_aside(self, probe_dir: Path) -> None:
+        """This agent's own directory, unusable (a crash while pinning): detach it and keep
+        its totals under another name, as a retired probe."""
+        (probe_dir / "link").unlink(missing_ok=True)
+        aside = probe_dir.with_name(f"{probe_dir.name}{_RETIRED}{time.time_ns()}")
+        aside.mkdir()
+        for pin in probe_dir.iterdir():  # bpffs renames pins, not directories
+            pin.rename(aside / pin.name)
+        probe_dir.rmdir()
+
+    def _others(self) -> list[Path]:
+        if not self._root.is_dir():
+            return []
+        return [d for d in self._root.iterdir() if d.is_dir() and d != self.dir]
+
+    def _detach_others(self) -> None:
+        """Hand-over, right before the new program attaches: unpin every other probe's link,
+        which detaches it (no process holds it once its agent is gone). Their maps stay
+        pinned: they hold the final totals, which _take_over_retired adds to this probe's."""
+        for other in self._others():
+            (other / "link").unlink(missing_ok=True)
+
+    def _take_over_retired(self) -> None:
+        """Add the frozen totals of every retired probe to this probe's, at every start, so the
+        exported totals go on across hand-overs and later restarts. A retired probe is removed
+        once it holds no count (its cgroups forgotten) or none this agent can attribute."""
+        for other in self._others():
+            if (other / "link").exists():  # still attached: a crash mid-hand-over, or 2 agents
+                log.warning("detaching the pinned probe %s: this agent's probe counts", other)
+                (other / "link").unlink()
+            kernel = None
             try:
-                self._inherited_lost.update(kernel.read_lost())
-                if kernel.aggregate:
-                    counts = kernel.read_counts()
-                    if self.aggregate:
-                        self._inherited_counts.update(counts)
-                    else:  # events mode has no counts to add them to
-                        self._inherited_lost[Drop.HANDOVER] += sum(counts.values())
-            except (OSError, ProbeError) as err:
-                log.warning("cannot read the final totals of %s: %s", kernel.dir, err)
-            finally:
-                kernel.close()
-            log.info("handed over from the pinned probe %s (%s)", kernel.dir, kernel.meta)
-        self._retired.clear()
+                kernel = PinnedKernel(other)
+                kernel.open(names=("lost",))
+                lost = kernel.read_lost()
+                counts = kernel.read_counts() if kernel.aggregate else {}
+            except (OSError, ProbeError, ValueError) as err:
+                if kernel is not None:
+                    kernel.close()
+                _unpin(other)
+                log.warning(
+                    "pinned probe %s unreadable, removed; its totals are lost: %s", other, err
+                )
+                continue
+            self._inherited_lost.update(lost)
+            if counts and self.aggregate:
+                self._inherited_counts.update(counts)
+                self._retired.append(kernel)
+                log.info("took over the totals of the retired probe %s (%s)", other, kernel.meta)
+                continue
+            if counts:  # events mode has no counts to add them to
+                self._inherited_lost[Drop.HANDOVER] += sum(counts.values())
+            kernel.close()
+            _unpin(other)
 
     def _pin(self, attach: str) -> None:
         objects = self._loader.objects()
@@ -272,8 +303,12 @@ class PinnedProbe:
     def forget_counts(self, keys: Iterable[Key]) -> None:
         keys = list(keys)
         self._active.forget_counts(keys)
+        for kernel in self._retired:
+            kernel.forget_counts(keys)
         for key in keys:
             self._inherited_counts.pop(key, None)
 
     def close(self) -> None:
+        for kernel in self._retired:
+            kernel.close()
         self._active.close()  # the pins keep the probe attached and its maps alive

@@ -143,41 +143,63 @@ def _hand_over(bpffs: Path, new_aggregate: bool) -> dict:
     loader = MapLoader("new", aggregate=new_aggregate)
     new = PinnedProbe(root, loader, [VGEM])
     new.start(lambda _: None)
-    if new_aggregate:
-        loader.count(KEY, 1)
-    return {
-        "dirs": sorted(p.name for p in root.iterdir()),
-        "new_dir": new.dir.name,
-        "counts": new.read_counts() if new_aggregate else {},
+    found = {
+        "pins": {p.name: sorted(q.name for q in p.iterdir()) for p in root.iterdir()},
+        "old": old.dir.name,
+        "new": new.dir.name,
         "lost": new.read_lost(),
     }
+    if new_aggregate:
+        loader.count(KEY, 1)
+        found["counts"] = new.read_counts()
+        new.close()  # then a restart: it adopts and must keep the retired totals
+        again = PinnedProbe(root, MapLoader("new"), [VGEM])
+        again.start(lambda _: None)
+        found["counts_after_restart"] = again.read_counts()
+        again.forget_counts([KEY])  # the cgroup is gone: the retired probe is empty
+        again.close()
+        PinnedProbe(root, MapLoader("new"), [VGEM]).start(lambda _: None)
+        found["dirs_at_last"] = sorted(p.name for p in root.iterdir())
+    return found
 
 
 def test_a_changed_program_takes_over_the_retired_probe_totals():
     found = in_private_bpffs(lambda bpffs: _hand_over(bpffs, new_aggregate=True))
-    assert found["dirs"] == [found["new_dir"]]
-    assert found["counts"] == {KEY: 8}
+    assert "link" not in found["pins"][found["old"]], "the old probe is still attached"
+    assert "link" in found["pins"][found["new"]]
+    assert found["counts"] == found["counts_after_restart"] == {KEY: 8}
     assert found["lost"]["map_full"] == 2
+    assert found["dirs_at_last"] == [found["new"]]
 
 
 def test_an_events_mode_agent_counts_the_totals_it_cannot_attribute_as_handover_drops():
     found = in_private_bpffs(lambda bpffs: _hand_over(bpffs, new_aggregate=False))
-    assert found["dirs"] == [found["new_dir"]]
+    assert list(found["pins"]) == [found["new"]]
     assert found["lost"][Drop.HANDOVER] == 7 and found["lost"]["map_full"] == 2
 
 
 def _incomplete(bpffs: Path) -> dict:
     root = bpffs / "kubenpu"
+    crashed = MapLoader()
+    probe = PinnedProbe(root, crashed, [VGEM])
+    probe.dir.mkdir(parents=True)
+    crashed.count(KEY, 4)  # counted while attached, before the crash
+    for name in ("lost", "counts", "link"):  # a crash before `meta`
+        bpfsys.obj_pin(crashed.fds[name], probe.dir / name)
     loader = MapLoader()
     probe = PinnedProbe(root, loader, [VGEM])
-    probe.dir.mkdir(parents=True)
-    bpfsys.obj_pin(loader.fds["counts"], probe.dir / "counts")  # a crash before `meta`
     probe.start(lambda _: None)
-    return {"loaded": loader.started, "meta": (probe.dir / META).exists()}
+    return {
+        "loaded": loader.started,
+        "meta": (probe.dir / META).exists(),
+        "dirs": len(list(root.iterdir())),
+        "counts": probe.read_counts(),
+    }
 
 
-def test_a_pin_directory_left_by_a_crash_is_replaced():
-    assert in_private_bpffs(_incomplete) == {"loaded": True, "meta": True}
+def test_a_pin_directory_left_by_a_crash_is_set_aside_with_its_totals():
+    found = in_private_bpffs(_incomplete)
+    assert found == {"loaded": True, "meta": True, "dirs": 2, "counts": {KEY: 4}}
 
 
 def _stale_pin_raising(bpffs: Path) -> str:
@@ -196,8 +218,9 @@ def test_an_unusable_pin_is_loaded_anew():
 
 def _uninstall(bpffs: Path) -> tuple[int, bool]:
     root = bpffs / "kubenpu"
-    for digest in ("a", "b"):
+    for digest in ("a", "b"):  # "b" takes over "a": "a" stays pinned, detached
         loader = MapLoader(digest)
+        loader.count(KEY, 1)
         probe = PinnedProbe(root, loader, [VGEM])
         probe.start(lambda _: None)
         probe.close()
@@ -205,7 +228,7 @@ def _uninstall(bpffs: Path) -> tuple[int, bool]:
 
 
 def test_uninstall_removes_every_pinned_probe():
-    assert in_private_bpffs(_uninstall) == (1, False)  # "b" retired "a" at its start
+    assert in_private_bpffs(_uninstall) == (2, False)
 
 
 def test_uninstall_without_pins_does_nothing(tmp_path):

@@ -23,13 +23,14 @@ pytestmark = pytest.mark.vm
 def result(tmp_path_factory) -> dict:
     out = boot(KERNEL, "/src/tests/vm/restart.sh", tmp_path_factory.mktemp("restart"))
     found = json.loads((out / "result.json").read_text())
-    for start in ("cold", "adopt", "upgrade"):
+    for start in ("cold", "adopt", "upgrade", "readopt"):
         print(start, {k: v for k, v in found[start].items() if k != "dropped"})
     return found
 
 
 def test_probe_outlives_a_killed_agent(result):
-    assert len(result["pins"]["after_cold"]) == 1
+    (pinned,) = result["pins"]["after_cold"].values()
+    assert pinned == ["counts", "devices", "events", "ioctls", "link", "lost", "meta"]
     assert result["programs_after_kill"], "nothing of ours attached once the agent was killed"
 
 
@@ -45,12 +46,20 @@ def test_adopting_agent_has_no_bcc_in_memory(result):
 
 def test_upgrade_hands_over_and_keeps_the_totals(result):
     upgrade = result["upgrade"]
-    assert "handed over from the pinned probe" in result["logs"]["upgrade"]
-    assert result["pins"]["after_upgrade"] != result["pins"]["after_cold"]
-    assert len(result["pins"]["after_upgrade"]) == 1
+    assert "took over the totals of the retired probe" in result["logs"]["upgrade"]
+    (old,) = result["pins"]["after_cold"]
+    after = result["pins"]["after_upgrade"]
+    assert "link" not in after.pop(old), "the old probe is still attached"
+    (pinned,) = after.values()
+    assert "link" in pinned
     # The calls between the old probe's detach and the new one's attach are not counted.
     assert 0 <= upgrade["issued"] - upgrade["counted"] < 0.01 * upgrade["issued"]
     assert not [d for d in upgrade["dropped"] if d["value"]]
+
+
+def test_a_restart_after_the_upgrade_keeps_the_retired_totals(result):
+    assert "adopted the pinned probe" in result["logs"]["readopt"]
+    assert result["readopt"]["counted"] == result["upgrade"]["counted"]
 
 
 def test_uninstall_leaves_nothing_attached(result):

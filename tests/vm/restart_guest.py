@@ -6,9 +6,10 @@ tests/test_restart_vm.py. One boot, one paced drmcall load per phase, one cgroup
    runs; agent B (same config) adopts the pins while load 1 goes on. B's counted total must equal
    every call issued since A attached.
 2. upgrade: load 2 starts; B stops (SIGTERM); agent C has another program (probe.ringbuf_pages),
-   so it compiles while the pinned probe counts, then hands over: retires the pinned probe and
-   takes over its final totals.
-3. uninstall: C stops, `kubenpu-agent --uninstall` removes the pins; no program of ours is left.
+   so it compiles while the pinned probe counts, then hands over: detaches the pinned probe and
+   takes over its final totals. C is then killed and D (C's config) adopts: its total must equal
+   C's, the retired probe's totals included.
+3. uninstall: D stops, `kubenpu-agent --uninstall` removes the pins; no program of ours is left.
 Times to the first metric (/readyz: attached and first read done) and each agent's RSS are
 recorded for each start, all in this boot.
 """
@@ -82,6 +83,10 @@ def start_load(node: str, calls: int) -> subprocess.Popen:
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL)
 
 
+def pins() -> dict[str, list[str]]:
+    return {d.name: sorted(os.listdir(d)) for d in Path(PIN_DIR).iterdir()}
+
+
 def ours(before: set[str]) -> list[str]:
     return sorted(set(bpfsys.program_names()) - before)
 
@@ -110,7 +115,7 @@ def main() -> int:
     result: dict = {"pins": {}}
 
     a, result["cold"] = start(out, "cold", config())
-    result["pins"]["after_cold"] = sorted(os.listdir(PIN_DIR))
+    result["pins"]["after_cold"] = pins()
     load = start_load(node, 30 * RATE)
     time.sleep(5)
     a.proc.send_signal(signal.SIGKILL)
@@ -126,23 +131,27 @@ def main() -> int:
     time.sleep(3)
     b.stop()
     c, result["upgrade"] = start(out, "upgrade", config(ringbuf_pages=512))
-    result["pins"]["after_upgrade"] = sorted(os.listdir(PIN_DIR))
+    result["pins"]["after_upgrade"] = pins()
     load.wait()
     issued += 90 * RATE
     result["upgrade"].update(issued=issued, counted=settled_count(issued))
     result["upgrade"]["dropped"] = scrape().get("kubenpu_events_dropped_total", [])
-    c.stop()
+    c.proc.send_signal(signal.SIGKILL)
+    c.proc.wait()
+    d, result["readopt"] = start(out, "readopt", config(ringbuf_pages=512))
+    result["readopt"]["counted"] = settled_count(result["upgrade"]["counted"])
+    d.stop()
 
     result["programs_before_uninstall"] = ours(before)
     done = subprocess.run(
-        [PY, "-m", "kubenpu.agent", "--config", str(c.config_file), "--uninstall"],
+        [PY, "-m", "kubenpu.agent", "--config", str(d.config_file), "--uninstall"],
         capture_output=True,
         text=True,
     )
     result["uninstall"] = {"rc": done.returncode, "output": done.stdout + done.stderr}
     result["programs_after_uninstall"] = ours(before)
     result["pin_dir_exists"] = Path(PIN_DIR).exists()
-    result["logs"] = {"cold": a.log(), "adopt": b.log(), "upgrade": c.log()}
+    result["logs"] = {"cold": a.log(), "adopt": b.log(), "upgrade": c.log(), "readopt": d.log()}
     (out / "result.json").write_text(json.dumps(result, indent=1, sort_keys=True))
     return 0
 
