@@ -42,8 +42,6 @@ class Drop(StrEnum):
     QUEUE_FULL = "queue_full"  # a batch already held probe.queue_size distinct keys
     DEVICE_UNKNOWN = "device_unknown"  # a call on a device the agent did not list
     BAD_RECORD = "bad_record"  # a ring-buffer record that could not be decoded
-    # counted by a retired pinned probe in aggregate mode, taken over by an events-mode agent
-    HANDOVER = "handover"
 
 
 # What each slot of the BPF `lost` array counts, by index (LOST_* in bpf/kubenpu.bpf.c). Slot 2

@@ -65,8 +65,7 @@ DROPPED = Spec(
     "full), map_full (aggregate mode: the kernel counts map had no room for a new key), "
     "queue_full (a batch already held probe.queue_size distinct keys), device_unknown (a call "
     "on a device the agent did not list), bad_record (a ring-buffer record that could not be "
-    "decoded), handover (calls an aggregate-mode pinned probe counted that an events-mode "
-    "agent took over and cannot attribute: docs/pinning.md).",
+    "decoded).",
     ("reason",),
 )
 INDEX_REBUILDS = Spec(

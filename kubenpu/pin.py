@@ -28,7 +28,7 @@ from typing import Protocol
 
 from kubenpu import __version__, bpfsys
 from kubenpu.discovery import Device
-from kubenpu.events import KERNEL_LOST, Drop, Key, dev_t
+from kubenpu.events import KERNEL_LOST, Key, dev_t
 from kubenpu.probe import CountsReader, ProbeError, tables
 
 log = logging.getLogger(__name__)
@@ -181,6 +181,11 @@ class PinnedProbe:
         self._retired: list[PinnedKernel] = []  # kept open: their keys are forgotten too
 
     def start(self, on_record: Callable[[bytes], None]) -> str:
+        if not self.aggregate:
+            # Events mode (per-call records, --trace) keeps its counts in the process, so there
+            # is nothing worth pinning. It still detaches pinned probes, so that one program
+            # counts, and leaves their totals pinned for the next aggregate-mode agent.
+            return self._loader.start(on_record)  # calls _detach_others before attaching
         attach = self._adopt(on_record)
         if attach is None:
             if self.dir.exists():
@@ -232,7 +237,7 @@ class PinnedProbe:
     def _take_over_retired(self) -> None:
         """Add the frozen totals of every retired probe to this probe's, at every start, so the
         exported totals go on across hand-overs and later restarts. A retired probe is removed
-        once it holds no count (its cgroups forgotten) or none this agent can attribute."""
+        once it holds no count (its cgroups forgotten)."""
         for other in self._others():
             if (other / "link").exists():  # still attached: a crash mid-hand-over, or 2 agents
                 log.warning("detaching the pinned probe %s: this agent's probe counts", other)
@@ -252,13 +257,11 @@ class PinnedProbe:
                 )
                 continue
             self._inherited_lost.update(lost)
-            if counts and self.aggregate:
+            if counts:
                 self._inherited_counts.update(counts)
                 self._retired.append(kernel)
                 log.info("took over the totals of the retired probe %s (%s)", other, kernel.meta)
                 continue
-            if counts:  # events mode has no counts to add them to
-                self._inherited_lost[Drop.HANDOVER] += sum(counts.values())
             kernel.close()
             _unpin(other)
 

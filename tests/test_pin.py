@@ -17,7 +17,7 @@ from helpers import in_private_bpffs
 
 from kubenpu import bpfsys
 from kubenpu.discovery import Device, Node
-from kubenpu.events import Drop, Key, dev_t
+from kubenpu.events import Key, dev_t
 from kubenpu.pin import META, PinnedProbe, uninstall
 from kubenpu.probe import CountsReader, tables
 
@@ -131,7 +131,7 @@ def test_a_restart_adopts_the_pins_and_reads_on_from_the_kernel_totals():
     assert found["lost"] == {"ringbuf_full": 0, "map_full": 0, "late_sighting": 0}
 
 
-def _hand_over(bpffs: Path, new_aggregate: bool) -> dict:
+def _hand_over(bpffs: Path) -> dict:
     root = bpffs / "kubenpu"
     old_loader = MapLoader("old")
     old = PinnedProbe(root, old_loader, [VGEM])
@@ -140,7 +140,7 @@ def _hand_over(bpffs: Path, new_aggregate: bool) -> dict:
     old_loader.lose(1, 2)  # map_full
     old.close()
 
-    loader = MapLoader("new", aggregate=new_aggregate)
+    loader = MapLoader("new")
     new = PinnedProbe(root, loader, [VGEM])
     new.start(lambda _: None)
     found = {
@@ -149,22 +149,21 @@ def _hand_over(bpffs: Path, new_aggregate: bool) -> dict:
         "new": new.dir.name,
         "lost": new.read_lost(),
     }
-    if new_aggregate:
-        loader.count(KEY, 1)
-        found["counts"] = new.read_counts()
-        new.close()  # then a restart: it adopts and must keep the retired totals
-        again = PinnedProbe(root, MapLoader("new"), [VGEM])
-        again.start(lambda _: None)
-        found["counts_after_restart"] = again.read_counts()
-        again.forget_counts([KEY])  # the cgroup is gone: the retired probe is empty
-        again.close()
-        PinnedProbe(root, MapLoader("new"), [VGEM]).start(lambda _: None)
-        found["dirs_at_last"] = sorted(p.name for p in root.iterdir())
+    loader.count(KEY, 1)
+    found["counts"] = new.read_counts()
+    new.close()  # then a restart: it adopts and must keep the retired totals
+    again = PinnedProbe(root, MapLoader("new"), [VGEM])
+    again.start(lambda _: None)
+    found["counts_after_restart"] = again.read_counts()
+    again.forget_counts([KEY])  # the cgroup is gone: the retired probe is empty
+    again.close()
+    PinnedProbe(root, MapLoader("new"), [VGEM]).start(lambda _: None)
+    found["dirs_at_last"] = sorted(p.name for p in root.iterdir())
     return found
 
 
 def test_a_changed_program_takes_over_the_retired_probe_totals():
-    found = in_private_bpffs(lambda bpffs: _hand_over(bpffs, new_aggregate=True))
+    found = in_private_bpffs(_hand_over)
     assert "link" not in found["pins"][found["old"]], "the old probe is still attached"
     assert "link" in found["pins"][found["new"]]
     assert found["counts"] == found["counts_after_restart"] == {KEY: 8}
@@ -172,10 +171,27 @@ def test_a_changed_program_takes_over_the_retired_probe_totals():
     assert found["dirs_at_last"] == [found["new"]]
 
 
-def test_an_events_mode_agent_counts_the_totals_it_cannot_attribute_as_handover_drops():
-    found = in_private_bpffs(lambda bpffs: _hand_over(bpffs, new_aggregate=False))
-    assert list(found["pins"]) == [found["new"]]
-    assert found["lost"][Drop.HANDOVER] == 7 and found["lost"]["map_full"] == 2
+def _events_agent(bpffs: Path) -> dict:
+    root = bpffs / "kubenpu"
+    old = PinnedProbe(root, MapLoader("agg"), [VGEM])
+    old.start(lambda _: None)
+    add_count(bpfsys.obj_get(old.dir / "counts"), KEY, 7, bpfsys.possible_cpus())
+    old.close()
+    events = MapLoader("ev", aggregate=False)
+    PinnedProbe(root, events, [VGEM]).start(lambda _: None)
+    found = {"pins": {p.name: sorted(q.name for q in p.iterdir()) for p in root.iterdir()}}
+    later = PinnedProbe(root, MapLoader("agg2"), [VGEM])
+    later.start(lambda _: None)
+    found["later_counts"] = later.read_counts()
+    found["old"] = old.dir.name
+    return found
+
+
+def test_an_events_mode_agent_detaches_pins_and_leaves_their_totals_to_aggregate_mode():
+    found = in_private_bpffs(_events_agent)
+    assert list(found["pins"]) == [found["old"]], "events mode pins nothing"
+    assert "link" not in found["pins"][found["old"]]
+    assert found["later_counts"] == {KEY: 7}
 
 
 def _incomplete(bpffs: Path) -> dict:
