@@ -16,6 +16,7 @@ from pathlib import Path
 from helpers import in_private_bpffs
 
 from kubenpu import bpfsys
+from kubenpu.agent import main
 from kubenpu.discovery import Device, Node
 from kubenpu.events import Key, dev_t
 from kubenpu.pin import META, PinnedProbe, uninstall
@@ -249,3 +250,14 @@ def test_uninstall_removes_every_pinned_probe():
 
 def test_uninstall_without_pins_does_nothing(tmp_path):
     assert uninstall(tmp_path / "none") == 0
+
+
+def test_agent_uninstall_removes_the_pin_dir(tmp_path, capsys):
+    root = tmp_path / "kubenpu"
+    (root / "0123456789abcdef").mkdir(parents=True)
+    (root / "0123456789abcdef" / "link").touch()  # bpffs pins are unlinked like files
+    config = tmp_path / "config.yaml"
+    config.write_text(f"probe:\n  pin_dir: {root}\n")
+    assert main(["--config", str(config), "--uninstall"]) == 0
+    assert not root.exists()
+    assert "removed 1 pinned probe(s)" in capsys.readouterr().out
