@@ -23,7 +23,6 @@ import subprocess
 import sys
 import time
 import urllib.error
-import urllib.request
 from pathlib import Path
 
 from guestlib import PROMETHEUS, PY, SYNCOBJ_WAIT, Agent, Call, device_node, drmcall_argv, scrape
@@ -32,7 +31,6 @@ from kubenpu import bpfsys
 from kubenpu.discovery import discover
 
 RATE = 2000  # calls/s of each load
-READY_URL = f"http://{PROMETHEUS['host']}:{PROMETHEUS['port']}/readyz"
 PIN_DIR = "/sys/fs/bpf/kubenpu"
 CGROUP = Path("/sys/fs/cgroup/restart-load")
 
@@ -44,18 +42,17 @@ def config(ringbuf_pages: int = 256) -> dict:
     }
 
 
-def first_metric(agent: Agent, timeout: float = 300) -> float:
-    """Seconds from the agent's start until /readyz answers 200."""
-    deadline = agent.started + timeout
-    while time.monotonic() < deadline and agent.proc.poll() is None:
+def first_metric(agent: Agent) -> float:
+    """Seconds from the agent's start until it has attached (or adopted) and /metrics answers;
+    its first kernel read follows within one attribution cycle (0.5 s)."""
+    agent.attach()
+    while agent.proc.poll() is None:
         try:
-            with urllib.request.urlopen(READY_URL, timeout=2) as reply:
-                if reply.status == 200:
-                    return time.monotonic() - agent.started
+            scrape()
+            return time.monotonic() - agent.started
         except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.05)
-    raise SystemExit(f"agent never became ready; see {agent.log_file}")
+            time.sleep(0.05)
+    raise SystemExit(f"agent exited; see {agent.log_file}")
 
 
 def rss_kib(pid: int) -> int:
