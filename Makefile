@@ -4,7 +4,7 @@ KERNEL ?= 6.12
 KERNELS ?= 6.1 6.12 7.3 6.12-lockdown
 PYTEST := .venv/bin/pytest
 
-.PHONY: all demo test unit e2e bench lint venv vm clean
+.PHONY: all demo test unit e2e bench lint venv vm image clean
 all: test
 
 venv:
@@ -36,6 +36,11 @@ lint: venv
 # build.sh takes kernel names; a "-lockdown" entry is one of them booted with a kernel argument.
 vm:
 	tests/vm/build.sh $(sort $(KERNELS:-lockdown=))
+
+# The agent's image from the Dockerfile (buildah, no daemon, base made locally) as an OCI archive
+# under the cache; prints its size. Cached: unchanged inputs build nothing.
+image:
+	scripts/image.sh
 
 clean:
 	rm -rf out .venv .pytest_cache .ruff_cache

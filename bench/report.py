@@ -1,6 +1,7 @@
-"""The benchmark's table (Markdown) from bench_guest.py's bench.json and micro.py's JSON.
+"""The benchmark's table (Markdown) from bench_guest.py's bench.json and micro.py's JSON, and
+with --plot a picture of its key figures: calls/s against the agent's CPU, per probe mode.
 
-python bench/report.py BENCH_JSON [MICRO_JSON]
+python bench/report.py BENCH_JSON [MICRO_JSON] [--plot PNG]
 """
 
 from __future__ import annotations
@@ -153,6 +154,34 @@ def micro(m: dict) -> str:
     )
 
 
+def cpu_points(mode: dict) -> tuple[list[float], list[float]]:
+    """(achieved calls/s, agent CPU % of a vCPU): idle, then each window of the Agent CPU table."""
+    rates = [0.0] + [float(w["rate"]) for w in mode["windows"]]
+    cpu = [mode["idle_cpu_per_second"]] + [w["cpu_per_second"] for w in mode["windows"]]
+    return rates, [c * 100 for c in cpu]
+
+
+def plot(bench: dict, png: Path) -> None:
+    """The Agent CPU table's numbers as a picture (docs/performance.md shows it)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for mode in MODES:
+        rates, cpu = cpu_points(bench["modes"][mode])
+        ax.plot([r / 1000 for r in rates], cpu, marker="o", label=f"{mode} mode")
+    ax.set_xlabel("achieved calls/s (thousands); 0 = idle")
+    ax.set_ylabel("agent CPU, % of one vCPU")
+    ax.set_title(f"Agent CPU vs call rate, kernel {bench['kernel']}, QEMU TCG", loc="left")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=90)
+    plt.close(fig)
+
+
 def render(bench: dict, micro_figures: dict | None) -> str:
     parts = [
         f"## KubeNPU benchmark: kernel {bench['kernel']}, {bench['cpus']} vCPUs (QEMU TCG), "
@@ -167,12 +196,18 @@ def render(bench: dict, micro_figures: dict | None) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-def main() -> int:
-    bench = json.loads(Path(sys.argv[1]).read_text())
-    micro_figures = json.loads(Path(sys.argv[2]).read_text()) if len(sys.argv) > 2 else None
+def main(argv: list[str]) -> int:
+    png = None
+    if "--plot" in argv:
+        at = argv.index("--plot")
+        png, argv = Path(argv[at + 1]), argv[:at] + argv[at + 2 :]
+    bench = json.loads(Path(argv[0]).read_text())
+    micro_figures = json.loads(Path(argv[1]).read_text()) if len(argv) > 1 else None
     sys.stdout.write(render(bench, micro_figures))
+    if png:
+        plot(bench, png)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

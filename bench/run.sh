@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `make bench`: the host micro-benchmark, then the guest benchmark in one boot, then the table.
 #   bench/run.sh [KERNEL] [OUT_DIR]      (defaults: 6.12, out/bench)
-# Writes OUT_DIR/micro.json, OUT_DIR/bench.json (and the guest's logs) and OUT_DIR/table.md,
-# and prints the table. Speed figures only: exactness is asserted by
+# Writes OUT_DIR/micro.json, OUT_DIR/bench.json (and the guest's logs), OUT_DIR/table.md and
+# OUT_DIR/cpu.png (calls/s vs agent CPU), and prints the table. Speed figures only: exactness is asserted by
 # tests/test_bench_exactness_vm.py.
 set -euo pipefail
 
@@ -15,9 +15,11 @@ mkdir -p "$out"
 rm -f "$out"/{micro,bench}.json "$out"/table.md
 echo "bench: host micro-benchmark" >&2
 "$py" "$repo/bench/micro.py" --json "$out/micro.json" >&2
+"$py" "$repo/bench/scrape_stress.py" --json "$out/scrape.json" >&2  # /metrics under load, host-side
 echo "bench: guest benchmark on $kernel (several minutes under TCG)" >&2
 "$repo/tests/vm/run.sh" "$kernel" /src/bench/bench.sh "$out" >"$out/run.log" 2>&1 || {
   echo "bench: the guest run failed; see $out/run.log and $out/console.log" >&2
   exit 1
 }
-"$py" "$repo/bench/report.py" "$out/bench.json" "$out/micro.json" | tee "$out/table.md"
+"$py" "$repo/bench/report.py" "$out/bench.json" "$out/micro.json" --plot "$out/cpu.png" |
+  tee "$out/table.md"

@@ -11,6 +11,9 @@
  *   space can resolve a new cgroup at once while reading the counts on its own schedule;
  * - without it (`events`): every kept call is one ring-buffer record.
  *
+ * In both modes a second program, on the cgroup_mkdir tracepoint, sends {new cgroup id, parent id}
+ * so user space can index a cgroup before it is removed (a container that makes one call and exits).
+ *
  * Python substitutes these before compiling:
  *   KUBENPU_ATTACH  the probe's header line (MODULE_KFUNC_PROBE, KFUNC_PROBE or a kprobe)
  *   RINGBUF_PAGES   ring buffer size in pages (a power of two)
@@ -18,6 +21,8 @@
  * and fills `devices` and `ioctls` before attaching.
  */
 #include <linux/fs.h>
+#include <linux/cgroup-defs.h>
+#include <linux/kernfs.h>
 
 #define DRM_IOCTL_TYPE 'd'
 #define DRM_COMMAND_BASE 0x40
@@ -40,6 +45,12 @@ struct event {
     u32 _pad;
 };
 
+/* A new cgroup. 16 bytes, so user space tells it from a 40-byte struct event by size alone. */
+struct birth {
+    u64 cgroup_id;
+    u64 parent_id;
+};
+
 /* kernel dev_t (MKDEV: major << 20 | minor) -> vendor id */
 BPF_HASH(devices, u32, u32, 256);
 /* {vendor id, nr} -> kind (1 submit, 2 alloc, 3 wait) */
@@ -49,8 +60,9 @@ BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
  * KERNEL_LOST) and reports increments:
  * [0] ringbuf_full: events mode, the ring buffer had no room: a call is lost;
  * [1] map_full: aggregate mode, the counts map had no room for a new key: a call is lost;
- * [2] late_sighting: aggregate mode, no room to announce a new key: no call is lost, the new
- *     cgroup is only resolved at the next map read instead of at once (a self-metric). */
+ * [2] late_sighting: no room to announce a new key (aggregate mode) or a new cgroup (a birth,
+ *     both modes): no call is lost, the cgroup is only resolved later, from a walk of the tree,
+ *     instead of at once (a self-metric). */
 BPF_PERCPU_ARRAY(lost, u64, 3);
 #define LOST_RINGBUF_FULL 0
 #define LOST_MAP_FULL 1
@@ -140,4 +152,28 @@ static __always_inline int handle(u32 rdev, u32 cmd)
 KUBENPU_ATTACH
 {
     return handle(filp->f_inode->i_rdev, cmd);
+}
+
+/* tp_btf/cgroup_mkdir. BCC cannot load a tp_btf program itself, so the probe loads this one from
+ * BCC's compiled instructions. Every field is a direct BTF load (no bpf_probe_read), which
+ * lockdown=confidentiality allows. The ids are kernfs node ids, i.e. bpf_get_current_cgroup_id()
+ * and the directory's inode number; the parent is found through the css, whose layout is the same
+ * in 6.1 and 7.3 (kernfs_node's parent field was renamed in 6.15). */
+BPF_PROG(kubenpu_cgroup_mkdir, struct cgroup *cgrp, const char *path)
+{
+    /* Only the unified (v2) hierarchy, id 0: v1 hierarchies number their nodes separately. */
+    if (cgrp->root->hierarchy_id != 0)
+        return 0;
+    struct cgroup_subsys_state *parent = cgrp->self.parent;
+    if (!parent)
+        return 0;
+    struct birth *b = events.ringbuf_reserve(sizeof(*b));
+    if (!b) {
+        count_lost(LOST_LATE_SIGHTING);  /* no call is lost: the cgroup is left to a walk */
+        return 0;
+    }
+    b->cgroup_id = cgrp->kn->id;
+    b->parent_id = parent->cgroup->kn->id;
+    events.ringbuf_submit(b, 0);
+    return 0;
 }

@@ -1,4 +1,4 @@
-"""kubenpuctl: show what the agent would count, from sysfs and the vendor plug-ins alone.
+"""kubenpuctl: show what the agent would count, from sysfs, /proc and the vendor plug-ins.
 
 Needs no privileges, no BCC and nothing outside the standard library, so that a plain
 `pip install kubenpu` gives a working command.
@@ -19,6 +19,7 @@ from typing import NoReturn
 from kubenpu import __version__
 from kubenpu import top as kubenpu_top
 from kubenpu.discovery import Device, discover
+from kubenpu.fdinfo import Client, FdinfoReader
 from kubenpu.vendors import Vendor, all_vendors, by_name, core
 
 PROG = "kubenpuctl"
@@ -65,6 +66,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     devices.add_argument("--output", "-o", choices=("table", "json"), default="table")
     devices.set_defaults(run=_devices)
+
+    clients = commands.add_parser("clients", help="list DRM clients and their usage from /proc")
+    clients.add_argument(
+        "--root", default="/", help="read DIR/proc and DIR/sys instead of /proc and /sys"
+    )
+    clients.add_argument("--output", "-o", choices=("table", "json"), default="table")
+    clients.set_defaults(run=_clients)
 
     ioctls = commands.add_parser("ioctls", help="list the ioctls that are counted")
     ioctls.add_argument("vendor", nargs="?", metavar="VENDOR", help="only this vendor (or drm)")
@@ -170,6 +178,73 @@ def _device_json(d: Device) -> dict[str, object]:
         "numa_node": d.numa_node,
         "paths": [n.path for n in d.nodes],
     }
+
+
+def _clients(args: argparse.Namespace) -> str:
+    root = Path(args.root)
+    if not (root / "proc").is_dir():
+        raise UsageError(f"{args.root}: no proc directory to read")
+    scan = FdinfoReader(discover(root), root).scan()
+    if scan.skipped:
+        counts = ", ".join(f"{reason} {n}" for reason, n in sorted(scan.skipped.items()))
+        logging.warning("skipped (see docs/fdinfo.md): %s", counts)
+    if args.output == "json":
+        return json.dumps([_client_json(c) for c in scan.clients], indent=2)
+    rows = [
+        [
+            c.device,
+            c.driver,
+            str(c.client_id),
+            ",".join(map(str, c.pids)),
+            _busy(c) or "-",
+            _memory(c) or "-",
+            c.cgroup or "-",  # last: the long column names the pod (kubepods path)
+        ]
+        for c in scan.clients
+    ]
+    return _table(["DEVICE", "DRIVER", "CLIENT", "PIDS", "BUSY", "MEMORY", "CGROUP"], rows)
+
+
+def _client_json(c: Client) -> dict[str, object]:
+    return {
+        "device": c.device,
+        "driver": c.driver,
+        "client_id": c.client_id,
+        "pids": c.pids,
+        "cgroup": c.cgroup,
+        "engines": c.engines,
+        "memory": c.memory,
+    }
+
+
+def _busy(c: Client) -> str:
+    """Busy time per engine, or busy/total cycles where the driver counts no time (xe)."""
+    cells = []
+    for name, e in c.engines.items():
+        if "busy_ns" in e:
+            cells.append(f"{name}={e['busy_ns'] / 1e9:.3f}s")
+        elif "cycles" in e:
+            total = e.get("total_cycles")
+            cells.append(f"{name}={e['cycles']}" + (f"/{total}cy" if total else "cy"))
+    return ",".join(cells)
+
+
+def _memory(c: Client) -> str:
+    """Resident bytes per region (total where the driver prints no resident), non-zero only."""
+    cells = []
+    for region, m in c.memory.items():
+        size = m.get("resident", m.get("total", 0))
+        if size:
+            cells.append(f"{region}={_bytes(size)}")
+    return ",".join(cells)
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:.4g}{unit}"
+        n /= 1024
+    return f"{n:.4g}GiB"
 
 
 def _ioctls(args: argparse.Namespace) -> str:

@@ -86,6 +86,21 @@ def decode(data: bytes) -> Event:
     return Event(*_fields(data)[:7])
 
 
+# The C `struct birth`: u64 cgroup_id, u64 parent_id. A new cgroup (tp_btf cgroup_mkdir), on the
+# same ring buffer as calls and told apart from them by its size.
+_BIRTH = struct.Struct("<QQ")
+
+
+class Birth(NamedTuple):
+    cgroup_id: int
+    parent_id: int
+
+
+def birth(data: bytes) -> Birth | None:
+    """The new cgroup a birth record reports; None for any other record."""
+    return Birth(*_BIRTH.unpack(data)) if len(data) == _BIRTH.size else None
+
+
 @dataclass
 class Batch:
     """What a Tally collected since the last drain."""

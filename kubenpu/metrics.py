@@ -126,8 +126,9 @@ LATE_SIGHTINGS = Spec(
     "kubenpu.sightings.late",
     "counter",
     "{sighting}",
-    "Aggregate mode: first calls of a new key the kernel ring buffer had no room to announce. "
-    "No call is lost; the cgroup is resolved at the next counts map read instead of at once.",
+    "New keys (aggregate mode) and new cgroups (births, both modes) the kernel ring buffer had "
+    "no room to announce. No call is lost; the cgroup is resolved later, from a walk of the "
+    "cgroup tree, instead of at once.",
 )
 READ_ERRORS = Spec(
     "kubenpu.probe.read.errors",

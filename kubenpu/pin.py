@@ -210,6 +210,10 @@ class PinnedProbe:
             return None
         self._active = adopted
         log.info("adopted the pinned probe %s (no compile, no attach)", self.dir)
+        log.warning(  # births need BCC's compile, which adoption avoids (docs/pinning.md)
+            "cgroup births unavailable with an adopted probe: "
+            "short-lived containers may lose their pod"
+        )
         return f"{attach} (adopted from {self.dir})"
 
     def _set_aside(self, probe_dir: Path) -> None:

@@ -28,7 +28,18 @@ from typing import Protocol
 
 from kubenpu import bpfsys
 from kubenpu.discovery import Device
-from kubenpu.events import KERNEL_LOST, BadRecord, Deltas, Drop, Key, Tally, dev_t, split_dev_t
+from kubenpu.events import (
+    KERNEL_LOST,
+    BadRecord,
+    Birth,
+    Deltas,
+    Drop,
+    Key,
+    Tally,
+    birth,
+    dev_t,
+    split_dev_t,
+)
 from kubenpu.vendors import all_vendors, core
 
 log = logging.getLogger(__name__)
@@ -175,6 +186,74 @@ def tables(devices: Iterable[Device]) -> tuple[dict[int, int], dict[tuple[int, i
     return by_node, ioctls
 
 
+# The tp_btf program of bpf/kubenpu.bpf.c and the kernel ABI values it is loaded with.
+_BIRTH_FN = b"kubenpu_cgroup_mkdir"
+_BPF_PROG_TYPE_TRACING = 26
+_BPF_TRACE_RAW_TP = 23
+
+
+class _ProgLoadOpts(ctypes.Structure):
+    """libbpf's struct bpf_prog_load_opts up to log_buf (libbpf reads only the first `sz` bytes)."""
+
+    _fields_ = [
+        ("sz", ctypes.c_size_t),
+        ("attempts", ctypes.c_int),
+        ("expected_attach_type", ctypes.c_uint32),
+        ("prog_btf_fd", ctypes.c_uint32),
+        ("prog_flags", ctypes.c_uint32),
+        ("prog_ifindex", ctypes.c_uint32),
+        ("kern_version", ctypes.c_uint32),
+        ("attach_btf_id", ctypes.c_uint32),
+        ("attach_prog_fd", ctypes.c_uint32),
+        ("attach_btf_obj_fd", ctypes.c_uint32),
+        ("fd_array", ctypes.c_void_p),
+        ("func_info", ctypes.c_void_p),
+        ("func_info_cnt", ctypes.c_uint32),
+        ("func_info_rec_size", ctypes.c_uint32),
+        ("line_info", ctypes.c_void_p),
+        ("line_info_cnt", ctypes.c_uint32),
+        ("line_info_rec_size", ctypes.c_uint32),
+        ("log_level", ctypes.c_uint32),
+        ("log_size", ctypes.c_uint32),
+        ("log_buf", ctypes.c_void_p),
+    ]
+
+
+def attach_tp_btf(insns: bytes, tracepoint: str) -> tuple[int, int]:
+    """Load BCC-compiled instructions as a tp_btf program and attach it; returns (prog, link) fds.
+
+    BCC picks a program's attach type from its name prefix and has none for tp_btf, so this goes
+    through libbpf (which BCC itself links against) for the BTF id, the load and the attach.
+    """
+    libbpf = ctypes.CDLL("libbpf.so.1", use_errno=True)
+    libbpf.bpf_prog_load.argtypes = [
+        ctypes.c_uint, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
+        ctypes.POINTER(_ProgLoadOpts),
+    ]  # fmt: skip
+    btf_id = libbpf.libbpf_find_vmlinux_btf_id(tracepoint.encode(), _BPF_TRACE_RAW_TP)
+    if btf_id < 0:
+        raise ProbeError(f"tracepoint {tracepoint} has no BTF: {os.strerror(-btf_id)}")
+    log_buf = ctypes.create_string_buffer(1 << 16)
+    opts = _ProgLoadOpts(
+        sz=ctypes.sizeof(_ProgLoadOpts),
+        expected_attach_type=_BPF_TRACE_RAW_TP,
+        attach_btf_id=btf_id,
+        log_size=len(log_buf),
+        log_buf=ctypes.addressof(log_buf),
+    )
+    prog = libbpf.bpf_prog_load(
+        _BPF_PROG_TYPE_TRACING, b"kubenpu_births", b"GPL", insns, len(insns) // 8, opts
+    )
+    if prog < 0:  # libbpf retried with the verifier log on, whose last line says why
+        lines = log_buf.value.decode(errors="replace").strip().splitlines()
+        raise ProbeError(f"loading tp_btf/{tracepoint}: {os.strerror(-prog)}: {lines[-1:]}")
+    link = libbpf.bpf_raw_tracepoint_open(None, prog)
+    if link < 0:
+        os.close(prog)
+        raise ProbeError(f"attaching tp_btf/{tracepoint}: {os.strerror(-link)}")
+    return prog, link
+
+
 class Kernel(Protocol):
     """The loaded BPF program as the Probe uses it; tests/fakes.py has a fake one."""
 
@@ -222,6 +301,7 @@ class BccKernel:
         self._debug = debug
         self._bpf = None
         self._reader: CountsReader | None = None
+        self._birth_fds: tuple[int, ...] = ()  # the cgroup_mkdir program and its link
 
     def start(self, on_record: Callable[[bytes], None]) -> str:
         errors = []
@@ -236,6 +316,7 @@ class BccKernel:
                 log.warning(
                     "fentry is unavailable; using the kprobe fallback (fails under lockdown)"
                 )
+            self._attach_births()
             self._open_ring_buffer(on_record)
             return plan.attach
         hints = _headers_hint() + _privileges_hint(errors)
@@ -270,6 +351,16 @@ class BccKernel:
             h.update(source_text(plan, self._ringbuf_pages, self._counts_entries).encode())
         h.update(" ".join(self._cflags()).encode())
         return h.hexdigest()
+
+    def _attach_births(self) -> None:
+        """Report new cgroups (16-byte records on the same ring buffer); optional: without it a
+        cgroup removed before the next walk of the cgroup tree is not attributed."""
+        try:
+            self._birth_fds = attach_tp_btf(self._bpf.dump_func(_BIRTH_FN), "cgroup_mkdir")
+        except (ProbeError, OSError) as err:
+            log.warning(
+                "cgroup births unavailable (%s): short-lived containers may lose their pod", err
+            )
 
     def _cflags(self) -> list[str]:
         return [*_DIALECT_CFLAGS, *(["-DKUBENPU_AGGREGATE"] if self.aggregate else [])]
@@ -321,6 +412,9 @@ class BccKernel:
                 del table[ck]
 
     def close(self) -> None:
+        for fd in self._birth_fds:
+            os.close(fd)
+        self._birth_fds = ()
         if self._bpf is not None:
             self._bpf.cleanup()
             self._bpf = None
@@ -333,12 +427,16 @@ class Probe:
       increments.
     - ``events``: each ring-buffer record is one call; there is no map to read.
     In both modes `read()` turns the kernel's `lost` counters into increments. A record that
-    cannot be decoded is skipped and counted as a `bad_record` drop.
+    cannot be decoded is skipped and counted as a `bad_record` drop. Birth records (a new cgroup,
+    both modes) go to `on_birth` at once, on the polling thread.
     """
 
-    def __init__(self, kernel: Kernel, tally: Tally) -> None:
+    def __init__(
+        self, kernel: Kernel, tally: Tally, on_birth: Callable[[Birth], None] | None = None
+    ) -> None:
         self._kernel = kernel
         self._tally = tally
+        self._on_birth = on_birth
         self._aggregate = kernel.aggregate
         self.mode = "aggregate" if kernel.aggregate else "events"
         self._counts: Deltas[Key] = Deltas()
@@ -352,7 +450,10 @@ class Probe:
     def _on_record(self, data: bytes) -> None:
         # Runs inside BCC's ctypes callback, where an exception would only be printed.
         try:
-            if self._aggregate:
+            if (born := birth(data)) is not None:
+                if self._on_birth is not None:
+                    self._on_birth(born)
+            elif self._aggregate:
                 self._tally.add_sighting(data)
             else:
                 self._tally.add_event(data)

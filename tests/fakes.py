@@ -28,8 +28,8 @@ def record(key: Key, nr: int = 0xB2, tgid: int = 42, ts_ns: int = 1) -> bytes:
 class Clock:
     """A fake monotonic clock: TTLs, intervals and time-outs are tested without waiting."""
 
-    def __init__(self) -> None:
-        self.now = 1000.0
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
 
     def __call__(self) -> float:
         return self.now

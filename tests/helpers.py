@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
+import json
+import math
+import re
+import socket
 import subprocess
+import sys
 import time
-from collections.abc import Callable
+import urllib.parse
+import urllib.request
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -13,8 +23,10 @@ import yaml
 
 # --- VM test records: the result.json files tests/vm/*_guest.py write -----------------------------
 # /metrics samples in a record are read with the guests' own projections (tests/vm/guestlib.py).
-from vm.guestlib import LABELS, by_reason, ioctl_counts
+from vm.guestlib import LABELS, by_reason, ioctl_counts, parse
 
+from kubenpu import config, export
+from kubenpu.metrics import Metrics
 from kubenpu.resolve import Attribution, Resolver
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,6 +44,18 @@ def otlp_counts(points: list[dict]) -> dict[tuple, float]:
     return {tuple(p["attributes"][k] for k in LABELS): p["value"] for p in points}
 
 
+# --- tools: the scripts/*.sh that fetch real tools print where they put them on their last line
+
+
+def script_output(name: str, timeout: float = 900) -> str:
+    """Run scripts/<name>; its last output line (a bounded time: a download may be slow)."""
+    proc = subprocess.run(
+        ["bash", str(ROOT / "scripts" / name)], capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0, f"scripts/{name} failed:\n{proc.stderr}"
+    return proc.stdout.strip().splitlines()[-1]
+
+
 # --- Helm: the chart rendered by real helm (fetched by scripts/k8s-tools.sh); used by the deploy
 # tests and by the VM tests that run the agent with the chart's settings.
 
@@ -42,10 +66,7 @@ RELEASE = NAMESPACE = "kubenpu"
 @functools.cache
 def k8s_tools() -> Path:
     """The directory holding helm and kubectl (downloaded once, then cached)."""
-    out = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "k8s-tools.sh")], check=True, capture_output=True, text=True
-    )
-    return Path(out.stdout.strip().splitlines()[-1])
+    return Path(script_output("k8s-tools.sh"))
 
 
 def helm_values(**overrides: Any) -> dict[str, Any]:
@@ -98,6 +119,222 @@ def eventually(check: Callable[[], T | None], what: str, bound: float = 30.0) ->
 def resolved(resolver: Resolver, cgroup_id: int) -> Attribution:
     """Polls resolve() until the pending lookup has answered."""
     return eventually(lambda: resolver.resolve(cgroup_id), f"cgroup {cgroup_id} resolved")
+
+
+# --- export: a config from YAML text, a free port, a stub Health, Telemetry as the agent starts it
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_config(tmp_path: Path, text: str, env: dict[str, str] | None = None) -> config.Config:
+    p = tmp_path / "kubenpu.yaml"
+    p.write_text(text)
+    return config.load(str(p), {"K8S_NODE_NAME": "node-a", **(env or {})})
+
+
+@dataclass
+class StubHealth:
+    """export.Health with answers the test sets (the agent's real one is tested with the agent)."""
+
+    is_live: tuple[bool, str] = (True, "")
+    is_ready: tuple[bool, str] = (True, "")
+
+    def live(self) -> tuple[bool, str]:
+        return self.is_live
+
+    def ready(self) -> tuple[bool, str]:
+        return self.is_ready
+
+
+def start_telemetry(
+    cfg: config.Config,
+    clock: Callable[[], float] = time.monotonic,
+    health: export.Health | None = None,
+) -> export.Telemetry:
+    """export.start as the agent calls it: the caller creates Metrics."""
+    m = cfg.metrics
+    metrics = Metrics(cfg.node_name, m.series_ttl_seconds, m.max_series, clock)
+    return export.start(cfg, metrics, health or StubHealth())
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        return r.read().decode()
+
+
+# --- metrics: calls recorded on a Metrics and the ioctl series they make (one device)
+
+
+def ioctl(ns: str, pod: str, c: str, kind: str = "submit") -> frozenset:
+    return frozenset(
+        {
+            "namespace": ns,
+            "pod": pod,
+            "container": c,
+            "device": "0000:03:00.0",
+            "vendor": "vgem",
+            "kind": kind,
+        }.items()
+    )
+
+
+def calls(m: Metrics, ns: str, pod: str, c: str, n: int = 1, kind: str = "submit") -> None:
+    m.add_calls(ns, pod, c, "0000:03:00.0", "vgem", kind, n)
+
+
+# --- receivers: a real Prometheus / VictoriaMetrics (scripts/tools.sh) queried over its HTTP API
+
+
+@functools.cache
+def receiver_tools() -> Path:
+    """The directory holding prometheus, promtool and victoria-metrics (fetched once)."""
+    return dashboards.tools()
+
+
+@dataclass
+class Prometheus:
+    url: str
+
+    def query(self, q: str) -> list[dict]:
+        u = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": q})
+        with urllib.request.urlopen(u, timeout=10) as r:
+            body = json.load(r)
+        assert body["status"] == "success", body
+        return body["data"]["result"]
+
+    def wait_for(self, q: str, n: int = 1, timeout: float = 60) -> list[dict]:
+        """Poll until the query returns n series (bounded; ingestion and scrapes are async)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            result = self.query(q)
+            if len(result) >= n or time.monotonic() > deadline:
+                return result
+            time.sleep(0.2)
+
+
+def run_server(cmd: list[str], port: int, log: Path) -> Iterator[Prometheus]:
+    """Start a server on 127.0.0.1:port, wait (bounded) until it answers, stop it afterwards."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log, "w"))  # noqa: SIM115
+    prom = Prometheus(f"http://127.0.0.1:{port}")
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{prom.url}/-/ready", timeout=2):
+                    break
+            except OSError:
+                assert proc.poll() is None, log.read_text()[-2000:]
+                assert time.monotonic() < deadline, f"{cmd[0]} did not become ready"
+                time.sleep(0.2)
+        yield prom
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+# --- dashboards: every Grafana query run on a recorded agent (scripts/dashboards.py), and what
+# each must return; used on the VM e2e's fresh recording and on the committed one.
+
+
+def _script(name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+dashboards = _script("dashboards")
+# Labels a query groups by that are empty on the VM, so Prometheus leaves them out of a series.
+EMPTY_ON_THE_VM = {
+    "numa_node": "QEMU's machine has no NUMA",
+    "driver": "vgem is a platform device, with no PCI driver",
+    "pci_id": "nor a PCI id",
+}
+# Panels whose every value must be 0 in a healthy run: drops and errors never happen silently.
+ZERO = ("Dropped events by reason", "CRI errors per second", "OTLP export errors")
+PODS_PANEL = "Calls per second by pod and kind"  # must show exactly the pods that called
+# Panels that must show calls: the recording's pods and host process call in every round.
+CALLING = (
+    PODS_PANEL,
+    "Top pods per device",
+    "Calls per second by device and kind",
+    "Calls without a pod, by reason",
+    "Calls per second per device",
+    "Calls per device over the time range, by kind",
+    "Events received per second",
+)
+
+
+def query_values(q: Any) -> list[float]:
+    points = [p for s in q.result for p in s.get("values", [s.get("value")])]
+    return [float(p[1]) for p in points]
+
+
+def grouped_labels(q: Any) -> set[str]:
+    """The labels a panel shows: its legend's, or (a table) its innermost `by (...)`'s."""
+    if q.legend_labels:
+        return set(q.legend_labels)
+    (*_, innermost) = re.findall(r"\bby \(([^)]*)\)", q.expr)
+    return {label.strip() for label in innermost.split(",")} - {"le"}
+
+
+def dashboard_problems(boards: list[Any], record: dict) -> list[str]:
+    """What is wrong with the dashboards' variables and queries on `record`, one line each
+    ([] when all is well)."""
+    by_name = {b.name: b for b in boards}
+    problems = [f"{where}: {p}" for b in boards for where, p in query_problems(b, record)]
+    namespaces = sorted({ns for ns, _, _ in recorded_pods(record)})
+    want = {"kubenpu-pods": {"node": [record["node"]], "namespace": namespaces}}
+    want["kubenpu-devices"] = {"node": [record["node"]]}
+    problems += [
+        f"{name}: variables {by_name[name].variables} != {variables}"
+        for name, variables in want.items()
+        if by_name[name].variables != variables
+    ]
+    shown = shown_pods(by_name["kubenpu-pods"], PODS_PANEL)
+    if shown != recorded_pods(record):
+        problems.append(f"{PODS_PANEL}: {sorted(shown)}, not {sorted(recorded_pods(record))}")
+    return problems
+
+
+def query_problems(board: Any, record: dict) -> Iterator[tuple[str, str]]:
+    for q in board.queries:
+        where = f"{board.name}: {q.panel} {q.ref}"
+        values = query_values(q)
+        if not q.result:
+            yield where, "no series"
+        for series in q.result:
+            missing = grouped_labels(q) - series["metric"].keys() - EMPTY_ON_THE_VM.keys()
+            if missing or series["metric"].get("node", record["node"]) != record["node"]:
+                yield where, f"{series['metric']} lacks {missing or 'the node'}"
+        if q.panel in ZERO and any(values):
+            yield where, f"not all 0: {values}"
+        if q.panel in CALLING and not any(v > 0 for v in values):
+            yield where, f"no calls: {values}"
+        if not any(math.isfinite(v) for v in values):
+            yield where, "no finite value"
+
+
+def recorded_pods(record: dict) -> set[tuple[str, str, str]]:
+    """(namespace, pod, kind) of the pods' call series in two or more scrapes: what a rate shows."""
+    seen: Counter[tuple[str, str, str]] = Counter()
+    for scrape in record["scrapes"]:
+        series = parse(scrape["text"]).get("kubenpu_ioctl_total", [])
+        seen.update(
+            {(s["labels"]["namespace"], s["labels"]["pod"], s["labels"]["kind"]) for s in series}
+        )
+    return {key for key, n in seen.items() if n > 1 and key[1]}
+
+
+def shown_pods(board: Any, panel: str) -> set[tuple[str, ...]]:
+    (q,) = [q for q in board.queries if q.panel == panel]
+    return {tuple(s["metric"].get(k, "") for k in ("namespace", "pod", "kind")) for s in q.result}
 
 
 # --- bpffs: run a check against the real bpf(2) syscall in a private mount namespace, with a bpffs

@@ -5,6 +5,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from fakes import Clock
 
 from kubenpu.resolve.cgroups import CgroupIndex
 
@@ -127,14 +128,6 @@ def test_other_file_systems_are_skipped(root: Path) -> None:
         subprocess.run(["umount", str(mnt)], check=True)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def born(index: CgroupIndex, root: Path, rel: str) -> int:
     """mkdir as the runtime does, and report it as the kernel would."""
     (root / rel).mkdir()
@@ -169,6 +162,19 @@ def test_born_under_an_unknown_parent_walks_once(root: Path, tmp_path: Path) -> 
     assert index.rebuilds == 3  # a miss of its own
 
 
+def test_born_cgroup_not_visible_yet_is_looked_for_again(root: Path, tmp_path: Path) -> None:
+    # cgroup_mkdir fires before kernfs_activate(): the birth may come before the directory shows.
+    index = CgroupIndex(str(root))
+    index.path(ino(root))
+    (tmp_path / "hidden").mkdir()
+    new = ino(tmp_path / "hidden")
+    index.cgroup_born(new, ino(root / "system.slice"))  # not in its parent's directory yet
+    (tmp_path / "hidden").rename(root / "system.slice" / "late.scope")  # now visible
+    born(index, root, "system.slice/next.scope")  # the next birth looks again
+    (root / "system.slice" / "late.scope").rename(tmp_path / "gone")  # removed at once
+    assert index.path(new) == "system.slice/late.scope"
+
+
 def test_born_cgroup_that_is_gone_survives_a_walk(root: Path, tmp_path: Path) -> None:
     index = CgroupIndex(str(root))
     index.path(ino(root))
@@ -181,7 +187,7 @@ def test_born_cgroup_that_is_gone_survives_a_walk(root: Path, tmp_path: Path) ->
 
 def test_gone_born_cgroups_nobody_asked_about_are_pruned(root: Path, tmp_path: Path) -> None:
     """Most new cgroups never call a GPU driver: the index must not keep them all."""
-    clock = Clock()
+    clock = Clock(0.0)
     index = CgroupIndex(str(root), clock=clock)
     index.path(ino(root))
     away = tmp_path / "away"

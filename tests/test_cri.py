@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from cri_server import RUNTIME_NAME, CriTestServer
+from fakes import Clock
 
 from kubenpu.resolve import Attribution
 from kubenpu.resolve.cri import CriClient, grpc_target
@@ -17,16 +18,6 @@ from kubenpu.resolve.cri import CriClient, grpc_target
 CID = "a" * 64
 OTHER = "b" * 64
 TIMEOUT = 5.0  # generous: only the slow-server test is meant to hit a deadline
-
-
-class Clock:
-    """Time the test moves by hand, so back-off tests do not sleep."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Requests:

@@ -24,7 +24,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from helpers import CHART, helm, helm_values, k8s_tools, render_helm
+from helpers import CHART, helm, helm_values, k8s_tools, render_helm, script_output
 
 from kubenpu.export import prometheus_name
 from kubenpu.metrics import SPECS
@@ -45,16 +45,9 @@ SCRAPE_SERIES = {"up"}
 
 # The node paths the agent reads, each mounted read-only; the CRI directory comes from values.
 # Of /dev only the DRM and accel node directories (discovery checks the nodes exist there).
-HOST_PATHS = {
-    "/sys",
-    "/sys/fs/cgroup",
-    "/sys/fs/bpf",
-    "/dev/dri",
-    "/dev/accel",
-    "/lib/modules",
-    "/usr/src",
-}
-WRITABLE = {"bpffs"}  # the probe is pinned there (docs/pinning.md); every other node mount is ro
+HOST_PATHS = {"/sys", "/sys/fs/cgroup", "/dev/dri", "/dev/accel", "/lib/modules", "/usr/src"}
+BPFFS = "/sys/fs/bpf"  # mounted only with probe.pin_dir set (opt-in pinning, docs/pinning.md)
+WRITABLE = {"bpffs"}  # the probe is pinned there; every other node mount is ro
 CAPABILITIES = ["SYS_ADMIN"]  # see daemonset.yaml for why; tests/test_least_privilege_vm.py
 CR_KINDS = {"ServiceMonitor", "PrometheusRule"}  # CRDs: no bundled schema
 DIGEST = "sha256:" + "ab" * 32
@@ -72,6 +65,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "events mode": {"config": {"probe": {"mode": "events"}}},
     "kprobe attach": {"config": {"probe": {"attach": "kprobe"}}},
     "fentry attach": {"config": {"probe": {"attach": "fentry"}}},
+    "pinning": {"config": {"probe": {"pin_dir": "/sys/fs/bpf/kubenpu"}}},
     "tls and auth": {
         "metricsTLS": {"secretName": "metrics-tls"},
         "metricsAuth": {"secretName": "metrics-auth", "username": "prom", "bearerToken": True},
@@ -96,13 +90,7 @@ pytestmark = pytest.mark.tools
 
 @pytest.fixture(scope="session")
 def tools() -> Path:
-    out = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "deploy-tools.sh")],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return Path(out.stdout.strip().splitlines()[-1])
+    return Path(script_output("deploy-tools.sh"))
 
 
 def run(tool: Path, *args: str | Path, cwd: Path = ROOT) -> str:
@@ -396,7 +384,7 @@ def check_agent_daemonset(ds: dict[str, Any], cri_dir: str) -> None:
     assert sc["capabilities"] == {"drop": ["ALL"], "add": CAPABILITIES}
     assert not pod.get("hostPID") and not pod.get("hostNetwork") and not pod.get("hostIPC")
     host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
-    assert set(host.values()) == HOST_PATHS | {cri_dir}, "a host path too many or missing"
+    assert set(host.values()) - {BPFFS} == HOST_PATHS | {cri_dir}, "a host path too many or missing"
     mounts = {m["name"]: m for m in agent["volumeMounts"]}
     for name in host:
         assert (mounts[name].get("readOnly") is True) != (name in WRITABLE), f"{name} is writable"
@@ -421,6 +409,13 @@ def test_agent_check_catches_a_writable_mount_and_the_whole_dev() -> None:
     dri["hostPath"]["path"] = "/dev"
     with pytest.raises(AssertionError, match="host path"):
         check_agent_daemonset(ds, "/run/containerd")
+
+
+def test_the_bpffs_is_mounted_only_when_pinning_is_on(every_render: dict) -> None:
+    for name, docs in every_render.items():
+        if name != "otel collector":
+            host = host_path_types(docs)
+            assert (BPFFS in host) == (name == "helm pinning"), name
 
 
 def host_path_types(docs: list[dict[str, Any]]) -> dict[str, str]:
@@ -720,7 +715,7 @@ def dockerfile() -> list[tuple[str, str]]:
 
 
 def test_dockerfile_builds_the_agent_image_as_specified() -> None:
-    """Static checks only: no Docker daemon runs here, so the image is never built in tests."""
+    """Static checks of the Dockerfile; `make image` builds it, test_image_vm.py runs it."""
     steps = dockerfile()
     assert steps[0] == ("FROM", "debian:trixie-slim")
     runs = " ".join(arg for op, arg in steps if op == "RUN")
@@ -777,8 +772,7 @@ def test_readme_quick_test_runs_the_agent_as_the_chart_does() -> None:
     scratch = {mounts[v["name"]]["mountPath"] for v in pod["volumes"] if "emptyDir" in v}
     assert set(flags["--tmpfs"]) == scratch
     chart_binds = {
-        f"{v['hostPath']['path']}:{mounts[v['name']]['mountPath']}"
-        + (":ro" if mounts[v["name"]].get("readOnly") else "")
+        f"{v['hostPath']['path']}:{mounts[v['name']]['mountPath']}:ro"
         for v in pod["volumes"]
         if "hostPath" in v
     }

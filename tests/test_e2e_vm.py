@@ -5,7 +5,9 @@ a CRI v1 gRPC server, the Prometheus endpoint and an OTLP/gRPC receiver. Only ku
 container runtime are played by the scenario (it makes the cgroups and answers CRI itself).
 Kernels: KUBENPU_E2E_KERNELS (default "6.1 6.12 7.3 6.12-lockdown"); a name of tests/vm/build.sh,
 or such a name + "-lockdown" to boot it with lockdown=confidentiality, where the guest also shows
-that the kprobe attach mode is refused (tests/vm/lockdown.sh).
+that the kprobe attach mode is refused (tests/vm/lockdown.sh). On RECORDING_KERNEL the guest
+also records scrapes while pods make calls, and every Grafana dashboard query is run on them by a
+real Prometheus (scripts/dashboards.py).
 """
 
 from __future__ import annotations
@@ -17,10 +19,19 @@ from typing import NamedTuple
 
 import pytest
 from guest import boot
-from helpers import by_reason, expected_counts, ioctl_counts, otlp_counts
+from helpers import (
+    by_reason,
+    dashboard_problems,
+    dashboards,
+    expected_counts,
+    ioctl_counts,
+    otlp_counts,
+)
 
 KERNELS = os.environ.get("KUBENPU_E2E_KERNELS", "6.1 6.12 7.3 6.12-lockdown").split()
 LOCKDOWN = "-lockdown"
+RECORDING_KERNEL = "6.12"  # one kernel is enough for the dashboards: the queries run on the host
+RECORD_ARG = "kubenpu.record_dashboards=1"  # tests/vm/e2e_guest.py
 
 pytestmark = pytest.mark.vm
 
@@ -31,6 +42,7 @@ MODES = ("aggregate", "events")
 class GuestRun(NamedTuple):
     out: Path
     lockdown: bool
+    recorded: bool
 
 
 @pytest.fixture(scope="module", params=KERNELS)
@@ -40,8 +52,10 @@ def guest_run(request, tmp_path_factory) -> GuestRun:
     lockdown = kernel != request.param
     script = "/src/tests/vm/lockdown.sh" if lockdown else "/src/tests/vm/e2e.sh"
     extra = ["lockdown=confidentiality"] if lockdown else []
+    recorded = request.param == RECORDING_KERNEL
+    extra += [RECORD_ARG] if recorded else []
     out = boot(kernel, script, tmp_path_factory.mktemp(f"e2e-{request.param}"), *extra)
-    return GuestRun(out, lockdown)
+    return GuestRun(out, lockdown, recorded)
 
 
 @pytest.fixture(params=MODES)
@@ -90,3 +104,24 @@ def test_kprobe_refused_under_lockdown(guest_run: GuestRun):
     # BCC turned the probe's field reads into bpf_probe_read, which lockdown withholds.
     assert "cannot use helper bpf_probe_read" in kprobe["agent_log"]
     assert any("use of bpf to read kernel RAM" in line for line in kprobe["kernel_log"])
+
+
+@pytest.fixture(scope="module")
+def recording(guest_run: GuestRun) -> dict:
+    if not guest_run.recorded:
+        pytest.skip(f"dashboards are recorded on {RECORDING_KERNEL} only")
+    return json.loads((guest_run.out / MODES[0] / "recording.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def boards(recording: dict, tmp_path_factory) -> dict:
+    work = tmp_path_factory.mktemp("dashboards")
+    return {b.name: b for b in dashboards.run_all(dashboards.tools(), recording, work)}
+
+
+def test_every_dashboard_query_returns_its_series(recording, tmp_path):
+    """Each variable resolves to the recorded node and namespaces; each panel query returns the
+    series the panel shows (labels, calls, zero drops and errors); the pods panel shows exactly
+    the pods that called."""
+    boards = dashboards.run_all(dashboards.tools(), recording, tmp_path)
+    assert dashboard_problems(boards, recording) == []

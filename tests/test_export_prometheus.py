@@ -5,18 +5,21 @@ the Prometheus HTTP API: names, labels and values must match exactly, and match 
 
 from __future__ import annotations
 
-import json
 import subprocess
-import time
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from test_export import free_port, make_config, scrape
-from test_metrics import calls
+from helpers import (
+    Prometheus,
+    calls,
+    free_port,
+    make_config,
+    receiver_tools,
+    run_server,
+    scrape,
+    start_telemetry,
+)
 
 from kubenpu import export
 from kubenpu.metrics import SPECS, DeviceRow
@@ -36,55 +39,7 @@ IOCTL_LABELS = {
 
 @pytest.fixture(scope="session")
 def tools() -> Path:
-    out = subprocess.run(
-        ["bash", str(ROOT / "scripts/tools.sh")],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    return Path(out.stdout.strip().splitlines()[-1])
-
-
-@dataclass
-class Prometheus:
-    url: str
-
-    def query(self, q: str) -> list[dict]:
-        u = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": q})
-        with urllib.request.urlopen(u, timeout=10) as r:
-            body = json.load(r)
-        assert body["status"] == "success", body
-        return body["data"]["result"]
-
-    def wait_for(self, q: str, n: int = 1, timeout: float = 60) -> list[dict]:
-        """Poll until the query returns n series (bounded; ingestion and scrapes are async)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            result = self.query(q)
-            if len(result) >= n or time.monotonic() > deadline:
-                return result
-            time.sleep(0.2)
-
-
-def run_server(cmd: list[str], port: int, log: Path) -> Iterator[Prometheus]:
-    """Start a server on 127.0.0.1:port, wait (bounded) until it answers, stop it afterwards."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log, "w"))  # noqa: SIM115
-    prom = Prometheus(f"http://127.0.0.1:{port}")
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{prom.url}/-/ready", timeout=2):
-                    break
-            except OSError:
-                assert proc.poll() is None, log.read_text()[-2000:]
-                assert time.monotonic() < deadline, f"{cmd[0]} did not become ready"
-                time.sleep(0.2)
-        yield prom
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    return receiver_tools()
 
 
 def start_prometheus(tools: Path, tmp: Path, scrape_port: int) -> Iterator[Prometheus]:
@@ -171,7 +126,9 @@ def test_otlp_http_push_into_a_prometheus_api(tools, tmp_path):
             "OTEL_EXPORTER_OTLP_ENDPOINT": f"{vm.url}/opentelemetry",
             "OTEL_METRICS_EXPORTER": "otlp",
         }
-        tel = export.start(make_config(tmp_path, "export: {otlp: {interval_seconds: 3600}}", env))
+        tel = start_telemetry(
+            make_config(tmp_path, "export: {otlp: {interval_seconds: 3600}}", env)
+        )
         try:
             fill(tel)
             assert tel.flush()
@@ -182,7 +139,7 @@ def test_otlp_http_push_into_a_prometheus_api(tools, tmp_path):
 
 def test_prometheus_scrapes_metrics_and_promtool_is_clean(tools, tmp_path):
     port = free_port()
-    tel = export.start(
+    tel = start_telemetry(
         make_config(tmp_path, f"export: {{prometheus: {{host: 127.0.0.1, port: {port}}}}}")
     )
     try:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from fakes import Clock
+from helpers import calls, ioctl
 
 from kubenpu import config, export
 from kubenpu.metrics import (
@@ -30,23 +31,6 @@ from kubenpu.metrics import (
 def values(m: Metrics, spec: Spec) -> dict[frozenset, object]:
     snap = dict(m.collect())
     return {frozenset(p.attrs.items()): p.value for p in snap[spec]}
-
-
-def ioctl(ns: str, pod: str, c: str, kind: str = "submit") -> frozenset:
-    return frozenset(
-        {
-            "namespace": ns,
-            "pod": pod,
-            "container": c,
-            "device": "0000:03:00.0",
-            "vendor": "vgem",
-            "kind": kind,
-        }.items()
-    )
-
-
-def calls(m: Metrics, ns: str, pod: str, c: str, n: int = 1, kind: str = "submit") -> None:
-    m.add_calls(ns, pod, c, "0000:03:00.0", "vgem", kind, n)
 
 
 def test_counts_are_exact() -> None:

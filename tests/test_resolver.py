@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from cri_server import CriTestServer
+from fakes import Clock
 from helpers import eventually, resolved
 
 from kubenpu.resolve import Attribution, Resolver, Unattributed
@@ -28,14 +29,6 @@ LAYOUTS = {
     ),
     "cgroupfs": ("kubepods/burstable/pod{uid}", "{id}"),
 }
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Tree:
@@ -74,7 +67,7 @@ def server(tmp_path: Path) -> Iterator[CriTestServer]:
 
 @pytest.fixture
 def clock() -> Clock:
-    return Clock()
+    return Clock(0.0)
 
 
 @pytest.fixture

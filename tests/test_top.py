@@ -22,9 +22,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from helpers import free_port, receiver_tools, run_server, script_output
 from prometheus_client.parser import text_string_to_metric_families
-from test_export import free_port
-from test_export_prometheus import run_server, tools  # noqa: F401 (tools: a fixture)
 
 from kubenpu import top
 
@@ -330,14 +329,7 @@ def test_parser_escapes_and_malformed_lines():
 
 @pytest.fixture(scope="session")
 def tmux() -> str:
-    out = subprocess.run(
-        ["bash", str(REPO / "scripts/tmux.sh")],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    return out.stdout.strip().splitlines()[-1]
+    return script_output("tmux.sh")
 
 
 class Terminal:
@@ -516,7 +508,7 @@ def test_live_view_survives_an_agent_going_away(serve, terminal):
 
 
 @pytest.mark.tools
-def test_prometheus_source_across_nodes(serve, tools, tmp_path):  # noqa: F811 (the fixture)
+def test_prometheus_source_across_nodes(serve, tmp_path):
     """A real Prometheus 3 scrapes two recorded agents (as the ServiceMonitor does, with a
     `node` label); top reads it through the query API."""
     nodes = {
@@ -533,7 +525,7 @@ def test_prometheus_source_across_nodes(serve, tools, tmp_path):  # noqa: F811 (
     )
     port = free_port()
     cmd = [
-        str(tools / "prometheus"),
+        str(receiver_tools() / "prometheus"),
         f"--config.file={tmp_path / 'prometheus.yml'}",
         f"--storage.tsdb.path={tmp_path / 'data'}",
         f"--web.listen-address=127.0.0.1:{port}",
@@ -566,3 +558,143 @@ def test_prometheus_source_unreachable_is_one_line():
         r"Connection refused\n",
         result.stderr,
     )
+
+
+# --- a real agent's recording ------------------------------------------------------------------
+# tests/testdata/dashboards-recording.json: 7 scrapes of a real agent's /metrics in the VM (6.12)
+# while pods made calls (docs/dashboards.md). Served in order, one scrape per GET; after the last,
+# each GET repeats the last recorded step (its counters grow again by the same increase), so the
+# view stays on the recording's last rates instead of falling to 0.
+
+RECORDING = json.loads((REPO / "tests/testdata/dashboards-recording.json").read_text())
+SCRAPES = [s["text"] for s in RECORDING["scrapes"]]
+
+
+def replay(texts: list[str]) -> Callable[[float], str]:
+    served = 0
+    step = {k: v - dict(_values(texts[-2])).get(k, 0.0) for k, v in _values(texts[-1])}
+
+    def body(now: float) -> str:
+        nonlocal served
+        served += 1
+        if served <= len(texts):
+            return texts[served - 1]
+        again = served - len(texts)
+        lines = []
+        for line in texts[-1].splitlines():
+            key, _, value = line.rpartition(" ")
+            if not line.startswith("#") and key.split("{")[0] in top.RATED:
+                line = f"{key} {float(value) + again * step[key]}"
+            lines.append(line)
+        return "\n".join(lines) + "\n"
+
+    return body
+
+
+def recorded_step(before: str, after: str) -> dict[tuple[str, ...], dict[str, float]]:
+    """(namespace, pod, container, device, vendor) -> increase per kind from `before` to `after`,
+    for every call series in `after`."""
+    old = {(s.name, frozenset(s.labels.items())): s.value for s in top.parse(before)[0]}
+    rows: dict[tuple[str, ...], dict[str, float]] = {}
+    for s in top.parse(after)[0]:
+        if s.name == "kubenpu_ioctl_total":
+            key = tuple(s.labels[k] for k in top.POD_LABELS)
+            prev = old.get((s.name, frozenset(s.labels.items())), 0.0)
+            rows.setdefault(key, dict.fromkeys(KINDS, 0.0))[s.labels["kind"]] = s.value - prev
+    return rows
+
+
+def total_order(step: dict[tuple[str, ...], dict[str, float]]) -> list[tuple[str, ...]]:
+    """Highest total increase first; equal ones by their labels (as top breaks ties)."""
+    return sorted(sorted(step), key=lambda k: sum(step[k].values()), reverse=True)
+
+
+def recorded_value(text: str, name: str) -> float:
+    return sum(s.value for s in top.parse(text)[0] if s.name == name)
+
+
+def test_once_json_on_a_real_agents_recording(serve):
+    """The last two scrapes hold every series the recording has (pods that finished stay)."""
+    server = serve(replay(SCRAPES[-2:]))
+    result = ctl("--once", "--interval", "1", "-o", "json", "--url", server.url)
+    assert (result.returncode, result.stderr) == (0, "")
+    rows = json.loads(result.stdout)
+    keys = [tuple(r[k] for k in top.POD_LABELS) for r in rows]
+    called = {
+        k for text in SCRAPES for k, kinds in recorded_step("", text).items() if any(kinds.values())
+    }
+    assert set(keys) == called and len(keys) == len(called)
+    assert ("", "", "", "platform:vgem", "vgem") in called  # host processes: the no-pod row
+    step = recorded_step(*SCRAPES[-2:])
+    assert keys == total_order(step)
+    # Each rate is the recorded increase over one interval, the same for all: exact ratios.
+    seconds = {
+        step[k][kind] / r["rates"][kind]
+        for k, r in zip(keys, rows, strict=True)
+        for kind in KINDS
+        if step[k][kind]
+    }
+    assert max(seconds) == pytest.approx(min(seconds), rel=1e-3)
+    assert all(
+        r["rates"][kind] == 0
+        for k, r in zip(keys, rows, strict=True)
+        for kind in KINDS
+        if not step[k][kind]
+    )
+
+
+def shown_key(row: dict[str, str]) -> tuple[str, ...]:
+    """A screen row's (namespace, pod, container, device): '-' is an empty label; devices lose
+    the PCI domain 0000 on screen."""
+    names = tuple(row[t].strip("-") for t in ("NAMESPACE", "POD", "CONTAINER"))
+    device = row["DEVICE"]
+    return (*names, device if device.startswith("platform:") else "0000:" + device)
+
+
+@pytest.mark.tools  # tmux, installed by scripts/tmux.sh
+@pytest.mark.parametrize(("width", "height"), [(80, 24), (160, 24)])
+def test_live_view_of_a_real_agents_recording(serve, terminal, width, height):
+    server = serve(replay(SCRAPES))
+    term = terminal(width, height, "--url", server.url, "--interval", "1")
+    # The last pod to start (batch-6) on screen: the frame shows the recording's last step.
+    lines = term.wait_for(lambda ls: has_rates(ls) and any("batch-6" in line for line in ls))
+    last = SCRAPES[-1]
+    assert lines[0].startswith(f"kubenpu top - node {RECORDING['node']} - agent 0.1.0 - every 1s")
+    assert lines[1] == "devices (2): 0000:00:02.0 virtio_gpu, platform:vgem vgem"
+    # The drops stay 0; the host processes' calls are the unattributed ones (not_pod), which go
+    # on growing by the last step as the replay repeats it.
+    assert "dropped 0 (0.0/s)" in lines[2]
+    unattributed = float(re.search(r"unattributed (\d+) \(", lines[2]).group(1))
+    grow = recorded_value(last, top.UNATTRIBUTED) - recorded_value(SCRAPES[-2], top.UNATTRIBUTED)
+    assert ((unattributed - recorded_value(last, top.UNATTRIBUTED)) / grow).is_integer()
+    titles, rows = table_rows(lines)
+    assert ("VENDOR" in titles) == (width > 80)  # the first column to go on a narrow terminal
+    step = recorded_step(*SCRAPES[-2:])
+    want = total_order(step)
+    assert [shown_key(r) for r in rows] == [k[:4] for k in want]
+    assert all(r.get("VENDOR", k[4]) == k[4] for r, k in zip(rows, want, strict=True))
+    # Every rate is its recorded increase over top's interval: one scale for all, within the
+    # screen's rounding to three digits.
+    scales = [
+        float(r[kind.upper()]) / step[k][kind]
+        for r, k in zip(rows, want, strict=True)
+        for kind in KINDS
+        if step[k][kind]
+    ]
+    assert all(s == pytest.approx(scales[0], rel=0.05) for s in scales), scales
+    assert all(
+        float(r[kind.upper()]) == 0
+        for r, k in zip(rows, want, strict=True)
+        for kind in KINDS
+        if not step[k][kind]
+    )
+    assert all(len(line) <= width for line in lines) and len(lines) == height
+    save_capture(f"real {width}x{height}", lines)
+
+    term.press("p")  # by pod name
+    lines = term.wait_for(lambda ls: "sort pod ascending" in ls[-1])
+    by_pod = sorted(sorted(step), key=lambda k: k[1])  # equal pods: by their labels
+    assert by_pod != want  # the key press changes the order
+    assert [shown_key(r) for r in table_rows(lines)[1]] == [k[:4] for k in by_pod]
+    term.press("q")
+    term.wait_for(lambda _: term.dead())

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
+from helpers import script_output
 
 from kubenpu.vendors import DRM_IOCTL_TYPE, Ioctl, Vendor, all_vendors, core
 
@@ -80,11 +81,7 @@ def _include_flags(include: Path) -> list[str]:
 
 @pytest.fixture(scope="session")
 def uapi_include() -> Path:
-    proc = subprocess.run(
-        ["bash", str(ROOT / "scripts/uapi-headers.sh")], capture_output=True, text=True, check=False
-    )
-    assert proc.returncode == 0, f"scripts/uapi-headers.sh failed:\n{proc.stderr}"
-    return Path(proc.stdout.strip().splitlines()[-1])
+    return Path(script_output("uapi-headers.sh"))
 
 
 @pytest.fixture(scope="session")

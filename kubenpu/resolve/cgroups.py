@@ -18,6 +18,11 @@ log = logging.getLogger(__name__)
 # cgroups on a node never call a GPU driver), checked when their number doubles.
 _UNCLAIMED_GRACE_SECONDS = 300.0
 _PRUNE_MIN = 1024
+# The cgroup_mkdir tracepoint fires just before kernfs makes the directory visible
+# (kernfs_activate), so a birth read at once may not find it yet: look again after this pause,
+# then once more at the next birth.
+_NOT_VISIBLE_YET_SECONDS = 0.001
+_UNBORN_MAX = 4096
 
 
 class CgroupIndex:
@@ -41,6 +46,8 @@ class CgroupIndex:
         # Ids indexed at birth and not asked about yet -> birth time: a walk keeps them even
         # when their directory is gone; _prune() drops the old gone ones.
         self._unclaimed: dict[int, float] = {}
+        # Births whose directory was not visible yet -> the parent's path; looked at once more.
+        self._unborn: dict[int, str] = {}
         self._prune_at = _PRUNE_MIN
         self._dev: int | None = None  # the root's file system, from the last walk
         self._root_error: str | None = None
@@ -55,6 +62,7 @@ class CgroupIndex:
     def cgroup_born(self, cgroup_id: int, parent_id: int) -> None:
         """Index a new cgroup from one scan of its parent's directory (a walk only if the parent
         is unknown too, e.g. before the first walk)."""
+        self._look_again()
         if self._claim_born(cgroup_id):
             return  # a walk found it: kept through the next walks all the same
         parent = self._find(parent_id)
@@ -62,9 +70,28 @@ class CgroupIndex:
             dev = self._dev
         if parent is None or dev is None or self._claim_born(cgroup_id):
             return  # outside the root, root unreadable, or found by the walk
+        if not self._index_child(cgroup_id, parent, dev):
+            time.sleep(_NOT_VISIBLE_YET_SECONDS)
+            if not self._index_child(cgroup_id, parent, dev):
+                with self._lock:
+                    self._unborn[cgroup_id] = parent
+                    if len(self._unborn) > _UNBORN_MAX:
+                        del self._unborn[next(iter(self._unborn))]
+
+    def _index_child(self, cgroup_id: int, parent: str, dev: int) -> bool:
         found = _subdirs(self._root, parent, dev, inode=cgroup_id)
-        if found:  # else already gone: nothing left to name it by
+        if found:  # else not visible yet, or already gone: nothing left to name it by
             self._claim_born(cgroup_id, found[0][1])
+        return bool(found)
+
+    def _look_again(self) -> None:
+        """One more look for births that were not visible yet; then they are given up."""
+        with self._lock:
+            unborn, self._unborn = self._unborn, {}
+            dev = self._dev
+        if dev is not None:
+            for cgroup_id, parent in unborn.items():
+                self._index_child(cgroup_id, parent, dev)
 
     def _claim_born(self, cgroup_id: int, path: str | None = None) -> bool:
         """Marks a known cgroup (or a new one at `path`) as born; False if unknown."""

@@ -50,6 +50,25 @@ from kubenpu.discovery import discover
 
 OTLP_PORT = 4317
 SETTLE_TIMEOUT = 60
+# With this kernel argument the first mode also records timestamped scrapes while pods make
+# calls (RECORD_ROUNDS, RECORD_INTERVAL seconds apart) into OUT/MODE/recording.json, for the host
+# to backfill into a real Prometheus and run every dashboard query on (tests/test_e2e_vm.py).
+RECORD_ARG = "kubenpu.record_dashboards=1"
+RECORD_ROUNDS = 6
+RECORD_INTERVAL = 5.0  # no shorter than the agent's read of the kernel's counts (aggregate: 5 s)
+
+
+def batch_pod(mode: str, i: int) -> dict:
+    """A short-lived pod of recording round i: a new container each round keeps CRI lookups
+    (the latency panel) and pod churn (the top-pods table) in the recorded window."""
+    tag = f"c{MODES.index(mode)}{i:x}"
+    return {
+        "id": (tag * 22)[:64],
+        "namespace": "team-c",
+        "pod": f"batch-{i}",
+        "container": "job",
+        "pod_uid": f"9e1c7b30-4d2a-4f5e-8b6c-1a2b3c4d5e{MODES.index(mode)}{i:x}",
+    }
 
 
 def pods(mode: str) -> tuple[dict, dict]:
@@ -188,6 +207,8 @@ class Scenario:
             host = CGROUP / "system.slice" / "host-tool.service"
             self.workload(None, host, vgem_scale=2, virtio_scale=0)
             self.unlisted_device(systemd_cgroup(pod_a))
+            if self.records:
+                self.record(cri, pod_a, pod_b)
             prom, otlp = self.settle(receiver)
         finally:
             agent.stop()
@@ -205,6 +226,30 @@ class Scenario:
             "otlp": otlp,
             "agent_log": agent.log(),
         }
+
+    @property
+    def records(self) -> bool:
+        return self.mode == MODES[0] and RECORD_ARG in Path("/proc/cmdline").read_text().split()
+
+    def record(self, cri: CriTestServer, pod_a: dict, pod_b: dict) -> None:
+        """A scrape, then rounds of calls (every pod, the host, and batch pods that each live two
+        rounds: a new one, so a CRI lookup, per round) each followed by a timestamped scrape of
+        /metrics; saved for the host. The calls are expected like any other."""
+        raw = self.out / "recording.txt"
+        scrapes = []
+        for i in range(RECORD_ROUNDS + 1):
+            if i:
+                add_container(cri, batch_pod(self.mode, i))
+                for batch in [batch_pod(self.mode, j) for j in (i - 1, i) if j]:
+                    self.workload(batch, cgroupfs_cgroup(batch), vgem_scale=1, virtio_scale=1)
+                self.workload(pod_a, systemd_cgroup(pod_a), vgem_scale=1, virtio_scale=i % 3)
+                self.workload(pod_b, cgroupfs_cgroup(pod_b), vgem_scale=2, virtio_scale=i)
+                self.workload(None, CGROUP / "system.slice" / "host-tool.service", 1, 0)
+                time.sleep(RECORD_INTERVAL)
+            scrape(raw)
+            scrapes.append({"time": time.time(), "text": raw.read_text()})
+        record = {"node": os.uname().nodename, "interval": RECORD_INTERVAL, "scrapes": scrapes}
+        (self.out / "recording.json").write_text(json.dumps(record))
 
     def unlisted_device(self, cgroup: Path) -> None:
         """bochs (QEMU's bochs-display) is a DRM device without a vendor plug-in: never counted."""

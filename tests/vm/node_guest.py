@@ -158,7 +158,7 @@ class Kubelet:
     def version(self) -> pb.VersionResponse:
         return self.call("Version", pb.VersionRequest(version="v1"), pb.VersionResponse)
 
-    def run_pod(self, pod: Pod) -> str:
+    def run_pod(self, pod: Pod, namespaces: pb.NamespaceOption = HOST_NETWORK) -> str:
         # No hostname: kubelet sets none for hostNetwork pods (runc refuses one without a UTS
         # namespace of its own).
         config = pb.PodSandboxConfig(
@@ -167,7 +167,7 @@ class Kubelet:
             labels=pod.labels(),
             linux=pb.LinuxPodSandboxConfig(
                 cgroup_parent=pod.cgroup_parent,
-                security_context=pb.LinuxSandboxSecurityContext(namespace_options=HOST_NETWORK),
+                security_context=pb.LinuxSandboxSecurityContext(namespace_options=namespaces),
             ),
         )
         reply = self.call(
@@ -177,8 +177,6 @@ class Kubelet:
         return reply.pod_sandbox_id
 
     def start_container(self, pod: Pod, name: str, attempt: int, command: list[str]) -> str:
-        sandbox_id, sandbox_config = self.sandboxes[pod]
-        (pod.log_directory / name).mkdir(parents=True, exist_ok=True)  # kubelet makes it
         config = pb.ContainerConfig(
             metadata=pb.ContainerMetadata(name=name, attempt=attempt),
             image=pb.ImageSpec(image=WORKLOAD_IMAGE),
@@ -192,6 +190,12 @@ class Kubelet:
                 security_context=pb.LinuxContainerSecurityContext(namespace_options=HOST_NETWORK)
             ),
         )
+        return self.run_container(pod, config)
+
+    def run_container(self, pod: Pod, config: pb.ContainerConfig) -> str:
+        """CreateContainer and StartContainer in the pod's sandbox; returns the container id."""
+        sandbox_id, sandbox_config = self.sandboxes[pod]
+        (pod.log_directory / config.metadata.name).mkdir(parents=True, exist_ok=True)  # kubelet
         request = pb.CreateContainerRequest(
             pod_sandbox_id=sandbox_id, config=config, sandbox_config=sandbox_config
         )

@@ -1,0 +1,47 @@
+"""Cgroup births (the kernel's tp_btf cgroup_mkdir records) through the real Probe: in both probe
+modes they reach on_birth at once, on the polling thread, and are never taken for a call."""
+
+import struct
+
+import pytest
+from fakes import FakeKernel
+
+from kubenpu.events import SIZE, Birth, Drop, Key, Tally, birth
+from kubenpu.probe import Probe
+
+BIRTH = struct.pack("<QQ", 7, 3)  # struct birth {u64 cgroup_id; u64 parent_id;}, packed here
+
+
+def test_a_birth_record_is_told_from_a_call_by_its_size() -> None:
+    assert birth(BIRTH) == Birth(cgroup_id=7, parent_id=3)
+    assert birth(bytes(SIZE)) is None
+    assert len(BIRTH) != SIZE
+
+
+@pytest.mark.parametrize("aggregate", [True, False])
+def test_births_reach_on_birth_and_calls_the_tally(aggregate: bool) -> None:
+    kernel = FakeKernel(aggregate=aggregate)
+    tally = Tally(max_keys=16)
+    births: list[Birth] = []
+    probe = Probe(kernel, tally, on_birth=births.append)
+    probe.start()
+    kernel.emit(BIRTH)
+    kernel.calls(Key(7, 226, 0, 2), 3)
+    probe.poll(0)
+    probe.read()
+    batch = tally.drain()
+    assert births == [Birth(7, 3)]
+    assert batch.counts == {Key(7, 226, 0, 2): 3}
+    assert batch.dropped[Drop.BAD_RECORD] == 0
+
+
+def test_births_without_a_listener_are_skipped_not_dropped() -> None:
+    kernel = FakeKernel(aggregate=False)
+    tally = Tally(max_keys=16)
+    probe = Probe(kernel, tally)
+    probe.start()
+    kernel.emit(BIRTH)
+    probe.poll(0)
+    batch = tally.drain()
+    assert batch.received == 0
+    assert batch.dropped[Drop.BAD_RECORD] == 0

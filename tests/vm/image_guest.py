@@ -1,0 +1,222 @@
+"""The agent in its own image, run by the guest's containerd as the chart says (tests/vm/image.sh).
+
+tests/test_image_vm.py builds the image (scripts/image.sh), renders the chart with `helm template`
+and translates the DaemonSet's agent container into CRI terms in /out/pod.json: a ContainerConfig
+(securityContext, mounts, env, args, resources), the files and directories kubelet would make for
+its volumes, the host paths that must exist, and the probes. Here, as root in the QEMU guest, this
+plays kubelet with tests/vm/node_guest.py's containerd and CRI client: it imports the image archive
+from /out, prepares the volumes, runs the agent pod and polls its startup probe, then runs a
+workload pod whose drmcall containers report what they issued. It records /metrics, OTLP, the
+probes, and what the agent process really got (capabilities, uid, seccomp, read-only root, the
+OCI spec containerd made). Writes /out/result.json; tests/test_image_vm.py asserts on it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import cri_test_pb2 as pb
+from e2e_guest import OTLP_PORT, Scenario
+from google.protobuf import json_format
+from guestlib import read_log
+from least_privilege_guest import process_caps
+from node_guest import (
+    MAIN_0,
+    POD_A,
+    SETTLE_TIMEOUT,
+    SIDECAR,
+    SOCKET,
+    STEP_TIMEOUT,
+    Node,
+    Pod,
+    wait_for,
+)
+from otlp_receiver import OtlpReceiver
+
+from kubenpu.resolve.cri import LABEL_CONTAINER
+
+CTR = ["ctr", "--address", SOCKET, "--namespace", "k8s.io"]
+STATUS_FIELDS = ("Uid", "Gid", "Seccomp", "NoNewPrivs")
+
+
+def probe(port: int, path: str) -> dict:
+    """What kubelet's httpGet probe sees: the HTTP status (0 when nothing answers) and the body."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as reply:
+            return {"status": reply.status, "body": reply.read(200).decode(errors="replace")}
+    except urllib.error.HTTPError as err:
+        return {"status": err.code, "body": err.read(200).decode(errors="replace")}
+    except OSError:
+        return {"status": 0, "body": ""}
+
+
+def prepare_volumes(spec: dict) -> None:
+    """kubelet's part: hostPath `Directory` must exist, DirectoryOrCreate and emptyDir are made,
+    a ConfigMap becomes a directory of files."""
+    missing = [d for d in spec["host_dirs"] if not Path(d).is_dir()]
+    if missing:
+        raise SystemExit(f"hostPath directories missing on the node: {missing}")
+    for d in spec["dirs"]:
+        Path(d).mkdir(parents=True, exist_ok=True)
+    for path, text in spec["files"].items():
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text)
+
+
+class AgentPod:
+    """The agent pod of the chart, in the node's containerd."""
+
+    def __init__(self, node: Node, spec: dict) -> None:
+        self.node, self.spec = node, spec
+        self.pod = Pod(**spec["pod"])
+        self.config = json_format.ParseDict(spec["container"], pb.ContainerConfig())
+        self.name = self.config.metadata.name
+        self.id = ""
+
+    def start(self) -> None:
+        self.node.kubelet.run_pod(self.pod, self.config.linux.security_context.namespace_options)
+        self.config.labels.update({**self.pod.labels(), LABEL_CONTAINER: self.name})
+        self.config.log_path = f"{self.name}/0.log"
+        self.id = self.node.kubelet.run_container(self.pod, self.config)
+
+    @property
+    def log(self) -> str:
+        path = self.pod.log_directory / self.name / "0.log"
+        return read_log(path) if path.exists() else ""
+
+    def wait_started(self) -> float:
+        """Poll the startup probe as kubelet does, within its budget; the seconds it took."""
+        startup = self.spec["probes"]["startup"]
+        started = time.monotonic()
+
+        def up() -> bool:
+            state = self.status()["state"]
+            if state != "CONTAINER_RUNNING":
+                raise SystemExit(f"agent container {state}; its log:\n{self.log}")
+            return probe(startup["port"], startup["path"])["status"] == 200
+
+        wait_for("the startup probe", up, startup["budget_seconds"])
+        return round(time.monotonic() - started, 1)
+
+    def status(self) -> dict:
+        request = pb.ContainerStatusRequest(container_id=self.id, verbose=True)
+        reply = self.node.kubelet.call("ContainerStatus", request, pb.ContainerStatusResponse)
+        info = json.loads(reply.info["info"])
+        return {
+            "state": pb.ContainerState.Name(reply.status.state),
+            "image": reply.status.image.image,
+            "pid": info["pid"],
+            "spec": info["runtimeSpec"],
+        }
+
+    def exec(self, argv: list[str]) -> dict:
+        request = pb.ExecSyncRequest(container_id=self.id, cmd=argv, timeout=STEP_TIMEOUT)
+        reply = self.node.kubelet.call("ExecSync", request, pb.ExecSyncResponse)
+        return {"exit_code": reply.exit_code, "stderr": reply.stderr.decode()}
+
+    def process(self) -> dict:
+        """What the agent process got from runc, read from the node's /proc."""
+        status = self.status()
+        pid = status["pid"]
+        fields = dict(
+            line.split(":\t", 1)
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+            if ":\t" in line
+        )
+        return {
+            "caps": process_caps(pid),
+            **{f: fields[f].split() for f in STATUS_FIELDS},
+            "cmdline": Path(f"/proc/{pid}/cmdline").read_text().split("\0")[:-1],
+            "image": status["image"],
+            "spec": status["spec"],
+            # The root is read-only: a write there fails, while the emptyDir /tmp takes it.
+            "write_root": self.exec(["sh", "-c", "touch /rootfs-check"]),
+            "write_tmp": self.exec(["sh", "-c", "touch /tmp/tmp-check"]),
+        }
+
+    def stop(self) -> None:
+        # kubelet's grace period: SIGTERM, then SIGKILL after 30 s.
+        request = pb.StopContainerRequest(container_id=self.id, timeout=30)
+        self.node.kubelet.call("StopContainer", request, pb.StopContainerResponse)
+
+
+def import_image(archive: Path) -> list[str]:
+    """`ctr images import` of the OCI archive (containerd unpacks it); the names it now knows."""
+    subprocess.run([*CTR, "images", "import", str(archive)], check=True)
+    listing = subprocess.run([*CTR, "images", "ls", "-q"], check=True, capture_output=True)
+    return listing.stdout.decode().split()
+
+
+def settle_otlp(receiver: OtlpReceiver, want: float) -> list[dict]:
+    """The last OTLP push once it holds every expected call (or at the deadline)."""
+    deadline = time.monotonic() + SETTLE_TIMEOUT
+    while True:
+        points = Scenario.otlp_points(receiver)
+        if sum(p["value"] for p in points) >= want or time.monotonic() > deadline:
+            return points
+        time.sleep(1)
+
+
+def run(out: Path) -> dict:
+    spec = json.loads((out / "pod.json").read_text())
+    node = Node(out)
+    containerd = node.start_containerd()
+    receiver = OtlpReceiver(port=OTLP_PORT)
+    agent = AgentPod(node, spec)
+    try:
+        images = import_image(out / spec["image_archive"])
+        node.import_images()
+        node.mark("images imported")
+        prepare_volumes(spec)
+        agent.start()
+        startup_seconds = agent.wait_started()
+        node.mark("agent started")
+        node.kubelet.run_pod(POD_A)
+        node.run_entrypoint(POD_A, "main", 0, MAIN_0)
+        node.run_entrypoint(POD_A, "sidecar", 0, SIDECAR)
+        node.mark("workload ran")
+        prom = node.settle(dict(node.expected))
+        otlp = settle_otlp(receiver, sum(node.expected.values()))
+        node.mark("counts settled")
+        probes = {k: probe(p["port"], p["path"]) for k, p in spec["probes"].items()}
+        process = agent.process()
+    finally:
+        if agent.id:
+            agent.stop()
+        (out / "agent.log").write_text(agent.log)
+        receiver.stop()
+        containerd.terminate()
+        containerd.wait(timeout=30)
+    return {
+        "kernel": os.uname().release,
+        "images": images,
+        "startup_seconds": startup_seconds,
+        "timings": node.timings,
+        "expected": [{"labels": list(k), "value": v} for k, v in node.expected.items()],
+        "prometheus": prom,
+        "otlp": otlp,
+        "probes": probes,
+        "process": process,
+        "agent_log": agent.log,
+    }
+
+
+def main() -> int:
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "/out")
+    started = time.monotonic()
+    result = run(out)
+    result["guest_seconds"] = round(time.monotonic() - started, 1)
+    (out / "result.json").write_text(json.dumps(result, indent=1, sort_keys=True))
+    print(f"image scenario done on {result['kernel']} in {result['guest_seconds']}s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
