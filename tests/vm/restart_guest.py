@@ -156,8 +156,11 @@ def crash_mid_hand_over(out: Path, cfg: dict, old: str) -> str:
     cfg_file = out / "crash.yaml"
     cfg_file.write_text(json.dumps(cfg))
     done = subprocess.run(
-        [*caps(cfg), PY, "-c", LOADER, str(cfg_file)], capture_output=True, text=True, check=True
+        [*caps(cfg), PY, "-c", LOADER, str(cfg_file)], capture_output=True, text=True
     )
+    (out / "crash-loader.log").write_text(done.stdout + done.stderr)
+    if done.returncode != 0 or not done.stdout.strip():
+        raise SystemExit(f"the loader did not pin; see {out}/crash-loader.log")
     new = Path(done.stdout.strip())
     gate = bpfsys.obj_get(new / "gate")
     bpfsys.update(gate, struct.pack("=I", 0), struct.pack("=I", 2))  # GATE_HANDOVER
