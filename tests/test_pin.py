@@ -378,3 +378,33 @@ def test_a_crash_inside_the_hand_over_window_counts_its_calls_as_handover_drops(
     assert found["gate"] == GATE_OPEN
     assert found["counts"] == {KEY: 7}
     assert found["handover"] == 5
+
+
+class InProcessLoader:
+    """A loader that only records that it ran in this process (no maps: nothing is pinned)."""
+
+    aggregate = True
+    hook = "security_file_ioctl"
+    gate_open = True
+    before_attach = None
+    started = False
+
+    def digest(self) -> str:
+        return "x"
+
+    def start(self, on_record) -> str:
+        self.started = True
+        return "fentry"
+
+
+def test_without_a_bpffs_the_probe_loads_in_process_and_says_so(tmp_path, caplog):
+    loader = InProcessLoader()
+
+    def spawn(*_) -> bool:
+        raise AssertionError("no loader child without a bpffs")
+
+    probe = PinnedProbe(tmp_path / "kubenpu", loader, [VGEM], spawn=spawn)
+    assert probe.start(lambda _: None) == "fentry"
+    assert loader.started
+    (line,) = [r.getMessage() for r in caplog.records if "bpffs" in r.getMessage()]
+    assert line.startswith(f"no bpffs at {tmp_path}/kubenpu: loading the probe in this process")
