@@ -77,6 +77,17 @@ def _detach(probe_dir: Path) -> None:
             os.close(fd)
 
 
+def _device_table(probe_dir: Path) -> tuple[int, list[bytes]] | None:
+    """An fd of a probe's `devices` map and its keys, read ahead of the hand-over window; None
+    when it cannot be read (then only its detach stops it)."""
+    try:
+        fd = bpfsys.obj_get(probe_dir / "devices")
+    except bpfsys.BpfError as err:
+        log.warning("cannot open the devices of %s: %s", probe_dir, err)
+        return None
+    return fd, bpfsys.keys(fd, 4)
+
+
 def on_bpffs(path: Path) -> bool:
     """Whether `path` (or, while it does not exist, its nearest parent) is on a bpffs."""
     while not path.exists():
@@ -362,16 +373,25 @@ class PinnedProbe:
         return f"{attach} (adopted from {self.dir})"
 
     def _hand_over(self, set_gate: Callable[[int], None]) -> None:
-        """Take over counting from every other attached pinned probe (docs/pinning.md): while
-        their links are unpinned and closed this probe counts calls as `handover` drops (each
-        was counted by the retiring probe or by none); once they are detached it counts."""
+        """Take over counting from every other attached pinned probe (docs/pinning.md): with
+        this probe's gate at hand-over (it counts what it sees as `handover` drops), empty their
+        device tables (they stop counting), open the gate, then detach them. The window is two
+        map updates long; a call in it is counted once, or reported as a handover drop."""
         attached = [other for other in self._others() if _links(other)]
-        if attached:
-            set_gate(GATE_HANDOVER)
-            for other in attached:
-                log.info("handing over from the pinned probe %s", other)
-                _detach(other)
-        set_gate(GATE_OPEN)
+        tables = [t for t in map(_device_table, attached) if t is not None]
+        try:
+            if attached:
+                set_gate(GATE_HANDOVER)
+                for fd, keys in tables:
+                    for key in keys:
+                        bpfsys.delete(fd, key)
+            set_gate(GATE_OPEN)
+        finally:
+            for fd, _ in tables:
+                os.close(fd)
+        for other in attached:
+            log.info("handed over from the pinned probe %s", other)
+            _detach(other)
 
     def _set_aside(self, probe_dir: Path) -> None:
         """This agent's own directory, unusable (a crash while pinning): detach it and keep

@@ -177,6 +177,7 @@ def _hand_over(bpffs: Path) -> dict:
     old.start(lambda _: None)
     old_loader.count(KEY, 7)
     old_loader.lose(1, 2)  # map_full
+    bpfsys.update(old_loader.fds["devices"], struct.pack("=I", dev_t(226, 0)), b"\1\0\0\0")
     old.close()
 
     loader = MapLoader("new")
@@ -185,6 +186,7 @@ def _hand_over(bpffs: Path) -> dict:
     found = {
         "pins": pins(root),
         "gate_at_load": loader.gate_open,
+        "old_devices": bpfsys.keys(bpfsys.obj_get(old.dir / "devices"), 4),
         "gate": gate(new.dir),
         "old": old.dir.name,
         "new": new.dir.name,
@@ -208,6 +210,7 @@ def test_a_changed_program_takes_over_the_retired_probe_totals():
     assert not attached(found["pins"][found["old"]]), "the old probe is still attached"
     assert attached(found["pins"][found["new"]])
     assert found["gate_at_load"] is False, "the new probe counted while the old one did"
+    assert found["old_devices"] == [], "the old probe still counts"
     assert found["gate"] == GATE_OPEN
     assert found["counts"] == found["counts_after_restart"] == {KEY: 8}
     assert found["lost"]["map_full"] == 2
@@ -329,9 +332,9 @@ def test_a_cold_start_loads_in_a_child_and_adopts_its_pins():
     assert found["counts"] == {KEY: 6}
 
 
-def _crash_mid_hand_over(bpffs: Path, gate_value: int, old_attached: bool) -> dict:
+def _crash_mid_hand_over(bpffs: Path, gate_value: int, old_counting: bool) -> dict:
     """The state a crash leaves between the new probe's pinning and the end of its hand-over:
-    the new probe pinned with its gate at `gate_value`, the old one still attached or not."""
+    the new probe pinned with its gate at `gate_value`, the old one counting or not."""
     root = bpffs / "kubenpu"
     old_loader = MapLoader("old")
     old = PinnedProbe(root, old_loader, [VGEM])
@@ -344,9 +347,10 @@ def _crash_mid_hand_over(bpffs: Path, gate_value: int, old_attached: bool) -> di
     new_loader.start(lambda _: None)
     assert pin_objects(new_loader.objects(), new.dir, dict(new.meta, attach="fentry-module"))
     set_gate(new_loader.fds["gate"], gate_value)
-    if not old_attached:
-        for link in old.dir.glob(f"{LINK}*"):
-            link.unlink()
+    if not old_counting:  # its device table emptied: it counts nothing
+        devices = bpfsys.obj_get(old.dir / "devices")
+        for key in bpfsys.keys(devices, 4):
+            bpfsys.delete(devices, key)
     new_loader.lose(3, 5)  # calls seen in the hand-over window, all of them after the crash
     new_loader.close()  # the crash
 

@@ -63,7 +63,7 @@ def test_restart_adopts_and_loses_no_call_across_a_kill(result):
 
 def test_upgrade_hands_over_and_accounts_for_every_call(result):
     upgrade = result["upgrade"]
-    assert "handing over from the pinned probe" in result["logs"]["upgrade"]
+    assert "handed over from the pinned probe" in result["logs"]["upgrade"]
     assert "took over the totals of the retired probe" in result["logs"]["upgrade"]
     (old,) = result["pins"]["after_cold"]
     after = result["pins"]["after_upgrade"]

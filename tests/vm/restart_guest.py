@@ -13,8 +13,9 @@ phase, one cgroup:
    total must equal C's, the retired probe's totals included.
 3. crash mid-hand-over: load 3 starts; D stops; the loader of agent E (probe.hook drm_ioctl)
    runs alone and pins E's probe with its gate closed (what a crash of E right after its child
-   leaves), then the hand-over is cut in its window (gate HANDOVER, D's links unpinned) as a
-   crash there would leave it; calls go on meanwhile. E then starts, adopts and finishes.
+   leaves), then the hand-over is cut inside its window (E's gate at hand-over, D's device table
+   emptied, D still attached) as a crash there would leave it; calls go on meanwhile, as
+   handover drops. E then starts, adopts and finishes the hand-over.
 4. uninstall: E stops, `kubenpu-agent --uninstall` removes the pins; no program of ours is left.
 Times to the first metric (attach line and /metrics answering) and each agent's RSS are
 recorded for each start, all in this boot.
@@ -151,8 +152,8 @@ def accounted(issued: int) -> dict:
 
 def crash_mid_hand_over(out: Path, cfg: dict, old: str) -> str:
     """The pins a crash of agent `cfg` inside its hand-over from `old` leaves: its probe pinned
-    by its loader child (gate closed), then the gate at HANDOVER and the old probe's links
-    unpinned. Returns the new probe's directory."""
+    by its loader child (gate closed), then its gate at hand-over and the old probe's device
+    table emptied. Returns the new probe's directory."""
     cfg_file = out / "crash.yaml"
     cfg_file.write_text(json.dumps(cfg))
     done = subprocess.run(
@@ -164,8 +165,9 @@ def crash_mid_hand_over(out: Path, cfg: dict, old: str) -> str:
     new = Path(done.stdout.strip())
     gate = bpfsys.obj_get(new / "gate")
     bpfsys.update(gate, struct.pack("=I", 0), struct.pack("=I", 2))  # GATE_HANDOVER
-    for link in Path(PIN_DIR, old).glob("link-*"):
-        link.unlink()
+    devices = bpfsys.obj_get(Path(PIN_DIR, old, "devices"))  # the old probe stops counting
+    for key in bpfsys.keys(devices, 4):
+        bpfsys.delete(devices, key)
     return new.name
 
 
