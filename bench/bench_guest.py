@@ -3,13 +3,16 @@
     bench_guest.py OUT_DIR            the full benchmark; writes OUT_DIR/bench.json
     bench_guest.py OUT_DIR --check    only the max-rate exactness bursts; writes OUT_DIR/check.json
     bench_guest.py OUT_DIR --hooks    only the per-hook ioctl cost; writes OUT_DIR/bench.json
+    bench_guest.py OUT_DIR --restart  only the restart rows; writes OUT_DIR/bench.json
 
 Every figure comes from one boot, measured side by side: tight loops of counted ioctls with the
 static C `drmcall` (no agent, then the agent in each probe mode), the agent's CPU from
 /proc/PID/stat at paced rates, counted + dropped against issued after every burst, the time from
 start to the first metric and the agent's RSS with 1,000 pods' worth of kubelet-style cgroups,
 and what each probe.hook adds to a non-DRM ioctl (TCGETS on a pty, which the security_file_ioctl
-hook sees as well) and to a counted DRM one.
+hook sees as well) and to a counted DRM one, and restarts with the probe pinned in bpffs
+(docs/pinning.md): a cold start whose loader child compiles, then a SIGKILL under a paced load and
+a restart that adopts the pins: time to the first metric, RSS, and calls lost across it.
 The floor: a bpftrace one-liner that counts per cgroup and ioctl request in the kernel and does
 nothing in user space (Bpftrace), run through the same phases in the same boot.
 It plays kubelet and the runtime as tests/vm/e2e_guest.py does, with the same guest helpers
@@ -42,6 +45,7 @@ from guestlib import (
     DRMCALL,
     MODES,
     PROMETHEUS,
+    PY,
     TCGETS,
     Agent,
     Call,
@@ -84,6 +88,10 @@ ONE_LINERS = {
     "drm_ioctl": "fentry:drm:drm_ioctl { @[cgroup, args.cmd] = count(); }",
 }
 BPFTRACE_ATTACHED = "bpftrace attached"
+PIN_DIR = "/sys/fs/bpf/kubenpu-bench"  # probe.pin_dir of the restart rows
+RESTART_RATE = 2000  # calls/s of the paced load across the restart
+RESTART_LOAD_SECONDS = 20
+RESTART_KILL_AFTER = 5  # seconds into the load
 
 
 def pod(i: int, namespace: str, name: str) -> dict:
@@ -194,16 +202,17 @@ class Measured(Agent, Usage):
     """One agent process with Prometheus export only (no OTLP push in the measured CPU), and
     its CPU and memory."""
 
-    def __init__(self, out: Path, mode: str, hook: str | None = None) -> None:
+    def __init__(self, out: Path, mode: str, hook: str | None = None, pin_dir: str = "") -> None:
         self.mode = mode
         config = {
-            "probe": {"mode": mode, **({"hook": hook} if hook else {})},
+            "probe": {"mode": mode, "pin_dir": pin_dir, **({"hook": hook} if hook else {})},
             # The CRI test server shares the guest's emulated CPUs with the agent and the load:
             # give it longer than a real runtime needs.
             "attribution": {"cri": {"endpoint": f"unix://{CRI_SOCKET}", "timeout_seconds": 15}},
             "export": {"prometheus": PROMETHEUS, "otlp": {"enabled": False}},
         }
-        super().__init__(out, config, name="-".join(("agent", mode, *([hook] if hook else []))))
+        parts = ("agent", mode, *([hook] if hook else []), *(["pinned"] if pin_dir else []))
+        super().__init__(out, config, name="-".join(parts))
         self.attach()
 
 
@@ -481,6 +490,7 @@ class Bench:
         baseline += self.loops(loop)
         return {
             **self.hooks_only(loop),
+            "restart": self.restart(pods),
             "kernel": os.uname().release,
             "cpus": os.cpu_count(),
             "loop_calls": loop,
@@ -492,6 +502,15 @@ class Bench:
             "bpftrace": floor,
         }
 
+    def restart_only(self) -> dict:
+        pods = make_pods(self.cri, PODS)
+        return {
+            "kernel": os.uname().release,
+            "cpus": os.cpu_count(),
+            "pods": PODS,
+            "restart": self.restart(pods),
+        }
+
     def hooks_only(self, loop: int | None = None) -> dict:
         loop = loop or self.calibrate()[0]
         return {
@@ -500,6 +519,52 @@ class Bench:
             "hooks_loop_calls": loop,
             "hooks": self.hooks(loop),
         }
+
+    def restart(self, pods: list[Path]) -> dict:
+        """Restarts with the probe pinned (docs/pinning.md), in aggregate mode with 1,000 pods:
+        a cold start (the loader child compiles, attaches and pins; the agent adopts), then a
+        paced load across a SIGKILL of the agent and a restart that adopts the pins. The calls
+        lost across it (issued, not counted and not reported dropped) must be 0."""
+        print("== restart: a cold start with pinning", flush=True)
+        cold = Measured(self.out, "aggregate", pin_dir=PIN_DIR)
+        try:
+            res = {"cold_first_metric_seconds": round(self.first_metric(cold), 1)}
+            res["cold_rss_mib_start"] = round(cold.rss_mib(), 1)
+            ledger = Ledger()
+            res["tour"] = ledger.settle(tour(self.card, pods, TOUR_CALLS))
+            res["cold_rss_mib_steady"] = round(cold.rss_mib(), 1)
+            calls = RESTART_RATE * RESTART_LOAD_SECONDS
+            load = subprocess.Popen(
+                drmcall_argv([Call.drm(self.card, CREATE_DUMB, calls)], self.loader, RESTART_RATE),
+                stdout=subprocess.DEVNULL,
+            )
+            time.sleep(RESTART_KILL_AFTER)
+        finally:
+            cold.proc.kill()
+            cold.proc.wait()
+        print("== restart: SIGKILL, then a restart that adopts", flush=True)
+        adopt = Measured(self.out, "aggregate", pin_dir=PIN_DIR)
+        try:
+            res["adopt_first_metric_seconds"] = round(self.first_metric(adopt), 1)
+            res["adopt_rss_mib_start"] = round(adopt.rss_mib(), 1)
+            if load.wait() != 0:
+                raise SystemExit("the restart load failed")
+            res["across"] = ledger.settle(calls + 10)  # + first_metric's burst
+            res["across"]["lost"] = res["across"]["issued"] - res["across"]["counted"]
+            res["adopt_rss_mib_steady"] = round(adopt.rss_mib(), 1)
+        finally:
+            adopt.stop(timeout=60)
+            uninstall = [
+                PY,
+                "-m",
+                "kubenpu.agent",
+                "--config",
+                str(adopt.config_file),
+                "--uninstall",
+            ]
+            subprocess.run(uninstall, check=False, stdout=subprocess.DEVNULL)
+        print(f"  restart: {json.dumps(res)}", flush=True)
+        return res
 
     def check(self) -> dict:
         """Per mode: one flat-out burst on every CPU; counted + dropped must equal issued."""
@@ -536,6 +601,7 @@ def main() -> int:
     parser.add_argument("out", nargs="?", default="/out")
     parser.add_argument("--check", action="store_true", help="only the exactness bursts")
     parser.add_argument("--hooks", action="store_true", help="only the per-hook ioctl cost")
+    parser.add_argument("--restart", action="store_true", help="only the restart rows")
     args = parser.parse_args()
     out = Path(args.out)
     bench = Bench(out)
@@ -544,6 +610,8 @@ def main() -> int:
             (out / "check.json").write_text(json.dumps(bench.check(), indent=1))
         elif args.hooks:
             (out / "bench.json").write_text(json.dumps(bench.hooks_only(), indent=1))
+        elif args.restart:
+            (out / "bench.json").write_text(json.dumps(bench.restart_only(), indent=1))
         else:
             (out / "bench.json").write_text(json.dumps(bench.run(), indent=1))
     finally:

@@ -192,6 +192,51 @@ def floor(b: dict) -> str:
     )
 
 
+def restart(b: dict) -> str:
+    r = b["restart"]
+    across = r["across"]
+    rows = [
+        [
+            "cold start, pinning (loader child)",
+            f"{r['cold_first_metric_seconds']:.1f}",
+            f"{r['cold_rss_mib_start']:.0f}",
+            f"{r['cold_rss_mib_steady']:.0f}",
+            "",
+        ],
+        [
+            "restart that adopts the pins",
+            f"{r['adopt_first_metric_seconds']:.1f}",
+            f"{r['adopt_rss_mib_start']:.0f}",
+            f"{r['adopt_rss_mib_steady']:.0f}",
+            f"{across['lost']} of {across['issued']} (dropped: {drops(across)})",
+        ],
+    ]
+    if "modes" in b:  # the in-process cold start of the same boot, no pinning
+        m = b["modes"]["aggregate"]
+        rows.insert(
+            0,
+            [
+                "cold start, no pinning (in process)",
+                f"{m['first_metric_seconds']:.1f}",
+                f"{m['rss_mib_start']:.0f}",
+                f"{m['rss_mib_steady']:.0f}",
+                "",
+            ],
+        )
+    head = [
+        "aggregate mode",
+        "start → first metric (s)",
+        "RSS at start (MiB)",
+        f"RSS with {b['pods']} pods (MiB)",
+        "calls lost across the restart",
+    ]
+    return (
+        "### Restarts with the probe pinned (docs/pinning.md)\n\nA cold start whose loader child "
+        "compiles and pins, then a paced load across a SIGKILL of the agent and a restart that "
+        "adopts the pins; lost = issued - counted (drops listed apart).\n\n" + table(head, rows)
+    )
+
+
 def hooks(b: dict) -> str:
     h = b["hooks"]
     base = {name: statistics.median(ns) for name, ns in h["none"].items()}
@@ -262,6 +307,8 @@ def render(bench: dict, micro_figures: dict | None) -> str:
             parts.append(floor(bench))
     if "hooks" in bench:
         parts.append(hooks(bench))
+    if "restart" in bench:
+        parts.append(restart(bench))
     if micro_figures:
         parts.append(micro(micro_figures))
     return "\n\n".join(parts) + "\n"

@@ -67,11 +67,22 @@ BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
  * [1] map_full: aggregate mode, the counts map had no room for a new key: a call is lost;
  * [2] late_sighting: no room to announce a new key (aggregate mode) or a new cgroup (a birth,
  *     both modes): no call is lost, the cgroup is only resolved later, from a walk of the tree,
- *     instead of at once (a self-metric). */
-BPF_PERCPU_ARRAY(lost, u64, 3);
+ *     instead of at once (a self-metric);
+ * [3] handover: a call made while this program took over from a pinned one (gate HANDOVER):
+ *     counted once by the retiring program or not at all (docs/pinning.md). */
+BPF_PERCPU_ARRAY(lost, u64, 4);
 #define LOST_RINGBUF_FULL 0
 #define LOST_MAP_FULL 1
 #define LOST_LATE_SIGHTING 2
+#define LOST_HANDOVER 3
+
+/* Whether this program counts (docs/pinning.md, hand-over): user space sets it.
+ * CLOSED while a pinned program it replaces still counts, HANDOVER while that one is detached,
+ * OPEN once it is gone. A program that no pinning hands over is filled OPEN before attach. */
+BPF_ARRAY(gate, u32, 1);
+#define GATE_CLOSED 0
+#define GATE_OPEN 1
+#define GATE_HANDOVER 2
 
 #ifdef KUBENPU_AGGREGATE
 #define RINGBUF_FAILURE LOST_LATE_SIGHTING
@@ -126,6 +137,15 @@ static __always_inline int handle(u32 rdev, u32 cmd)
     u32 *kind = ioctls.lookup(&key);
     if (!kind)
         return 0;
+
+    u32 zero = 0;
+    u32 *open = gate.lookup(&zero);
+    if (!open || *open == GATE_CLOSED)
+        return 0;
+    if (*open == GATE_HANDOVER) {
+        count_lost(LOST_HANDOVER);
+        return 0;
+    }
 
     u64 cgroup_id = bpf_get_current_cgroup_id();
 #ifdef KUBENPU_AGGREGATE

@@ -17,11 +17,13 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol, TextIO
 
 from kubenpu import __version__
 from kubenpu.discovery import Device, discover
 from kubenpu.events import Batch, Drop, Key, Tally
+from kubenpu.pin import PinnedProbe, load_in_child, uninstall
 from kubenpu.probe import BccKernel, Probe, ProbeError
 from kubenpu.vendors import Kind, by_name, core
 
@@ -469,6 +471,9 @@ def build(cfg: config.Config, debug: bool = False, trace: bool = False) -> Agent
         ringbuf_pages=cfg.probe.ringbuf_pages,
         debug=debug,
     )
+    if cfg.probe.pin_dir:
+        # A child process compiles and loads, so this one never maps BCC/LLVM (docs/pinning.md).
+        kernel = PinnedProbe(Path(cfg.probe.pin_dir), kernel, devices, spawn=load_in_child)
     # A new cgroup is indexed on the polling thread at once: it may be gone by the next flush.
     probe = Probe(kernel, tally, on_birth=lambda born: resolver.cgroup_born(*born))
     return Agent(
@@ -489,6 +494,16 @@ def build(cfg: config.Config, debug: bool = False, trace: bool = False) -> Agent
     )
 
 
+def _uninstall(root: Path) -> int:
+    try:
+        n = uninstall(root)
+    except OSError as err:
+        print(f"kubenpu-agent: cannot remove {root}: {err}", file=sys.stderr)
+        return 1
+    print(f"kubenpu-agent: removed {n} pinned probe(s) from {root}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     if _MISSING_EXTRAS is not None:
         print("kubenpu-agent needs the agent extras: pip install 'kubenpu[agent]'", file=sys.stderr)
@@ -504,6 +519,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="print every counted call as a JSON line (switches the probe to events mode)",
     )
+    parser.add_argument(
+        "--uninstall",
+        action="store_true",
+        help="remove the probe pinned in probe.pin_dir (detaching it) and exit",
+    )
     parser.add_argument("--version", action="version", version=__version__)
     args = parser.parse_args(argv)
     if args.check_config:
@@ -514,6 +534,8 @@ def main(argv: list[str] | None = None) -> int:
         for problem in err.problems:
             print(f"kubenpu-agent: {problem}", file=sys.stderr)
         return 2
+    if args.uninstall:
+        return _uninstall(Path(cfg.probe.pin_dir)) if cfg.probe.pin_dir else 0
     level = logging.DEBUG if args.debug else getattr(logging, cfg.log_level.upper())
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

@@ -53,6 +53,7 @@ class ProbeConfig(_Model):
     attach: Literal["auto", "fentry", "kprobe"] = "auto"
     ringbuf_pages: int = Field(256, gt=0, le=65536)
     queue_size: int = Field(65536, gt=0, le=16_777_216)
+    pin_dir: _Str = ""  # bpffs directory to pin the probe in (docs/pinning.md); "" = off
 
     @field_validator("ringbuf_pages")
     @classmethod

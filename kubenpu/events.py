@@ -42,13 +42,16 @@ class Drop(StrEnum):
     QUEUE_FULL = "queue_full"  # a batch already held probe.queue_size distinct keys
     DEVICE_UNKNOWN = "device_unknown"  # a call on a device the agent did not list
     BAD_RECORD = "bad_record"  # a ring-buffer record that could not be decoded
+    # a call made while a new probe took over from a pinned one (docs/pinning.md): counted once
+    # by the retiring probe or not at all; an upper bound of the calls a hand-over lost
+    HANDOVER = "handover"
 
 
 # What each slot of the BPF `lost` array counts, by index (LOST_* in bpf/kubenpu.bpf.c). Slot 2
 # loses no call: the ring buffer had no room for an aggregate-mode first sighting, so the new
 # cgroup is resolved at the next map read instead of at once.
 LATE_SIGHTING = "late_sighting"
-KERNEL_LOST = (Drop.RINGBUF_FULL, Drop.MAP_FULL, LATE_SIGHTING)
+KERNEL_LOST = (Drop.RINGBUF_FULL, Drop.MAP_FULL, LATE_SIGHTING, Drop.HANDOVER)
 
 
 class BadRecord(ValueError):

@@ -65,7 +65,8 @@ DROPPED = Spec(
     "full), map_full (aggregate mode: the kernel counts map had no room for a new key), "
     "queue_full (a batch already held probe.queue_size distinct keys), device_unknown (a call "
     "on a device the agent did not list), bad_record (a ring-buffer record that could not be "
-    "decoded).",
+    "decoded), handover (a call made while a new probe took over from a pinned one: counted once "
+    "by the retiring probe or not at all).",
     ("reason",),
 )
 INDEX_REBUILDS = Spec(

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
+import hashlib
 import logging
 import os
 from collections.abc import Callable, Iterable
@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from kubenpu import bpfsys
 from kubenpu.discovery import Device
 from kubenpu.events import (
     KERNEL_LOST,
@@ -46,7 +47,7 @@ from kubenpu.events import (
     dev_t,
     split_dev_t,
 )
-from kubenpu.vendors import Vendor, all_vendors, core
+from kubenpu.vendors import all_vendors, core
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,8 @@ _SOURCE_CANDIDATES = (
 
 
 _BATCH = 4096  # keys per BPF_MAP_LOOKUP_BATCH call
+LINK = "link-"  # the pin name of an attachment (a bpf_link): link-<function>
+GATE_CLOSED, GATE_OPEN, GATE_HANDOVER = 0, 1, 2  # the `gate` map's values (bpf/kubenpu.bpf.c)
 
 
 class ProbeError(Exception):
@@ -193,42 +196,46 @@ def privileges_hint(hook: str, held: set[str]) -> str:
     return f"; missing {names}: probe.hook {hook} needs {need} (see docs/deploy.md)"
 
 
-class _CountsReader:
-    """Reads the per-CPU counts map with BPF_MAP_LOOKUP_BATCH into buffers allocated once.
+class CountKey(ctypes.Structure):
+    """The C `struct count_key` of bpf/kubenpu.bpf.c."""
 
-    BCC's items() costs two syscalls and several ctypes objects per key, and its own batch
-    helper allocates buffers for the whole map on every call; this reads _BATCH keys a syscall.
-    """
+    _fields_ = [
+        ("cgroup_id", ctypes.c_uint64),
+        ("rdev", ctypes.c_uint32),
+        ("kind", ctypes.c_uint32),
+    ]
 
-    def __init__(self, table) -> None:  # table: a BCC per-CPU hash
-        from bcc.utils import get_possible_cpus  # deferred like every BCC import
 
-        self._fd = table.map_fd
-        self._ncpus = len(get_possible_cpus())
-        self._keys = (table.Key * _BATCH)()
+class CountsReader:
+    """Reads the per-CPU counts map (by fd) with BPF_MAP_LOOKUP_BATCH into buffers allocated
+    once: _BATCH keys a syscall, where BCC's items() costs two syscalls and several ctypes
+    objects per key."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._ncpus = bpfsys.possible_cpus()
+        self._keys = (CountKey * _BATCH)()
         self._values = (ctypes.c_uint64 * (_BATCH * self._ncpus))()  # one u64 per CPU per key
 
     def read(self) -> dict[Key, int]:
-        from bcc.libbcc import lib
-
         found: dict[Key, int] = {}
         token_in, token_out = ctypes.c_uint32(0), ctypes.c_uint32(0)
         first = True
         while True:
             count = ctypes.c_uint32(_BATCH)
-            res = lib.bpf_lookup_batch(
-                self._fd,
-                None if first else ctypes.byref(token_in),
-                ctypes.byref(token_out),
-                self._keys,
-                self._values,
-                ctypes.byref(count),
-            )
-            err = ctypes.get_errno()
-            if res != 0 and err != errno.ENOENT:  # ENOENT: this was the last batch
-                raise ProbeError(f"reading the counts map failed: {os.strerror(err)}")
+            try:
+                more = bpfsys.lookup_batch(
+                    self._fd,
+                    None if first else token_in,
+                    token_out,
+                    self._keys,
+                    self._values,
+                    count,
+                )
+            except bpfsys.BpfError as err:
+                raise ProbeError(f"reading the counts map failed: {err}") from err
             self._decode(count.value, found)
-            if res != 0 or count.value == 0:
+            if not more or count.value == 0:
                 return found
             token_in.value, first = token_out.value, False
 
@@ -238,6 +245,18 @@ class _CountsReader:
             k = self._keys[i]
             total = sum(values[i * ncpus : (i + 1) * ncpus])
             into[Key(k.cgroup_id, *split_dev_t(k.rdev), k.kind)] = total
+
+
+def tables(devices: Iterable[Device]) -> tuple[dict[int, int], dict[tuple[int, int], int]]:
+    """The contents of the `devices` (dev_t -> vendor id) and `ioctls` ({vendor id, nr} ->
+    kind) maps for the counted devices."""
+    ids = vendor_ids()
+    devices = [d for d in devices if d.vendor]
+    by_node = {node.dev_t: ids[d.vendor] for d in devices for node in d.nodes}
+    names = {d.vendor for d in devices}
+    vendors = (core(), *(v for v in all_vendors() if v.name in names))
+    ioctls = {(ids[v.name], i.nr): int(i.kind) for v in vendors for i in v.ioctls}
+    return by_node, ioctls
 
 
 # The tp_btf program of bpf/kubenpu.bpf.c and the kernel ABI values it is loaded with.
@@ -348,21 +367,27 @@ class BccKernel:
         debug: bool = False,
     ) -> None:
         self._devices = [d for d in devices if d.vendor]
+        self.before_attach: Callable[[], None] | None = None  # runs once the maps are filled
+        # False: attach with the gate closed, counting nothing until a hand-over opens it
+        # (docs/pinning.md); True: count from the attach on.
+        self.gate_open = True
         self.aggregate = mode == "aggregate"
-        self._hook = hook
+        self.hook = hook
         self._attach = attach
         self._ringbuf_pages = ringbuf_pages
         self._counts_entries = counts_entries
         self._debug = debug
         self._bpf = None
-        self._reader: _CountsReader | None = None
+        self._plan: AttachPlan | None = None
+        self._reader: CountsReader | None = None
         self._birth_fds: tuple[int, ...] = ()  # the cgroup_mkdir program and its link
 
     def start(self, on_record: Callable[[bytes], None]) -> str:
         errors = []
-        for plan in attach_plans(self._attach, self._hook):
+        for plan in attach_plans(self._attach, self.hook):
             try:
                 self._bpf = self._load(plan)
+                self._plan = plan
             except Exception as exc:  # BCC raises bare Exception for compile/load failures
                 errors.append(f"{plan.attach}: {str(exc).splitlines()[0] if str(exc) else exc!r}")
                 log.warning("attach %s unavailable: %s", plan.attach, errors[-1])
@@ -376,11 +401,11 @@ class BccKernel:
             functions = [p.function for p in plan.programs]
             return (
                 plan.attach
-                if functions == [self._hook]
+                if functions == [self.hook]
                 else f"{plan.attach} on {'+'.join(functions)}"
             )
-        hints = _headers_hint() + privileges_hint(self._hook, effective_capabilities())
-        raise ProbeError(f"cannot attach to {self._hook}: " + "; ".join(errors) + hints)
+        hints = _headers_hint() + privileges_hint(self.hook, effective_capabilities())
+        raise ProbeError(f"cannot attach to {self.hook}: " + "; ".join(errors) + hints)
 
     def _load(self, plan: AttachPlan):  # returns bcc.BPF
         import bcc  # deferred: BCC comes from the distribution and is only needed here
@@ -393,15 +418,25 @@ class BccKernel:
 
         flags = bcc.DEBUG_BPF_REGISTER_STATE if self._debug else 0
         text = source_text(plan, self._ringbuf_pages, self._counts_entries)
-        cflags = [*_DIALECT_CFLAGS, *(["-DKUBENPU_AGGREGATE"] if self.aggregate else [])]
-        bpf = _Deferred(text=text, cflags=cflags, debug=flags)
+        bpf = _Deferred(text=text, cflags=self._cflags(), debug=flags)
         self._fill_maps(bpf)
+        if self.before_attach is not None:
+            self.before_attach()
         for program in plan.programs:
             if plan.attach == "kprobe":
                 bpf.attach_kprobe(event=program.function, fn_name=program.fn_name)
             else:
                 bpf.attach_kfunc(fn_name=program.fn_name)
         return bpf
+
+    def digest(self) -> str:
+        """sha256 of what this kernel compiles: every attach variant's substituted source and
+        the cflags; equal digests mean the same program."""
+        h = hashlib.sha256()
+        for plan in attach_plans(self._attach, self.hook):
+            h.update(source_text(plan, self._ringbuf_pages, self._counts_entries).encode())
+        h.update(" ".join(self._cflags()).encode())
+        return h.hexdigest()
 
     def _attach_births(self) -> None:
         """Report new cgroups (16-byte records on the same ring buffer); optional: without it a
@@ -413,21 +448,34 @@ class BccKernel:
                 "cgroup births unavailable (%s): short-lived containers may lose their pod", err
             )
 
-    def _fill_maps(self, bpf) -> None:
-        ids = vendor_ids()
-        devices = bpf["devices"]
-        for dev in self._devices:
-            for node in dev.nodes:
-                devices[devices.Key(node.dev_t)] = devices.Leaf(ids[dev.vendor])
-        ioctls = bpf["ioctls"]
-        for vendor in (core(), *self._vendors_in_use()):
-            for ioctl in vendor.ioctls:
-                key = ioctls.Key(ids[vendor.name], ioctl.nr)
-                ioctls[key] = ioctls.Leaf(int(ioctl.kind))
+    def _cflags(self) -> list[str]:
+        return [*_DIALECT_CFLAGS, *(["-DKUBENPU_AGGREGATE"] if self.aggregate else [])]
 
-    def _vendors_in_use(self) -> list[Vendor]:
-        names = {d.vendor for d in self._devices}
-        return [v for v in all_vendors() if v.name in names]
+    def objects(self) -> dict[str, int]:
+        """fds of what can be pinned, by pin name: the maps and, for an fentry attach, the
+        bpf_link of each hooked function (`link-<function>`) and of the births program
+        (`link-cgroup_mkdir`). A kprobe attach is a perf event, which bpffs cannot pin: then
+        there is no `link-` of the hook's."""
+        names = ("devices", "ioctls", "lost", "events", "gate", "counts")
+        fds = {n: self._bpf[n].map_fd for n in names if n != "counts" or self.aggregate}
+        if self._plan is not None and self._plan.attach != "kprobe":
+            links = self._bpf.kfunc_entry_fds  # BCC's attach_kfunc: tracing bpf_links by name
+            for program in self._plan.programs:
+                fds[f"{LINK}{program.function}"] = links[program.fn_name.encode()]
+        if self._birth_fds:
+            fds[f"{LINK}cgroup_mkdir"] = self._birth_fds[1]
+        return fds
+
+    def _fill_maps(self, bpf) -> None:
+        by_node, ioctl_kinds = tables(self._devices)
+        devices = bpf["devices"]
+        for rdev, vendor in by_node.items():
+            devices[devices.Key(rdev)] = devices.Leaf(vendor)
+        ioctls = bpf["ioctls"]
+        for (vendor, nr), kind in ioctl_kinds.items():
+            ioctls[ioctls.Key(vendor, nr)] = ioctls.Leaf(kind)
+        gate = bpf["gate"]
+        gate[gate.Key(0)] = gate.Leaf(GATE_OPEN if self.gate_open else GATE_CLOSED)
 
     def _open_ring_buffer(self, on_record: Callable[[bytes], None]) -> None:
         def callback(_ctx, data, size) -> int:
@@ -446,7 +494,7 @@ class BccKernel:
 
     def read_counts(self) -> dict[Key, int]:
         if self._reader is None:
-            self._reader = _CountsReader(self._bpf["counts"])
+            self._reader = CountsReader(self._bpf["counts"].map_fd)
         return self._reader.read()
 
     def forget_counts(self, keys: Iterable[Key]) -> None:

@@ -92,6 +92,18 @@ def helm(*args: str, values: dict[str, Any] | None = None) -> subprocess.Complet
     )
 
 
+def chart_capabilities(hook: str) -> list[str]:
+    """The capabilities the chart's DaemonSet adds to the agent container (after drop: ALL), for
+    `probe.hook` = hook (tests/test_least_privilege_vm.py, tests/test_restart_vm.py)."""
+    values = helm_values()
+    values["config"]["probe"]["hook"] = hook
+    (ds,) = (d for d in render_helm(values) if d["kind"] == "DaemonSet")
+    (agent,) = ds["spec"]["template"]["spec"]["containers"]
+    caps = agent["securityContext"]["capabilities"]
+    assert caps["drop"] == ["ALL"]
+    return sorted(caps["add"])
+
+
 def render_helm(
     values: dict[str, Any] | None = None, chart: Path = CHART, namespace: str = NAMESPACE
 ) -> list[dict[str, Any]]:
@@ -335,3 +347,67 @@ def recorded_pods(record: dict) -> set[tuple[str, str, str]]:
 def shown_pods(board: Any, panel: str) -> set[tuple[str, ...]]:
     (q,) = [q for q in board.queries if q.panel == panel]
     return {tuple(s["metric"].get(k, "") for k in ("namespace", "pod", "kind")) for s in q.result}
+
+
+# --- bpffs: run a check against the real bpf(2) syscall in a private mount namespace, with a bpffs
+# of its own (tests/test_pin.py); skipped where the process may not make BPF maps or mounts.
+
+_CLONE_NEWNS = 0x00020000
+_MS_REC, _MS_PRIVATE = 0x4000, 0x40000
+
+
+def _may_make_maps() -> bool:
+    import os
+
+    from kubenpu import bpfsys
+
+    try:
+        os.close(bpfsys.map_create(bpfsys.MAP_TYPE_ARRAY, 4, 4, 1, "probe"))
+    except bpfsys.BpfError:
+        return False
+    return True
+
+
+def in_private_bpffs(check: Callable[[Path], T]) -> T:
+    """`check(bpffs_dir)` in a forked child that has its own mount namespace and bpffs; its
+    return value (pickled back), or its exception re-raised as AssertionError; pytest.skip
+    when namespaces, bpffs or BPF maps are not available here."""
+    import ctypes
+    import os
+    import pickle
+    import tempfile
+    import traceback
+
+    import pytest
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        outcome: tuple[str, Any]
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            where = Path(tempfile.mkdtemp(prefix="bpffs-"))
+            if (
+                libc.unshare(_CLONE_NEWNS) != 0
+                or libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None) != 0
+                or libc.mount(b"bpf", bytes(where), b"bpf", 0, None) != 0
+            ):
+                outcome = ("skip", f"no private bpffs: {os.strerror(ctypes.get_errno())}")
+            elif not _may_make_maps():
+                outcome = ("skip", "BPF maps need privileges this test run lacks")
+            else:
+                outcome = ("ok", check(where))
+        except Exception:
+            outcome = ("error", traceback.format_exc())
+        os.write(write, pickle.dumps(outcome))
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        data = pipe.read()
+    os.waitpid(pid, 0)
+    kind, value = pickle.loads(data)
+    if kind == "skip":
+        pytest.skip(value)
+    if kind == "error":
+        raise AssertionError(value)
+    return value

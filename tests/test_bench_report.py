@@ -84,6 +84,23 @@ FULL = {
 }
 
 
+RESTART_ONLY = {
+    "kernel": "6.12.117+deb13-amd64",
+    "cpus": 2,
+    "pods": 1000,
+    "restart": {
+        "cold_first_metric_seconds": 52.0,
+        "cold_rss_mib_start": 58.0,
+        "cold_rss_mib_steady": 61.0,
+        "tour": {"issued": 3000, "counted": 3000, "dropped": {}},
+        "adopt_first_metric_seconds": 6.5,
+        "adopt_rss_mib_start": 55.0,
+        "adopt_rss_mib_steady": 60.0,
+        "across": {"issued": 40010, "counted": 40010, "dropped": {}, "lost": 0},
+    },
+}
+
+
 def test_floor_rows_set_the_bpftrace_arm_beside_the_aggregate_mode():
     text = report.render(FULL, None)
     head = "|  | KubeNPU aggregate | bpftrace one-liner on security_file_ioctl |"
@@ -104,3 +121,10 @@ def test_a_run_without_the_floor_arm_still_renders():
     text = report.render({k: v for k, v in FULL.items() if k != "bpftrace"}, None)
     assert "Added cost per ioctl" in text
     assert "The floor" not in text
+
+
+def test_restart_rows_show_start_times_memory_and_calls_lost():
+    text = report.render(RESTART_ONLY, None)
+    assert "| cold start, pinning (loader child) | 52.0 | 58 | 61 |  |" in text
+    assert "| restart that adopts the pins | 6.5 | 55 | 60 | 0 of 40010 (dropped: 0) |" in text
+    assert "no pinning" not in text  # a --restart run has no per-mode phases

@@ -49,6 +49,8 @@ HOST_PATHS = {"/sys", "/sys/fs/cgroup", "/dev/dri", "/dev/accel", "/lib/modules"
 # What each probe.hook needs: daemonset.yaml says why; tests/test_least_privilege_vm.py measures
 CAPABILITIES = {"security_file_ioctl": ["BPF", "PERFMON"], "drm_ioctl": ["SYS_ADMIN"]}
 DRM_IOCTL_HOOK = {"config": {"probe": {"hook": "drm_ioctl"}}}
+BPFFS = "/sys/fs/bpf"  # mounted only with probe.pin_dir set (the default, docs/pinning.md)
+WRITABLE = {"bpffs"}  # the probe is pinned there; every other node mount is ro
 CR_KINDS = {"ServiceMonitor", "PrometheusRule"}  # CRDs: no bundled schema
 DIGEST = "sha256:" + "ab" * 32
 MONITORING = {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}}
@@ -66,6 +68,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "drm_ioctl hook": DRM_IOCTL_HOOK,
     "kprobe attach": {"config": {"probe": {"attach": "kprobe"}}},
     "fentry attach": {"config": {"probe": {"attach": "fentry"}}},
+    "no pinning": {"config": {"probe": {"pin_dir": ""}}},
     "tls and auth": {
         "metricsTLS": {"secretName": "metrics-tls"},
         "metricsAuth": {"secretName": "metrics-auth", "username": "prom", "bearerToken": True},
@@ -396,10 +399,10 @@ def check_agent_daemonset(
     assert sc["capabilities"] == {"drop": ["ALL"], "add": CAPABILITIES[hook]}
     assert not pod.get("hostPID") and not pod.get("hostNetwork") and not pod.get("hostIPC")
     host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
-    assert set(host.values()) == HOST_PATHS | {cri_dir}, "a host path too many or missing"
+    assert set(host.values()) - {BPFFS} == HOST_PATHS | {cri_dir}, "a host path too many or missing"
     mounts = {m["name"]: m for m in agent["volumeMounts"]}
     for name in host:
-        assert mounts[name].get("readOnly") is True, f"{name} is writable"
+        assert (mounts[name].get("readOnly") is True) != (name in WRITABLE), f"{name} is writable"
     assert mounts["cri"]["mountPath"] == cri_dir
     env = {e["name"]: e for e in agent["env"]}
     assert env["K8S_NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
@@ -433,6 +436,13 @@ def test_agent_check_catches_a_writable_mount_and_the_whole_dev() -> None:
     dri["hostPath"]["path"] = "/dev"
     with pytest.raises(AssertionError, match="host path"):
         check_agent_daemonset(ds, "/run/containerd")
+
+
+def test_the_bpffs_is_mounted_only_when_pinning_is_on(every_render: dict) -> None:
+    for name, docs in every_render.items():
+        if name != "otel collector":
+            host = host_path_types(docs)
+            assert (BPFFS in host) == (name != "helm no pinning"), name
 
 
 def host_path_types(docs: list[dict[str, Any]]) -> dict[str, str]:
@@ -791,7 +801,8 @@ def test_readme_quick_test_runs_the_agent_as_the_chart_does() -> None:
     chart_binds = {
         f"{v['hostPath']['path']}:{mounts[v['name']]['mountPath']}:ro"
         for v in pod["volumes"]
-        if "hostPath" in v
+        # without the node's bpffs the agent does not pin (it logs so): a quick test leaves nothing
+        if "hostPath" in v and v["hostPath"]["path"] != BPFFS
     }
     assert set(flags["-v"]) == chart_binds
     assert flags["-e"] == ["K8S_NODE_NAME=$(hostname)"]

@@ -20,7 +20,14 @@ from pathlib import Path
 
 import pytest
 from guest import boot
-from helpers import by_reason, expected_counts, helm_values, ioctl_counts, otlp_counts, render_helm
+from helpers import (
+    by_reason,
+    chart_capabilities,
+    expected_counts,
+    helm_values,
+    ioctl_counts,
+    otlp_counts,
+)
 
 KERNELS = os.environ.get("KUBENPU_LEAST_PRIVILEGE_KERNELS", "6.1 6.12 7.3 6.12-lockdown").split()
 LOCKDOWN = "-lockdown"
@@ -34,17 +41,6 @@ ATTACHED = {
 BPF_PERFMON = ["BPF", "PERFMON"]
 
 pytestmark = pytest.mark.vm
-
-
-def chart_capabilities(hook: str) -> list[str]:
-    """The capabilities the chart's DaemonSet adds to the agent container (after drop: ALL)."""
-    values = helm_values()
-    values["config"]["probe"]["hook"] = hook
-    (ds,) = (d for d in render_helm(values) if d["kind"] == "DaemonSet")
-    (agent,) = ds["spec"]["template"]["spec"]["containers"]
-    caps = agent["securityContext"]["capabilities"]
-    assert caps["drop"] == ["ALL"]
-    return sorted(caps["add"])
 
 
 def refused_sets(chart: list[str]) -> dict[str, tuple[list[str], str]]:

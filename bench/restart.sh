@@ -1,0 +1,7 @@
+#!/bin/sh
+# Guest entry point for the restart rows alone (bench_guest.py --restart):
+#   tests/vm/run.sh 6.12 /src/bench/restart.sh OUT && .venv/bin/python bench/report.py OUT/bench.json
+set -eu
+# The CRI test server runs gRPC in this process; drmcall children are forked from it.
+export PYTHONPATH=/src GRPC_ENABLE_FORK_SUPPORT=false
+exec /opt/kubenpu/venv/bin/python /src/bench/bench_guest.py /out --restart

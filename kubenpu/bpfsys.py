@@ -1,0 +1,244 @@
+"""A light layer over the bpf(2) syscall and libbpf's ring buffer, through ctypes.
+
+What an agent needs to use BPF objects that are already loaded and pinned in bpffs: open a
+pinned object, pin one, read and write map entries, list loaded programs, and poll a ring buffer.
+It imports neither BCC nor LLVM, so a process that only adopts pinned objects stays small.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import platform
+import struct
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+# bpf(2) command numbers (include/uapi/linux/bpf.h)
+_MAP_CREATE = 0
+_MAP_LOOKUP_ELEM = 1
+_MAP_UPDATE_ELEM = 2
+_MAP_DELETE_ELEM = 3
+_MAP_GET_NEXT_KEY = 4
+_OBJ_PIN = 6
+_OBJ_GET = 7
+_PROG_GET_NEXT_ID = 11
+_PROG_GET_FD_BY_ID = 13
+_OBJ_GET_INFO_BY_FD = 15
+_MAP_LOOKUP_BATCH = 24
+MAP_TYPE_HASH = 1
+MAP_TYPE_ARRAY = 2
+MAP_TYPE_PERCPU_HASH = 5
+MAP_TYPE_PERCPU_ARRAY = 6
+MAP_TYPE_RINGBUF = 27
+_ATTR_SIZE = 128  # larger than every attr used here; the kernel checks the tail is zero
+_SYSCALL = {"x86_64": 321, "aarch64": 280}
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+
+class BpfError(OSError):
+    """A bpf(2) call failed; errno and a one-line message."""
+
+
+def _bpf(cmd: int, attr: ctypes.Array, what: str) -> int:
+    nr = _SYSCALL.get(platform.machine())
+    if nr is None:
+        raise BpfError(0, f"bpf(2) syscall number unknown on {platform.machine()}")
+    res = _libc.syscall(ctypes.c_long(nr), ctypes.c_long(cmd), attr, ctypes.c_uint(len(attr)))
+    if res < 0:
+        err = ctypes.get_errno()
+        raise BpfError(err, f"{what}: {os.strerror(err)}")
+    return res
+
+
+def _attr(fmt: str, *values: int) -> ctypes.Array:
+    buf = ctypes.create_string_buffer(_ATTR_SIZE)
+    struct.pack_into(fmt, buf, 0, *values)
+    return buf
+
+
+def _addr(obj) -> int:
+    return ctypes.addressof(obj) if obj is not None else 0
+
+
+def obj_get(path: Path) -> int:
+    """An fd for the object pinned at `path`."""
+    name = ctypes.create_string_buffer(os.fsencode(path))
+    return _bpf(_OBJ_GET, _attr("=QII", _addr(name), 0, 0), f"opening {path}")
+
+
+def obj_pin(fd: int, path: Path) -> None:
+    name = ctypes.create_string_buffer(os.fsencode(path))
+    _bpf(_OBJ_PIN, _attr("=QII", _addr(name), fd, 0), f"pinning {path}")
+
+
+def map_create(map_type: int, key_size: int, value_size: int, max_entries: int, name: str) -> int:
+    """A new map's fd."""
+    attr = _attr("=7I16s", map_type, key_size, value_size, max_entries, 0, 0, 0, name.encode()[:15])
+    return _bpf(_MAP_CREATE, attr, f"creating map {name}")
+
+
+def array_create(name: str, value: bytes) -> int:
+    """A one-entry array map holding `value` (how a small record lives in bpffs); its fd."""
+    fd = map_create(MAP_TYPE_ARRAY, 4, len(value), 1, name)
+    update(fd, struct.pack("=I", 0), value)
+    return fd
+
+
+def lookup(fd: int, key: bytes, value_size: int) -> bytes | None:
+    """The value of `key`, or None when absent."""
+    k = ctypes.create_string_buffer(key, len(key))
+    v = ctypes.create_string_buffer(value_size)
+    try:
+        _bpf(_MAP_LOOKUP_ELEM, _attr("=IIQQQ", fd, 0, _addr(k), _addr(v), 0), "map lookup")
+    except BpfError as err:
+        if err.errno == 2:  # ENOENT
+            return None
+        raise
+    return v.raw
+
+
+def update(fd: int, key: bytes, value: bytes) -> None:
+    k = ctypes.create_string_buffer(key, len(key))
+    v = ctypes.create_string_buffer(value, len(value))
+    _bpf(_MAP_UPDATE_ELEM, _attr("=IIQQQ", fd, 0, _addr(k), _addr(v), 0), "map update")
+
+
+def delete(fd: int, key: bytes) -> bool:
+    """False when the key was absent."""
+    k = ctypes.create_string_buffer(key, len(key))
+    try:
+        _bpf(_MAP_DELETE_ELEM, _attr("=IIQQQ", fd, 0, _addr(k), 0, 0), "map delete")
+    except BpfError as err:
+        if err.errno == 2:
+            return False
+        raise
+    return True
+
+
+def keys(fd: int, key_size: int) -> list[bytes]:
+    """Every key of a (small) map."""
+    found: list[bytes] = []
+    nxt = ctypes.create_string_buffer(key_size)
+    while True:
+        cur = ctypes.create_string_buffer(found[-1], key_size) if found else None
+        attr = _attr("=IIQQ", fd, 0, _addr(cur), _addr(nxt))
+        try:
+            _bpf(_MAP_GET_NEXT_KEY, attr, "listing map keys")
+        except BpfError as err:
+            if err.errno == 2:
+                return found
+            raise
+        found.append(nxt.raw)
+
+
+def lookup_batch(fd: int, token_in, token_out, keys, values, count: ctypes.c_uint32) -> bool:
+    """One BPF_MAP_LOOKUP_BATCH into caller-owned buffers; `count` in: room, out: found.
+    False when this was the last batch (ENOENT)."""
+    attr = _attr(
+        "=QQQQIIQQ",
+        _addr(token_in),
+        _addr(token_out),
+        _addr(keys),
+        _addr(values),
+        count.value,
+        fd,
+        0,
+        0,
+    )
+    try:
+        _bpf(_MAP_LOOKUP_BATCH, attr, "reading a map")
+    except BpfError as err:
+        if err.errno != 2:
+            raise
+        count.value = struct.unpack_from("=I", attr, 32)[0]
+        return False
+    count.value = struct.unpack_from("=I", attr, 32)[0]
+    return True
+
+
+def map_info(fd: int) -> tuple[int, int, int]:
+    """(key_size, value_size, max_entries) of a map."""
+    info = ctypes.create_string_buffer(80)
+    _bpf(_OBJ_GET_INFO_BY_FD, _attr("=IIQ", fd, len(info), _addr(info)), "map info")
+    _type, _id, key_size, value_size, max_entries = struct.unpack_from("=5I", info)
+    return key_size, value_size, max_entries
+
+
+def possible_cpus() -> int:
+    """How many per-CPU slots a per-CPU map value has (the kernel's possible CPUs)."""
+    text = Path("/sys/devices/system/cpu/possible").read_text().strip()
+    total = 0
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        total += int(last or first) - int(first) + 1
+    return total
+
+
+def program_names() -> Iterator[str]:
+    """The names of every loaded BPF program (15 characters at most)."""
+    prog_id = 0
+    while True:
+        attr = _attr("=III", prog_id, 0, 0)
+        try:
+            _bpf(_PROG_GET_NEXT_ID, attr, "listing programs")
+        except BpfError as err:
+            if err.errno == 2:
+                return
+            raise
+        prog_id = struct.unpack_from("=I", attr, 4)[0]
+        try:
+            fd = _bpf(_PROG_GET_FD_BY_ID, _attr("=III", prog_id, 0, 0), "opening a program")
+        except BpfError:
+            continue  # unloaded meanwhile
+        try:
+            info = ctypes.create_string_buffer(256)
+            _bpf(_OBJ_GET_INFO_BY_FD, _attr("=IIQ", fd, len(info), _addr(info)), "prog info")
+            yield info.raw[64:80].split(b"\0")[0].decode(errors="replace")  # bpf_prog_info.name
+        finally:
+            os.close(fd)
+
+
+_SAMPLE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+
+
+class RingBuffer:
+    """A BPF ring buffer map, consumed with the system's libbpf (ring_buffer__new/poll)."""
+
+    def __init__(self, map_fd: int, on_record: Callable[[bytes], None]) -> None:
+        name = ctypes.util.find_library("bpf") or "libbpf.so.1"
+        try:
+            self._lib = ctypes.CDLL(name, use_errno=True)
+        except OSError as err:
+            raise BpfError(0, f"libbpf is needed to read the ring buffer: {err}") from err
+        self._lib.ring_buffer__new.restype = ctypes.c_void_p
+        self._lib.ring_buffer__new.argtypes = [
+            ctypes.c_int,
+            _SAMPLE,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+        ]
+        self._lib.ring_buffer__poll.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        self._lib.ring_buffer__free.argtypes = [ctypes.c_void_p]
+
+        def sample(_ctx, data, size) -> int:
+            on_record(ctypes.string_at(data, size))
+            return 0
+
+        self._sample = _SAMPLE(sample)  # kept: libbpf holds only the pointer
+        self._rb = self._lib.ring_buffer__new(map_fd, self._sample, None, None)
+        if not self._rb:
+            raise BpfError(ctypes.get_errno(), "opening the ring buffer failed")
+
+    def poll(self, timeout_ms: int) -> None:
+        res = self._lib.ring_buffer__poll(self._rb, timeout_ms)
+        if res < 0 and -res != 4:  # EINTR: a signal, the next poll goes on
+            raise BpfError(-res, f"polling the ring buffer: {os.strerror(-res)}")
+
+    def close(self) -> None:
+        if self._rb:
+            self._lib.ring_buffer__free(self._rb)
+            self._rb = None
