@@ -60,6 +60,12 @@ CONTAINER_FIELDS |= {"securityContext", "volumeMounts"}
 SECURITY_FIELDS = {"privileged", "allowPrivilegeEscalation", "readOnlyRootFilesystem"}
 SECURITY_FIELDS |= {"runAsUser", "runAsNonRoot", "capabilities", "seccompProfile"}
 BINARY_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
+# A volumeMount's mountPropagation as kubelet sends it to the runtime.
+PROPAGATION = {
+    "None": "PROPAGATION_PRIVATE",
+    "HostToContainer": "PROPAGATION_HOST_TO_CONTAINER",
+    "Bidirectional": "PROPAGATION_BIDIRECTIONAL",
+}
 
 pytestmark = pytest.mark.vm
 
@@ -93,7 +99,7 @@ def _mounts(container: dict, volumes: list[dict], configmaps: dict[str, dict]) -
     by_name = {v["name"]: v for v in volumes}
     mounts, files, dirs, host_dirs = [], {}, [], []
     for mount in container["volumeMounts"]:
-        assert set(mount) <= {"name", "mountPath", "readOnly"}, mount
+        assert set(mount) <= {"name", "mountPath", "readOnly", "mountPropagation"}, mount
         volume = by_name[mount["name"]]
         if "hostPath" in volume:
             host = volume["hostPath"]["path"]
@@ -114,6 +120,7 @@ def _mounts(container: dict, volumes: list[dict], configmaps: dict[str, dict]) -
                 "containerPath": mount["mountPath"],
                 "hostPath": host,
                 "readonly": mount.get("readOnly", False),
+                "propagation": PROPAGATION[mount.get("mountPropagation", "None")],
             }
         )
     return {"mounts": mounts, "files": files, "dirs": dirs, "host_dirs": host_dirs}

@@ -44,6 +44,9 @@ mount_all() {
   mount_fs securityfs /sys/kernel/security
   mount_fs tmpfs /tmp mode=1777
   mount_fs tmpfs /run mode=755
+  # As systemd leaves every node: mounts shared, which kubelet's HostToContainer propagation
+  # (the chart's bpffs mount) needs from the runtime.
+  mount --make-rshared / || harness_error "cannot make / shared"
 }
 
 # kubenpu.run=PATH: the kernel command line drops quotes, so it carries a path, not a command.
