@@ -61,6 +61,11 @@ class MetricsConfig(_Model):
     max_series: int = Field(10000, gt=0)
 
 
+class FdinfoConfig(_Model):
+    enabled: bool = True
+    interval_seconds: float = Field(5, gt=0)
+
+
 class PrometheusConfig(_Model):
     enabled: bool = True
     host: str = "0.0.0.0"
@@ -112,6 +117,7 @@ class Config(_Model):
     discovery: DiscoveryConfig = DiscoveryConfig()
     attribution: AttributionConfig = AttributionConfig()
     metrics: MetricsConfig = MetricsConfig()
+    fdinfo: FdinfoConfig = FdinfoConfig()
     export: ExportConfig = ExportConfig()
 
 
