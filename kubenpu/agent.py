@@ -8,7 +8,6 @@ exception stops either: each iteration is guarded, and Health reports a worker t
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import logging
 import signal
@@ -49,7 +48,6 @@ _READ_SECONDS = 5.0
 _REAP_SECONDS = 5.0
 # Liveness fails when the kernel's counters were last read longer ago than this many reads.
 _STALE_READS = 3
-_PENDING_SECONDS = 120.0  # MERGE: cfg.attribution.pending_seconds (contract C) once it exists
 _MAX_PENDING_KEYS = 10000  # keys held for pods the CRI cannot name yet
 
 
@@ -125,7 +123,7 @@ class Attributor:
         metrics: Metrics,
         trace: TextIO | None = None,
         *,
-        pending_seconds: float = _PENDING_SECONDS,
+        pending_seconds: float = 120.0,
         max_pending: int = _MAX_PENDING_KEYS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -463,22 +461,13 @@ class Agent:
             self.tally.put_back(batch.counts)
 
 
-def _start_export(cfg: config.Config, metrics: Metrics, health: Health):
-    """MERGE(contract B): becomes `export.start(cfg, metrics, health)` once it takes them; main's
-    export.start(cfg) still creates the Metrics itself, so the agent uses that one."""
-    if "health" in inspect.signature(export.start).parameters:
-        return export.start(cfg, metrics, health), metrics
-    telemetry = export.start(cfg)
-    return telemetry, telemetry.metrics
-
-
 def build(cfg: config.Config, debug: bool = False, trace: bool = False) -> Agent:
     """The agent with its real collaborators: BCC, the CRI resolver, the exporters."""
     devices = select_devices(discover(cfg.discovery.root), cfg.discovery.ignore_devices)
     _log_tables(devices)
     health = Health(_STALE_READS * _READ_SECONDS)
     metrics = Metrics(cfg.node_name, cfg.metrics.series_ttl_seconds, cfg.metrics.max_series)
-    telemetry, metrics = _start_export(cfg, metrics, health)
+    telemetry = export.start(cfg, metrics, health)
     metrics.set_devices(
         DeviceRow(d.id, d.vendor or "", d.driver or "", d.pci_id or "", _numa(d)) for d in devices
     )
@@ -490,6 +479,7 @@ def build(cfg: config.Config, debug: bool = False, trace: bool = False) -> Agent
         cri_retry_after=cri.retry_after_seconds,
         on_rebuild=metrics.index_rebuilt,
         on_cri_request=metrics.cri_request,
+        concurrency=cri.concurrency,
     )
     tally = Tally(cfg.probe.queue_size, keep_events=trace)
     kernel = BccKernel(
@@ -499,7 +489,7 @@ def build(cfg: config.Config, debug: bool = False, trace: bool = False) -> Agent
         ringbuf_pages=cfg.probe.ringbuf_pages,
         debug=debug,
     )
-    pending = getattr(cfg.attribution, "pending_seconds", _PENDING_SECONDS)  # MERGE: contract C
+    pending = cfg.attribution.pending_seconds
     attributor = Attributor(
         devices, resolver, metrics, sys.stdout if trace else None, pending_seconds=pending
     )

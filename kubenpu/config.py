@@ -9,28 +9,49 @@ SDK. `node_name` is the exception: a non-empty YAML value wins over K8S_NODE_NAM
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import unquote, urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from kubenpu.resolve import DEFAULT_ENDPOINT
 
 _HTTP_METRICS_PATH = "/v1/metrics"
+# Bounds on the input itself: a config is a few KiB, and a value echoed in an error is cut short,
+# so no input (an alias bomb, a huge key) can make the error output or the memory unbounded.
+MAX_FILE_BYTES = 1 << 20
+MAX_YAML_NODES = 10_000
+MAX_ECHO = 80
+REDACTED = "<redacted>"
+
+# Every duration and size has an upper bound: inf, 1e20 or a typo in the unit must be an error
+# here, not an OverflowError in a worker thread or a timeout that can never fire.
+DAY = 86_400.0
+_Str = Annotated[str, Field(max_length=4096)]
 
 
 class _Model(BaseModel):
     # strict: a YAML string "8080" is a mistake worth reporting, not something to coerce.
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class ProbeConfig(_Model):
     mode: Literal["aggregate", "events"] = "aggregate"
     attach: Literal["auto", "fentry", "kprobe"] = "auto"
-    ringbuf_pages: int = Field(256, gt=0)
-    queue_size: int = Field(65536, gt=0)
+    ringbuf_pages: int = Field(256, gt=0, le=65536)
+    queue_size: int = Field(65536, gt=0, le=16_777_216)
 
     @field_validator("ringbuf_pages")
     @classmethod
@@ -41,55 +62,97 @@ class ProbeConfig(_Model):
 
 
 class DiscoveryConfig(_Model):
-    root: str = "/"
-    ignore_devices: list[str] = []
+    root: _Str = "/"
+    ignore_devices: list[_Str] = Field([], max_length=4096)
 
 
 class CriConfig(_Model):
-    endpoint: str = "unix:///run/containerd/containerd.sock"
-    timeout_seconds: float = Field(2, gt=0)
-    retry_after_seconds: float = Field(30, ge=0)
+    endpoint: _Str = DEFAULT_ENDPOINT
+    timeout_seconds: float = Field(2, gt=0, le=60)
+    retry_after_seconds: float = Field(30, ge=0, le=DAY)
+    concurrency: int = Field(4, ge=1, le=64)
 
 
 class AttributionConfig(_Model):
-    cgroup_root: str = "/sys/fs/cgroup"
+    cgroup_root: _Str = "/sys/fs/cgroup"
+    pending_seconds: float = Field(120, ge=0, le=DAY)
     cri: CriConfig = CriConfig()
 
 
 class MetricsConfig(_Model):
-    series_ttl_seconds: float = Field(300, ge=0)
-    max_series: int = Field(10000, gt=0)
+    series_ttl_seconds: float = Field(300, ge=0, le=30 * DAY)
+    max_series: int = Field(10000, gt=0, le=1_000_000)
+
+
+def _both_or_neither(a: tuple[str, str], b: tuple[str, str]) -> None:
+    if bool(a[1]) != bool(b[1]):
+        raise ValueError(f"{a[0]} and {b[0]} go together: set both or neither")
+
+
+class TlsConfig(_Model):
+    cert_file: _Str = ""
+    key_file: _Str = ""
+
+    @model_validator(mode="after")
+    def _pair(self) -> TlsConfig:
+        _both_or_neither(("cert_file", self.cert_file), ("key_file", self.key_file))
+        return self
+
+    def enabled(self) -> bool:
+        return bool(self.cert_file)
+
+
+class AuthConfig(_Model):
+    """Basic and/or bearer auth for /metrics; secrets are read from files, never from here."""
+
+    username: _Str = ""
+    password_file: _Str = ""
+    bearer_token_file: _Str = ""
+
+    @model_validator(mode="after")
+    def _pair(self) -> AuthConfig:
+        _both_or_neither(("username", self.username), ("password_file", self.password_file))
+        return self
 
 
 class FdinfoConfig(_Model):
     enabled: bool = True
-    interval_seconds: float = Field(5, gt=0)
+    interval_seconds: float = Field(5, gt=0, le=3600)
 
 
 class PrometheusConfig(_Model):
     enabled: bool = True
-    host: str = "0.0.0.0"
+    host: _Str = "0.0.0.0"
     port: int = Field(8080, ge=1, le=65535)
+    max_connections: int = Field(64, ge=1, le=4096)
+    read_timeout_seconds: float = Field(10, gt=0, le=300)
+    tls: TlsConfig = TlsConfig()
+    auth: AuthConfig = AuthConfig()
 
 
 class OtlpConfig(_Model):
     enabled: bool = False
-    endpoint: str = "http://localhost:4317"
+    endpoint: _Str = "http://localhost:4317"
     protocol: Literal["grpc", "http/protobuf"] = "grpc"
-    headers: dict[str, str] = {}
+    headers: dict[str, str] = Field({}, max_length=64)
     insecure: bool | None = None
-    certificate: str = ""
-    client_certificate: str = ""
-    client_key: str = ""
-    interval_seconds: float = Field(15, gt=0)
-    timeout_seconds: float = Field(10, gt=0)
+    certificate: _Str = ""
+    client_certificate: _Str = ""
+    client_key: _Str = ""
+    interval_seconds: float = Field(15, gt=0, le=DAY)
+    timeout_seconds: float = Field(10, gt=0, le=300)
+
+    @field_validator("headers")
+    @classmethod
+    def _metadata(cls, v: dict[str, str]) -> dict[str, str]:
+        return {_header_key(k): _header_value(k, val) for k, val in v.items()}
 
     @field_validator("endpoint")
     @classmethod
     def _url(cls, v: str) -> str:
         parts = urlsplit(v)
         if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ValueError(f"{v!r} is not an http:// or https:// URL")
+            raise ValueError(f"{short(v)} is not an http:// or https:// URL")
         return v
 
     def url(self) -> str:
@@ -103,6 +166,32 @@ class OtlpConfig(_Model):
         if self.protocol == "grpc" and self.insecure is not None:
             return not self.insecure
         return urlsplit(self.endpoint).scheme == "https"
+
+
+# gRPC metadata keys are lowercase (the OTel SDK lowercases header keys: a capitalised key makes
+# grpcio refuse every call with "Invalid metadata"); values are printable ASCII.
+_METADATA_KEY = re.compile(r"[0-9a-z_.-]+")
+_METADATA_VALUE = re.compile(r"[\x20-\x7e]*")
+
+
+def _header_key(key: str) -> str:
+    key = key.strip().lower()
+    if not _METADATA_KEY.fullmatch(key) or key.startswith("grpc-"):
+        raise ValueError(f"header {short(key)} is not a valid header name")
+    return key
+
+
+def _header_value(key: str, value: str) -> str:
+    value = value.strip()
+    if not _METADATA_VALUE.fullmatch(value) or len(value) > 8192:
+        raise ValueError(f"the value of header {short(key)} is not printable ASCII (<= 8 KiB)")
+    return value
+
+
+def short(value: object) -> str:
+    """repr() of a value, cut to MAX_ECHO characters: what an error line may echo."""
+    text = repr(value)
+    return text if len(text) <= MAX_ECHO else text[: MAX_ECHO - 3] + "..."
 
 
 class ExportConfig(_Model):
@@ -140,14 +229,20 @@ def _bool(v: str) -> bool:
     return v.strip().lower() == "true"
 
 
-def _headers(v: str) -> dict[str, str]:
+def _pairs(v: str) -> dict[str, str]:
+    """The OTel `key=value,key2=value2` list (headers, resource attributes), percent-decoded.
+    An error names the key only: values may be secrets."""
     out = {}
     for item in filter(None, (s.strip() for s in v.split(","))):
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"{item!r} is not key=value")
+            raise ValueError(f"{short(key.strip())} is not key=value")
         out[unquote(key.strip())] = unquote(value.strip())
     return out
+
+
+def _headers(v: str) -> dict[str, str]:
+    return {_header_key(k): _header_value(k, val) for k, val in _pairs(v).items()}
 
 
 _OTLP_ENV = (
@@ -175,7 +270,7 @@ def _apply_env(raw: dict[str, Any], env: Mapping[str, str], sources: dict[str, s
             target[key] = parse(env[var])
             sources[path] = f"env {var}"
         except ValueError as err:
-            problems.append(f"env {var}={env[var]!r}: {err}")
+            problems.append(f"{_env_origin(var, env[var])}: {err}")
 
     for suffix, key, parse in _OTLP_ENV:
         for var in (f"OTEL_EXPORTER_OTLP_{suffix}", f"OTEL_EXPORTER_OTLP_METRICS_{suffix}"):
@@ -199,27 +294,69 @@ def _apply_env(raw: dict[str, Any], env: Mapping[str, str], sources: dict[str, s
         wanted = {s.strip() for s in env["OTEL_METRICS_EXPORTER"].split(",")}
         if not wanted <= {"otlp", "prometheus", "none"}:
             problems.append(
-                f"env OTEL_METRICS_EXPORTER={env['OTEL_METRICS_EXPORTER']!r}: "
+                f"{_env_origin('OTEL_METRICS_EXPORTER', env['OTEL_METRICS_EXPORTER'])}: "
                 "expected a list of otlp, prometheus, none"
             )
         for name in ("otlp", "prometheus"):
             if isinstance(export.setdefault(name, {}), dict):
                 export[name]["enabled"] = name in wanted
                 sources[f"export.{name}.enabled"] = "env OTEL_METRICS_EXPORTER"
+    if "OTEL_RESOURCE_ATTRIBUTES" in env:
+        # Read by the OTel SDK's resource detector, which skips a malformed list silently.
+        try:
+            _pairs(env["OTEL_RESOURCE_ATTRIBUTES"])
+        except ValueError as err:
+            problems.append(f"env OTEL_RESOURCE_ATTRIBUTES: {err}")
     return problems
+
+
+def _env_origin(var: str, value: str) -> str:
+    """How an error line names a variable: its value (cut short), unless it may hold secrets."""
+    return f"env {var}" if var.endswith("HEADERS") else f"env {var}={short(value)}"
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
+    """Nodes in the document once aliases are expanded (memoised: aliases share node objects)."""
+    if id(node) not in sizes:
+        children: list[yaml.Node] = []
+        if isinstance(node, yaml.SequenceNode):
+            children = node.value
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        sizes[id(node)] = 1 + sum(_expanded_size(c, sizes) for c in children)
+    return sizes[id(node)]
+
+
+def _parse_yaml(text: str) -> Any:
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if _expanded_size(node, {}) > MAX_YAML_NODES:
+            raise yaml.YAMLError(f"more than {MAX_YAML_NODES} values once aliases are expanded")
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
 
 
 def _read_yaml(path: str) -> dict[str, Any]:
     try:
-        with open(path, encoding="utf-8") as f:
-            raw = yaml.safe_load(f)
+        with open(path, "rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
     except OSError as err:
         raise ConfigError([f"{path}: cannot read: {err.strerror or err}"]) from None
-    except yaml.YAMLError as err:
+    if len(data) > MAX_FILE_BYTES:
+        raise ConfigError([f"{path}: larger than {MAX_FILE_BYTES} bytes"])
+    try:
+        raw = _parse_yaml(data.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise ConfigError([f"{path}: not UTF-8 text (byte {err.start})"]) from None
+    except (yaml.YAMLError, RecursionError) as err:
         mark = getattr(err, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else path
-        what = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise ConfigError([f"{where}: invalid YAML: {what}"]) from None
+        what = getattr(err, "problem", None) or (str(err).splitlines() or ["too deep"])[0]
+        raise ConfigError([f"{where}: invalid YAML: {what[:MAX_ECHO]}"]) from None
     if raw is None:
         return {}
     if not isinstance(raw, dict):
@@ -228,12 +365,14 @@ def _read_yaml(path: str) -> dict[str, Any]:
 
 
 def _describe(err: dict[str, Any], path: str, sources: dict[str, str]) -> str:
-    key = ".".join(str(p) for p in err["loc"])
+    key = ".".join(str(p)[:MAX_ECHO] for p in err["loc"])
     origin = sources.get(key, path)
     if err["type"] == "extra_forbidden":
         return f"{origin}: {key}: unknown key"
-    msg = err["msg"].removeprefix("Value error, ")
-    return f"{origin}: {key}: {msg} (got {err['input']!r})"
+    msg = err["msg"].removeprefix("Value error, ")[:MAX_ECHO]
+    if key.startswith("export.otlp.headers"):
+        return f"{origin}: {key}: {msg}"  # the input holds secrets
+    return f"{origin}: {key}: {msg} (got {short(err['input'])})"
 
 
 def load(path: str, env: Mapping[str, str] | None = None) -> Config:
@@ -254,9 +393,23 @@ def load(path: str, env: Mapping[str, str] | None = None) -> Config:
     return cfg
 
 
+def _redact_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return parts._replace(
+        netloc=f"{parts.username}:{REDACTED}@{parts.netloc.rpartition('@')[2]}"
+    ).geturl()
+
+
 def dump(cfg: Config) -> str:
-    """The configuration as YAML, in the layout of config/kubenpu.yaml."""
-    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+    """The configuration as YAML, in the layout of config/kubenpu.yaml, with secrets (header
+    values, a password in the endpoint URL) replaced by <redacted>."""
+    raw = cfg.model_dump(mode="json")
+    otlp = raw["export"]["otlp"]
+    otlp["headers"] = dict.fromkeys(otlp["headers"], REDACTED)
+    otlp["endpoint"] = _redact_url(otlp["endpoint"])
+    return yaml.safe_dump(raw, sort_keys=False)
 
 
 def check_config(path: str) -> int:

@@ -8,13 +8,23 @@ applies Prometheus' own OTLP translation to each metric's OTel name and unit.
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import contextlib
 import errno
+import hmac
+import http.client
+import io
 import logging
 import socket
+import ssl
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from email.message import Message
+from typing import Any, Protocol
 
 import grpc
 from opentelemetry.sdk.metrics.export import (
@@ -33,12 +43,13 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
 from prometheus_client.core import Metric as PromMetric
+from prometheus_client.exposition import choose_encoder, gzip_accepted
 from prometheus_client.registry import Collector
 
 from kubenpu import __version__
-from kubenpu.config import Config, OtlpConfig
+from kubenpu.config import AuthConfig, Config, OtlpConfig, PrometheusConfig, TlsConfig
 from kubenpu.metrics import CRI_BOUNDS, Hist, Metrics, Point, Spec
 
 log = logging.getLogger(__name__)
@@ -179,6 +190,7 @@ class OtlpPusher:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="otlp-push", daemon=True)
         self._failures = 0
+        self._final = False
         self._last = _LastMessage()
         exporter_log = logging.getLogger(_EXPORTER_LOGGER)
         exporter_log.addHandler(self._last)
@@ -190,6 +202,7 @@ class OtlpPusher:
     def _run(self) -> None:
         while not self._stop.wait(self._cfg.interval_seconds):
             self.push()
+        self._final = self.push()  # after stop: the counts as the agent left them
 
     def push(self) -> bool:
         data = metrics_data(self._metrics.collect(), self._resource)
@@ -214,16 +227,26 @@ class OtlpPusher:
         )
         return False
 
-    def shutdown(self) -> None:
-        """Stop the timer, push the final counts, close the connection."""
+    def shutdown(self) -> bool:
+        """Push the final counts within one OTLP timeout, close the connection; True if they
+        were delivered. The push thread makes the final push after any push in progress; if the
+        two do not finish within the timeout (a blackholed collector), the push is abandoned:
+        closing the exporter cancels it, and the loss is logged, not waited for."""
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-        self.push()
+        self._thread.join(self._cfg.timeout_seconds)
+        delivered = not self._thread.is_alive() and self._final
+        if not delivered:
+            log.warning(
+                "OTLP export to %s: the final counts were not delivered within %gs "
+                "(export.otlp.timeout_seconds); the collector keeps the last pushed counts",
+                self._cfg.url(),
+                self._cfg.timeout_seconds,
+            )
         self._exporter.shutdown()
         exporter_log = logging.getLogger(_EXPORTER_LOGGER)
         exporter_log.removeHandler(self._last)
         exporter_log.propagate = True
+        return delivered
 
 
 # --- Prometheus ---------------------------------------------------------------------------
@@ -270,28 +293,361 @@ class PrometheusCollector(Collector):
         return fam
 
 
-def serve_prometheus(
-    metrics: Metrics, resource: Resource, host: str, port: int
-) -> Callable[[], None]:
-    """Serve /metrics on host:port; returns the function that stops the server."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(PrometheusCollector(metrics, resource))
-    ProcessCollector(registry=registry)  # process_resident_memory_bytes and friends
+class Health(Protocol):
+    """What /healthz and /readyz report (implemented by the agent): (ok, one-line reason)."""
+
+    def live(self) -> tuple[bool, str]: ...
+
+    def ready(self) -> tuple[bool, str]: ...
+
+
+_BACKLOG = 1024  # connections beyond _MAX_OPEN wait here, in the kernel
+_MAX_OPEN = 4096  # connections held at once: bounds the file descriptors a flood can take
+_MAX_HEAD = 16 * 1024  # request line and headers; a scrape sends a few hundred bytes
+_Response = tuple[str, list[tuple[str, str]], bytes]
+
+
+def _text(status: str, body: str, *headers: tuple[str, str]) -> _Response:
+    return status, [("Content-Type", "text/plain; charset=utf-8"), *headers], body.encode()
+
+
+def _read_secret(path: str, key: str) -> bytes:
     try:
-        server, thread = start_http_server(port, host, registry)
+        with open(path, "rb") as f:
+            secret = f.read(4096).strip()
+    except OSError as err:
+        raise ExportError(f"cannot read {key} {path}: {err.strerror}") from None
+    if not secret:
+        raise ExportError(f"{key} {path} is empty")
+    return secret
+
+
+class _Auth:
+    """Basic and/or bearer auth in the spirit of the Prometheus exporter-toolkit's web config:
+    secrets come from files, comparisons are constant-time, either configured scheme admits."""
+
+    def __init__(self, cfg: AuthConfig) -> None:
+        key = "export.prometheus.auth"
+        self._basic = None
+        if cfg.username:
+            password = _read_secret(cfg.password_file, f"{key}.password_file")
+            self._basic = base64.b64encode(cfg.username.encode() + b":" + password)
+        self._bearer = (
+            _read_secret(cfg.bearer_token_file, f"{key}.bearer_token_file")
+            if cfg.bearer_token_file
+            else None
+        )
+
+    def required(self) -> bool:
+        return bool(self._basic or self._bearer)
+
+    def allows(self, header: str) -> bool:
+        scheme, _, credentials = header.strip().partition(" ")
+        given = credentials.strip().encode()
+        expected = {"basic": self._basic, "bearer": self._bearer}.get(scheme.lower())
+        return expected is not None and hmac.compare_digest(given, expected)
+
+    def challenge(self) -> tuple[str, str]:
+        return ("WWW-Authenticate", 'Basic realm="kubenpu"' if self._basic else "Bearer")
+
+
+def _ssl_context(cfg: TlsConfig) -> ssl.SSLContext | None:
+    if not cfg.enabled():
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        ctx.load_cert_chain(cfg.cert_file, cfg.key_file)
+    except (OSError, ssl.SSLError) as err:
+        raise ExportError(
+            f"cannot load export.prometheus.tls cert_file {cfg.cert_file} / key_file "
+            f"{cfg.key_file}: {getattr(err, 'strerror', None) or err}"
+        ) from None
+    return ctx
+
+
+class MetricsServer:
+    """/metrics (prometheus_client's WSGI app), /healthz and /readyz on one socket.
+
+    One event-loop thread accepts connections and reads requests, so an idle or slow client
+    costs a few KiB, not a thread. It holds at most _MAX_OPEN connections; more wait in the
+    kernel's listen backlog. Each connection must send its whole request within
+    read_timeout_seconds (TLS handshake included) and gets one answer (Connection: close).
+    At most max_connections answers are made and sent at once, each on a worker thread."""
+
+    def __init__(
+        self,
+        cfg: PrometheusConfig,
+        metrics_app: Callable[..., Iterable[bytes]] | None,
+        health: Health,
+    ) -> None:
+        self._cfg = cfg
+        self._app = metrics_app
+        self._health = health
+        self._auth = _Auth(cfg.auth)
+        self._tls = _ssl_context(cfg.tls)
+        self._sock = _listen(cfg.host, cfg.port)
+        self.port = self._sock.getsockname()[1]
+        self._pool = ThreadPoolExecutor(cfg.max_connections, thread_name_prefix="metrics")
+        self._shared = _SharedRender()
+        self._loop = asyncio.new_event_loop()
+        self._main = self._loop.create_task(self._accept_loop())
+        self._thread = threading.Thread(target=self._run, name="metrics-io", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        with contextlib.suppress(asyncio.CancelledError):
+            self._loop.run_until_complete(self._main)
+        self._loop.close()
+
+    async def _accept_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        held = asyncio.Semaphore(_MAX_OPEN)
+        answering = asyncio.Semaphore(self._cfg.max_connections)
+        self._sock.setblocking(False)
+        tasks: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                await held.acquire()
+                try:
+                    conn, _ = await loop.sock_accept(self._sock)
+                except OSError:
+                    held.release()
+                    await asyncio.sleep(0.1)  # EMFILE and friends: back off rather than spin
+                    continue
+                task = loop.create_task(self._connection(conn, held, answering))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _connection(
+        self, conn: socket.socket, held: asyncio.Semaphore, answering: asyncio.Semaphore
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        timeout = self._cfg.read_timeout_seconds
+        conn_protocol = _Connection(loop)
+        transport: asyncio.BaseTransport | None = None
+        try:
+            async with asyncio.timeout(timeout):
+                # The handshake is bounded by the enclosing timeout.
+                transport, _ = await loop.connect_accepted_socket(
+                    lambda: conn_protocol, conn, ssl=self._tls
+                )
+                head = await conn_protocol.head
+            async with answering:
+                response = await loop.run_in_executor(self._pool, self._answer, head)
+                async with asyncio.timeout(timeout):
+                    await conn_protocol.send(response)
+        except OSError:  # incl. TimeoutError and ssl.SSLError
+            pass  # the client went away, was too slow, or spoke no HTTP (or no TLS)
+        finally:
+            if transport is None:
+                conn.close()
+            else:
+                transport.abort()
+            held.release()
+
+    def _answer(self, head: bytes) -> bytes:
+        try:
+            status, headers, body = self._respond(head)
+        except Exception as err:  # e.g. a collector's bug: one scrape fails, not the server
+            log.warning("cannot answer a request to the metrics server: %r", err)
+            status, headers, body = _text("500 Internal Server Error", "internal error\n")
+        lines = [f"HTTP/1.1 {status}", *(f"{k}: {v}" for k, v in headers)]
+        lines += [f"Content-Length: {len(body)}", "Connection: close", "", ""]
+        return "\r\n".join(lines).encode("latin-1") + body
+
+    def _respond(self, head: bytes) -> _Response:
+        if not head:
+            return _text("431 Request Header Fields Too Large", "request head too large\n")
+        request_line, _, rest = head.partition(b"\r\n")
+        parts = request_line.decode("latin-1").split()
+        if len(parts) != 3:
+            return _text("400 Bad Request", "bad request line\n")
+        method, target, _ = parts
+        try:
+            headers = http.client.parse_headers(io.BytesIO(rest))
+        except http.client.HTTPException:
+            return _text("400 Bad Request", "bad headers\n")
+        if method not in ("GET", "HEAD"):
+            return _text("405 Method Not Allowed", "use GET\n", ("Allow", "GET, HEAD"))
+        path, _, query = target.partition("?")
+        response = self._route(path, query, headers)
+        return (response[0], response[1], b"") if method == "HEAD" else response
+
+    def _route(self, path: str, query: str, headers: Message) -> _Response:
+        if path in ("/healthz", "/readyz"):
+            ok, reason = self._health.live() if path == "/healthz" else self._health.ready()
+            return (
+                _text("200 OK", "ok\n") if ok else _text("503 Service Unavailable", reason + "\n")
+            )
+        if path != "/metrics" or self._app is None:
+            return _text("404 Not Found", "not found: try /metrics, /healthz or /readyz\n")
+        if self._auth.required() and not self._auth.allows(headers.get("Authorization", "")):
+            return _text("401 Unauthorized", "unauthorized\n", self._auth.challenge())
+        return self._metrics(query, headers)
+
+    def _metrics(self, query: str, headers: Message) -> _Response:
+        accept, encoding = headers.get("Accept", ""), headers.get("Accept-Encoding", "")
+        if query:  # a filtered scrape (name[]=...) is rare: render it on its own
+            return self._render(accept, encoding, query)
+        # Scrapes that get the same bytes share one render (the key bounds the variants).
+        key = (choose_encoder(accept)[1], gzip_accepted(encoding))
+        return self._shared(key, lambda: self._render(accept, encoding, ""))
+
+    def _render(self, accept: str, encoding: str, query: str) -> _Response:
+        environ = {
+            "REQUEST_METHOD": "GET",
+            "PATH_INFO": "/metrics",
+            "QUERY_STRING": query,
+            "HTTP_ACCEPT": accept,
+            "HTTP_ACCEPT_ENCODING": encoding,
+        }
+        started: list[Any] = []
+        assert self._app is not None
+        body = b"".join(self._app(environ, lambda status, hdrs: started.extend((status, hdrs))))
+        return started[0], started[1], body
+
+    def stop(self) -> None:
+        """Stop accepting and drop the connections open now (a scrape in progress is cut)."""
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._main.cancel)
+            self._thread.join()
+        self._sock.close()
+        self._pool.shutdown(wait=True)
+
+
+@dataclass
+class _Batch:
+    done: threading.Event = field(default_factory=threading.Event)
+    response: _Response | None = None
+    error: Exception | None = None
+
+
+class _SharedRender:
+    """Concurrent scrapes share renders. A scrape joins the next render of its key that has not
+    started yet, so its answer is never older than its request, and N concurrent scrapes cost
+    about two renders instead of N (each holding its own copy of the exposition)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: dict[Hashable, _Batch] = {}
+        self._running: dict[Hashable, threading.Lock] = {}
+
+    def __call__(self, key: Hashable, render: Callable[[], _Response]) -> _Response:
+        with self._lock:
+            batch = self._pending.get(key)
+            leader = batch is None
+            if batch is None:
+                batch = self._pending[key] = _Batch()
+            running = self._running.setdefault(key, threading.Lock())
+        if leader:
+            with running:  # one render of a key at a time; newcomers queue for the next
+                with self._lock:
+                    del self._pending[key]
+                try:
+                    batch.response = render()
+                except Exception as err:
+                    batch.error = err
+                finally:
+                    batch.done.set()
+        batch.done.wait()
+        if batch.error:
+            raise batch.error
+        assert batch.response is not None
+        return batch.response
+
+
+class _Connection(asyncio.Protocol):
+    """Collects one request head (bounded); then sends one answer, waiting while the client
+    reads slowly rather than buffering without bound."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.head: asyncio.Future[bytes] = loop.create_future()
+        self._buf = b""
+        self._transport: asyncio.Transport | None = None
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self._closed: asyncio.Future[None] = loop.create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if self.head.done():
+            return  # one request per connection; anything after it is ignored
+        self._buf += data
+        end = self._buf.find(b"\r\n\r\n")
+        if end >= 0 or len(self._buf) > _MAX_HEAD:
+            self.head.set_result(self._buf[: end + 2] if end >= 0 else b"")
+
+    def eof_received(self) -> bool:
+        if not self.head.done():
+            self.head.set_exception(ConnectionResetError("closed before a whole request"))
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.head.done():
+            self.head.set_exception(ConnectionResetError("closed before a whole request"))
+        if not self._closed.done():
+            self._closed.set_result(None)
+        self._writable.set()
+
+    def pause_writing(self) -> None:
+        self._writable.clear()
+
+    def resume_writing(self) -> None:
+        self._writable.set()
+
+    async def send(self, data: bytes) -> None:
+        """Write in chunks as the client reads, then close and wait until all is sent."""
+        assert self._transport is not None
+        for i in range(0, len(data), 65536):
+            await self._writable.wait()
+            if self._closed.done():
+                raise ConnectionResetError("the client closed the connection")
+            self._transport.write(data[i : i + 65536])
+        self._transport.close()
+        await self._closed
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    try:
+        family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(addr)
+            sock.listen(_BACKLOG)
+        except OSError:
+            sock.close()
+            raise
     except OSError as err:
         if err.errno == errno.EADDRINUSE:
             raise PortInUseError(
                 f"metrics port {host}:{port} is already in use (export.prometheus.port)"
             ) from None
-        raise ExportError(f"cannot serve metrics on {host}:{port}: {err.strerror or err}") from None
+        why = getattr(err, "strerror", None) or err
+        raise ExportError(f"cannot serve metrics on {host}:{port}: {why}") from None
+    return sock
 
-    def stop() -> None:
-        server.shutdown()
-        server.server_close()
-        thread.join()
 
-    return stop
+def serve_prometheus(
+    cfg: PrometheusConfig, metrics: Metrics, resource: Resource, health: Health
+) -> MetricsServer:
+    """Serve /healthz and /readyz, and /metrics unless export.prometheus.enabled is false."""
+    app = None
+    if cfg.enabled:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(PrometheusCollector(metrics, resource))
+        ProcessCollector(registry=registry)  # process_resident_memory_bytes and friends
+        app = make_wsgi_app(registry)
+    return MetricsServer(cfg, app, health)
 
 
 # --- wiring -------------------------------------------------------------------------------
@@ -302,27 +658,26 @@ class Telemetry:
     metrics: Metrics
     resource: Resource
     pusher: OtlpPusher | None = None
-    _stops: list[Callable[[], None]] = field(default_factory=list)
+    server: MetricsServer | None = None
 
     def flush(self) -> bool:
         """Push now (OTLP); True if it was delivered or OTLP is off."""
         return self.pusher.push() if self.pusher else True
 
-    def shutdown(self) -> None:
-        """Final OTLP push, then stop serving /metrics."""
-        if self.pusher:
-            self.pusher.shutdown()
-        for stop in self._stops:
-            stop()
+    def shutdown(self) -> bool:
+        """Final OTLP push (bounded by the OTLP timeout), then stop serving. False if the final
+        counts were not delivered (the pusher has logged it)."""
+        delivered = self.pusher.shutdown() if self.pusher else True
+        if self.server:
+            self.server.stop()
+        return delivered
 
 
-def start(cfg: Config, clock: Callable[[], float] = time.monotonic) -> Telemetry:
-    """Create the Metrics state and start the enabled exporters. Raises ExportError."""
-    metrics = Metrics(cfg.node_name, cfg.metrics.series_ttl_seconds, cfg.metrics.max_series, clock)
+def start(cfg: Config, metrics: Metrics, health: Health) -> Telemetry:
+    """Serve /metrics, /healthz and /readyz and start the OTLP pusher, for the agent's
+    `metrics` and `health`. Raises ExportError."""
     tel = Telemetry(metrics, build_resource(cfg))
-    prom = cfg.export.prometheus
-    if prom.enabled:
-        tel._stops.append(serve_prometheus(metrics, tel.resource, prom.host, prom.port))
+    tel.server = serve_prometheus(cfg.export.prometheus, metrics, tel.resource, health)
     if cfg.export.otlp.enabled:
         try:
             tel.pusher = OtlpPusher(cfg.export.otlp, metrics, tel.resource)

@@ -14,14 +14,17 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from cri_server import CriTestServer
 from fakes import Clock, FakeKernel, FakeResolver, record
-from helpers import resolved
+from helpers import free_port, make_config, resolved
 
+from kubenpu import export
 from kubenpu.agent import Agent, Attributor, Health, main, select_devices
 from kubenpu.discovery import Device, Node
 from kubenpu.events import Key, Tally
@@ -379,6 +382,31 @@ def test_a_dead_worker_fails_liveness(worker, running):
         kernel.calls(key(9))
     wait_for(lambda: not agent.health.live()[0])
     assert agent.health.live() == (False, f"worker thread stopped: {worker}")
+
+
+def _probe_answer(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+            return r.status, r.read().decode().strip()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode().strip()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_the_kubelets_probes_see_a_dead_worker(tmp_path, running):
+    # What the chart's livenessProbe asks (/healthz on the metrics port), through the real server.
+    port = free_port()
+    cfg = make_config(tmp_path, f"export:\n  prometheus:\n    host: 127.0.0.1\n    port: {port}\n")
+    kernel, resolver = FakeKernel(aggregate=False), FakeResolver()
+    agent = make_agent(kernel, resolver)
+    agent.telemetry = export.start(cfg, agent.metrics, agent.health)
+    running(agent)
+    assert _probe_answer(port, "/healthz") == (200, "ok")
+    assert _probe_answer(port, "/readyz") == (200, "ok")
+    resolver.raises = Kill()
+    kernel.calls(key(9))
+    wait_for(lambda: _probe_answer(port, "/healthz")[0] == 503)
+    assert _probe_answer(port, "/healthz") == (503, "worker thread stopped: attribution")
 
 
 # --- pending attribution ---------------------------------------------------------------------

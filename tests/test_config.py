@@ -257,3 +257,163 @@ def test_node_name(tmp_path: Path, monkeypatch) -> None:
 def test_tls_choice(protocol: str, endpoint: str, insecure: bool | None, tls: bool) -> None:
     o = config.OtlpConfig(protocol=protocol, endpoint=endpoint, insecure=insecure)
     assert o.use_tls() is tls
+
+
+# --- config that cannot lie: ranges, header keys, resource attributes, bounded errors, secrets
+
+
+def problems_of(tmp_path: Path, text: str, env: dict[str, str] | None = None) -> list[str]:
+    with pytest.raises(config.ConfigError) as err:
+        config.load(write(tmp_path, text), env or {})
+    return err.value.problems
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("export: {otlp: {interval_seconds: .inf}}", "export.otlp.interval_seconds"),
+        ("export: {otlp: {interval_seconds: 1.0e+20}}", "export.otlp.interval_seconds"),
+        ("export: {otlp: {timeout_seconds: .nan}}", "export.otlp.timeout_seconds"),
+        ("attribution: {cri: {timeout_seconds: 1.0e+10}}", "attribution.cri.timeout_seconds"),
+        ("attribution: {cri: {retry_after_seconds: .inf}}", "attribution.cri.retry_after_seconds"),
+        ("attribution: {cri: {concurrency: 0}}", "attribution.cri.concurrency"),
+        ("attribution: {pending_seconds: 1.0e+9}", "attribution.pending_seconds"),
+        ("metrics: {series_ttl_seconds: .inf}", "metrics.series_ttl_seconds"),
+        ("metrics: {max_series: 100000000000}", "metrics.max_series"),
+        ("probe: {ringbuf_pages: 1073741824}", "probe.ringbuf_pages"),
+        ("probe: {queue_size: 100000000000}", "probe.queue_size"),
+        ("export: {prometheus: {max_connections: 1000000}}", "export.prometheus.max_connections"),
+        (
+            "export: {prometheus: {read_timeout_seconds: .inf}}",
+            "export.prometheus.read_timeout_seconds",
+        ),
+    ],
+)
+def test_every_duration_and_size_has_an_upper_bound(tmp_path: Path, text: str, key: str) -> None:
+    [problem] = problems_of(tmp_path, text)
+    assert problem.startswith(f"{tmp_path / 'c.yaml'}: {key}: ")
+
+
+@pytest.mark.parametrize("var", ["OTEL_METRIC_EXPORT_INTERVAL", "OTEL_EXPORTER_OTLP_TIMEOUT"])
+@pytest.mark.parametrize("value", ["inf", "1e400", "nan", "1e20"])
+def test_env_durations_have_an_upper_bound(tmp_path: Path, var: str, value: str) -> None:
+    [problem] = problems_of(tmp_path, "", {var: value})
+    assert problem.startswith(f"env {var}: export.otlp.")
+
+
+def test_header_keys_are_lowercased_as_the_otel_sdk_does(tmp_path: Path) -> None:
+    env = {"OTEL_EXPORTER_OTLP_HEADERS": "Authorization=Bearer%20t0k,X-Tenant=a"}
+    assert config.load(write(tmp_path, ""), env).export.otlp.headers == {
+        "authorization": "Bearer t0k",
+        "x-tenant": "a",
+    }
+    text = "export: {otlp: {headers: {Authorization: Bearer y}}}"
+    assert config.load(write(tmp_path, text), {}).export.otlp.headers == {
+        "authorization": "Bearer y"
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "env"),
+    [
+        ("", {"OTEL_EXPORTER_OTLP_HEADERS": "bad key=s3cret"}),
+        ("", {"OTEL_EXPORTER_OTLP_METRICS_HEADERS": "authorization=s3cret\x01"}),
+        ("", {"OTEL_EXPORTER_OTLP_HEADERS": "grpc-timeout=s3cret"}),
+        ("export: {otlp: {headers: {'a:b': s3cret}}}", {}),
+        ('export: {otlp: {headers: {authorization: "s3cret\\u00e9"}}}', {}),
+    ],
+)
+def test_invalid_headers_one_line_without_the_value(tmp_path: Path, text, env) -> None:
+    [problem] = problems_of(tmp_path, text, env)
+    assert "header" in problem
+    assert "s3cret" not in problem
+
+
+def test_malformed_resource_attributes_one_line(tmp_path: Path) -> None:
+    ok = {"OTEL_RESOURCE_ATTRIBUTES": "k8s.cluster.name=c1,team=a%20b"}
+    assert config.load(write(tmp_path, ""), ok)
+    [problem] = problems_of(tmp_path, "", {"OTEL_RESOURCE_ATTRIBUTES": "k8s.cluster.name=c1,oops"})
+    assert problem == "env OTEL_RESOURCE_ATTRIBUTES: 'oops' is not key=value"
+
+
+def test_non_utf8_file_one_line_exit_2(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("node_name: caf\xe9\n".encode("latin-1"))
+    assert config.check_config(str(path)) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"{path}: not UTF-8 text (byte 14)\n"
+
+
+# A 342-byte YAML "billion laughs": 9^9 strings once expanded, under a mistyped key.
+ALIAS_BOMB = 'bogus:\n  a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n' + "".join(
+    f"  {n}: &{n} [{','.join([f'*{p}'] * 9)}]\n"
+    for p, n in zip("abcdefgh", "bcdefghi", strict=True)
+)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        ALIAS_BOMB,
+        ALIAS_BOMB + "discovery: {ignore_devices: *i}\n",
+        ALIAS_BOMB + "node_name: *i\n",
+    ],
+)
+def test_alias_bomb_one_bounded_line(tmp_path: Path, capsys, text: str) -> None:
+    path = write(tmp_path, text)
+    assert config.check_config(path) == 2
+    err = capsys.readouterr().err
+    assert err == f"{path}: invalid YAML: more than 10000 values once aliases are expanded\n"
+
+
+def test_a_small_alias_is_fine(tmp_path: Path) -> None:
+    text = "discovery:\n  ignore_devices: &ids ['0000:03:00.0']\nx: *ids\n"
+    assert problems_of(tmp_path, text) == [f"{tmp_path / 'c.yaml'}: x: unknown key"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"node_name: [{', '.join(['x' * 100] * 90)}]\n",
+        f"{'k' * 5000}: 1\n",
+        f"export: {{otlp: {{endpoint: '{'h' * 5000}'}}}}\n",
+        f"probe: {{mode: '{'m' * 5000}'}}\n",
+    ],
+)
+def test_error_lines_never_echo_unbounded_input(tmp_path: Path, text: str) -> None:
+    [problem] = problems_of(tmp_path, text)
+    assert len(problem) < len(str(tmp_path)) + 300
+
+
+def test_oversized_file_one_line(tmp_path: Path) -> None:
+    [problem] = problems_of(tmp_path, "#" * (config.MAX_FILE_BYTES + 1))
+    assert problem.endswith(f"larger than {config.MAX_FILE_BYTES} bytes")
+
+
+def test_check_config_redacts_secrets(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "Authorization=Bearer%20s3cret,x-tenant=t1")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "https://user:pa55@collector:4317")
+    assert config.check_config(write(tmp_path, "")) == 0
+    out = capsys.readouterr().out
+    assert "s3cret" not in out and "pa55" not in out and "t1" not in out
+    otlp = yaml.safe_load(out)["export"]["otlp"]
+    assert otlp["headers"] == {"authorization": "<redacted>", "x-tenant": "<redacted>"}
+    assert otlp["endpoint"] == "https://user:<redacted>@collector:4317"
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("export: {prometheus: {tls: {cert_file: /c.pem}}}", "cert_file and key_file go together"),
+        ("export: {prometheus: {auth: {username: u}}}", "username and password_file go together"),
+    ],
+)
+def test_tls_and_basic_auth_need_both_halves(tmp_path: Path, text: str, problem: str) -> None:
+    [line] = problems_of(tmp_path, text)
+    assert problem in line
+
+
+def test_cri_endpoint_default_has_one_owner() -> None:
+    from kubenpu.resolve import DEFAULT_ENDPOINT
+
+    assert config.Config().attribution.cri.endpoint == DEFAULT_ENDPOINT

@@ -45,8 +45,18 @@ SCRAPE_SERIES = {"up"}
 
 # The node paths the agent reads, each mounted read-only; the CRI directory comes from values.
 # Of /dev only the DRM and accel node directories (discovery checks the nodes exist there).
-HOST_PATHS = {"/sys", "/sys/fs/cgroup", "/dev/dri", "/dev/accel", "/lib/modules", "/usr/src"}
-CAPABILITIES = ["SYS_ADMIN"]  # see daemonset.yaml for why; tests/test_least_privilege_vm.py
+HOST_PATHS = {
+    "/sys",
+    "/sys/fs/cgroup",
+    "/dev/dri",
+    "/dev/accel",
+    "/lib/modules",
+    "/usr/src",
+    "/proc",  # fdinfo
+}
+# See daemonset.yaml for why: tests/test_least_privilege_vm.py (SYS_ADMIN) and
+# tests/test_fdinfo_privilege_vm.py (the other two, only with config.fdinfo.enabled).
+CAPABILITIES = ["SYS_ADMIN", "SYS_PTRACE", "DAC_READ_SEARCH"]
 CR_KINDS = {"ServiceMonitor", "PrometheusRule"}  # CRDs: no bundled schema
 DIGEST = "sha256:" + "ab" * 32
 MONITORING = {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}}
@@ -412,6 +422,14 @@ def test_agent_check_catches_a_writable_mount_and_the_whole_dev() -> None:
     dri["hostPath"]["path"] = "/dev"
     with pytest.raises(AssertionError, match="host path"):
         check_agent_daemonset(ds, "/run/containerd")
+
+
+def test_without_fdinfo_the_agent_gets_what_it_got_before() -> None:
+    pod = daemonset(render_helm(helm_values(config__fdinfo__enabled=False)))["spec"]["template"]
+    (agent,) = pod["spec"]["containers"]
+    assert agent["securityContext"]["capabilities"]["add"] == ["SYS_ADMIN"]
+    host = {v["hostPath"]["path"] for v in pod["spec"]["volumes"] if "hostPath" in v}
+    assert host == HOST_PATHS - {"/proc"} | {"/run/containerd"}
 
 
 def host_path_types(docs: list[dict[str, Any]]) -> dict[str, str]:

@@ -2,33 +2,26 @@
 
 from __future__ import annotations
 
+import base64
 import logging
 import socket
+import ssl
 import subprocess
+import threading
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import StubHealth, free_port, make_config, scrape, start_telemetry
 from otlp_receiver import OtlpReceiver, attrs
 from test_metrics import Clock, calls, ioctl
 
 from kubenpu import __version__, config, export
-from kubenpu.metrics import EXPORT_ERRORS, OVERFLOW_ATTRS, DeviceRow
+from kubenpu.metrics import EXPORT_ERRORS, OVERFLOW_ATTRS, DeviceRow, Metrics
 
 HOUR = 3600.0  # an interval long enough that only explicit flushes push
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def make_config(tmp_path: Path, text: str, env: dict[str, str] | None = None) -> config.Config:
-    p = tmp_path / "kubenpu.yaml"
-    p.write_text(text)
-    return config.load(str(p), {"K8S_NODE_NAME": "node-a", **(env or {})})
 
 
 def otlp_yaml(port: int, extra: str = "") -> str:
@@ -57,7 +50,7 @@ def clean_resource_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_grpc_push_exact_values_resource_and_headers(tmp_path, receiver, clean_resource_env):
     cfg = make_config(tmp_path, otlp_yaml(receiver.port, "    headers: {x-tenant: t1}\n"))
-    tel = export.start(cfg)
+    tel = start_telemetry(cfg)
     try:
         m = tel.metrics
         calls(m, "ns", "p", "c", 41)
@@ -137,7 +130,8 @@ def test_collector_down_at_start_and_mid_run_loses_nothing(tmp_path, receiver, r
     receiver.stop()  # down at start
     cfg = make_config(tmp_path, otlp_yaml(port))
     cfg.export.otlp.timeout_seconds = 3  # room for the exporter's own retry after a reconnect
-    tel = export.start(cfg)
+    tel = start_telemetry(cfg)
+    root_log.records.clear()  # asyncio's debug line as the metrics server starts
     try:
         calls(tel.metrics, "ns", "p", "c", 10)
         assert not tel.flush()
@@ -166,9 +160,9 @@ def test_collector_down_at_start_and_mid_run_loses_nothing(tmp_path, receiver, r
 def test_periodic_push_runs_on_its_own(tmp_path, receiver):
     cfg = make_config(tmp_path, otlp_yaml(receiver.port))
     cfg.export.otlp.interval_seconds = 0.05
-    tel = export.start(cfg)
+    tel = start_telemetry(cfg)
     calls(tel.metrics, "ns", "p", "c", 3)
-    tel.shutdown()  # joins the timer thread, then makes the final push
+    assert tel.shutdown()  # joins the timer thread, which makes the final push
     assert len(receiver.requests) >= 1
     assert receiver.values("kubenpu.ioctl") == {ioctl("ns", "p", "c"): 3}
 
@@ -237,7 +231,7 @@ def test_grpc_tls_with_ca_certificate_from_env(tmp_path, tls_files):
             "OTEL_EXPORTER_OTLP_CERTIFICATE": str(tls_files["ca.pem"]),
             "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer%20s3cret",
         }
-        tel = export.start(make_config(tmp_path, otlp_yaml(0), env))
+        tel = start_telemetry(make_config(tmp_path, otlp_yaml(0), env))
         try:
             calls(tel.metrics, "ns", "p", "c", 9)
             assert tel.flush()
@@ -247,7 +241,7 @@ def test_grpc_tls_with_ca_certificate_from_env(tmp_path, tls_files):
         assert rx.metadata[-1]["authorization"] == "Bearer s3cret"
     # Without the CA the server is not trusted: the push fails, it does not crash.
     with OtlpReceiver(tls=tls) as rx:
-        tel = export.start(
+        tel = start_telemetry(
             make_config(
                 tmp_path,
                 otlp_yaml(0),
@@ -268,12 +262,7 @@ def test_unreadable_certificate_is_a_clear_error(tmp_path):
         {"OTEL_EXPORTER_OTLP_ENDPOINT": "https://127.0.0.1:4317"},
     )
     with pytest.raises(export.ExportError, match=r"cannot read OTLP TLS file /nonexistent/ca\.pem"):
-        export.start(cfg)
-
-
-def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        return r.read().decode()
+        start_telemetry(cfg)
 
 
 def prom_yaml(port: int) -> str:
@@ -286,7 +275,7 @@ def test_metrics_port_in_use_is_a_specific_error(tmp_path):
         s.listen()
         port = s.getsockname()[1]
         with pytest.raises(export.PortInUseError) as err:
-            export.start(make_config(tmp_path, prom_yaml(port)))
+            start_telemetry(make_config(tmp_path, prom_yaml(port)))
     assert str(err.value) == (
         f"metrics port 127.0.0.1:{port} is already in use (export.prometheus.port)"
     )
@@ -300,7 +289,7 @@ def test_retired_series_disappear_from_metrics_and_otlp(tmp_path, receiver):
     )
     text += "metrics: {series_ttl_seconds: 60}\n"
     clock = Clock()
-    tel = export.start(make_config(tmp_path, text), clock=clock)
+    tel = start_telemetry(make_config(tmp_path, text), clock=clock)
     try:
         calls(tel.metrics, "ns", "gone", "c", 2)
         calls(tel.metrics, "ns", "stays", "c", 3)
@@ -322,7 +311,7 @@ def test_overflow_series_on_both_paths(tmp_path, receiver):
     text = otlp_yaml(receiver.port).replace(
         "{enabled: false}", f"{{host: 127.0.0.1, port: {port}}}"
     )
-    tel = export.start(make_config(tmp_path, text + "metrics: {max_series: 1}\n"))
+    tel = start_telemetry(make_config(tmp_path, text + "metrics: {max_series: 1}\n"))
     try:
         calls(tel.metrics, "ns", "a", "c", 2)
         calls(tel.metrics, "ns", "b", "c", 3)
@@ -336,3 +325,282 @@ def test_overflow_series_on_both_paths(tmp_path, receiver):
     assert receiver.values("kubenpu.overflow_calls") == {frozenset(): 7}
     point = receiver.metric("kubenpu.ioctl").sum.data_points[-1]
     assert attrs(point.attributes) == {"otel.metric.overflow": True}
+
+
+# --- the metrics endpoint: health, TLS, auth, bounded connections
+
+
+def server_yaml(port: int, extra: str = "") -> str:
+    return f"export:\n  prometheus:\n    host: 127.0.0.1\n    port: {port}\n{extra}"
+
+
+def get(
+    port: int,
+    path: str,
+    headers: dict[str, str] | None = None,
+    context: ssl.SSLContext | None = None,
+) -> tuple[int, str, dict[str, str]]:
+    """(status, body, headers) of a GET; an HTTP error status is an answer, not an exception."""
+    scheme = "https" if context else "http"
+    req = urllib.request.Request(f"{scheme}://127.0.0.1:{port}{path}", headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=10, context=context) as r:
+            return r.status, r.read().decode(), dict(r.headers)
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode(), dict(err.headers)
+
+
+@pytest.mark.parametrize("metrics_enabled", [True, False])
+def test_healthz_and_readyz_report_the_agents_health(tmp_path, metrics_enabled):
+    port = free_port()
+    health = StubHealth()
+    extra = "" if metrics_enabled else "    enabled: false\n"
+    tel = start_telemetry(make_config(tmp_path, server_yaml(port, extra)), health=health)
+    try:
+        assert get(port, "/healthz")[:2] == (200, "ok\n")
+        assert get(port, "/readyz")[:2] == (200, "ok\n")
+        health.is_live = (False, "attribution thread died: ValueError: bad kind 9")
+        health.is_ready = (False, "probe not attached yet")
+        assert get(port, "/healthz")[:2] == (
+            503,
+            "attribution thread died: ValueError: bad kind 9\n",
+        )
+        assert get(port, "/readyz")[:2] == (503, "probe not attached yet\n")
+        status, body, _ = get(port, "/metrics")
+        assert status == (200 if metrics_enabled else 404)
+        assert ("kubenpu_events_received_total" in body) is metrics_enabled
+    finally:
+        tel.shutdown()
+
+
+def test_requests_other_than_get_and_unknown_paths(tmp_path):
+    port = free_port()
+    tel = start_telemetry(make_config(tmp_path, server_yaml(port)))
+    try:
+        assert get(port, "/nope")[0] == 404
+        post = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", data=b"x")
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(post, timeout=10)
+        assert err.value.code == 405
+        for request, status, body in [
+            (b"garbage\r\n\r\n", b"400", b"bad request line\n"),
+            (b"GET /metrics HTTP/1.1\r\nX: " + b"x" * 20000, b"431", b"request head too large\n"),
+            (b"HEAD /healthz HTTP/1.1\r\n\r\n", b"200", b""),
+        ]:
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+                s.sendall(request)
+                answer = s.makefile("rb").read()
+            assert answer.startswith(b"HTTP/1.1 " + status + b" "), answer[:100]
+            assert answer.endswith(b"\r\n\r\n" + body)
+        assert "kubenpu_events_received_total" in scrape(port)
+    finally:
+        tel.shutdown()
+
+
+def test_metrics_over_tls(tmp_path, tls_files):
+    port = free_port()
+    tls = (
+        f"    tls: {{cert_file: {tls_files['server.pem']}, key_file: {tls_files['server.key']}}}\n"
+    )
+    tel = start_telemetry(make_config(tmp_path, server_yaml(port, tls)))
+    try:
+        calls(tel.metrics, "ns", "p", "c", 7)
+        trusted = ssl.create_default_context(cafile=str(tls_files["ca.pem"]))
+        status, body, _ = get(port, "/metrics", context=trusted)
+        assert status == 200
+        assert 'kubenpu_ioctl_total{container="c"' in body
+        assert get(port, "/healthz", context=trusted)[:2] == (200, "ok\n")
+        # Plain HTTP to the TLS port gets no answer, and the server keeps serving.
+        with pytest.raises(OSError):
+            get(port, "/metrics")
+        with pytest.raises(urllib.error.URLError) as err:
+            get(port, "/metrics", context=ssl.create_default_context())  # CA not trusted
+        assert isinstance(err.value.reason, ssl.SSLCertVerificationError)
+        assert get(port, "/metrics", context=trusted)[0] == 200
+    finally:
+        tel.shutdown()
+
+
+def test_missing_tls_files_are_a_clear_error(tmp_path):
+    tls = "    tls: {cert_file: /nonexistent/c.pem, key_file: /nonexistent/c.key}\n"
+    with pytest.raises(export.ExportError, match=r"^cannot load export\.prometheus\.tls"):
+        start_telemetry(make_config(tmp_path, server_yaml(free_port(), tls)))
+
+
+def basic(user: str, password: str) -> dict[str, str]:
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    return {"Authorization": f"Basic {token}"}
+
+
+@pytest.mark.parametrize("schemes", [("basic",), ("bearer",), ("basic", "bearer")])
+def test_metrics_auth_required_denied_allowed(tmp_path, schemes):
+    (tmp_path / "password").write_text("pa55word\n")
+    (tmp_path / "token").write_text("t0ken\n")
+    auth = {
+        "basic": f"username: prom, password_file: {tmp_path / 'password'}",
+        "bearer": f"bearer_token_file: {tmp_path / 'token'}",
+    }
+    port = free_port()
+    text = server_yaml(port, f"    auth: {{{', '.join(auth[s] for s in schemes)}}}\n")
+    tel = start_telemetry(make_config(tmp_path, text))
+    try:
+        status, _, headers = get(port, "/metrics")
+        assert status == 401
+        assert headers["WWW-Authenticate"] == (
+            'Basic realm="kubenpu"' if "basic" in schemes else "Bearer"
+        )
+        denied = [basic("prom", "wrong"), basic("other", "pa55word"), {"Authorization": "Bearer x"}]
+        for h in denied:
+            assert get(port, "/metrics", h)[0] == 401, h
+        allowed = {"basic": basic("prom", "pa55word"), "bearer": {"Authorization": "Bearer t0ken"}}
+        for scheme, h in allowed.items():
+            assert get(port, "/metrics", h)[0] == (200 if scheme in schemes else 401), scheme
+        # Kubelet probes carry no credentials.
+        assert get(port, "/healthz")[0] == 200
+        assert get(port, "/readyz")[0] == 200
+    finally:
+        tel.shutdown()
+
+
+def test_unreadable_auth_secret_is_a_clear_error(tmp_path):
+    text = server_yaml(free_port(), "    auth: {bearer_token_file: /nonexistent/token}\n")
+    with pytest.raises(export.ExportError) as err:
+        start_telemetry(make_config(tmp_path, text))
+    assert str(err.value) == (
+        "cannot read export.prometheus.auth.bearer_token_file /nonexistent/token: "
+        "No such file or directory"
+    )
+
+
+def metrics_threads() -> int:
+    return sum(t.name.startswith("metrics") for t in threading.enumerate())
+
+
+def test_idle_connections_cost_no_threads_and_are_dropped(tmp_path):
+    port = free_port()
+    extra = "    max_connections: 4\n    read_timeout_seconds: 0.5\n"
+    tel = start_telemetry(make_config(tmp_path, server_yaml(port, extra)))
+    idle: list[socket.socket] = []
+    try:
+        assert "kubenpu_events_received_total" in scrape(port)
+        threads = metrics_threads()
+        assert threads <= 1 + 4  # the event loop and at most max_connections workers
+        for _ in range(2):
+            idle += [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(200)]
+            # Behind 200 more idle connections a scrape still gets through, on no new thread.
+            assert "kubenpu_events_received_total" in scrape(port)
+            assert metrics_threads() == threads
+        # The server closes idle connections (EOF, no answer) after the read timeout.
+        for s in idle:
+            assert s.recv(4096) == b""
+    finally:
+        for s in idle:
+            s.close()
+        tel.shutdown()
+    assert metrics_threads() == 0
+
+
+def test_a_slow_client_does_not_hold_the_server_and_is_cut_off(tmp_path):
+    port = free_port()
+    extra = "    max_connections: 1\n    read_timeout_seconds: 0.5\n"
+    tel = start_telemetry(make_config(tmp_path, server_yaml(port, extra)))
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as slow:
+            slow.sendall(b"GET /metrics HTTP/1.1\r\n")  # and never the end of the headers
+            assert get(port, "/healthz")[0] == 200
+            assert slow.recv(4096) == b""  # cut off after the read timeout
+            assert get(port, "/healthz")[0] == 200
+    finally:
+        tel.shutdown()
+
+
+# --- OTLP: header keys as the OTel SDK sends them; a bounded stop
+
+
+def test_capitalised_header_keys_reach_a_real_grpc_receiver(tmp_path, receiver):
+    """grpcio refuses upper-case metadata keys ("Invalid metadata") on every push."""
+    env = {"OTEL_EXPORTER_OTLP_HEADERS": "Authorization=Bearer%20s3cret,X-Scope-OrgID=t1"}
+    text = otlp_yaml(receiver.port, "    headers: {X-From-Yaml: y}\n")
+    for cfg in (make_config(tmp_path, text, env), make_config(tmp_path, text)):
+        tel = start_telemetry(cfg)
+        try:
+            calls(tel.metrics, "ns", "p", "c", 4)
+            assert tel.flush()
+        finally:
+            assert tel.shutdown()
+    first, *_, last = receiver.metadata
+    assert (first["authorization"], first["x-scope-orgid"]) == ("Bearer s3cret", "t1")
+    assert last["x-from-yaml"] == "y"
+
+
+@pytest.fixture
+def blackhole() -> Iterator[int]:
+    """A collector that accepts TCP connections and never answers."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(64)
+        yield s.getsockname()[1]
+
+
+def test_stop_with_a_blackholed_collector_is_bounded_and_reports_the_loss(
+    tmp_path, blackhole, root_log
+):
+    cfg = make_config(tmp_path, otlp_yaml(blackhole))
+    cfg.export.otlp.interval_seconds = 0.05  # a periodic push is in flight when we stop
+    tel = start_telemetry(cfg)
+    calls(tel.metrics, "ns", "p", "c", 3)
+    assert tel.shutdown() is False
+    lost = [r.getMessage() for r in root_log.records if "not delivered" in r.getMessage()]
+    assert lost == [
+        f"OTLP export to http://127.0.0.1:{blackhole}: the final counts were not delivered "
+        "within 1s (export.otlp.timeout_seconds); the collector keeps the last pushed counts"
+    ]
+
+
+class GatedMetrics(Metrics):
+    """Metrics whose collect() takes its snapshot, then waits for the test to open the gate."""
+
+    def __init__(self) -> None:
+        super().__init__("node-a", 300, 100)
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+
+    def collect(self):
+        snapshot = super().collect()
+        self.entered.set()
+        assert self.gate.wait(30)
+        return snapshot
+
+
+def test_concurrent_scrapes_share_renders_but_never_get_an_older_one(tmp_path):
+    port = free_port()
+    metrics = GatedMetrics()
+    tel = export.start(make_config(tmp_path, server_yaml(port)), metrics, StubHealth())
+    bodies: dict[str, str] = {}
+
+    def scrape_into(name: str) -> None:
+        bodies[name] = scrape(port)
+
+    first = threading.Thread(target=scrape_into, args=("first",))
+    second = threading.Thread(target=scrape_into, args=("second",))
+    try:
+        first.start()
+        assert metrics.entered.wait(30)  # the first render has taken its snapshot
+        calls(metrics, "ns", "p", "c", 5)
+        second.start()  # asks after the calls: it must see them
+        for _ in range(3000):  # until the second request waits in the server (bounded)
+            if sum(t.name.startswith("metrics_") for t in threading.enumerate()) == 2:
+                break
+            threading.Event().wait(0.01)
+        metrics.gate.set()
+        first.join()
+        second.join()
+    finally:
+        metrics.gate.set()
+        tel.shutdown()
+    assert 'pod="p"' not in bodies["first"]
+    assert (
+        'kubenpu_ioctl_total{container="c",device="0000:03:00.0",kind="submit",'
+        in (bodies["second"])
+    )
+    assert 'pod="p",vendor="vgem"} 5.0' in bodies["second"]

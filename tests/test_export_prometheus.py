@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from test_export import free_port, make_config, scrape
+from helpers import free_port, make_config, scrape, start_telemetry
 from test_metrics import calls
 
 from kubenpu import export
@@ -179,7 +179,9 @@ def test_otlp_http_push_into_a_prometheus_api(tools, tmp_path):
             "OTEL_EXPORTER_OTLP_ENDPOINT": f"{vm.url}/opentelemetry",
             "OTEL_METRICS_EXPORTER": "otlp",
         }
-        tel = export.start(make_config(tmp_path, "export: {otlp: {interval_seconds: 3600}}", env))
+        tel = start_telemetry(
+            make_config(tmp_path, "export: {otlp: {interval_seconds: 3600}}", env)
+        )
         try:
             fill(tel)
             assert tel.flush()
@@ -190,7 +192,7 @@ def test_otlp_http_push_into_a_prometheus_api(tools, tmp_path):
 
 def test_prometheus_scrapes_metrics_and_promtool_is_clean(tools, tmp_path):
     port = free_port()
-    tel = export.start(
+    tel = start_telemetry(
         make_config(tmp_path, f"export: {{prometheus: {{host: 127.0.0.1, port: {port}}}}}")
     )
     try:
