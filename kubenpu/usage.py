@@ -11,7 +11,11 @@ processes, or clients, goes away. A client that closes between two reads loses w
 the last read. Memory and capacity are gauges of the clients open at the last read.
 
 Attribution: the lowest pid's cgroup v2 path, its directory's inode under the cgroup root (the
-cgroup id the kernel gives the probe), then the same Resolver as the calls. While the resolver
+cgroup id the kernel gives the probe), then the same Resolver as the calls. /proc/PID/cgroup
+writes the path relative to the READER's cgroup namespace: in a pod (a private cgroupns) another
+container's path starts with "/..". Such a path is taken from the agent's own namespace root,
+found once as the directory under the cgroup root with the inode of `own_cgroup` (the container's
+own cgroup2 mount, rooted at its namespace root). While the resolver
 has no answer yet, a client's increments wait (none lost); after `pending_seconds`, or when the
 client closes, they are counted with the resolver's settled answer.
 """
@@ -62,6 +66,7 @@ class Usage:
         *,
         pending_seconds: float,
         on_cgroup: Callable[[int], None] = lambda _: None,
+        own_cgroup: str = "/sys/fs/cgroup",
         clock: Callable[[], float],
     ) -> None:
         self._reader = reader
@@ -69,6 +74,8 @@ class Usage:
         self._metrics = metrics
         self._vendor = {d.id: d.vendor or "" for d in devices}
         self._cgroup_root = cgroup_root
+        self._own_cgroup = own_cgroup
+        self._ns_root: str | None = None  # the agent's cgroupns root, under cgroup_root
         self._pending_seconds = pending_seconds
         self._on_cgroup = on_cgroup  # the agent reaps these cgroups as it reaps the calls'
         self._clock = clock
@@ -161,7 +168,12 @@ class Usage:
         """The cgroup id of the client's lowest pid: its cgroup directory's inode."""
         if not client.cgroup:
             return None
-        path = os.path.join(self._cgroup_root, client.cgroup.lstrip("/"))
+        relative = client.cgroup.lstrip("/")
+        if relative.startswith(".."):
+            relative = os.path.normpath(os.path.join(self._namespace_root(), relative))
+            if relative.startswith(".."):
+                return None  # above the hierarchy's root: no cgroup_root of the node's
+        path = os.path.join(self._cgroup_root, relative)
         try:
             cgroup_id = os.stat(path).st_ino
         except OSError:
@@ -169,6 +181,18 @@ class Usage:
         self._dirs[cgroup_id] = path
         self._on_cgroup(cgroup_id)
         return cgroup_id
+
+    def _namespace_root(self) -> str:
+        """The agent's cgroup namespace root, relative to cgroup_root ("." when not found)."""
+        if self._ns_root is None:
+            self._ns_root = "."
+            inode = _inode(self._own_cgroup)
+            for top, dirs, _ in os.walk(self._cgroup_root) if inode else ():
+                found = [d for d in dirs if _inode(os.path.join(top, d)) == inode]
+                if found:
+                    self._ns_root = os.path.relpath(os.path.join(top, found[0]), self._cgroup_root)
+                    break
+        return self._ns_root
 
     def _set_gauges(self) -> None:
         capacity: dict[tuple[Where, str], int] = {}
@@ -185,3 +209,10 @@ class Usage:
                     mkey = (where, region, state)
                     memory[mkey] = memory.get(mkey, 0) + value
         self._metrics.set_usage_gauges(capacity, memory)
+
+
+def _inode(path: str) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None  # removed meanwhile

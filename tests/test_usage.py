@@ -48,6 +48,7 @@ class Machine:
             str(self.cgroups),
             pending_seconds=120,
             on_cgroup=self.watched.append,
+            own_cgroup=str(self.cgroups / "kubepods" / "agent"),
             clock=self.clock,
         )
 
@@ -242,3 +243,18 @@ def test_a_host_process_outside_any_cgroup_v2_is_unlabelled(machine: Machine) ->
     (machine.root / "proc" / "10" / "cgroup").write_text("1:name=systemd:/\n")
     machine.read()
     assert values(machine.metrics, ENGINE_BUSY) == {("", "", "render"): 2.0}
+
+
+def test_paths_relative_to_the_agents_cgroup_namespace_are_found(machine: Machine) -> None:
+    """In a pod, /proc/PID/cgroup shows other containers' cgroups from the agent's namespace."""
+    machine.cgroup("kubepods/agent", None)
+    machine.cgroup("kubepods/pod-a", POD_A)
+    machine.process(10, "kubepods/pod-a", {1: busy(2e9)})
+    (machine.root / "proc" / "10" / "cgroup").write_text("0::/../pod-a\n")
+    machine.process(11, "kubepods/pod-a", {2: busy(1e9)})
+    (machine.root / "proc" / "11" / "cgroup").write_text("0::/../../..\n")  # above the root
+    machine.read()
+    assert values(machine.metrics, ENGINE_BUSY) == {
+        ("a", "main", "render"): 2.0,
+        ("", "", "render"): 1.0,
+    }
