@@ -97,7 +97,6 @@ class Usage:
             self._full = False
         else:
             scan = self._reader.scan(sorted(self._pids | self._procs()))
-        self._active.clear()
         self._metrics.fdinfo_skipped({str(r): n for r, n in scan.skipped.items()})
         seen = {(c.device, c.client_id): c for c in scan.clients}
         for key, client in seen.items():
@@ -106,6 +105,10 @@ class Usage:
             if key not in seen and not set(tracked.client.pids) & scan.unreadable:
                 self._close(key, tracked)  # every holder was read without it: closed
         self._pids = {p for t in self._clients.values() for p in t.client.pids}
+        # Directories of cgroups that hold a client or just called; the others may be gone.
+        keep = self._active | {t.cgroup_id for t in self._clients.values()}
+        self._dirs = {c: d for c, d in self._dirs.items() if c in keep}
+        self._active = set()
         self._set_gauges()
         return scan
 
