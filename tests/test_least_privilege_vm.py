@@ -24,8 +24,10 @@ pytestmark = pytest.mark.vm
 
 
 def chart_capabilities() -> list[str]:
-    """The capabilities the chart's DaemonSet adds to the agent container (after drop: ALL)."""
-    (ds,) = (d for d in render_helm(helm_values()) if d["kind"] == "DaemonSet")
+    """The capabilities the chart's DaemonSet adds to the agent container (after drop: ALL) for
+    the probe: fdinfo's own (config.fdinfo.enabled) are measured by test_fdinfo_privilege_vm.py."""
+    values = helm_values(config__fdinfo__enabled=False)
+    (ds,) = (d for d in render_helm(values) if d["kind"] == "DaemonSet")
     (agent,) = ds["spec"]["template"]["spec"]["containers"]
     caps = agent["securityContext"]["capabilities"]
     assert caps["drop"] == ["ALL"]
