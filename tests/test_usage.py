@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 from fakes import Clock, FakeResolver
 
+from kubenpu import top
 from kubenpu.discovery import discover
+from kubenpu.export import prometheus_name
 from kubenpu.fdinfo import FdinfoReader, Scan
 from kubenpu.metrics import ENGINE_BUSY, ENGINE_CAPACITY, FDINFO_SKIPPED, MEMORY, Metrics, Spec
 from kubenpu.resolve import Attribution
@@ -258,3 +260,7 @@ def test_paths_relative_to_the_agents_cgroup_namespace_are_found(machine: Machin
         ("a", "main", "render"): 2.0,
         ("", "", "render"): 1.0,
     }
+
+
+def test_kubenpuctl_top_reads_the_names_the_agent_exports() -> None:
+    assert (prometheus_name(ENGINE_BUSY), prometheus_name(MEMORY)) == (top.BUSY, top.MEMORY)
