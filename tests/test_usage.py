@@ -15,6 +15,7 @@ import pytest
 from fakes import Clock, FakeResolver
 
 from kubenpu import top
+from kubenpu.agent import Attributor
 from kubenpu.discovery import discover
 from kubenpu.export import prometheus_name
 from kubenpu.fdinfo import FdinfoReader, Scan
@@ -264,3 +265,19 @@ def test_paths_relative_to_the_agents_cgroup_namespace_are_found(machine: Machin
 
 def test_kubenpuctl_top_reads_the_names_the_agent_exports() -> None:
     assert (prometheus_name(ENGINE_BUSY), prometheus_name(MEMORY)) == (top.BUSY, top.MEMORY)
+
+
+def test_a_gone_pods_busy_series_retire_after_the_ttl(machine: Machine) -> None:
+    """The agent hands client cgroups to Attributor.watch(); its reaper retires them."""
+    attributor = Attributor([], machine.resolver, machine.metrics)
+    cgroup_id = machine.cgroup("pod-a", POD_A)
+    machine.process(10, "pod-a", {1: busy(2e9)})
+    machine.read()
+    for watched in machine.watched:
+        attributor.watch(watched)
+    machine.exit(10)
+    machine.resolver.dead.add(cgroup_id)
+    attributor.forget(attributor.dead_cgroups())
+    assert values(machine.metrics, ENGINE_BUSY) == {("a", "main", "render"): 2.0}
+    machine.clock.now += 60
+    assert values(machine.metrics, ENGINE_BUSY) == {}
