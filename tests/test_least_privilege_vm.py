@@ -37,8 +37,9 @@ pytestmark = pytest.mark.vm
 
 
 def chart_capabilities(hook: str) -> list[str]:
-    """The capabilities the chart's DaemonSet adds to the agent container (after drop: ALL)."""
-    values = helm_values()
+    """The capabilities the chart's DaemonSet adds to the agent container (after drop: ALL) for
+    the probe: fdinfo's own (config.fdinfo.enabled) are measured by test_fdinfo_privilege_vm.py."""
+    values = helm_values(config__fdinfo__enabled=False)
     values["config"]["probe"]["hook"] = hook
     (ds,) = (d for d in render_helm(values) if d["kind"] == "DaemonSet")
     (agent,) = ds["spec"]["template"]["spec"]["containers"]
