@@ -56,7 +56,7 @@ HOST_PATHS = {
 }
 # What each probe.hook needs: daemonset.yaml says why; tests/test_least_privilege_vm.py measures
 CAPABILITIES = {"security_file_ioctl": ["BPF", "PERFMON"], "drm_ioctl": ["SYS_ADMIN"]}
-# What config.fdinfo.enabled (the default) adds: tests/test_fdinfo_privilege_vm.py measures
+# What config.fdinfo.enabled (the default) adds: tests/test_least_privilege_vm.py measures
 FDINFO_CAPABILITIES = ["SYS_PTRACE", "DAC_READ_SEARCH"]
 DRM_IOCTL_HOOK = {"config": {"probe": {"hook": "drm_ioctl"}}}
 CR_KINDS = {"ServiceMonitor", "PrometheusRule"}  # CRDs: no bundled schema

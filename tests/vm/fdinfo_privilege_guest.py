@@ -1,10 +1,11 @@
 """What a uid-0 agent with few capabilities needs to read other processes' DRM fdinfo.
 
-tests/vm/fdinfo_privilege.sh runs it; /out/plan.json is a list of {"name", "caps"}. Two
-processes hold the vgem node open: one as uid 1000 with no capabilities (a non-root pod), one
-as root with every capability (a privileged pod). For each plan entry the real FdinfoReader
-scans both, under setpriv with only `caps` in every set and no_new_privs (what a container gets
-from drop: [ALL] + add: caps); /out/<name>.json records which holders it could read.
+tests/vm/least_privilege_guest.py calls measure() in its boot, with its capability launcher, for
+the plan's entries marked "fdinfo" ({"name", "caps", "fdinfo": true}). Two processes hold the
+vgem node open: one as uid 1000 with no capabilities (a non-root pod), one as root with every
+capability (a privileged pod). For each entry the real FdinfoReader scans both, under setpriv
+with only `caps` in every set and no_new_privs (what a container gets from drop: [ALL] + add:
+caps); OUT/<name>.json records which holders it could read.
 """
 
 from __future__ import annotations
@@ -12,10 +13,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-
-from least_privilege_guest import launcher
 
 from kubenpu.discovery import discover
 
@@ -42,8 +41,8 @@ def holder(node: str, *prefix: str) -> subprocess.Popen[str]:
     return proc
 
 
-def main() -> int:
-    out = Path(sys.argv[1] if len(sys.argv) > 1 else "/out")
+def measure(out: Path, plan: list[dict], launcher: Callable[[list[str]], Sequence[str]]) -> None:
+    """Each plan entry's scan of both holders, run under launcher(caps)."""
     (vgem,) = (d for d in discover("/") if d.vendor == "vgem")
     node = vgem.nodes[0].path
     os.chmod(node, 0o666)
@@ -51,7 +50,7 @@ def main() -> int:
     root = holder(node)
     holders = {user.pid: "uid1000", root.pid: "root"}
     try:
-        for run in json.loads((out / "plan.json").read_text()):
+        for run in plan:
             argv = [*launcher(run["caps"]), PYTHON, "-c", SCAN, *map(str, holders)]
             proc = subprocess.run(argv, capture_output=True, text=True, env={"PYTHONPATH": "/src"})
             lines = [json.loads(line) for line in proc.stdout.splitlines()]
@@ -62,8 +61,3 @@ def main() -> int:
     finally:
         user.kill()
         root.kill()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
