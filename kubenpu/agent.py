@@ -76,6 +76,13 @@ def select_devices(devices: Iterable[Device], ignore: Iterable[str]) -> list[Dev
     return chosen
 
 
+def fdinfo_devices(devices: Iterable[Device], ignore: Iterable[str]) -> list[Device]:
+    """Devices whose DRM clients fdinfo reads: every one not ignored by config. A driver without
+    a vendor plug-in has no ioctl table to count, but may still print usage stats."""
+    ignored = set(ignore)
+    return [d for d in devices if d.id not in ignored]
+
+
 def _log_tables(devices: list[Device]) -> None:
     for name in sorted({core().name, *(d.vendor for d in devices if d.vendor)}):
         vendor = by_name(name)
@@ -463,7 +470,8 @@ class Agent:
 
 def build(cfg: config.Config, debug: bool = False, trace: bool = False) -> Agent:
     """The agent with its real collaborators: BCC, the CRI resolver, the exporters."""
-    devices = select_devices(discover(cfg.discovery.root), cfg.discovery.ignore_devices)
+    found = discover(cfg.discovery.root)
+    devices = select_devices(found, cfg.discovery.ignore_devices)
     _log_tables(devices)
     health = Health(_STALE_READS * _READ_SECONDS)
     metrics = Metrics(cfg.node_name, cfg.metrics.series_ttl_seconds, cfg.metrics.max_series)
@@ -496,11 +504,12 @@ def build(cfg: config.Config, debug: bool = False, trace: bool = False) -> Agent
     )
     usage = None
     if cfg.fdinfo.enabled:
+        readable = fdinfo_devices(found, cfg.discovery.ignore_devices)
         usage = Usage(
-            FdinfoReader(devices, cfg.discovery.root),
+            FdinfoReader(readable, cfg.discovery.root),
             resolver,
             metrics,
-            devices,
+            readable,
             cfg.attribution.cgroup_root,
             pending_seconds=pending,
             on_cgroup=attributor.watch,

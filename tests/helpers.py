@@ -23,7 +23,15 @@ import yaml
 
 # --- VM test records: the result.json files tests/vm/*_guest.py write -----------------------------
 # /metrics samples in a record are read with the guests' own projections (tests/vm/guestlib.py).
-from vm.guestlib import LABELS, by_reason, ioctl_counts, parse
+from vm.guestlib import (
+    LABELS,
+    TESTDRM,
+    by_reason,
+    client_series,
+    ioctl_counts,
+    parse,
+    usage_series,
+)
 
 from kubenpu import config, export
 from kubenpu.metrics import Metrics
@@ -31,7 +39,15 @@ from kubenpu.resolve import Attribution, Resolver
 
 ROOT = Path(__file__).resolve().parents[1]
 
-__all__ = ["by_reason", "expected_counts", "ioctl_counts", "otlp_counts"]
+__all__ = [
+    "TESTDRM",
+    "by_reason",
+    "client_series",
+    "expected_counts",
+    "ioctl_counts",
+    "otlp_counts",
+    "usage_series",
+]
 
 
 def expected_counts(rows: list[dict]) -> dict[tuple, float]:

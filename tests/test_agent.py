@@ -24,7 +24,7 @@ from fakes import Clock, FakeKernel, FakeResolver, record
 from helpers import free_port, make_config, resolved
 
 from kubenpu import export
-from kubenpu.agent import Agent, Attributor, Health, main, select_devices
+from kubenpu.agent import Agent, Attributor, Health, fdinfo_devices, main, select_devices
 from kubenpu.discovery import Device, Node
 from kubenpu.events import Key, Tally
 from kubenpu.metrics import (
@@ -126,6 +126,13 @@ def test_devices_without_a_plugin_or_ignored_are_not_counted():
     nvidia = Device("0000:01:00.0", "nvidia-drm", "10de:2204", 0, (), None)
     assert select_devices([VGEM, nvidia], ignore=[]) == [VGEM]
     assert select_devices([VGEM, nvidia], ignore=["platform:vgem"]) == []
+
+
+def test_fdinfo_reads_devices_without_a_plugin_but_not_ignored_ones():
+    """A driver with no ioctl table may still print usage stats (the VM's test driver does)."""
+    nvidia = Device("0000:01:00.0", "nvidia-drm", "10de:2204", 0, (), None)
+    assert fdinfo_devices([VGEM, nvidia], ignore=[]) == [VGEM, nvidia]
+    assert fdinfo_devices([VGEM, nvidia], ignore=["0000:01:00.0"]) == [VGEM]
 
 
 def test_bad_config_is_one_line_per_problem_and_exit_2(tmp_path, capsys):

@@ -107,6 +107,10 @@ static const struct file_operations testdrm_fops = {
 	.poll = drm_poll,
 	.read = drm_read,
 	.show_fdinfo = drm_show_fdinfo,
+#ifdef FOP_UNSIGNED_OFFSET
+	/* From 6.12 drm_open refuses (-EINVAL, with a warning) a DRM file without it. */
+	.fop_flags = FOP_UNSIGNED_OFFSET,
+#endif
 };
 
 static const struct drm_driver testdrm_driver = {
