@@ -10,6 +10,8 @@ static C `drmcall` (no agent, then the agent in each probe mode), the agent's CP
 start to the first metric and the agent's RSS with 1,000 pods' worth of kubelet-style cgroups,
 and what each probe.hook adds to a non-DRM ioctl (TCGETS on a pty, which the security_file_ioctl
 hook sees as well) and to a counted DRM one.
+The floor: a bpftrace one-liner that counts per cgroup and ioctl request in the kernel and does
+nothing in user space (Bpftrace), run through the same phases in the same boot.
 It plays kubelet and the runtime as tests/vm/e2e_guest.py does, with the same guest helpers
 (tests/vm/guestlib.py).
 bench/report.py turns the JSON into the table.
@@ -20,6 +22,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -68,6 +72,18 @@ IDLE_SECONDS = 5.0
 CHECK_CALLS = 60_000  # per process, in --check
 HOOKS = ("security_file_ioctl", "drm_ioctl")  # probe.hook
 PTY = "/dev/ptmx"  # each open makes a new pty master: TCGETS on it is a plain tty ioctl
+BPFTRACE = "/usr/bin/bpftrace"  # Debian's, in the guest root (tests/vm/build.sh)
+DRM_MAJOR = 226
+# The floor, per probe.hook: count per cgroup and request, as KubeNPU's program does per cgroup,
+# device and kind. On security_file_ioctl it keeps DRM character devices only (major 226), the
+# cheapest stand-in for KubeNPU's device-table lookup; drm_ioctl sees DRM calls only. BEGIN runs
+# once every probe is attached, so its line marks the moment calls start being counted.
+ONE_LINERS = {
+    "security_file_ioctl": "fentry:vmlinux:security_file_ioctl"
+    f" /args.file->f_inode->i_rdev >> 20 == {DRM_MAJOR}/ {{ @[cgroup, args.cmd] = count(); }}",
+    "drm_ioctl": "fentry:drm:drm_ioctl { @[cgroup, args.cmd] = count(); }",
+}
+BPFTRACE_ATTACHED = "bpftrace attached"
 
 
 def pod(i: int, namespace: str, name: str) -> dict:
@@ -143,10 +159,38 @@ def tour(card: str, cgroups: list[Path], calls: int) -> int:
     return sum(step["calls"] for step in reports(out, [call] * len(cgroups)))
 
 
+def drm_iowr(nr: int, size: int) -> int:
+    """The ioctl request DRM_IOWR(nr, size), as the kernel sees it."""
+    return (3 << 30) | (size << 16) | (ord("d") << 8) | nr
+
+
+def cgroup_id(cgroup: Path) -> int:
+    """bpf_get_current_cgroup_id() of a process in `cgroup`: the directory's inode number."""
+    return cgroup.stat().st_ino
+
+
 # --- the agent ---------------------------------------------------------------------------------
 
 
-class Measured(Agent):
+class Usage:
+    """CPU and memory of the process `pid`, from /proc."""
+
+    pid: int
+
+    def cpu_seconds(self) -> float:
+        """utime + stime of all the process's threads."""
+        stat = Path(f"/proc/{self.pid}/stat").read_text()
+        fields = stat.rsplit(")", 1)[1].split()  # the name may hold spaces
+        return (int(fields[11]) + int(fields[12])) / TICK
+
+    def rss_mib(self) -> float:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        raise SystemExit(f"no VmRSS for {self.pid}")
+
+
+class Measured(Agent, Usage):
     """One agent process with Prometheus export only (no OTLP push in the measured CPU), and
     its CPU and memory."""
 
@@ -162,17 +206,38 @@ class Measured(Agent):
         super().__init__(out, config, name="-".join(("agent", mode, *([hook] if hook else []))))
         self.attach()
 
-    def cpu_seconds(self) -> float:
-        """utime + stime of all the agent's threads."""
-        stat = Path(f"/proc/{self.pid}/stat").read_text()
-        fields = stat.rsplit(")", 1)[1].split()  # the name may hold spaces
-        return (int(fields[11]) + int(fields[12])) / TICK
 
-    def rss_mib(self) -> float:
-        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-        raise SystemExit("no VmRSS for the agent")
+class Bpftrace(Usage):
+    """The floor: bpftrace running ONE_LINERS[hook], started and attached. Its map is read once,
+    when it stops: bpftrace prints it on SIGINT."""
+
+    def __init__(self, out: Path, hook: str) -> None:
+        self.log_file = out / f"bpftrace-{hook}.log"
+        program = f'BEGIN {{ printf("{BPFTRACE_ATTACHED}\\n"); }} {ONE_LINERS[hook]}'
+        self.started = time.monotonic()
+        with open(self.log_file, "w") as log:
+            self.proc = subprocess.Popen(
+                [BPFTRACE, "-e", program], stdout=log, stderr=subprocess.STDOUT
+            )
+        self.pid = self.proc.pid
+        self.attach_seconds = self.attach()
+
+    def attach(self) -> float:
+        """Seconds from start until every probe is attached (BEGIN has run)."""
+        while BPFTRACE_ATTACHED not in self.log_file.read_text():
+            if self.proc.poll() is not None or time.monotonic() - self.started > ATTACH_TIMEOUT:
+                self.proc.kill()
+                raise SystemExit(f"bpftrace did not attach; see {self.log_file}")
+            time.sleep(0.1)
+        return time.monotonic() - self.started
+
+    def stop(self) -> Counter[tuple[int, int]]:
+        """Stop bpftrace; its counts per (cgroup id, ioctl request)."""
+        self.proc.send_signal(signal.SIGINT)
+        if self.proc.wait(timeout=120) != 0:
+            raise SystemExit(f"bpftrace failed ({self.proc.returncode}); see {self.log_file}")
+        found = re.findall(r"^@\[(\d+), (\d+)\]: (\d+)$", self.log_file.read_text(), re.M)
+        return Counter({(int(cg), int(cmd)): int(n) for cg, cmd, n in found})
 
 
 class Scrape:
@@ -222,6 +287,12 @@ class Ledger:
             "dropped": {r: n for r, n in dropped.items() if n},
             "settle_seconds": round(time.monotonic() - start, 2),
         }
+
+
+def counted(counts: Counter[tuple[int, int]], cgroups: list[Path]) -> int:
+    """What a bpftrace map holds for the benchmark's call from `cgroups`."""
+    request = drm_iowr(*CREATE_DUMB)
+    return sum(counts[cgroup_id(cg), request] for cg in cgroups)
 
 
 def exact(record: dict) -> bool:
@@ -276,8 +347,21 @@ class Bench:
             finally:
                 agent.stop(timeout=60)
             print(f"  {hook}: {found[hook]}", flush=True)
+        found |= self.floor_hooks(measure)
         for name, ns in measure().items():
             found["none"][name] += ns
+        return found
+
+    def floor_hooks(self, measure: Callable[[], dict[str, list[float]]]) -> dict:
+        """hooks()'s loops under each bpftrace one-liner, as "bpftrace HOOK"."""
+        found = {}
+        for hook in ONE_LINERS:
+            print(f"== bpftrace on {hook}", flush=True)
+            tracer = Bpftrace(self.out, hook)
+            try:
+                found[f"bpftrace {hook}"] = measure()
+            finally:
+                tracer.stop()
         return found
 
     def calibrate(self) -> tuple[int, float]:
@@ -286,9 +370,11 @@ class Bench:
         rate = n / s
         return max(20_000, int(rate * LOOP_SECONDS)), rate
 
-    def windows(self, agent: Measured, ledger: Ledger, rates: list[float], top: int) -> list[dict]:
+    def windows(
+        self, agent: Usage, settle: Callable[[int], dict], rates: list[float], top: int
+    ) -> list[dict]:
         """Paced windows at each rate, then an unpaced one on every CPU (`top` calls per CPU):
-        the agent's CPU over each window, including the time it takes to catch up."""
+        the agent's CPU over each window, including the time `settle` waits for it to catch up."""
         records = []
         ncpu = os.cpu_count() or 1
         for rate in [*rates, 0]:
@@ -298,7 +384,7 @@ class Bench:
             else:
                 issued, run = self.burst(top, procs=ncpu)
             cpu_run, wall_run = agent.cpu_seconds() - cpu0, time.monotonic() - t0
-            rec = ledger.settle(issued)
+            rec = settle(issued)
             cpu = agent.cpu_seconds() - cpu0
             rec.update(
                 target_rate=rate,
@@ -311,7 +397,7 @@ class Bench:
             print(f"  window {rec}", flush=True)
         return records
 
-    def idle_cpu(self, agent: Measured) -> float:
+    def idle_cpu(self, agent: Usage) -> float:
         """The agent's CPU per second with no calls at all (its timers and map reads)."""
         cpu0, t0 = agent.cpu_seconds(), time.monotonic()
         time.sleep(IDLE_SECONDS)
@@ -325,6 +411,33 @@ class Bench:
                 raise SystemExit("no metric after attach")
             time.sleep(0.5)  # each scrape costs the agent CPU: don't slow what is measured
         return time.monotonic() - agent.started
+
+    def floor(self, loop: int, rates: list[float], top: int, pods: list[Path]) -> dict:
+        """The aggregate mode's phases under the bpftrace one-liner on the default hook. Its map
+        is read once, at the end: counted is what it holds for the calls issued here."""
+        hook = HOOKS[0]
+        print(f"== floor: bpftrace on {hook}", flush=True)
+        tracer = Bpftrace(self.out, hook)
+        try:
+            issued = self.burst(10)[0]  # calls right after attach: counted from then on
+            res: dict = {
+                "hook": hook,
+                "program": ONE_LINERS[hook],
+                "attach_seconds": round(tracer.attach_seconds, 1),
+                "rss_mib_start": round(tracer.rss_mib(), 1),
+                "idle_cpu_per_second": self.idle_cpu(tracer),
+            }
+            res["loops_ns"] = self.loops(loop)
+            res["windows"] = self.windows(tracer, lambda n: {"issued": n}, rates, top)
+            res["tour"] = {"issued": tour(self.card, pods, TOUR_CALLS)}
+            res["idle_cpu_per_second_pods"] = self.idle_cpu(tracer)
+            res["rss_mib_steady"] = round(tracer.rss_mib(), 1)
+        finally:
+            counts = tracer.stop()
+        issued += loop * REPEATS + sum(w["issued"] for w in res["windows"]) + res["tour"]["issued"]
+        res["total"] = {"issued": issued, "counted": counted(counts, [self.loader, *pods])}
+        print(f"  floor done: {json.dumps(res)}", flush=True)
+        return res
 
     def mode(self, mode: str, loop: int, rates: list[float], top: int, pods: list[Path]) -> dict:
         print(f"== {mode}: starting the agent", flush=True)
@@ -341,7 +454,7 @@ class Bench:
             print(f"  {res}", flush=True)
             res["loops_ns"] = self.loops(loop)
             res["loops"] = ledger.settle(loop * REPEATS)
-            res["windows"] = self.windows(agent, ledger, rates, top)
+            res["windows"] = self.windows(agent, ledger.settle, rates, top)
             res["tour"] = ledger.settle(tour(self.card, pods, TOUR_CALLS))
             res["tour"]["attributed"] = ledger.last.counted["bench-pods"]
             res["tour"]["series"] = ledger.last.series
@@ -364,6 +477,8 @@ class Bench:
         for mode in MODES:
             modes[mode] = self.mode(mode, loop, rates, top, pods)
             baseline += self.loops(loop)  # no agent again: interleaved with the agent's phases
+        floor = self.floor(loop, rates, top, pods)
+        baseline += self.loops(loop)
         return {
             **self.hooks_only(loop),
             "kernel": os.uname().release,
@@ -374,6 +489,7 @@ class Bench:
             "baseline_ns": baseline,
             "baseline_ns_median": statistics.median(baseline),
             "modes": modes,
+            "bpftrace": floor,
         }
 
     def hooks_only(self, loop: int | None = None) -> dict:
@@ -399,7 +515,20 @@ class Bench:
             finally:
                 agent.stop(timeout=60)
             print(f"check {mode}: {found[mode]} exact={exact(found[mode])}", flush=True)
-        return {"kernel": os.uname().release, "modes": found}
+        return {"kernel": os.uname().release, "modes": found, "bpftrace": self.check_floor()}
+
+    def check_floor(self) -> dict:
+        """Per bpftrace one-liner: one flat-out burst on every CPU; its map must hold every call."""
+        found = {}
+        for hook in ONE_LINERS:
+            tracer = Bpftrace(self.out, hook)
+            try:
+                issued, _ = self.burst(CHECK_CALLS, procs=os.cpu_count() or 1)
+            finally:
+                counts = tracer.stop()
+            found[hook] = {"issued": issued, "counted": counted(counts, [self.loader])}
+            print(f"check bpftrace {hook}: {found[hook]}", flush=True)
+        return found
 
 
 def main() -> int:

@@ -29,3 +29,78 @@ def test_hook_rows_compare_each_hook_with_no_agent():
     assert "| drm_ioctl | 1000 | 1.00x | +0 | 2600 | 1.30x | +600 |" in text
     assert "| none (no agent) | 1000 | 1.00x | +0 | 2000 | 1.00x | +0 |" in text
     assert "Added cost per ioctl" not in text  # a --hooks run has no per-mode phases
+
+
+def burst(issued: int, counted: int | None = None) -> dict:
+    return {"issued": issued, "counted": issued if counted is None else counted, "dropped": {}}
+
+
+def phases(loops_ns: list[float], cpu: float, rss: float) -> dict:
+    """One arm's record of a full run: loops, three windows, the pod tour, start and memory."""
+    windows = [
+        {**burst(n), "target_rate": rate, "rate": n // 5, "cpu_per_second": cpu}
+        | {"cpu_seconds_per_million": 1.0}
+        for rate, n in ((20000, 100000), (200000, 1000000), (0, 2000000))
+    ]
+    return {
+        "loops_ns": loops_ns,
+        "loops": burst(500000),
+        "windows": windows,
+        "tour": burst(3000) | {"attributed": 3000, "series": 1001},
+        "attach_seconds": 50.0,
+        "first_metric_seconds": 55.0,
+        "rss_mib_start": rss,
+        "rss_mib_steady": rss + 3,
+        "idle_cpu_per_second": cpu,
+        "idle_cpu_per_second_pods": cpu,
+    }
+
+
+FULL = {
+    "kernel": "6.12.117+deb13-amd64",
+    "cpus": 2,
+    "loop_calls": 100000,
+    "max_rate": 500000,
+    "pods": 1000,
+    "baseline_ns": [2000.0, 2000.0, 2400.0],
+    "baseline_ns_median": 2000.0,
+    "modes": {
+        "aggregate": phases([2600.0, 2700.0, 2800.0], 0.02, 215),
+        "events": phases([5000.0, 5000.0, 5000.0], 0.9, 214),
+    },
+    "bpftrace": {
+        "hook": "security_file_ioctl",
+        "program": "fentry:vmlinux:security_file_ioctl { @[cgroup, args.cmd] = count(); }",
+        "attach_seconds": 4.0,
+        "rss_mib_start": 100.0,
+        "rss_mib_steady": 101.0,
+        "idle_cpu_per_second": 0.0,
+        "idle_cpu_per_second_pods": 0.0,
+        "loops_ns": [2400.0, 2500.0, 2600.0],
+        "windows": phases([], 0.001, 0)["windows"],
+        "tour": {"issued": 3000},
+        "total": burst(3103010, 3103000),
+    },
+}
+
+
+def test_floor_rows_set_the_bpftrace_arm_beside_the_aggregate_mode():
+    text = report.render(FULL, None)
+    head = "|  | KubeNPU aggregate | bpftrace one-liner on security_file_ioctl |"
+    assert head in text
+    assert "| ns per call vs no agent (median) | 1.35x | 1.25x |" in text
+    assert "| added ns per call (best loop) | 600 | 400 |" in text
+    assert "| agent CPU at 200000/s | 2.0 % | 0.1 % |" in text
+    # every phase of the aggregate mode: 500,000 + 3,100,000 + 3,000; the floor missed 10
+    assert (
+        "| counted / issued, every phase | 3603000 / 3603000 "
+        "| 3103000 / 3103010 (**10 not counted**) |" in text
+    )
+    assert "| start → first count (s) | 55.0 | 4.0 |" in text
+    assert "| RSS with 1000 pods (MiB) | 218 | 101 |" in text
+
+
+def test_a_run_without_the_floor_arm_still_renders():
+    text = report.render({k: v for k, v in FULL.items() if k != "bpftrace"}, None)
+    assert "Added cost per ioctl" in text
+    assert "The floor" not in text

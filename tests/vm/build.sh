@@ -261,10 +261,11 @@ build_tool() {
 # Packages apt installs into the finished root rather than ROOT_PACKAGES, so adding them does not
 # rebuild the root under guests that may be running. One stamp per set (NAME.hash).
 #   NODE: a real container runtime for tests/vm/node_guest.py: containerd (CRI plugin built in),
-#     runc, and busybox-static for the test images.
+#     runc, and busybox-static for the test images; bpftrace for the benchmark's floor
+#     (bench/bench_guest.py).
 #   KBUILD: trixie's gcc 14 (what Debian built the 6.12 and 7.3 kernels with) and make, for the
 #     fdinfo test driver (build_testdrm).
-NODE_PACKAGES=(containerd runc busybox-static)
+NODE_PACKAGES=(containerd runc busybox-static bpftrace)
 KBUILD_PACKAGES=(gcc make libc6-dev)
 apt_into_root() {
   local name=$1 want
