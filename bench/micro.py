@@ -6,6 +6,9 @@ Measures, in ns, what the agent spends per call in per-event mode (decode, fold 
 attribute and count) and per key per collection in aggregate mode (cumulative kernel counts into
 deltas, attribute and count), with the real Resolver over a kubelet-style cgroup tree in a
 temporary directory, a real CRI gRPC server (tests/cri_server.py) and the real Metrics.
+The fdinfo figures read a synthetic /proc tree of 1,000 DRM clients (one per pod, in a process
+of FDS_PER_PROCESS fds) among 50,000 fds in all: the full scan the agent makes at start, and one
+steady-state read of kubenpu.usage.Usage (the holders only, attributed and counted).
 Prints one line per figure: the best of REPEATS runs (as timeit does: slower runs measure
 the noise of other processes, not this code).
 """
@@ -30,10 +33,14 @@ from helpers import resolved
 from kubenpu.agent import Attributor
 from kubenpu.discovery import Device, Node
 from kubenpu.events import SIZE, Deltas, Event, Key, Tally, decode
+from kubenpu.fdinfo import FdinfoReader
 from kubenpu.metrics import Metrics
 from kubenpu.resolve import Resolver
+from kubenpu.usage import Usage
 
 REPEATS = 5
+FDS = 50_000
+FDS_PER_PROCESS = 10
 EVENTS = 200_000
 PODS = 1000
 KINDS = (1, 2, 3)  # submit, alloc, wait
@@ -81,6 +88,30 @@ class Setup:
             resolved(resolver, cgroup_id)
         return Attributor([self.device], resolver, Metrics("node", 300, 100_000))
 
+    def resolver(self) -> Resolver:
+        return Resolver(str(self.root / "cgroup"), f"unix://{self.root / 'cri.sock'}")
+
+    def proc_tree(self) -> Path:
+        """root/proc: PODS DRM clients, one per pod, among FDS fds; returns root."""
+        cgroups = sorted(str(p.relative_to(self.root / "cgroup")) for p in self._leaves())
+        fdinfo = "drm-driver:\tvgem\ndrm-client-id:\t{}\ndrm-engine-render:\t{} ns\n"
+        fdinfo += "drm-resident-system:\t4096\n"
+        for pid in range(1, FDS // FDS_PER_PROCESS + 1):
+            proc = self.root / "proc" / str(pid)
+            (proc / "fd").mkdir(parents=True)
+            (proc / "fdinfo").mkdir()
+            holder = pid <= PODS
+            (proc / "cgroup").write_text(f"0::/{cgroups[(pid - 1) % PODS]}\n")
+            for fd in range(FDS_PER_PROCESS):
+                drm = holder and fd == 3
+                (proc / "fd" / str(fd)).symlink_to("/dev/dri/card0" if drm else "/dev/null")
+                if drm:
+                    (proc / "fdinfo" / str(fd)).write_text(fdinfo.format(pid, pid * 1000))
+        return self.root
+
+    def _leaves(self) -> list[Path]:
+        return [p for p in (self.root / "cgroup").glob("kubepods/besteffort/*/*")]
+
     def keys(self, pods: int) -> list[Key]:
         return [Key(c, MAJOR, MINOR, k) for c in self.cgroup_ids[:pods] for k in KINDS]
 
@@ -126,7 +157,40 @@ def measure(setup: Setup) -> dict[str, float]:
         "tally_ns_per_event": best_ns(tally_all),
         "events_path_ns_per_event": best_ns(event_path),
         "aggregate_ns_per_key": aggregate_per_key(setup),
+        **fdinfo_read(setup),
     }
+
+
+def fdinfo_read(setup: Setup) -> dict[str, float]:
+    """ms of the full scan and of one steady-state Usage read (1,000 clients, 50,000 fds)."""
+    root = setup.proc_tree()
+    reader = FdinfoReader([setup.device], root)
+    resolver = setup.resolver()
+    for cgroup_id in setup.cgroup_ids:
+        resolved(resolver, cgroup_id)
+    usage = Usage(
+        reader,
+        resolver,
+        Metrics("node", 300, 100_000),
+        [setup.device],
+        str(root / "cgroup"),
+        pending_seconds=120,
+        clock=time.monotonic,
+    )
+    usage.read()  # the first read is the full scan; later ones read the holders
+
+    def full() -> tuple[int, int]:
+        t0 = time.perf_counter_ns()
+        clients = len(reader.scan().clients)
+        assert clients == PODS, clients
+        return time.perf_counter_ns() - t0, 1_000_000
+
+    def steady() -> tuple[int, int]:
+        t0 = time.perf_counter_ns()
+        usage.read()
+        return time.perf_counter_ns() - t0, 1_000_000
+
+    return {"fdinfo_full_scan_ms": best_ns(full), "fdinfo_read_ms": best_ns(steady)}
 
 
 def aggregate_per_key(setup: Setup) -> float:

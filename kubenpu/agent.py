@@ -23,6 +23,7 @@ from typing import Protocol, TextIO
 from kubenpu import __version__
 from kubenpu.discovery import Device, discover
 from kubenpu.events import Batch, Drop, Key, Tally
+from kubenpu.fdinfo import FdinfoReader
 from kubenpu.pin import PinnedProbe, load_in_child, uninstall
 from kubenpu.probe import BccKernel, Probe, ProbeError
 from kubenpu.vendors import Kind, by_name, core
@@ -31,6 +32,7 @@ try:  # `pip install kubenpu` (kubenpuctl only) lacks these: main() says so in o
     from kubenpu import config, export
     from kubenpu.metrics import DeviceRow, Metrics
     from kubenpu.resolve import Attribution, Resolver, Unattributed
+    from kubenpu.usage import Usage
 except ModuleNotFoundError as exc:
     if (exc.name or "").startswith("kubenpu"):
         raise
@@ -74,6 +76,13 @@ def select_devices(devices: Iterable[Device], ignore: Iterable[str]) -> list[Dev
         )
         chosen.append(dev)
     return chosen
+
+
+def fdinfo_devices(devices: Iterable[Device], ignore: Iterable[str]) -> list[Device]:
+    """Devices whose DRM clients fdinfo reads: every one not ignored by config. A driver without
+    a vendor plug-in has no ioctl table to count, but may still print usage stats."""
+    ignored = set(ignore)
+    return [d for d in devices if d.id not in ignored]
 
 
 def _log_tables(devices: list[Device]) -> None:
@@ -240,6 +249,11 @@ class Attributor:
         """Count every held call now, with the best answer there is (before exit)."""
         self._retry_pending(settle=True)
 
+    def watch(self, cgroup_id: int) -> None:
+        """Reap cgroup_id like a calling one (it holds a DRM client): retire its container when
+        its directory is gone."""
+        self._seen.setdefault(cgroup_id, set())
+
     def dead_cgroups(self) -> list[int]:
         """Cgroups seen here whose directory is gone and whose counts are not held."""
         return [c for c in self._seen if c not in self._pending and not self._resolver.alive(c)]
@@ -329,6 +343,8 @@ class Agent:
         telemetry: Telemetry,
         health: Health,
         devices: int,
+        usage: Usage | None = None,
+        usage_interval: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.probe = probe
@@ -339,11 +355,17 @@ class Agent:
         self.telemetry = telemetry
         self.health = health
         self._devices = devices
+        self.usage = usage
+        self._usage_interval = usage_interval
         self._clock = clock
         self.stop = threading.Event()
-        self._last_counts = self._last_reap = -float("inf")
+        self._last_counts = self._last_reap = self._last_usage = -float("inf")
         self._reads = _Streak("reading the kernel's counters")
-        self._steps = {"poll": _Streak("poll"), "attribution": _Streak("attribution")}
+        self._steps = {
+            "poll": _Streak("poll"),
+            "attribution": _Streak("attribution"),
+            "fdinfo": _Streak("reading fdinfo"),
+        }
 
     def run(self) -> int:
         try:
@@ -387,7 +409,7 @@ class Agent:
         while not self.stop.wait(_FLUSH_SECONDS):
             self._guarded("attribution", self.cycle)
 
-    def _guarded(self, worker: str, step: Callable[..., None], *args: int) -> bool:
+    def _guarded(self, worker: str, step: Callable[..., object], *args: int) -> bool:
         try:
             step(*args)
         except Exception as exc:  # no exception may stop counting; it is logged instead
@@ -398,12 +420,16 @@ class Agent:
 
     def cycle(self) -> None:
         """One attribution step: read the kernel (the counts map every _READ_SECONDS), count
-        what the Tally holds, and reap dead cgroups every _REAP_SECONDS."""
+        what the Tally holds, read fdinfo every usage_interval and reap dead cgroups every
+        _REAP_SECONDS."""
         now = self._clock()
         counts_due = now - self._last_counts >= _READ_SECONDS
         if self._read(counts_due) and counts_due:
             self._last_counts = now
         self._flush()
+        if self.usage is not None and now - self._last_usage >= self._usage_interval:
+            self._last_usage = now
+            self._guarded("fdinfo", self.usage.read)
         if now - self._last_reap >= _REAP_SECONDS:
             self._reap()
             self._last_reap = now
@@ -436,6 +462,8 @@ class Agent:
 
     def _flush(self) -> None:
         batch = self.tally.drain()
+        if self.usage is not None:
+            self.usage.saw(batch.tgids, {key.cgroup_id for key in batch.counts})
         try:
             self.attributor.flush(batch)
         finally:  # what an exception left uncounted is counted at the next flush
@@ -444,7 +472,8 @@ class Agent:
 
 def build(cfg: config.Config, debug: bool = False, trace: bool = False) -> Agent:
     """The agent with its real collaborators: BCC, the CRI resolver, the exporters."""
-    devices = select_devices(discover(cfg.discovery.root), cfg.discovery.ignore_devices)
+    found = discover(cfg.discovery.root)
+    devices = select_devices(found, cfg.discovery.ignore_devices)
     _log_tables(devices)
     health = Health(_STALE_READS * _READ_SECONDS)
     metrics = Metrics(cfg.node_name, cfg.metrics.series_ttl_seconds, cfg.metrics.max_series)
@@ -471,6 +500,23 @@ def build(cfg: config.Config, debug: bool = False, trace: bool = False) -> Agent
         ringbuf_pages=cfg.probe.ringbuf_pages,
         debug=debug,
     )
+    pending = cfg.attribution.pending_seconds
+    attributor = Attributor(
+        devices, resolver, metrics, sys.stdout if trace else None, pending_seconds=pending
+    )
+    usage = None
+    if cfg.fdinfo.enabled:
+        readable = fdinfo_devices(found, cfg.discovery.ignore_devices)
+        usage = Usage(
+            FdinfoReader(readable, cfg.discovery.root),
+            resolver,
+            metrics,
+            readable,
+            cfg.attribution.cgroup_root,
+            pending_seconds=pending,
+            on_cgroup=attributor.watch,
+            clock=time.monotonic,
+        )
     if cfg.probe.pin_dir:
         # A child process compiles and loads, so this one never maps BCC/LLVM (docs/pinning.md).
         kernel = PinnedProbe(Path(cfg.probe.pin_dir), kernel, devices, spawn=load_in_child)
@@ -479,13 +525,9 @@ def build(cfg: config.Config, debug: bool = False, trace: bool = False) -> Agent
     return Agent(
         probe=probe,
         tally=tally,
-        attributor=Attributor(
-            devices,
-            resolver,
-            metrics,
-            sys.stdout if trace else None,
-            pending_seconds=cfg.attribution.pending_seconds,
-        ),
+        attributor=attributor,
+        usage=usage,
+        usage_interval=cfg.fdinfo.interval_seconds,
         metrics=metrics,
         resolver=resolver,
         telemetry=telemetry,

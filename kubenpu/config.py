@@ -117,6 +117,11 @@ class AuthConfig(_Model):
         return self
 
 
+class FdinfoConfig(_Model):
+    enabled: bool = True
+    interval_seconds: float = Field(5, gt=0, le=3600)
+
+
 class PrometheusConfig(_Model):
     enabled: bool = True
     host: _Str = "0.0.0.0"
@@ -203,6 +208,7 @@ class Config(_Model):
     discovery: DiscoveryConfig = DiscoveryConfig()
     attribution: AttributionConfig = AttributionConfig()
     metrics: MetricsConfig = MetricsConfig()
+    fdinfo: FdinfoConfig = FdinfoConfig()
     export: ExportConfig = ExportConfig()
 
 

@@ -113,6 +113,7 @@ class Batch:
     received: int = 0  # calls seen, counted or not
     late_sightings: int = 0  # first sightings the kernel ring buffer had no room for
     sighted: set[int] = field(default_factory=set)  # cgroup ids announced by first sightings
+    tgids: set[int] = field(default_factory=set)  # callers: every event's, each sighting's
     events: list[Event] = field(default_factory=list)  # kept only when tracing
     untraced: int = 0  # events not kept because the trace backlog was full
 
@@ -168,8 +169,10 @@ class Tally:
     def add_event(self, data: bytes) -> None:
         """Events mode: each ring-buffer record is one call. Raises BadRecord."""
         fields = _fields(data)  # the hot path: no Event built unless tracing
-        _, cgroup_id, _, _, major, minor, kind, _ = fields
-        self.add(Key(cgroup_id, major, minor, kind))
+        _, cgroup_id, tgid, _, major, minor, kind, _ = fields
+        with self._lock:
+            self._add(Key(cgroup_id, major, minor, kind), 1)
+            self._batch.tgids.add(tgid)
         if self._keep_events:
             self._keep(Event(*fields[:7]))
 
@@ -183,9 +186,10 @@ class Tally:
 
     def add_sighting(self, data: bytes) -> None:
         """Aggregate mode: a record announces a new key; the kernel map holds its count."""
-        cgroup_id = _fields(data)[1]
+        _, cgroup_id, tgid, *_ = _fields(data)
         with self._lock:
             self._batch.sighted.add(cgroup_id)
+            self._batch.tgids.add(tgid)
 
     def drain(self) -> Batch:
         with self._lock:

@@ -111,6 +111,7 @@ class Scan:
     clients: list[Client]  # ordered by (device, client_id)
     skipped: Counter[Skip]
     drm_fds: int  # fds whose fdinfo was read
+    unreadable: set[int] = field(default_factory=set)  # pids whose fds could not all be read
 
 
 def parse(text: str) -> Fdinfo:
@@ -196,7 +197,7 @@ class FdinfoReader:
         scan = _Builder()
         for pid in self._all_pids() if pids is None else pids:
             self._scan_pid(pid, scan)
-        return scan.result(self._cgroup)
+        return scan.result(self.cgroup)
 
     def _all_pids(self) -> list[int]:
         try:
@@ -211,13 +212,13 @@ class FdinfoReader:
         try:
             entries = list(os.scandir(fd_dir))
         except OSError as e:
-            scan.skip(_reason(e))
+            scan.skip(_reason(e), pid=pid)
             return
         for entry in entries:
             try:
                 target = os.readlink(entry.path)
             except OSError as e:
-                scan.skip(reason := _reason(e))
+                scan.skip(reason := _reason(e), pid=pid)
                 if reason is Skip.UNREADABLE:
                     return  # the ptrace check is per process: every other fd fails alike
                 continue
@@ -229,7 +230,7 @@ class FdinfoReader:
             with open(self._proc / str(pid) / "fdinfo" / fd, "rb") as f:
                 text = f.read().decode("utf-8", "replace")
         except OSError as e:
-            scan.skip(_reason(e))
+            scan.skip(_reason(e), pid=pid)
             return
         scan.drm_fds += 1
         info = parse(text)
@@ -255,7 +256,7 @@ class FdinfoReader:
             return self._by_rdev.get((os.major(st.st_rdev), os.minor(st.st_rdev)))
         return self._by_path.get(target)
 
-    def _cgroup(self, pid: int) -> str | None:
+    def cgroup(self, pid: int) -> str | None:
         """The cgroup v2 path ("0::" line) of pid; None when gone or v1-only."""
         try:
             text = (self._proc / str(pid) / "cgroup").read_text()
@@ -277,11 +278,14 @@ class _Builder:
     def __init__(self) -> None:
         self.skipped: Counter[Skip] = Counter()
         self.drm_fds = 0
+        self.unreadable: set[int] = set()
         self._clients: dict[tuple[str, int], tuple[Fdinfo, set[int]]] = {}
 
-    def skip(self, reason: Skip, count: int = 1) -> None:
+    def skip(self, reason: Skip, count: int = 1, pid: int | None = None) -> None:
         if count:
             self.skipped[reason] += count
+        if reason is Skip.UNREADABLE and pid is not None:
+            self.unreadable.add(pid)  # what it holds is unknown, not closed
 
     def add(self, device: str, pid: int, info: Fdinfo) -> None:
         assert info.client_id is not None
@@ -300,7 +304,7 @@ class _Builder:
             )
             for (device, client_id), (info, pids) in sorted(self._clients.items())
         ]
-        return Scan(clients, self.skipped, self.drm_fds)
+        return Scan(clients, self.skipped, self.drm_fds, self.unreadable)
 
 
 class HighWater(Generic[_K]):
@@ -317,6 +321,10 @@ class HighWater(Generic[_K]):
         best = max(value, self._max.get(key, value))
         self._max[key] = best
         return best
+
+    def get(self, key: _K) -> int:
+        """The largest value seen for key; 0 before any."""
+        return self._max.get(key, 0)
 
     def retain(self, keys: Collection[_K]) -> None:
         """Forget every key not in keys (clients that closed)."""

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
 from kubenpu.events import Drop
+from kubenpu.fdinfo import Skip
 from kubenpu.resolve import Unattributed
 
 Attrs = dict[str, str | bool]
@@ -27,6 +28,7 @@ Attrs = dict[str, str | bool]
 OVERFLOW_ATTRS: Attrs = {"otel.metric.overflow": True}
 DROP_REASONS = tuple(r.value for r in Drop)
 UNATTRIBUTED_REASONS = tuple(r.value for r in Unattributed)
+SKIP_REASONS = tuple(r.value for r in Skip)
 CRI_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -144,6 +146,57 @@ PENDING_EXPIRED = Spec(
     "Calls held while the CRI could not name their pod, then counted with empty pod labels "
     "after attribution.pending_seconds.",
 )
+_POD = ("namespace", "pod", "container", "device", "vendor")
+ENGINE_BUSY = Spec(
+    "kubenpu.engine.busy",
+    "counter",
+    "s",
+    "Device engine busy time of the pod's DRM clients, from drm-engine-<engine> in "
+    "/proc/PID/fdinfo. Divide its rate by kubenpu_engine_capacity for a fraction of the engine "
+    "class. Only drivers that print drm usage stats report it.",
+    (*_POD, "engine"),
+)
+ENGINE_CYCLES = Spec(
+    "kubenpu.engine.cycles",
+    "counter",
+    "{cycle}",
+    "Engine busy cycles of the pod's DRM clients (drm-cycles-<engine>), for drivers that count "
+    "cycles instead of time (xe).",
+    (*_POD, "engine"),
+)
+ENGINE_TOTAL_CYCLES = Spec(
+    "kubenpu.engine.cycles.elapsed",
+    "counter",
+    "{cycle}",
+    "Engine cycles elapsed while the pod's DRM clients were read (drm-total-cycles-<engine>), "
+    "summed over clients: busy fraction = rate(cycles) / rate(cycles.elapsed).",
+    (*_POD, "engine"),
+)
+ENGINE_CAPACITY = Spec(
+    "kubenpu.engine.capacity",
+    "gauge",
+    "{engine}",
+    "Engines of one class a DRM client can use (drm-engine-capacity-<engine>; 1 when the driver "
+    "prints none), the largest over the pod's clients.",
+    (*_POD, "engine"),
+)
+MEMORY = Spec(
+    "kubenpu.memory",
+    "gauge",
+    "By",
+    "Device memory held by the pod's DRM clients at the last read, per region and state "
+    "(total, shared, resident, active, purgeable; drm-memory-<region> counts as resident).",
+    (*_POD, "region", "state"),
+)
+FDINFO_SKIPPED = Spec(
+    "kubenpu.fdinfo.skipped",
+    "counter",
+    "{item}",
+    "Processes, fds or lines found while reading fdinfo and not used, by reason: vanished (went "
+    "away mid-read), unreadable (no ptrace-read access), malformed (a drm- line breaking the "
+    "spec), no_client_id (a DRM fd whose driver prints no usage stats), unknown_device.",
+    ("reason",),
+)
 SPECS = (
     IOCTL,
     DEVICE_INFO,
@@ -159,7 +212,15 @@ SPECS = (
     LATE_SIGHTINGS,
     READ_ERRORS,
     PENDING_EXPIRED,
+    ENGINE_BUSY,
+    ENGINE_CYCLES,
+    ENGINE_TOTAL_CYCLES,
+    ENGINE_CAPACITY,
+    MEMORY,
+    FDINFO_SKIPPED,
 )
+# The engine counters a Usage carries, by Spec, in the order of Usage.counters.
+ENGINE_COUNTERS = (ENGINE_BUSY, ENGINE_CYCLES, ENGINE_TOTAL_CYCLES)
 
 
 class Hist(NamedTuple):
@@ -172,7 +233,7 @@ class Hist(NamedTuple):
 
 class Point(NamedTuple):
     attrs: Attrs
-    value: int | Hist
+    value: float | Hist
     start_ns: int
 
 
@@ -184,11 +245,26 @@ class DeviceRow(NamedTuple):
     numa_node: str
 
 
+class Where(NamedTuple):
+    """The labels fdinfo series share: whose DRM client, on which device."""
+
+    namespace: str
+    pod: str
+    container: str
+    device: str
+    vendor: str
+
+
+# (container, device, vendor, engine) -> value, per engine counter Spec
+_EngineKey = tuple[str, str, str, str]
+
+
 @dataclass
 class _Pod:
     start_ns: int
     live: set[str] = field(default_factory=set)
     series: dict[tuple[str, str, str, str], int] = field(default_factory=dict)
+    engines: dict[Spec, dict[_EngineKey, float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -244,6 +320,9 @@ class Metrics:
         self._late_sightings = 0
         self._read_errors = 0
         self._pending_expired = 0
+        self._skipped = dict.fromkeys(SKIP_REASONS, 0)
+        self._capacity: dict[tuple[Where, str], int] = {}
+        self._memory: dict[tuple[Where, str, str], int] = {}
 
     # --- called from the agent's event loop -------------------------------------------------
 
@@ -272,9 +351,38 @@ class Metrics:
                 rec.series[key] = 0
                 self._nseries += 1
             rec.series[key] += n
-            if pod and container not in rec.live:
-                rec.live.add(container)
-                self._gone.pop((namespace, pod), None)
+            self._live(rec, namespace, pod, container)
+
+    def _live(self, rec: _Pod, namespace: str, pod: str, container: str) -> None:
+        """The container counts (again): its pod is not retiring. Caller holds the lock."""
+        if pod and container not in rec.live:
+            rec.live.add(container)
+            self._gone.pop((namespace, pod), None)
+
+    def add_engine(self, spec: Spec, where: Where, engine: str, amount: float) -> None:
+        """An increment of one of ENGINE_COUNTERS. Its series retire with the pod's calls."""
+        with self._lock:
+            rec = self._pods.get((where.namespace, where.pod))
+            if rec is None:
+                rec = self._pods[(where.namespace, where.pod)] = _Pod(time.time_ns())
+            series = rec.engines.setdefault(spec, {})
+            key = (where.container, where.device, where.vendor, engine)
+            series[key] = series.get(key, 0) + amount
+            self._live(rec, where.namespace, where.pod, where.container)
+
+    def set_usage_gauges(
+        self, capacity: dict[tuple[Where, str], int], memory: dict[tuple[Where, str, str], int]
+    ) -> None:
+        """The engine capacities and memory of the clients read last: (where, engine) and
+        (where, region, state). Replaces the previous read's: a closed client's memory is gone."""
+        with self._lock:
+            self._capacity = dict(capacity)
+            self._memory = dict(memory)
+
+    def fdinfo_skipped(self, reasons: dict[str, int]) -> None:
+        with self._lock:
+            for reason, n in reasons.items():
+                self._skipped[reason] = self._skipped.get(reason, 0) + n
 
     def container_gone(self, namespace: str, pod: str, container: str) -> None:
         """The container's cgroup is gone. Unknown containers are ignored."""
@@ -378,7 +486,28 @@ class Metrics:
                 (LATE_SIGHTINGS, [Point({}, self._late_sightings, self._start_ns)]),
                 (READ_ERRORS, [Point({}, self._read_errors, self._start_ns)]),
                 (PENDING_EXPIRED, [Point({}, self._pending_expired, self._start_ns)]),
+                *((spec, self._engine_points(spec)) for spec in ENGINE_COUNTERS),
+                (ENGINE_CAPACITY, self._gauge_points(self._capacity, ("engine",))),
+                (MEMORY, self._gauge_points(self._memory, ("region", "state"))),
+                (FDINFO_SKIPPED, self._by_reason(self._skipped)),
             ]
+
+    def _engine_points(self, spec: Spec) -> list[Point]:
+        return [
+            Point(
+                {**Where(ns, pod, c, d, v)._asdict(), "engine": e},
+                value,
+                rec.start_ns,
+            )
+            for (ns, pod), rec in self._pods.items()
+            for (c, d, v, e), value in rec.engines.get(spec, {}).items()
+        ]
+
+    def _gauge_points(self, values: dict, names: tuple[str, ...]) -> list[Point]:
+        return [
+            Point({**key[0]._asdict(), **dict(zip(names, key[1:], strict=True))}, v, self._start_ns)
+            for key, v in values.items()
+        ]
 
     def _ioctl_points(self) -> list[Point]:
         points = [

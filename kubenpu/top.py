@@ -4,7 +4,7 @@ Reads one agent's /metrics (two scrapes give the rates) or a Prometheus query AP
 window, across nodes). Standard library only: a small text-format parser, urllib, curses.
 
 Columns follow the metric families the source has: call rates always; busy % per engine and
-device memory only when the agent exports the (provisional, see docs/top.md) fdinfo families.
+device memory only when the agent exports the fdinfo families (drivers that print usage stats).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ UNATTRIBUTED = "kubenpu_unattributed_calls_total"
 OVERFLOW = "kubenpu_overflow_calls_total"
 BUILD_INFO = "kubenpu_build_info"  # not exported yet; its `version` label wins when it is
 TARGET_INFO = "target_info"  # the OTel resource: service_version, k8s_node_name
-# Provisional names of the fdinfo families (issue 10); top shows them when they appear.
+# The fdinfo families (kubenpu.metrics ENGINE_BUSY, MEMORY); top shows them when they appear.
 BUSY = "kubenpu_engine_busy_seconds_total"  # counter per ...,engine
 MEMORY = "kubenpu_memory_bytes"  # gauge per ...,region,state
 KINDS = ("submit", "alloc", "wait")

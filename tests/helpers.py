@@ -23,7 +23,15 @@ import yaml
 
 # --- VM test records: the result.json files tests/vm/*_guest.py write -----------------------------
 # /metrics samples in a record are read with the guests' own projections (tests/vm/guestlib.py).
-from vm.guestlib import LABELS, by_reason, ioctl_counts, parse
+from vm.guestlib import (
+    LABELS,
+    TESTDRM,
+    by_reason,
+    client_series,
+    ioctl_counts,
+    parse,
+    usage_series,
+)
 
 from kubenpu import config, export
 from kubenpu.metrics import Metrics
@@ -31,7 +39,15 @@ from kubenpu.resolve import Attribution, Resolver
 
 ROOT = Path(__file__).resolve().parents[1]
 
-__all__ = ["by_reason", "expected_counts", "ioctl_counts", "otlp_counts"]
+__all__ = [
+    "TESTDRM",
+    "by_reason",
+    "client_series",
+    "expected_counts",
+    "ioctl_counts",
+    "otlp_counts",
+    "usage_series",
+]
 
 
 def expected_counts(rows: list[dict]) -> dict[tuple, float]:
@@ -92,10 +108,11 @@ def helm(*args: str, values: dict[str, Any] | None = None) -> subprocess.Complet
     )
 
 
-def chart_capabilities(hook: str) -> list[str]:
+def chart_capabilities(hook: str, fdinfo: bool = False) -> list[str]:
     """The capabilities the chart's DaemonSet adds to the agent container (after drop: ALL), for
-    `probe.hook` = hook (tests/test_least_privilege_vm.py, tests/test_restart_vm.py)."""
-    values = helm_values()
+    `probe.hook` = hook: the probe's alone, or with config.fdinfo.enabled (the chart's default)
+    fdinfo's as well (tests/test_least_privilege_vm.py, tests/test_restart_vm.py)."""
+    values = helm_values(config__fdinfo__enabled=fdinfo)
     values["config"]["probe"]["hook"] = hook
     (ds,) = (d for d in render_helm(values) if d["kind"] == "DaemonSet")
     (agent,) = ds["spec"]["template"]["spec"]["containers"]

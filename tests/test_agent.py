@@ -24,7 +24,7 @@ from fakes import Clock, FakeKernel, FakeResolver, record
 from helpers import free_port, make_config, resolved
 
 from kubenpu import export
-from kubenpu.agent import Agent, Attributor, Health, main, select_devices
+from kubenpu.agent import Agent, Attributor, Health, fdinfo_devices, main, select_devices
 from kubenpu.discovery import Device, Node
 from kubenpu.events import Key, Tally
 from kubenpu.metrics import (
@@ -128,6 +128,13 @@ def test_devices_without_a_plugin_or_ignored_are_not_counted():
     assert select_devices([VGEM, nvidia], ignore=["platform:vgem"]) == []
 
 
+def test_fdinfo_reads_devices_without_a_plugin_but_not_ignored_ones():
+    """A driver with no ioctl table may still print usage stats (the VM's test driver does)."""
+    nvidia = Device("0000:01:00.0", "nvidia-drm", "10de:2204", 0, (), None)
+    assert fdinfo_devices([VGEM, nvidia], ignore=[]) == [VGEM, nvidia]
+    assert fdinfo_devices([VGEM, nvidia], ignore=["0000:01:00.0"]) == [VGEM]
+
+
 def test_bad_config_is_one_line_per_problem_and_exit_2(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("probe:\n  mode: turbo\nexport:\n  nope: 1\n")
@@ -151,7 +158,23 @@ class Telemetry:
         self.shut_down = True
 
 
-def make_agent(kernel: FakeKernel, resolver, clock: Clock | None = None, ttl: float = 300) -> Agent:
+class Usage:
+    """Stands in for kubenpu.usage.Usage (tests/test_usage.py tests it): records what it gets."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[set[int], set[int]]] = []
+        self.reads = 0
+
+    def saw(self, tgids, cgroup_ids) -> None:
+        self.seen.append((set(tgids), set(cgroup_ids)))
+
+    def read(self) -> None:
+        self.reads += 1
+
+
+def make_agent(
+    kernel: FakeKernel, resolver, clock: Clock | None = None, ttl: float = 300, usage=None
+) -> Agent:
     clock = clock or Clock()
     tally, metrics = Tally(100), Metrics("node-1", series_ttl=ttl, max_series=100)
     return Agent(
@@ -163,6 +186,8 @@ def make_agent(kernel: FakeKernel, resolver, clock: Clock | None = None, ttl: fl
         telemetry=Telemetry(),
         health=Health(stale_after=15, clock=clock),
         devices=1,
+        usage=usage,
+        usage_interval=5,
         clock=clock,
     )
 
@@ -462,3 +487,19 @@ def test_without_the_agent_extras_the_agent_says_what_to_install():
         2,
         "kubenpu-agent needs the agent extras: pip install 'kubenpu[agent]'\n",
     )
+
+
+def test_fdinfo_is_read_every_interval_with_the_callers_the_probe_saw(cgroups, resolver):
+    kernel, clock, usage = FakeKernel(aggregate=False), Clock(), Usage()
+    agent = make_agent(kernel, resolver, clock, usage=usage)
+    agent.attach()
+    kernel.calls(key(77), 2)
+    kernel.poll(0)
+    agent.cycle()
+    assert usage.reads == 1
+    assert ({42}, {77}) in usage.seen  # tests/fakes.py's records carry tgid 42
+    agent.cycle()
+    assert usage.reads == 1
+    clock.now += 5
+    agent.cycle()
+    assert usage.reads == 2

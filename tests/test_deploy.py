@@ -45,9 +45,19 @@ SCRAPE_SERIES = {"up"}
 
 # The node paths the agent reads, each mounted read-only; the CRI directory comes from values.
 # Of /dev only the DRM and accel node directories (discovery checks the nodes exist there).
-HOST_PATHS = {"/sys", "/sys/fs/cgroup", "/dev/dri", "/dev/accel", "/lib/modules", "/usr/src"}
+HOST_PATHS = {
+    "/sys",
+    "/sys/fs/cgroup",
+    "/dev/dri",
+    "/dev/accel",
+    "/lib/modules",
+    "/usr/src",
+    "/proc",  # fdinfo
+}
 # What each probe.hook needs: daemonset.yaml says why; tests/test_least_privilege_vm.py measures
 CAPABILITIES = {"security_file_ioctl": ["BPF", "PERFMON"], "drm_ioctl": ["SYS_ADMIN"]}
+# What config.fdinfo.enabled (the default) adds: tests/test_least_privilege_vm.py measures
+FDINFO_CAPABILITIES = ["SYS_PTRACE", "DAC_READ_SEARCH"]
 DRM_IOCTL_HOOK = {"config": {"probe": {"hook": "drm_ioctl"}}}
 BPFFS = "/sys/fs/bpf"  # mounted only with probe.pin_dir set (the default, docs/pinning.md)
 WRITABLE = {"bpffs"}  # the probe is pinned there; every other node mount is ro
@@ -396,7 +406,8 @@ def check_agent_daemonset(
     sc = agent["securityContext"]
     assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
     assert sc["readOnlyRootFilesystem"] is True
-    assert sc["capabilities"] == {"drop": ["ALL"], "add": CAPABILITIES[hook]}
+    add = CAPABILITIES[hook] + FDINFO_CAPABILITIES
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": add}
     assert not pod.get("hostPID") and not pod.get("hostNetwork") and not pod.get("hostIPC")
     host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     assert set(host.values()) - {BPFFS} == HOST_PATHS | {cri_dir}, "a host path too many or missing"
@@ -421,7 +432,7 @@ def test_capabilities_follow_the_hook() -> None:
         docs = render_helm(values)
         assert agent_config(docs)["probe"]["hook"] == hook
         sc = daemonset(docs)["spec"]["template"]["spec"]["containers"][0]["securityContext"]
-        assert sc["capabilities"]["add"] == CAPABILITIES[hook]
+        assert sc["capabilities"]["add"] == CAPABILITIES[hook] + FDINFO_CAPABILITIES
     with pytest.raises(AssertionError):
         check_agent_daemonset(daemonset(render_helm(DRM_IOCTL_HOOK)), "/run/containerd")
 
@@ -443,6 +454,18 @@ def test_the_bpffs_is_mounted_only_when_pinning_is_on(every_render: dict) -> Non
         if name != "otel collector":
             host = host_path_types(docs)
             assert (BPFFS in host) == (name != "helm no pinning"), name
+
+
+def test_without_fdinfo_the_agent_gets_what_it_got_before() -> None:
+    """fdinfo off: the hook's capabilities alone, and no /proc mount, for either hook."""
+    for hook in CAPABILITIES:
+        values = helm_values(config__fdinfo__enabled=False)
+        values["config"]["probe"]["hook"] = hook
+        pod = daemonset(render_helm(values))["spec"]["template"]
+        (agent,) = pod["spec"]["containers"]
+        assert agent["securityContext"]["capabilities"]["add"] == CAPABILITIES[hook]
+        host = {v["hostPath"]["path"] for v in pod["spec"]["volumes"] if "hostPath" in v}
+        assert host - {BPFFS} == HOST_PATHS - {"/proc"} | {"/run/containerd"}
 
 
 def host_path_types(docs: list[dict[str, Any]]) -> dict[str, str]:

@@ -89,3 +89,12 @@ def test_dev_t_is_the_kernel_internal_encoding():
     assert dev_t(226, 128) == 0xE200080
     assert split_dev_t(0xE200080) == (226, 128)
     assert split_dev_t(dev_t(511, 0xFFFFF)) == (511, 0xFFFFF)
+
+
+def test_callers_tgids_come_with_events_and_sightings():
+    tally = Tally(10)
+    tally.add_event(raw(tgid=7))
+    tally.add_event(raw(tgid=8))
+    tally.add_sighting(raw(cgroup_id=5, tgid=9))
+    assert tally.drain().tgids == {7, 8, 9}
+    assert tally.drain().tgids == set()

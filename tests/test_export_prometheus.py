@@ -22,7 +22,7 @@ from helpers import (
 )
 
 from kubenpu import export
-from kubenpu.metrics import SPECS, DeviceRow
+from kubenpu.metrics import ENGINE_COUNTERS, SPECS, DeviceRow, Where
 
 pytestmark = pytest.mark.tools
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,6 +81,10 @@ def fill(tel: export.Telemetry) -> None:
     m.index_rebuilt()
     m.cri_request(0.004, True)
     m.set_devices([DeviceRow("0000:03:00.0", "vgem", "vgem", "1af4:1050", "0")])
+    where = Where("ns", "p", "c", "0000:03:00.0", "vgem")
+    for spec in ENGINE_COUNTERS:
+        m.add_engine(spec, where, "render", 2.5)
+    m.set_usage_gauges({(where, "render"): 1}, {(where, "vram0", "resident"): 4096})
 
 
 def expected_names() -> set[str]:
@@ -111,6 +115,10 @@ def check_series(prom: Prometheus) -> None:
     assert prom.query('kubenpu_events_dropped_total{reason="ringbuf_full"}')[0]["value"][1] == "3"
     assert prom.query("kubenpu_events_received_total")[0]["value"][1] == "47"
     assert prom.query("kubenpu_cri_request_duration_seconds_count")[0]["value"][1] == "1"
+    busy = prom.query('kubenpu_engine_busy_seconds_total{pod="p",engine="render"}')
+    assert busy[0]["value"][1] == "2.5"
+    memory = prom.query('kubenpu_memory_bytes{region="vram0",state="resident"}')
+    assert memory[0]["value"][1] == "4096"
     names = {r["metric"]["__name__"] for r in prom.query('{__name__=~"kubenpu_.*"}')}
     histogram = {n for n in names if n.startswith("kubenpu_cri_request_duration_seconds_")}
     assert names - histogram == expected_names() - {"kubenpu_cri_request_duration_seconds"}

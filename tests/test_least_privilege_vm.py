@@ -8,6 +8,13 @@ it must load, attach and count exactly, 32-bit (compat) callers included; with o
 fewer it must fail with its one-line error naming the missing capability, which proves the set
 minimal. drm_ioctl's set (SYS_ADMIN) is also shown to be needed: BPF + PERFMON, which contain
 every smaller set, fail. One boot per kernel runs both hooks.
+
+The same boot measures what fdinfo (config.fdinfo.enabled) adds (issue 10.6): reading
+/proc/PID/fd needs DAC access to the directory (owned by the process's uid, mode 0500) and
+readlink/fdinfo need ptrace-read access (PTRACE_MODE_READ_FSCREDS): another uid, or a target with
+capabilities the reader lacks, needs CAP_SYS_PTRACE. tests/vm/fdinfo_privilege_guest.py scans a
+uid-1000 holder and a root holder with every capability under each set of FDINFO_PLAN: the
+chart's set must read both, and every set with one of fdinfo's capabilities fewer must not.
 Kernels: KUBENPU_LEAST_PRIVILEGE_KERNELS (default "6.1 6.12 7.3 6.12-lockdown"); a name of
 tests/vm/build.sh, + "-lockdown" to boot it with lockdown=confidentiality.
 """
@@ -62,6 +69,13 @@ REFUSED = {hook: refused_sets(CHART_CAPS[hook]) for hook in HOOKS}
 REFUSED_RUNS = [(hook, name) for hook in HOOKS for name in REFUSED[hook]]
 
 
+FDINFO_CHART = chart_capabilities("security_file_ioctl", fdinfo=True)
+FDINFO_EXTRA = [c for c in FDINFO_CHART if c not in CHART_CAPS["security_file_ioctl"]]
+FDINFO_PLAN = {"fdinfo-chart": FDINFO_CHART} | {
+    f"fdinfo-without-{c}": [k for k in FDINFO_CHART if k != c] for c in FDINFO_EXTRA
+}
+
+
 @pytest.fixture(scope="module", params=KERNELS)
 def guest_out(request, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp(f"least-privilege-{request.param}")
@@ -72,6 +86,7 @@ def guest_out(request, tmp_path_factory) -> Path:
             {"name": f"{hook}-{name}", "caps": caps, "hook": hook, "attach": "fentry"}
             for name, (caps, _) in REFUSED[hook].items()
         ]
+    plan += [{"name": name, "caps": caps, "fdinfo": True} for name, caps in FDINFO_PLAN.items()]
     (out / "plan.json").write_text(json.dumps(plan))
     kernel = request.param.removesuffix(LOCKDOWN)
     extra = ["lockdown=confidentiality"] if kernel != request.param else []
@@ -115,3 +130,24 @@ def test_agent_fails_with_fewer_capabilities(guest_out, hook, name):
     (error,) = result["errors"]  # one line for the operator
     assert f"ERROR kubenpu: cannot attach to {hook}: fentry" in error
     assert f"missing CAP_{missing}" in error
+
+
+def _fdinfo_read(out: Path, name: str) -> dict:
+    return json.loads((out / f"{name}.json").read_text())
+
+
+def test_fdinfo_needs_ptrace_and_dac_read_search():
+    assert FDINFO_EXTRA == ["DAC_READ_SEARCH", "SYS_PTRACE"]
+
+
+def test_the_charts_capabilities_read_every_fdinfo_holder(guest_out):
+    result = _fdinfo_read(guest_out, "fdinfo-chart")
+    for who in ("uid1000", "root"):
+        assert result[who]["drm_fds"] == 1, result
+        assert "unreadable" not in result[who]["skipped"], result
+
+
+@pytest.mark.parametrize("name", [n for n in FDINFO_PLAN if n != "fdinfo-chart"])
+def test_one_fdinfo_capability_fewer_cannot_read_them_all(guest_out, name):
+    result = _fdinfo_read(guest_out, name)
+    assert any(result[who]["skipped"].get("unreadable") for who in ("uid1000", "root")), result

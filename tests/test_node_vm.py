@@ -2,7 +2,8 @@
 
 Real in the guest: the kernel, containerd 1.7 with its CRI plugin and runc (Debian trixie), images
 built from local files, BCC and the agent, which asks containerd's own socket for labels. The test
-plays kubelet (CRI calls, labels, cgroupfs-driver cgroup parents) and nothing else.
+plays kubelet (CRI calls, labels, cgroupfs-driver cgroup parents) and nothing else. With
+tests/vm/kmod's test driver loaded it also checks the agent's fdinfo series (issue 10).
 Kernel: KUBENPU_NODE_KERNEL (default 6.12).
 """
 
@@ -14,7 +15,14 @@ from collections import Counter
 
 import pytest
 from guest import boot
-from helpers import by_reason, expected_counts, ioctl_counts
+from helpers import (
+    TESTDRM,
+    by_reason,
+    client_series,
+    expected_counts,
+    ioctl_counts,
+    usage_series,
+)
 
 KERNEL = os.environ.get("KUBENPU_NODE_KERNEL", "6.12")
 KUBELET_LABELS = (
@@ -110,3 +118,80 @@ def test_containerd_returns_kubelet_labels(result):
         namespace, pod, rest = key.split("/")
         want = (namespace, pod, c["pod_uid"], rest.partition("#")[0])
         assert tuple(c["labels"][k] for k in KUBELET_LABELS) == want, key
+
+
+# --- fdinfo: the gpu holders' clients (tests/vm/kmod's driver, vgem, virtio-gpu) -------------
+
+# What one SUBMIT / ALLOC call adds to a test-driver client's fdinfo (tests/vm/kmod).
+PER_SUBMIT = {"render": {"busy_ns": 1_000_000, "capacity": 2}, "copy": {"busy_ns": 250_000}}
+PER_SUBMIT["compute"] = {"cycles": 3_000, "total_cycles": 10_000, "maxfreq_hz": 1_000_000_000}
+PER_ALLOC_KIB = {"total": 64, "resident": 48, "shared": 16, "active": 8, "purgeable": 4}
+
+
+@pytest.fixture
+def testdrm(result) -> dict:
+    if result["testdrm_skipped"]:
+        pytest.skip(f"no test driver: {result['testdrm_skipped']}")
+    return result
+
+
+def _gpu_clients(result: dict) -> dict[str, list[dict]]:
+    """kubenpuctl's clients of each pod's gpu holder, by namespace."""
+    by_ns: dict[str, list[dict]] = {}
+    for c in result["clients"]:
+        who = result["pods_by_cgroup"].get(c["cgroup"])
+        if who and who[2] == "gpu":
+            by_ns.setdefault(who[0], []).append(c)
+    return by_ns
+
+
+def _engines(submits: int) -> dict:
+    counters = ("busy_ns", "cycles", "total_cycles")
+    return {
+        e: {k: v * submits if k in counters else v for k, v in stats.items()}
+        for e, stats in PER_SUBMIT.items()
+    }
+
+
+def _memory(allocs: int) -> dict:
+    system = {state: kib * 1024 * allocs for state, kib in PER_ALLOC_KIB.items()}
+    return {"system": system, "vram": {"resident": allocs << 20}}
+
+
+def test_kubenpuctl_lists_the_test_drivers_clients_with_what_they_did(testdrm):
+    """Per holder two clients (drmcall opens one fd per step: SUBMITs, then ALLOCs) in its
+    pod's cgroup, their values what their ioctls made them."""
+    for namespace, clients in _gpu_clients(testdrm).items():
+        submitted, allocated = sorted(clients, key=lambda c: c["client_id"])
+        submits, allocs = testdrm["hold"][namespace]
+        for c in (submitted, allocated):
+            assert (c["device"], c["driver"]) == (TESTDRM, "kubenpu_testdrm")
+            assert len(c["pids"]) == 1
+        assert (submitted["engines"], submitted["memory"]) == (_engines(submits), _memory(0))
+        assert (allocated["engines"], allocated["memory"]) == (_engines(0), _memory(allocs))
+    assert set(_gpu_clients(testdrm)) == {"team-a", "team-b"}
+
+
+def test_agents_fdinfo_series_equal_what_fdinfo_says(testdrm):
+    """Busy seconds, cycles, capacity and memory per pod: exactly kubenpuctl's clients, for the
+    holder found by the full scan at start (A) and the one found through its calls (B)."""
+    want = client_series(testdrm["clients"], testdrm["pods_by_cgroup"])
+    got = usage_series(testdrm["usage"])
+    assert got.keys() == want.keys()
+    assert got == pytest.approx(want, rel=1e-12)
+    assert {k[1] for k in got} == {"team-a", "team-b"}
+    busy = ("kubenpu_engine_busy_seconds_total", "team-a", "trainer-0", "gpu", TESTDRM, "render")
+    assert got[busy] == pytest.approx(testdrm["hold"]["team-a"][0] * 1e-3)
+
+
+def test_vgem_and_virtio_clients_print_no_usage_and_are_counted_as_skipped(result):
+    """Both holders hold a vgem and a virtio-gpu client: fds without drm-client-id."""
+    assert by_reason(result["usage"], "kubenpu_fdinfo_skipped_total").get("no_client_id", 0) >= 4
+
+
+def test_deleted_pods_fdinfo_series_retire_with_its_counts(testdrm):
+    after = usage_series(testdrm["after_delete"])
+    assert {k[1] for k in after} == {"team-a"}
+    assert after == pytest.approx(
+        {k: v for k, v in usage_series(testdrm["usage"]).items() if k[1] == "team-a"}
+    )

@@ -258,21 +258,49 @@ build_tool() {
   touch "$stamps/$want"
 }
 
-# A real container runtime for tests/vm/node_guest.py: containerd (CRI plugin built in), runc, and
-# busybox-static for the test images; bpftrace for the benchmark's floor (bench/bench_guest.py).
-# Installed into the finished root rather than listed in ROOT_PACKAGES, so adding them does not
-# rebuild the root under guests that may be running.
+# Packages apt installs into the finished root rather than ROOT_PACKAGES, so adding them does not
+# rebuild the root under guests that may be running. One stamp per set (NAME.hash).
+#   NODE: a real container runtime for tests/vm/node_guest.py: containerd (CRI plugin built in),
+#     runc, and busybox-static for the test images; bpftrace for the benchmark's floor
+#     (bench/bench_guest.py).
+#   KBUILD: trixie's gcc 14 (what Debian built the 6.12 and 7.3 kernels with) and make, for the
+#     fdinfo test driver (build_testdrm).
 NODE_PACKAGES=(containerd runc busybox-static bpftrace)
-build_node_packages() {
-  local want
-  want=node.$(hash_of "${NODE_PACKAGES[@]}")
+KBUILD_PACKAGES=(gcc make libc6-dev)
+apt_into_root() {
+  local name=$1 want
+  shift
+  want=$name.$(hash_of "$@")
   [[ -e $stamps/$want ]] && return 0
-  log "installing ${NODE_PACKAGES[*]} into the root (apt)"
+  log "installing $* into the root (apt)"
   in_root env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin DEBIAN_FRONTEND=noninteractive \
     sh -ec 'apt-get update -q >/dev/null
       apt-get install -y -q --no-install-recommends "$@" >/dev/null
-      apt-get clean' _ "${NODE_PACKAGES[@]}"
-  rm -f "$stamps"/node.*
+      apt-get clean' _ "$@"
+  rm -f "$stamps/$name".*
+  touch "$stamps/$want"
+}
+
+# tests/vm/kmod (kubenpu_testdrm, a DRM driver whose fdinfo prints known usage stats), built in
+# the root against a kernel's headers and installed as an out-of-tree module (updates/, depmod),
+# so the guest can modprobe it. Only for kernels built with the root's gcc (14): not 6.1 (gcc 12).
+TESTDRM_KERNELS=(6.12 7.3)
+build_testdrm() {
+  local name=$1 rel=${KERNEL_RELEASE[$1]} want
+  [[ " ${TESTDRM_KERNELS[*]} " == *" $name "* ]] || return 0
+  want=testdrm.$name.$(cat "$here"/kmod/Kbuild "$here"/kmod/*.c | sha256sum | cut -c1-16)
+  [[ -e $stamps/$want ]] && return 0
+  log "building the fdinfo test driver for $rel"
+  in_root env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin sh -ec '
+    rel=$1 work=/var/tmp/kubenpu-testdrm-$1
+    rm -rf "$work" && cp -r /src/tests/vm/kmod "$work"
+    # No BTF for it (no pahole in the root): nothing traces the test driver.
+    make -s -C "/usr/lib/modules/$rel/build" M="$work" CONFIG_DEBUG_INFO_BTF_MODULES= modules
+    mkdir -p "/usr/lib/modules/$rel/updates"
+    cp "$work/kubenpu_testdrm.ko" "/usr/lib/modules/$rel/updates/"
+    rm -rf "$work"
+    depmod -a "$rel"' _ "$rel"
+  rm -f "$stamps/testdrm.$name".*
   touch "$stamps/$want"
 }
 
@@ -291,10 +319,12 @@ main() {
   build_root
   build_venv
   build_tools
-  build_node_packages
+  apt_into_root node "${NODE_PACKAGES[@]}"
+  apt_into_root kbuild "${KBUILD_PACKAGES[@]}"
   for k in "${kernels[@]}"; do
     install_kernel "$k"
     build_boot "$k"
+    build_testdrm "$k"
   done
 }
 

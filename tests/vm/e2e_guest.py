@@ -27,6 +27,9 @@ from guestlib import (
     PROMETHEUS,
     SYNCOBJ_WAIT,
     TCGETS,
+    TESTDRM,
+    TESTDRM_ALLOC,
+    TESTDRM_SUBMIT,
     VERSION,
     VGEM_FENCE_ATTACH,
     VGEM_FENCE_SIGNAL,
@@ -40,7 +43,9 @@ from guestlib import (
     cgroupfs_cgroup,
     device_node,
     drmcall,
+    drmcall_argv,
     ioctl_counts,
+    load_testdrm,
     scrape,
     systemd_cgroup,
 )
@@ -56,6 +61,11 @@ SETTLE_TIMEOUT = 60
 RECORD_ARG = "kubenpu.record_dashboards=1"
 RECORD_ROUNDS = 6
 RECORD_INTERVAL = 5.0  # no shorter than the agent's read of the kernel's counts (aggregate: 5 s)
+# Per recording round, a new process of the render pod holds a client of tests/vm/kmod's test
+# driver with this many SUBMIT and ALLOC calls. Each also makes one counted vgem alloc, so the
+# agent's fdinfo reader follows it (the first through the probe's report of its tgid, the later
+# ones through their cgroup's calls): the dashboards' busy and memory panels get growing series.
+RECORD_HOLD = (40, 2)
 
 
 def batch_pod(mode: str, i: int) -> dict:
@@ -68,6 +78,18 @@ def batch_pod(mode: str, i: int) -> dict:
         "pod": f"batch-{i}",
         "container": "job",
         "pod_uid": f"9e1c7b30-4d2a-4f5e-8b6c-1a2b3c4d5e{MODES.index(mode)}{i:x}",
+    }
+
+
+def render_pod(mode: str) -> dict:
+    """The recording's test-driver pod (systemd cgroup driver)."""
+    n = MODES.index(mode)
+    return {
+        "id": f"d{n}" * 32,
+        "namespace": "team-d",
+        "pod": "render-0",
+        "container": "gpu",
+        "pod_uid": f"7f3e9a10-2c4b-4d8e-9f01-6a5b4c3d2e1{n}",
     }
 
 
@@ -102,10 +124,13 @@ class Scenario:
         self.expected: Counter[tuple[str, ...]] = Counter()
         self.unattributed: Counter[str] = Counter()
         subprocess.run(["modprobe", "bochs"], check=True)  # idempotent
+        # The recording's fdinfo source, loaded before the agent discovers devices.
+        self.testdrm_skipped = load_testdrm() if self.records else "not recording"
         found = discover("/")
         devices = {d.vendor: d for d in found if d.vendor}
         self.vgem, self.virtio = devices["vgem"], devices["virtio_gpu"]
         self.bochs = next(d for d in found if d.driver == "bochs-drm")
+        self.testdrm = next((d for d in found if d.id == TESTDRM), None)
 
     def expect(self, pod: dict | None, device, kind: str, n: int) -> None:
         who = (pod["namespace"], pod["pod"], pod["container"]) if pod else ("", "", "")
@@ -223,6 +248,7 @@ class Scenario:
             "expected": [{"labels": list(k), "value": v} for k, v in sorted(self.expected.items())],
             "expected_unattributed": dict(self.unattributed),
             "devices": {d.vendor: d.id for d in (self.vgem, self.virtio)},
+            "testdrm_skipped": self.testdrm_skipped,
             "prometheus": prom,
             "otlp": otlp,
             "agent_log": agent.log(),
@@ -238,8 +264,13 @@ class Scenario:
         /metrics; saved for the host. The calls are expected like any other."""
         raw = self.out / "recording.txt"
         scrapes = []
+        holders: list[subprocess.Popen] = []
+        render = render_pod(self.mode)
+        add_container(cri, render)
+        systemd_cgroup(render).mkdir(parents=True)
         for i in range(RECORD_ROUNDS + 1):
             if i:
+                holders += self.hold_testdrm(render)
                 add_container(cri, batch_pod(self.mode, i))
                 for batch in [batch_pod(self.mode, j) for j in (i - 1, i) if j]:
                     self.workload(batch, cgroupfs_cgroup(batch), vgem_scale=1, virtio_scale=1)
@@ -249,8 +280,30 @@ class Scenario:
                 time.sleep(RECORD_INTERVAL)
             scrape(raw)
             scrapes.append({"time": time.time(), "text": raw.read_text()})
+        for holder in holders:
+            holder.kill()
+            holder.wait()
         record = {"node": os.uname().nodename, "interval": RECORD_INTERVAL, "scrapes": scrapes}
         (self.out / "recording.json").write_text(json.dumps(record))
+
+    def hold_testdrm(self, pod: dict) -> list[subprocess.Popen]:
+        """A process of `pod` holding a test-driver client with RECORD_HOLD's calls (none
+        without the driver); its counted vgem call is expected."""
+        if self.testdrm is None:
+            return []
+        node = device_node(self.testdrm, "renderD")
+        submits, allocs = RECORD_HOLD
+        calls = [
+            Call.drm(device_node(self.vgem, "card"), CREATE_DUMB, 1),
+            Call.drm(node, TESTDRM_SUBMIT, submits),
+            Call.drm(node, TESTDRM_ALLOC, allocs),
+        ]
+        argv = drmcall_argv(calls, systemd_cgroup(pod))
+        holder = subprocess.Popen([argv[0], "--hold", *argv[1:]], stdout=subprocess.PIPE)
+        for _ in calls:  # its report lines: the calls are made, the client held
+            holder.stdout.readline()
+        self.expect(pod, self.vgem, "alloc", 1)
+        return [holder]
 
     def unlisted_device(self, cgroup: Path) -> None:
         """bochs (QEMU's bochs-display) is a DRM device without a vendor plug-in: never counted."""

@@ -48,6 +48,10 @@ VIRTGPU_EXECBUFFER = (0x42, 48)  # virtio_gpu, submit
 VIRTGPU_RESOURCE_CREATE = (0x44, 56)  # virtio_gpu, alloc
 VIRTGPU_WAIT = (0x48, 8)  # virtio_gpu, wait
 TCGETS = 0x5401  # not a DRM ioctl at all (type byte 'T'): a raw request for drmcall --raw
+# tests/vm/kmod's test driver (no vendor table: its calls are not counted, its fdinfo is read).
+TESTDRM = "platform:kubenpu_testdrm"  # its device id, as discovery and fdinfo name it
+TESTDRM_SUBMIT = (0x40, 8)  # each: render +1 ms, copy +0.25 ms, compute +3,000 of +10,000 cycles
+TESTDRM_ALLOC = (0x41, 8)  # each: system 64 KiB total (3/4 resident...), vram 1 MiB resident
 
 
 def read_log(path: Path) -> str:
@@ -154,6 +158,69 @@ def by_reason(samples: Samples, metric: str) -> dict[str, float]:
     for s in samples.get(metric, []):
         total[s["labels"]["reason"]] += s["value"]
     return {reason: value for reason, value in total.items() if value}
+
+
+# The fdinfo families of the agent (kubenpu/metrics.py) and what sets a series apart besides the
+# pod's labels: a usage series is (metric, namespace, pod, container, device, engine or
+# region + state).
+USAGE_METRICS = {
+    "kubenpu_engine_busy_seconds_total": "busy_ns",
+    "kubenpu_engine_cycles_total": "cycles",
+    "kubenpu_engine_cycles_elapsed_total": "total_cycles",
+    "kubenpu_engine_capacity": "capacity",
+    "kubenpu_memory_bytes": "memory",
+}
+Usage = dict[tuple[str, ...], float]
+
+
+def usage_series(samples: Samples) -> Usage:
+    """The agent's fdinfo series of pods (empty namespace: not a pod, left out)."""
+    found: Usage = {}
+    for metric in USAGE_METRICS:
+        for s in samples.get(metric, []):
+            lb = s["labels"]
+            if lb["namespace"]:
+                rest = (lb["engine"],) if "engine" in lb else (lb["region"], lb["state"])
+                found[
+                    (metric, lb["namespace"], lb["pod"], lb["container"], lb["device"], *rest)
+                ] = s["value"]
+    return found
+
+
+def client_series(clients: list[dict], pods: dict[str, tuple[str, str, str]]) -> Usage:
+    """What the agent must export for the clients `kubenpuctl clients --output json` listed,
+    summed per container; `pods` names each container's cgroup path. Counters only once above
+    0; capacity 1 where the driver prints none, the largest over clients."""
+    want: Usage = Counter()
+    for c in clients:
+        if c["cgroup"] not in pods:
+            continue
+        who = (*pods[c["cgroup"]], c["device"])
+        for engine, stats in c["engines"].items():
+            for metric, key in list(USAGE_METRICS.items())[:3]:
+                scale = 1e-9 if key == "busy_ns" else 1
+                if stats.get(key):
+                    want[(metric, *who, engine)] += stats[key] * scale
+            cap = ("kubenpu_engine_capacity", *who, engine)
+            want[cap] = max(want[cap], stats.get("capacity", 1))
+        for region, states in c["memory"].items():
+            for state, value in states.items():
+                want[("kubenpu_memory_bytes", *who, region, state)] += value
+    return dict(want)
+
+
+def same_usage(got: Usage, want: Usage) -> bool:
+    """Equal keys, and values equal but for float summation (busy seconds are sums of ns)."""
+    return got.keys() == want.keys() and all(abs(got[k] - want[k]) <= 1e-9 for k in want)
+
+
+def load_testdrm() -> str:
+    """modprobe tests/vm/kmod's driver; "" when loaded, else why not (the scenario skips it)."""
+    lockdown = Path("/sys/kernel/security/lockdown")
+    if lockdown.exists() and "[none]" not in lockdown.read_text():
+        return "lockdown: the kernel loads no unsigned module"
+    done = subprocess.run(["modprobe", "kubenpu_testdrm"], capture_output=True, text=True)
+    return done.stderr.strip() or f"modprobe exited {done.returncode}" if done.returncode else ""
 
 
 # --- workloads -------------------------------------------------------------------------------

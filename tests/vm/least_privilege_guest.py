@@ -4,6 +4,8 @@ tests/vm/least_privilege.sh runs it; the host test writes /out/plan.json, a list
   {"name": DIR, "caps": ["BPF", ...], "hook": H, "scenario": true}  the e2e scenario (aggregate
                                                       mode), plus calls from a 32-bit drmcall
   {"name": DIR, "caps": [...], "hook": H, "attach": "fentry"}  does it attach? (or how it fails)
+  {"name": NAME, "caps": [...], "fdinfo": true}  which DRM fdinfo can it read? (all of them run
+                                                 by fdinfo_privilege_guest.measure, in one go)
 Each run keeps uid 0 and only `caps` in every set (bounding too), with no inheritable or ambient
 capabilities and no_new_privs: what runc gives a container with `drop: [ALL]`, `add: caps` and
 allowPrivilegeEscalation: false. The capabilities the agent process really had are recorded.
@@ -18,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+import fdinfo_privilege_guest
 from e2e_guest import Scenario, pods
 from guestlib import (
     ATTACHED,
@@ -134,7 +137,8 @@ def attach_check(out: Path, launch: tuple[str, ...], attach: str, hook: str | No
 
 def main() -> int:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "/out")
-    for run in json.loads((out / "plan.json").read_text()):
+    plan = json.loads((out / "plan.json").read_text())
+    for run in (r for r in plan if not r.get("fdinfo")):
         where = out / run["name"]
         where.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
@@ -146,6 +150,7 @@ def main() -> int:
         result["seconds"] = time.monotonic() - started
         (where / "result.json").write_text(json.dumps(result, indent=1, sort_keys=True))
         print(f"least privilege {run['name']} ({','.join(run['caps'])}): {result['seconds']:.0f}s")
+    fdinfo_privilege_guest.measure(out, [r for r in plan if r.get("fdinfo")], launcher)
     return 0
 
 

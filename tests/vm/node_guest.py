@@ -14,6 +14,14 @@ asks containerd's own socket for every container's labels. Scenarios, in order:
   a host process outside any pod: counted with empty labels, reason not_pod;
   pod B deleted: its series leave /metrics after metrics.series_ttl_seconds, A's stay.
 
+fdinfo (issue 10): a container "gpu" in each pod holds DRM clients (drmcall --hold) of
+tests/vm/kmod's test driver, whose fdinfo prints usage stats that follow its ioctls, and of vgem
+and virtio-gpu (which print none). A's starts before the agent (found by its full scan at start),
+B's after it, with one counted vgem call (found through the probe). With every call counted,
+`kubenpuctl clients --output json` is recorded and the agent's busy-time, cycle, capacity and
+memory series must equal what it lists; B's leave with its call counts. Without the test driver
+(lockdown, or a kernel it is not built for) the holders hold vgem and virtio-gpu only.
+
 Writes /out/result.json; tests/test_node_vm.py asserts on it.
 """
 
@@ -41,6 +49,10 @@ from guestlib import (
     DRMCALL,
     PROMETHEUS,
     SYNCOBJ_WAIT,
+    TESTDRM,
+    TESTDRM_ALLOC,
+    TESTDRM_SUBMIT,
+    VERSION,
     VGEM_FENCE_ATTACH,
     VIRTGPU_EXECBUFFER,
     VIRTGPU_RESOURCE_CREATE,
@@ -48,12 +60,16 @@ from guestlib import (
     Agent,
     Call,
     Samples,
+    client_series,
     device_node,
     drmcall_argv,
     ioctl_counts,
+    load_testdrm,
     reports,
     run_scenario,
+    same_usage,
     scrape,
+    usage_series,
 )
 
 from kubenpu.discovery import Device, discover
@@ -128,6 +144,10 @@ SERVER = [
     vgem(SYNCOBJ_WAIT, "wait", 3),
 ]
 HOST = [vgem(CREATE_DUMB, "alloc", 4)]
+# The gpu holders: test-driver (SUBMIT, ALLOC) calls, which the probe does not count, per pod.
+HOLD_A = (7, 3)
+HOLD_B = (4, 5)
+GPU_B = [vgem(CREATE_DUMB, "alloc", 2)]  # B's holder, counted: the probe names its process
 
 
 def wait_for(what: str, check: Callable[[], T], timeout: float = STEP_TIMEOUT) -> T:
@@ -281,7 +301,11 @@ def container_log(pod: Pod, name: str, attempt: int, lines: int) -> str:
         out = [rec.split(" ", 3)[3] for rec in path.read_text().splitlines() if " stdout " in rec]
         return "\n".join(out) if len(out) >= lines else ""
 
-    return wait_for(f"{lines} lines in {path}", read)
+    try:
+        return wait_for(f"{lines} lines in {path}", read)
+    except SystemExit as e:  # say what the container did say (stderr too)
+        said = path.read_text()[-2000:] if path.exists() else "(no log)"
+        raise SystemExit(f"{e}; the log has:\n{said}") from None
 
 
 class Node:
@@ -292,9 +316,14 @@ class Node:
         self.unattributed: Counter[str] = Counter()
         self.issued: dict[str, Counter[tuple[str, str, str]]] = {}  # per container attempt
         self.containers: dict[str, dict] = {}
-        self.devices: dict[str, Device] = {d.vendor: d for d in discover("/") if d.vendor}
-        dri = [n.path for v in ("vgem", "virtio_gpu") for n in self.devices[v].nodes]
-        self.kubelet = Kubelet(dri)
+        self.testdrm_skipped = load_testdrm()  # before discovery and the agent's start
+        found = discover("/")
+        self.devices: dict[str, Device] = {d.vendor: d for d in found if d.vendor}
+        self.testdrm = next((d for d in found if d.id == TESTDRM), None)
+        if self.testdrm is None and not self.testdrm_skipped:
+            raise SystemExit("kubenpu_testdrm loaded, but discovery lists no device of it")
+        gpus = [self.devices["vgem"], self.devices["virtio_gpu"], *filter(None, [self.testdrm])]
+        self.kubelet = Kubelet([n.path for d in gpus for n in d.nodes])
         self._started = time.monotonic()
 
     def mark(self, phase: str) -> None:
@@ -340,6 +369,45 @@ class Node:
         argv = drmcall_argv(self.calls(steps), cgroup)
         output = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
         self.tally(None, "host-tool", 0, steps, output)
+
+    def run_holder(self, pod: Pod, counted: list[Step], submits: int, allocs: int) -> str:
+        """Container "gpu": the counted steps, then uncounted calls that open a client of each
+        device (test driver: `submits` SUBMIT and `allocs` ALLOC calls), all held open."""
+        held = [
+            Call.drm(device_node(self.devices["vgem"], "card"), VERSION, 1),
+            Call.drm(device_node(self.devices["virtio_gpu"], "renderD"), VERSION, 1),
+        ]
+        if self.testdrm:
+            node = device_node(self.testdrm, "renderD")
+            held += [Call.drm(node, TESTDRM_SUBMIT, submits), Call.drm(node, TESTDRM_ALLOC, allocs)]
+        calls = self.calls(counted)
+        argv = drmcall_argv([*calls, *held])
+        cid = self.kubelet.start_container(pod, "gpu", 0, [argv[0], "--hold", *argv[1:]])
+        out = container_log(pod, "gpu", 0, len(calls) + len(held))
+        reports(out, [*calls, *held])
+        self.tally(pod, "gpu", 0, counted, "\n".join(out.splitlines()[: len(calls)]))
+        self.record(pod, "gpu", 0, cid)
+        return cid
+
+    def pods_by_cgroup(self) -> dict[str, tuple[str, str, str]]:
+        """namespace, pod and container of each recorded container's cgroup path."""
+        return {
+            c["proc_cgroup"].removeprefix("0::"): tuple(key.partition("#")[0].split("/"))
+            for key, c in self.containers.items()
+        }
+
+    def settle_usage(self) -> tuple[list[dict], Samples]:
+        """kubenpuctl's clients, and the first scrape whose fdinfo series equal what they say
+        (or the last one before the deadline)."""
+        ctl = ["kubenpuctl", "clients", "--output", "json"]
+        clients = json.loads(subprocess.run(ctl, check=True, capture_output=True).stdout)
+        want = client_series(clients, self.pods_by_cgroup())
+        deadline = time.monotonic() + SETTLE_TIMEOUT
+        while not same_usage(usage_series(prom := scrape()), want):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        return clients, prom
 
     def record(self, pod: Pod, name: str, attempt: int, cid: str) -> None:
         status = self.kubelet.status(cid)
@@ -418,6 +486,7 @@ class Node:
             sidecar = self.kubelet.start_container(POD_A, "sidecar", 0, sleep)
             self.record(POD_A, "main", 0, main0)
             self.record(POD_A, "sidecar", 0, sidecar)
+            self.run_holder(POD_A, [], *HOLD_A)
             self.mark("pod A running")
             agent = self.start_agent()
             self.mark("agent attached")
@@ -426,6 +495,7 @@ class Node:
             self.mark("pod A calls made")
             self.kubelet.run_pod(POD_B)
             server = self.run_entrypoint(POD_B, "server", 0, SERVER)
+            gpu_b = self.run_holder(POD_B, GPU_B, *HOLD_B)
             self.mark("pod B ran")
             self.kubelet.stop_container(main0)  # kubelet restarts it as attempt 1
             self.run_entrypoint(POD_A, "main", 1, MAIN_1)
@@ -433,8 +503,10 @@ class Node:
             self.run_host(HOST)
             before = self.settle(dict(self.expected))
             self.mark("counts settled")
+            clients, usage = self.settle_usage()
+            self.mark("fdinfo settled")
             pod_b = (POD_B.namespace, POD_B.name)
-            self.kubelet.delete_pod(POD_B, [server])
+            self.kubelet.delete_pod(POD_B, [server, gpu_b])
             deleted = time.monotonic()
             self.mark("pod B deleted")
             after_expected = {k: v for k, v in self.expected.items() if k[:2] != pod_b}
@@ -466,6 +538,11 @@ class Node:
             },
             "before_delete": before,
             "after_delete": after,
+            "testdrm_skipped": self.testdrm_skipped,
+            "hold": {"team-a": HOLD_A, "team-b": HOLD_B},
+            "clients": clients,
+            "pods_by_cgroup": self.pods_by_cgroup(),
+            "usage": usage,
             "agent_log": agent.log(),
         }
 

@@ -4,7 +4,7 @@
  * (built static, so it runs in a bare container image and in tight benchmark loops). It is the
  * one workload generator of the VM tests and the benchmark.
  *
- *   drmcall [--rate CALLS_PER_SEC] [--cgroup DIR] [--raw] DEVICE NR SIZE COUNT ...
+ *   drmcall [--hold] [--rate CALLS_PER_SEC] [--cgroup DIR] [--raw] DEVICE NR SIZE COUNT ...
  *
  * Arguments are read in order. A step `DEVICE NR SIZE COUNT` opens DEVICE and issues
  * DRM_IOWR(NR, SIZE) COUNT times; with --raw before it, NR is a whole ioctl request issued as is
@@ -13,6 +13,8 @@
  * --cgroup DIR moves the process into that cgroup v2 directory before the steps that follow (so
  * one process can make calls from many cgroups); --rate paces the steps that follow, in batches,
  * to about that many calls per second. One JSON line per step reports what was done.
+ * --hold keeps the fd of every step open (each one DRM client, for fdinfo) and, after the last
+ * step, sleeps until killed.
  */
 #include <fcntl.h>
 #include <stdio.h>
@@ -25,6 +27,8 @@
 #define DRM_IOWR_CMD(nr, size) _IOC(_IOC_READ | _IOC_WRITE, 'd', (nr), (size))
 #define BATCH 1000
 #define MAX_SIZE 4096
+
+static int hold; /* --hold: keep every step's fd open, then sleep until killed */
 
 static double now(void)
 {
@@ -71,7 +75,8 @@ static int run_step(const char *path, unsigned long cmd, unsigned size, long cou
             pace(start, i + 1, rate);
     }
     double elapsed = now() - start;
-    close(fd);
+    if (!hold)
+        close(fd);
     printf("{\"device\": \"%s\", \"cmd\": %lu, \"calls\": %ld, \"seconds\": %.6f}\n", path, cmd,
            count, elapsed);
     return 0;
@@ -80,7 +85,8 @@ static int run_step(const char *path, unsigned long cmd, unsigned size, long cou
 static int usage(const char *argv0)
 {
     fprintf(stderr,
-            "usage: %s [--rate N] [--cgroup DIR] [--raw] DEVICE NR SIZE COUNT ...\n", argv0);
+            "usage: %s [--hold] [--rate N] [--cgroup DIR] [--raw] DEVICE NR SIZE COUNT ...\n",
+            argv0);
     return 2;
 }
 
@@ -89,6 +95,11 @@ int main(int argc, char **argv)
     double rate = 0;
     int steps = 0;
     for (int i = 1; i < argc;) {
+        if (strcmp(argv[i], "--hold") == 0) {
+            hold = 1;
+            i++;
+            continue;
+        }
         if (strcmp(argv[i], "--rate") == 0 && i + 1 < argc) {
             rate = atof(argv[i + 1]);
             i += 2;
@@ -116,5 +127,10 @@ int main(int argc, char **argv)
         steps++;
         i += 4;
     }
-    return steps ? 0 : usage(argv[0]);
+    if (!steps)
+        return usage(argv[0]);
+    fflush(stdout);
+    while (hold)
+        pause();
+    return 0;
 }

@@ -1,0 +1,221 @@
+"""Device time and memory per pod: DRM clients read from fdinfo, attributed like the call counts.
+
+Each read scans the processes that may hold a DRM client: those that held one at the last read,
+the tgids the probe saw calling drm_ioctl since (every event's in events mode, the first of each
+new key's in aggregate mode), and every process of a cgroup that made calls since, whose cgroup
+directory a client already named. The first read scans all of /proc.
+
+A client's engine counters (busy ns, cycles, total cycles) go through a HighWater and are added
+to the pod's counters as increments, so a pod's counter never goes down when one of its
+processes, or clients, goes away. A client that closes between two reads loses what it used since
+the last read. Memory and capacity are gauges of the clients open at the last read.
+
+Attribution: the lowest pid's cgroup v2 path, its directory's inode under the cgroup root (the
+cgroup id the kernel gives the probe), then the same Resolver as the calls. /proc/PID/cgroup
+writes the path relative to the READER's cgroup namespace: in a pod (a private cgroupns) another
+container's path starts with "/..". Such a path is taken from the agent's own namespace root,
+found once as the directory under the cgroup root with the inode of `own_cgroup` (the container's
+own cgroup2 mount, rooted at its namespace root). While the resolver
+has no answer yet, a client's increments wait (none lost); after `pending_seconds`, or when the
+client closes, they are counted with the resolver's settled answer.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from kubenpu.discovery import Device
+from kubenpu.fdinfo import Client, FdinfoReader, HighWater, Scan
+from kubenpu.metrics import ENGINE_COUNTERS, Metrics, Where
+from kubenpu.resolve import Attribution
+
+if TYPE_CHECKING:
+    from kubenpu.agent import Resolve
+
+# Client fields that are cumulative counters, in ENGINE_COUNTERS order, with their scale.
+_COUNTERS = (("busy_ns", 1e-9), ("cycles", 1), ("total_cycles", 1))
+
+_ClientKey = tuple[str, int]  # (device, drm-client-id)
+
+
+@dataclass
+class _Tracked:
+    """A client seen open: what it last said and what of it was counted."""
+
+    client: Client
+    cgroup_id: int | None
+    since: float  # first seen, for pending_seconds
+    who: Attribution | None = None  # once the resolver answered
+    high: HighWater[tuple[str, str]] = field(default_factory=HighWater)  # (engine, field)
+    counted: dict[tuple[str, str], int] = field(default_factory=dict)  # (engine, field) -> value
+
+
+class Usage:
+    """Reads DRM clients every `interval` seconds and turns them into per-pod metrics."""
+
+    def __init__(
+        self,
+        reader: FdinfoReader,
+        resolver: Resolve,
+        metrics: Metrics,
+        devices: Iterable[Device],
+        cgroup_root: str,
+        *,
+        pending_seconds: float,
+        on_cgroup: Callable[[int], None] = lambda _: None,
+        own_cgroup: str = "/sys/fs/cgroup",
+        clock: Callable[[], float],
+    ) -> None:
+        self._reader = reader
+        self._resolver = resolver
+        self._metrics = metrics
+        self._vendor = {d.id: d.vendor or "" for d in devices}
+        self._cgroup_root = cgroup_root
+        self._own_cgroup = own_cgroup
+        self._ns_root: str | None = None  # the agent's cgroupns root, under cgroup_root
+        self._pending_seconds = pending_seconds
+        self._on_cgroup = on_cgroup  # the agent reaps these cgroups as it reaps the calls'
+        self._clock = clock
+        self._clients: dict[_ClientKey, _Tracked] = {}
+        self._dirs: dict[int, str] = {}  # cgroup id -> directory, learned from clients
+        self._pids: set[int] = set()  # to scan at the next read
+        self._active: set[int] = set()  # cgroup ids with calls since the last read
+        self._full = True
+
+    def saw(self, tgids: Iterable[int], cgroup_ids: Iterable[int]) -> None:
+        """What the probe saw since the last call: calling processes and their cgroups."""
+        self._pids.update(tgids)
+        self._active.update(cgroup_ids)
+
+    def read(self) -> Scan:
+        """One read: scan, count increments, replace the gauges. Returns the scan."""
+        if self._full:
+            scan = self._reader.scan()
+            self._full = False
+        else:
+            scan = self._reader.scan(sorted(self._pids | self._procs()))
+        self._metrics.fdinfo_skipped({str(r): n for r, n in scan.skipped.items()})
+        seen = {(c.device, c.client_id): c for c in scan.clients}
+        for key, client in seen.items():
+            self._observe(key, client)
+        for key, tracked in list(self._clients.items()):
+            if key not in seen and not set(tracked.client.pids) & scan.unreadable:
+                self._close(key, tracked)  # every holder was read without it: closed
+        self._pids = {p for t in self._clients.values() for p in t.client.pids}
+        # Directories of cgroups that hold a client or just called; the others may be gone.
+        keep = self._active | {t.cgroup_id for t in self._clients.values()}
+        self._dirs = {c: d for c, d in self._dirs.items() if c in keep}
+        self._active = set()
+        self._set_gauges()
+        return scan
+
+    def _procs(self) -> set[int]:
+        """The processes of the cgroups that made calls since the last read."""
+        pids: set[int] = set()
+        for cgroup_id in self._active & self._dirs.keys():
+            try:
+                with open(os.path.join(self._dirs[cgroup_id], "cgroup.procs")) as f:
+                    pids.update(int(line) for line in f if line.strip())
+            except (OSError, ValueError):
+                del self._dirs[cgroup_id]  # removed: its processes are gone
+        return pids
+
+    def _observe(self, key: _ClientKey, client: Client) -> None:
+        tracked = self._clients.get(key)
+        if tracked is None:
+            tracked = self._clients[key] = _Tracked(client, self._cgroup_id(client), self._clock())
+        tracked.client = client
+        for engine, stats in client.engines.items():
+            for name, _ in _COUNTERS:
+                if name in stats:
+                    tracked.high.update((engine, name), stats[name])
+        if tracked.who is None:
+            tracked.who = self._attribute(tracked, settle=False)
+        if tracked.who is not None:
+            self._count(tracked)
+
+    def _close(self, key: _ClientKey, tracked: _Tracked) -> None:
+        tracked.who = tracked.who or self._attribute(tracked, settle=True)
+        self._count(tracked)
+        del self._clients[key]
+
+    def _attribute(self, tracked: _Tracked, settle: bool) -> Attribution | None:
+        """The resolver's answer; its settled one once the client waited pending_seconds."""
+        if tracked.cgroup_id is None:
+            return Attribution()  # no cgroup v2 path: counted unlabelled, like a host process
+        who = self._resolver.resolve(tracked.cgroup_id)
+        if who is None and (settle or self._clock() - tracked.since >= self._pending_seconds):
+            who = self._resolver.settle(tracked.cgroup_id)
+        return who
+
+    def _count(self, tracked: _Tracked) -> None:
+        """Add what the client's counters rose since they were last counted."""
+        assert tracked.who is not None
+        where = self._where(tracked)
+        for spec, (name, scale) in zip(ENGINE_COUNTERS, _COUNTERS, strict=True):
+            for engine in tracked.client.engines:
+                high = tracked.high.get((engine, name))
+                done = tracked.counted.get((engine, name), 0)
+                if high > done:
+                    self._metrics.add_engine(spec, where, engine, (high - done) * scale)
+                    tracked.counted[(engine, name)] = high
+
+    def _where(self, tracked: _Tracked) -> Where:
+        who, device = tracked.who or Attribution(), tracked.client.device
+        return Where(who.namespace, who.pod, who.container, device, self._vendor.get(device, ""))
+
+    def _cgroup_id(self, client: Client) -> int | None:
+        """The cgroup id of the client's lowest pid: its cgroup directory's inode."""
+        if not client.cgroup:
+            return None
+        relative = client.cgroup.lstrip("/")
+        if relative.startswith(".."):
+            relative = os.path.normpath(os.path.join(self._namespace_root(), relative))
+            if relative.startswith(".."):
+                return None  # above the hierarchy's root: no cgroup_root of the node's
+        path = os.path.join(self._cgroup_root, relative)
+        try:
+            cgroup_id = os.stat(path).st_ino
+        except OSError:
+            return None
+        self._dirs[cgroup_id] = path
+        self._on_cgroup(cgroup_id)
+        return cgroup_id
+
+    def _namespace_root(self) -> str:
+        """The agent's cgroup namespace root, relative to cgroup_root ("." when not found)."""
+        if self._ns_root is None:
+            self._ns_root = "."
+            inode = _inode(self._own_cgroup)
+            for top, dirs, _ in os.walk(self._cgroup_root) if inode else ():
+                found = [d for d in dirs if _inode(os.path.join(top, d)) == inode]
+                if found:
+                    self._ns_root = os.path.relpath(os.path.join(top, found[0]), self._cgroup_root)
+                    break
+        return self._ns_root
+
+    def _set_gauges(self) -> None:
+        capacity: dict[tuple[Where, str], int] = {}
+        memory: dict[tuple[Where, str, str], int] = {}
+        for tracked in self._clients.values():
+            if tracked.who is None:
+                continue  # pending: no pod to show it under yet
+            where = self._where(tracked)
+            for engine, stats in tracked.client.engines.items():
+                key = (where, engine)  # 1 when not printed: the spec's default
+                capacity[key] = max(capacity.get(key, 0), stats.get("capacity", 1))
+            for region, states in tracked.client.memory.items():
+                for state, value in states.items():
+                    mkey = (where, region, state)
+                    memory[mkey] = memory.get(mkey, 0) + value
+        self._metrics.set_usage_gauges(capacity, memory)
+
+
+def _inode(path: str) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None  # removed meanwhile

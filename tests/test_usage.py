@@ -1,0 +1,283 @@
+"""Device time and memory per pod (kubenpu.usage) on a /proc tree written by the test.
+
+The tree is a copy of a machine like tests/testdata/proc's: proc/PID/{fd,fdinfo,cgroup} whose fd
+links name /dev/dri nodes, the intel-i915 sysfs fixture, and a cgroup v2 hierarchy of plain
+directories whose inodes are the cgroup ids. The resolver is tests/fakes.py's FakeResolver (no
+CRI here); the reader, the Usage and the Metrics are the real ones.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from fakes import Clock, FakeResolver
+
+from kubenpu import top
+from kubenpu.agent import Attributor
+from kubenpu.discovery import discover
+from kubenpu.export import prometheus_name
+from kubenpu.fdinfo import FdinfoReader, Scan
+from kubenpu.metrics import ENGINE_BUSY, ENGINE_CAPACITY, FDINFO_SKIPPED, MEMORY, Metrics, Spec
+from kubenpu.resolve import Attribution
+from kubenpu.usage import Usage
+
+I915 = Path(__file__).parent / "testdata" / "intel-i915"
+DEVICE = "0000:00:02.0"
+POD_A = Attribution("ns", "a", "main")
+POD_B = Attribution("ns", "b", "main")
+
+
+class Machine:
+    """A /proc and cgroup tree the test edits between reads."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        (root / "proc").mkdir()
+        shutil.copytree(I915 / "sys", root / "sys", symlinks=True)
+        self.cgroups = root / "cgroup"
+        self.resolver = FakeResolver()
+        self.clock = Clock()
+        self.metrics = Metrics("node", 60, 1000, clock=self.clock)
+        self.watched: list[int] = []
+        devices = discover(root)
+        self.reader = Reader(devices, root)
+        self.usage = Usage(
+            self.reader,
+            self.resolver,
+            self.metrics,
+            devices,
+            str(self.cgroups),
+            pending_seconds=120,
+            on_cgroup=self.watched.append,
+            own_cgroup=str(self.cgroups / "kubepods" / "agent"),
+            clock=self.clock,
+        )
+
+    def cgroup(self, name: str, who: Attribution | None) -> int:
+        """A cgroup directory; the resolver answers `who` for it (None: pending)."""
+        path = self.cgroups / name
+        path.mkdir(parents=True, exist_ok=True)
+        cgroup_id = path.stat().st_ino
+        if who is not None:
+            self.resolver.answers[cgroup_id] = who
+        return cgroup_id
+
+    def process(self, pid: int, cgroup: str, clients: dict[int, str]) -> None:
+        """pid in cgroup, with one DRM fd per client id, whose fdinfo holds the given lines."""
+        proc = self.root / "proc" / str(pid)
+        shutil.rmtree(proc, ignore_errors=True)
+        (proc / "fd").mkdir(parents=True)
+        (proc / "fdinfo").mkdir()
+        (proc / "cgroup").write_text(f"0::/{cgroup}\n")
+        procs = self.cgroups / cgroup / "cgroup.procs"
+        procs.write_text("".join(f"{p}\n" for p in {*self.procs(cgroup), pid}))
+        (proc / "fd" / "0").symlink_to("/dev/null")
+        for fd, (client_id, lines) in enumerate(clients.items(), start=3):
+            (proc / "fd" / str(fd)).symlink_to("/dev/dri/renderD128")
+            text = f"pos:\t0\ndrm-driver:\ti915\ndrm-pdev:\t{DEVICE}\ndrm-client-id:\t{client_id}\n"
+            (proc / "fdinfo" / str(fd)).write_text(text + lines)
+
+    def procs(self, cgroup: str) -> list[int]:
+        path = self.cgroups / cgroup / "cgroup.procs"
+        return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+    def exit(self, pid: int) -> None:
+        shutil.rmtree(self.root / "proc" / str(pid))
+
+    def read(self) -> Scan:
+        return self.usage.read()
+
+
+class Reader(FdinfoReader):
+    """The real reader, recording which pids each scan was given (None: every process)."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)  # type: ignore[arg-type]
+        self.asked: list[list[int] | None] = []
+
+    def scan(self, pids=None):  # type: ignore[no-untyped-def]
+        self.asked.append(None if pids is None else list(pids))
+        return super().scan(pids)
+
+
+def values(metrics: Metrics, spec: Spec) -> dict[tuple, float]:
+    """{(pod, container, engine or region/state...): value} of spec's points."""
+    [points] = [p for s, p in metrics.collect() if s is spec]
+    skip = ("namespace", "device", "vendor")
+    return {tuple(v for k, v in p.attrs.items() if k not in skip): p.value for p in points}
+
+
+def busy(ns: float, engine: str = "render") -> str:
+    return f"drm-engine-{engine}:\t{int(ns)} ns\n"
+
+
+@pytest.fixture
+def machine(tmp_path: Path) -> Machine:
+    return Machine(tmp_path)
+
+
+def test_busy_time_per_pod_never_goes_down_when_a_process_exits(machine: Machine) -> None:
+    machine.cgroup("pod-a", POD_A)
+    machine.process(10, "pod-a", {1: busy(3e9)})
+    machine.process(11, "pod-a", {2: busy(2e9)})
+    machine.read()
+    assert values(machine.metrics, ENGINE_BUSY) == {("a", "main", "render"): 5.0}
+    machine.exit(10)
+    machine.process(11, "pod-a", {2: busy(2.5e9)})
+    machine.usage.saw([], [])
+    machine.read()
+    assert values(machine.metrics, ENGINE_BUSY) == {("a", "main", "render"): 5.5}
+
+
+def test_a_value_going_backwards_is_held_until_overtaken(machine: Machine) -> None:
+    machine.cgroup("pod-a", POD_A)
+    machine.process(10, "pod-a", {1: busy(4e9)})
+    machine.read()
+    machine.process(10, "pod-a", {1: busy(3e9)})
+    machine.read()
+    assert values(machine.metrics, ENGINE_BUSY) == {("a", "main", "render"): 4.0}
+    machine.process(10, "pod-a", {1: busy(6e9)})
+    machine.read()
+    assert values(machine.metrics, ENGINE_BUSY) == {("a", "main", "render"): 6.0}
+
+
+def test_memory_and_capacity_are_those_of_the_open_clients(machine: Machine) -> None:
+    machine.cgroup("pod-a", POD_A)
+    memory = "drm-resident-system:\t4 KiB\ndrm-total-system:\t8 KiB\n"
+    machine.process(10, "pod-a", {1: busy(1) + memory + "drm-engine-capacity-render:\t2\n"})
+    machine.process(11, "pod-a", {2: busy(1) + memory})
+    machine.read()
+    assert values(machine.metrics, MEMORY) == {
+        ("a", "main", "system", "resident"): 8192,
+        ("a", "main", "system", "total"): 16384,
+    }
+    assert values(machine.metrics, ENGINE_CAPACITY) == {("a", "main", "render"): 2}
+    machine.exit(11)
+    machine.read()
+    assert values(machine.metrics, MEMORY)[("a", "main", "system", "resident")] == 4096
+
+
+def test_a_shared_client_is_counted_once(machine: Machine) -> None:
+    machine.cgroup("pod-a", POD_A)
+    machine.process(10, "pod-a", {1: busy(3e9)})
+    machine.process(11, "pod-a", {1: busy(3e9)})  # fork or SCM_RIGHTS: the same client
+    machine.read()
+    assert values(machine.metrics, ENGINE_BUSY) == {("a", "main", "render"): 3.0}
+
+
+def test_pending_clients_wait_then_count_everything(machine: Machine) -> None:
+    cgroup_id = machine.cgroup("pod-a", None)
+    machine.process(10, "pod-a", {1: busy(3e9) + "drm-resident-system:\t4096\n"})
+    machine.read()
+    assert values(machine.metrics, ENGINE_BUSY) == {}
+    assert values(machine.metrics, MEMORY) == {}
+    machine.process(10, "pod-a", {1: busy(4e9) + "drm-resident-system:\t4096\n"})
+    machine.resolver.answers[cgroup_id] = POD_A
+    machine.read()
+    assert values(machine.metrics, ENGINE_BUSY) == {("a", "main", "render"): 4.0}
+    assert values(machine.metrics, MEMORY) == {("a", "main", "system", "resident"): 4096}
+
+
+def test_pending_too_long_is_counted_with_the_settled_answer(machine: Machine) -> None:
+    machine.cgroup("pod-a", None)
+    machine.process(10, "pod-a", {1: busy(3e9)})
+    machine.read()
+    machine.clock.now += 120
+    machine.read()
+    assert values(machine.metrics, ENGINE_BUSY) == {("", "", "render"): 3.0}
+
+
+def test_a_pending_client_that_closes_is_counted(machine: Machine) -> None:
+    machine.cgroup("pod-a", None)
+    machine.process(10, "pod-a", {1: busy(3e9)})
+    machine.read()
+    machine.exit(10)
+    machine.read()
+    assert values(machine.metrics, ENGINE_BUSY) == {("", "", "render"): 3.0}
+
+
+def test_an_unreadable_holder_keeps_its_client_and_loses_nothing(machine: Machine) -> None:
+    machine.cgroup("pod-a", POD_A)
+    machine.process(10, "pod-a", {1: busy(3e9)})
+    machine.read()
+    fd = machine.root / "proc" / "10" / "fd"
+    fd.rename(fd.with_name("fd.saved"))
+    fd.write_text("")  # listing it fails as unreadable fdinfo does: not vanished
+    machine.read()
+    fd.unlink()
+    fd.with_name("fd.saved").rename(fd)
+    machine.process(10, "pod-a", {1: busy(4e9)})
+    machine.read()
+    assert values(machine.metrics, ENGINE_BUSY) == {("a", "main", "render"): 4.0}
+    assert values(machine.metrics, FDINFO_SKIPPED)[("unreadable",)] == 1
+
+
+def test_reads_after_the_first_scan_only_callers_holders_and_their_cgroups(
+    machine: Machine,
+) -> None:
+    machine.cgroup("pod-a", POD_A)
+    cgroup_b = machine.cgroup("pod-b", POD_B)
+    machine.process(10, "pod-a", {1: busy(1)})
+    machine.process(20, "pod-b", {2: busy(1)})
+    machine.read()
+    assert machine.reader.asked == [None]  # the full scan at start
+    machine.process(21, "pod-b", {3: busy(1)})  # not seen calling, but in a calling cgroup
+    machine.process(30, "pod-a", {})  # holds nothing
+    machine.usage.saw([40], [cgroup_b])  # pid 40 called and exited
+    machine.read()
+    assert machine.reader.asked[-1] == [10, 20, 21, 40]
+    assert values(machine.metrics, ENGINE_BUSY)[("b", "main", "render")] == 2e-9
+    machine.read()
+    assert machine.reader.asked[-1] == [10, 20, 21]
+
+
+def test_client_cgroups_are_reaped_like_calling_ones(machine: Machine) -> None:
+    cgroup_id = machine.cgroup("pod-a", POD_A)
+    machine.process(10, "pod-a", {1: busy(1)})
+    machine.read()
+    assert machine.watched == [cgroup_id]
+
+
+def test_a_host_process_outside_any_cgroup_v2_is_unlabelled(machine: Machine) -> None:
+    machine.cgroup("host", None)
+    machine.process(10, "host", {1: busy(2e9)})
+    (machine.root / "proc" / "10" / "cgroup").write_text("1:name=systemd:/\n")
+    machine.read()
+    assert values(machine.metrics, ENGINE_BUSY) == {("", "", "render"): 2.0}
+
+
+def test_paths_relative_to_the_agents_cgroup_namespace_are_found(machine: Machine) -> None:
+    """In a pod, /proc/PID/cgroup shows other containers' cgroups from the agent's namespace."""
+    machine.cgroup("kubepods/agent", None)
+    machine.cgroup("kubepods/pod-a", POD_A)
+    machine.process(10, "kubepods/pod-a", {1: busy(2e9)})
+    (machine.root / "proc" / "10" / "cgroup").write_text("0::/../pod-a\n")
+    machine.process(11, "kubepods/pod-a", {2: busy(1e9)})
+    (machine.root / "proc" / "11" / "cgroup").write_text("0::/../../..\n")  # above the root
+    machine.read()
+    assert values(machine.metrics, ENGINE_BUSY) == {
+        ("a", "main", "render"): 2.0,
+        ("", "", "render"): 1.0,
+    }
+
+
+def test_kubenpuctl_top_reads_the_names_the_agent_exports() -> None:
+    assert (prometheus_name(ENGINE_BUSY), prometheus_name(MEMORY)) == (top.BUSY, top.MEMORY)
+
+
+def test_a_gone_pods_busy_series_retire_after_the_ttl(machine: Machine) -> None:
+    """The agent hands client cgroups to Attributor.watch(); its reaper retires them."""
+    attributor = Attributor([], machine.resolver, machine.metrics)
+    cgroup_id = machine.cgroup("pod-a", POD_A)
+    machine.process(10, "pod-a", {1: busy(2e9)})
+    machine.read()
+    for watched in machine.watched:
+        attributor.watch(watched)
+    machine.exit(10)
+    machine.resolver.dead.add(cgroup_id)
+    attributor.forget(attributor.dead_cgroups())
+    assert values(machine.metrics, ENGINE_BUSY) == {("a", "main", "render"): 2.0}
+    machine.clock.now += 60
+    assert values(machine.metrics, ENGINE_BUSY) == {}
