@@ -334,6 +334,30 @@ def test_workers_survive_exceptions(mode, running, caplog):
     assert agent.health.live() == (True, "ok")
 
 
+class _SlowRuntime(FakeResolver):
+    """A runtime whose Version call hangs until the test releases it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answer = threading.Event()
+
+    def runtime_version(self) -> str | None:
+        self.answer.wait()
+        return "slow 1.0"
+
+
+def test_a_runtime_slow_to_answer_delays_neither_attach_nor_the_first_read(running):
+    kernel, resolver = FakeKernel(aggregate=True), _SlowRuntime()
+    resolver.answers[9] = Attribution("ml", "trainer-0", "worker")
+    kernel.counts[key(9)] = 4  # an adopted probe's totals
+    agent = make_agent(kernel, resolver)
+    try:
+        running(agent)  # waits until ready: attached and read
+        wait_for(lambda: values(agent.metrics, IOCTL) == {(*POD, "alloc"): 4})
+    finally:
+        resolver.answer.set()
+
+
 def _always_reading(agent: Agent) -> Callable[[], None]:
     """The loop's cycle with the counts map due every time (the fake clock never moves)."""
     cycle = agent.cycle
