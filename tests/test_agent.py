@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -23,7 +24,7 @@ from cri_server import CriTestServer
 from fakes import Clock, FakeKernel, FakeResolver, record
 from helpers import free_port, make_config, resolved
 
-from kubenpu import export
+from kubenpu import __version__, export
 from kubenpu.agent import Agent, Attributor, Health, main, select_devices
 from kubenpu.discovery import Device, Node
 from kubenpu.events import Key, Tally
@@ -486,3 +487,8 @@ def test_without_the_agent_extras_the_agent_says_what_to_install():
         2,
         "kubenpu-agent needs the agent extras: pip install 'kubenpu[agent]'\n",
     )
+
+
+def test_the_version_is_the_packages():
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    assert __version__ == pyproject["project"]["version"]
