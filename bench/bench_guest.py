@@ -529,7 +529,10 @@ class Bench:
         print("== restart: a cold start with pinning", flush=True)
         cold = Measured(self.out, "aggregate", pin_dir=PIN_DIR)
         try:
-            res = {"cold_first_metric_seconds": round(self.first_metric(cold), 1)}
+            res = {
+                "cold_attached_seconds": round(cold.attach_seconds, 1),
+                "cold_first_metric_seconds": round(self.first_metric(cold), 1),
+            }
             res["cold_rss_mib_start"] = round(cold.rss_mib(), 1)
             ledger = Ledger()
             res["tour"] = ledger.settle(tour(self.card, pods, TOUR_CALLS))
@@ -546,6 +549,7 @@ class Bench:
         print("== restart: SIGKILL, then a restart that adopts", flush=True)
         adopt = Measured(self.out, "aggregate", pin_dir=PIN_DIR)
         try:
+            res["adopt_attached_seconds"] = round(adopt.attach_seconds, 1)
             res["adopt_first_metric_seconds"] = round(self.first_metric(adopt), 1)
             res["adopt_rss_mib_start"] = round(adopt.rss_mib(), 1)
             if load.wait() != 0:
