@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -528,7 +529,10 @@ class Bench:
         print("== restart: a cold start with pinning", flush=True)
         cold = Measured(self.out, "aggregate", pin_dir=PIN_DIR)
         try:
-            res = {"cold_first_metric_seconds": round(self.first_metric(cold), 1)}
+            res = {
+                "cold_attached_seconds": round(cold.attach_seconds, 1),
+                "cold_first_metric_seconds": round(self.first_metric(cold), 1),
+            }
             res["cold_rss_mib_start"] = round(cold.rss_mib(), 1)
             ledger = Ledger()
             res["tour"] = ledger.settle(tour(self.card, pods, TOUR_CALLS))
@@ -545,6 +549,7 @@ class Bench:
         print("== restart: SIGKILL, then a restart that adopts", flush=True)
         adopt = Measured(self.out, "aggregate", pin_dir=PIN_DIR)
         try:
+            res["adopt_attached_seconds"] = round(adopt.attach_seconds, 1)
             res["adopt_first_metric_seconds"] = round(self.first_metric(adopt), 1)
             res["adopt_rss_mib_start"] = round(adopt.rss_mib(), 1)
             if load.wait() != 0:
@@ -596,6 +601,20 @@ class Bench:
         return found
 
 
+def compiled_agent(copy: Path = Path("/tmp/kubenpu-compiled")) -> None:
+    """Agents started from now on run a byte-compiled copy of kubenpu, as the image ships it
+    (pip compiles it on install): /src is read-only, so each start would compile every module
+    of kubenpu again, a cost under TCG that no deployed agent pays."""
+    src = Path(__file__).resolve().parents[1]
+    shutil.rmtree(copy, ignore_errors=True)
+    for part in ("kubenpu", "bpf"):  # probe.py finds bpf/ beside the package
+        shutil.copytree(src / part, copy / part)
+    subprocess.run([PY, "-m", "compileall", "-q", str(copy / "kubenpu")], check=True)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(copy), os.environ.get("PYTHONPATH")])
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", nargs="?", default="/out")
@@ -604,6 +623,7 @@ def main() -> int:
     parser.add_argument("--restart", action="store_true", help="only the restart rows")
     args = parser.parse_args()
     out = Path(args.out)
+    compiled_agent()
     bench = Bench(out)
     try:
         if args.check:

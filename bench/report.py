@@ -198,6 +198,7 @@ def restart(b: dict) -> str:
     rows = [
         [
             "cold start, pinning (loader child)",
+            f"{r['cold_attached_seconds']:.1f}",
             f"{r['cold_first_metric_seconds']:.1f}",
             f"{r['cold_rss_mib_start']:.0f}",
             f"{r['cold_rss_mib_steady']:.0f}",
@@ -205,6 +206,7 @@ def restart(b: dict) -> str:
         ],
         [
             "restart that adopts the pins",
+            f"{r['adopt_attached_seconds']:.1f}",
             f"{r['adopt_first_metric_seconds']:.1f}",
             f"{r['adopt_rss_mib_start']:.0f}",
             f"{r['adopt_rss_mib_steady']:.0f}",
@@ -217,6 +219,7 @@ def restart(b: dict) -> str:
             0,
             [
                 "cold start, no pinning (in process)",
+                f"{m['attach_seconds']:.1f}",
                 f"{m['first_metric_seconds']:.1f}",
                 f"{m['rss_mib_start']:.0f}",
                 f"{m['rss_mib_steady']:.0f}",
@@ -225,6 +228,7 @@ def restart(b: dict) -> str:
         )
     head = [
         "aggregate mode",
+        "start → attached (s)",
         "start → first metric (s)",
         "RSS at start (MiB)",
         f"RSS with {b['pods']} pods (MiB)",

@@ -369,7 +369,6 @@ class Agent:
 
     def run(self) -> int:
         try:
-            log.info("container runtime: %s", self.resolver.runtime_version() or "unreachable")
             self.attach()
             workers = [
                 threading.Thread(target=self._poll_loop, name="poll", daemon=True),
@@ -378,6 +377,8 @@ class Agent:
             for worker in workers:
                 self.health.watch(worker)
                 worker.start()
+            # After the workers start: a slow or unreachable runtime must not delay counting.
+            log.info("container runtime: %s", self.resolver.runtime_version() or "unreachable")
             while not self.stop.wait(1.0):  # a timeout keeps signal handlers running promptly
                 pass
             for worker in workers:
@@ -406,8 +407,11 @@ class Agent:
                 self.stop.wait(_POLL_MS / 1000)  # a poll that fails at once must not spin
 
     def _attribute_loop(self) -> None:
-        while not self.stop.wait(_FLUSH_SECONDS):
+        # The first cycle at once: an adopted probe's totals are exported without a wait.
+        while True:
             self._guarded("attribution", self.cycle)
+            if self.stop.wait(_FLUSH_SECONDS):
+                return
 
     def _guarded(self, worker: str, step: Callable[..., object], *args: int) -> bool:
         try:

@@ -8,7 +8,6 @@ It imports neither BCC nor LLVM, so a process that only adopts pinned objects st
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import platform
 import struct
@@ -209,9 +208,8 @@ class RingBuffer:
     """A BPF ring buffer map, consumed with the system's libbpf (ring_buffer__new/poll)."""
 
     def __init__(self, map_fd: int, on_record: Callable[[bytes], None]) -> None:
-        name = ctypes.util.find_library("bpf") or "libbpf.so.1"
-        try:
-            self._lib = ctypes.CDLL(name, use_errno=True)
+        try:  # by soname, as probe.py loads it: find_library would run ldconfig at every start
+            self._lib = ctypes.CDLL("libbpf.so.1", use_errno=True)
         except OSError as err:
             raise BpfError(0, f"libbpf is needed to read the ring buffer: {err}") from err
         self._lib.ring_buffer__new.restype = ctypes.c_void_p

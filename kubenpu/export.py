@@ -1,9 +1,10 @@
 """Export the agent's metrics: OTLP push (gRPC or HTTP/protobuf) and Prometheus pull (/metrics).
 
 Both read snapshots of kubenpu.metrics.Metrics (see there why the OTel SDK's instruments are not
-used). OTLP uses the OTel SDK's data model and its OTLP exporters, with cumulative temporality;
-/metrics is a prometheus_client collector. Names are the same on both paths: prometheus_name()
-applies Prometheus' own OTLP translation to each metric's OTel name and unit.
+used). OTLP (kubenpu.otlp, imported only when enabled) uses the OTel SDK's data model and its
+OTLP exporters, with cumulative temporality; /metrics is a prometheus_client collector. Names
+are the same on both paths: prometheus_name() applies Prometheus' own OTLP translation to each
+metric's OTel name and unit.
 """
 
 from __future__ import annotations
@@ -19,44 +20,27 @@ import logging
 import socket
 import ssl
 import threading
-import time
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from email.message import Message
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import grpc
-from opentelemetry.sdk.metrics.export import (
-    AggregationTemporality,
-    Gauge,
-    Histogram,
-    HistogramDataPoint,
-    Metric,
-    MetricExporter,
-    MetricExportResult,
-    MetricsData,
-    NumberDataPoint,
-    ResourceMetrics,
-    ScopeMetrics,
-    Sum,
-)
 from opentelemetry.sdk.resources import OTELResourceDetector, Resource
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
 from prometheus_client.core import Metric as PromMetric
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 from prometheus_client.registry import Collector
 
 from kubenpu import __version__
-from kubenpu.config import AuthConfig, Config, OtlpConfig, PrometheusConfig, TlsConfig
+from kubenpu.config import AuthConfig, Config, PrometheusConfig, TlsConfig
 from kubenpu.metrics import CRI_BOUNDS, Hist, Metrics, Point, Spec
+
+if TYPE_CHECKING:
+    from kubenpu.otlp import OtlpPusher
 
 log = logging.getLogger(__name__)
 
-# The OTLP exporters log a warning per retry and an error per failure; the pusher logs one line
-# per failed push instead, quoting the exporters' last message.
-_EXPORTER_LOGGER = "opentelemetry.exporter.otlp"
 _PROM_UNITS = {"s": "seconds", "By": "bytes"}
 
 
@@ -87,166 +71,6 @@ def build_resource(cfg: Config) -> Resource:
         "k8s.node.name": cfg.node_name,
     }
     return Resource.create({**ours, **OTELResourceDetector().detect().attributes})
-
-
-# --- OTLP ---------------------------------------------------------------------------------
-
-
-def _otlp_metric(spec: Spec, points: list[Point], now: int) -> Metric:
-    cumulative = AggregationTemporality.CUMULATIVE
-    if spec.kind == "histogram":
-        data: Sum | Gauge | Histogram = Histogram(
-            [_hist_point(p, now) for p in points], aggregation_temporality=cumulative
-        )
-    else:
-        nums = [NumberDataPoint(p.attrs, p.start_ns, now, p.value) for p in points]
-        data = (
-            Sum(nums, aggregation_temporality=cumulative, is_monotonic=True)
-            if spec.kind == "counter"
-            else Gauge(nums)
-        )
-    return Metric(spec.name, spec.description, spec.unit, data)
-
-
-def _hist_point(p: Point, now: int) -> HistogramDataPoint:
-    h = p.value
-    assert isinstance(h, Hist)
-    low, high = (h.low, h.high) if h.count else (0.0, 0.0)
-    return HistogramDataPoint(
-        p.attrs, p.start_ns, now, h.count, h.total, list(h.buckets), list(CRI_BOUNDS), low, high
-    )
-
-
-def metrics_data(snapshot: list[tuple[Spec, list[Point]]], resource: Resource) -> MetricsData:
-    now = time.time_ns()
-    scope = InstrumentationScope("kubenpu", __version__)
-    metrics = [_otlp_metric(spec, points, now) for spec, points in snapshot if points]
-    return MetricsData([ResourceMetrics(resource, [ScopeMetrics(scope, metrics, "")], "")])
-
-
-def _otlp_exporter(cfg: OtlpConfig) -> MetricExporter:
-    """Every setting is passed explicitly, so the exporter reads no environment of its own for
-    them: kubenpu.config already applied the OTEL_* variables with their precedence."""
-    files = [cfg.certificate, cfg.client_key, cfg.client_certificate]
-    if cfg.protocol == "http/protobuf":
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-
-        return OTLPMetricExporter(
-            endpoint=cfg.url(),
-            certificate_file=cfg.certificate or None,
-            client_key_file=cfg.client_key or None,
-            client_certificate_file=cfg.client_certificate or None,
-            headers=cfg.headers,
-            timeout=cfg.timeout_seconds,
-        )
-    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
-        OTLPMetricExporter as GrpcExporter,
-    )
-
-    credentials = None
-    if cfg.use_tls():
-        ca, key, cert = (_read(f) for f in files)
-        credentials = grpc.ssl_channel_credentials(ca, key, cert)
-    return GrpcExporter(
-        endpoint=cfg.url(),
-        insecure=not cfg.use_tls(),
-        credentials=credentials,
-        headers=cfg.headers,
-        timeout=cfg.timeout_seconds,
-    )
-
-
-def _read(path: str) -> bytes | None:
-    if not path:
-        return None
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError as err:
-        raise ExportError(f"cannot read OTLP TLS file {path}: {err.strerror}") from None
-
-
-class _LastMessage(logging.Handler):
-    """Keeps the OTLP exporters' latest warning, to quote it in our single line per failure.
-    Their loggers drop a repeat of the same message within 20 s, hence it is kept, not reset."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.text = ""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.text = record.getMessage().splitlines()[0]
-
-
-class OtlpPusher:
-    """Pushes a snapshot every interval. Nothing is queued: the counts are cumulative, so a
-    failed push is simply superseded by the next one and memory stays bounded."""
-
-    def __init__(self, cfg: OtlpConfig, metrics: Metrics, resource: Resource) -> None:
-        self._cfg = cfg
-        self._metrics = metrics
-        self._resource = resource
-        self._exporter = _otlp_exporter(cfg)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="otlp-push", daemon=True)
-        self._failures = 0
-        self._final = False
-        self._last = _LastMessage()
-        exporter_log = logging.getLogger(_EXPORTER_LOGGER)
-        exporter_log.addHandler(self._last)
-        exporter_log.propagate = False
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._cfg.interval_seconds):
-            self.push()
-        self._final = self.push()  # after stop: the counts as the agent left them
-
-    def push(self) -> bool:
-        data = metrics_data(self._metrics.collect(), self._resource)
-        ok = self._exporter.export(data, timeout_millis=self._cfg.timeout_seconds * 1000)
-        if ok is MetricExportResult.SUCCESS:
-            if self._failures:
-                log.info(
-                    "OTLP export to %s recovered after %d failed pushes",
-                    self._cfg.url(),
-                    self._failures,
-                )
-            self._failures = 0
-            return True
-        self._failures += 1
-        self._metrics.export_error()
-        log.warning(
-            "OTLP export to %s failed (%d in a row): %s; next try in %gs, counts are cumulative",
-            self._cfg.url(),
-            self._failures,
-            self._last.text or "unknown error",
-            self._cfg.interval_seconds,
-        )
-        return False
-
-    def shutdown(self) -> bool:
-        """Push the final counts within one OTLP timeout, close the connection; True if they
-        were delivered. The push thread makes the final push after any push in progress; if the
-        two do not finish within the timeout (a blackholed collector), the push is abandoned:
-        closing the exporter cancels it, and the loss is logged, not waited for."""
-        self._stop.set()
-        self._thread.join(self._cfg.timeout_seconds)
-        delivered = not self._thread.is_alive() and self._final
-        if not delivered:
-            log.warning(
-                "OTLP export to %s: the final counts were not delivered within %gs "
-                "(export.otlp.timeout_seconds); the collector keeps the last pushed counts",
-                self._cfg.url(),
-                self._cfg.timeout_seconds,
-            )
-        self._exporter.shutdown()
-        exporter_log = logging.getLogger(_EXPORTER_LOGGER)
-        exporter_log.removeHandler(self._last)
-        exporter_log.propagate = True
-        return delivered
 
 
 # --- Prometheus ---------------------------------------------------------------------------
@@ -679,6 +503,8 @@ def start(cfg: Config, metrics: Metrics, health: Health) -> Telemetry:
     tel = Telemetry(metrics, build_resource(cfg))
     tel.server = serve_prometheus(cfg.export.prometheus, metrics, tel.resource, health)
     if cfg.export.otlp.enabled:
+        from kubenpu.otlp import OtlpPusher  # the OTel SDK's metrics modules: only for OTLP
+
         try:
             tel.pusher = OtlpPusher(cfg.export.otlp, metrics, tel.resource)
         except ExportError:

@@ -19,7 +19,6 @@ import functools
 import hashlib
 import json
 import logging
-import multiprocessing
 import os
 import shutil
 import struct
@@ -262,6 +261,8 @@ def load_in_child(loader: Loader, probe_dir: Path, meta: dict) -> bool:
     no thread and no BCC). True once pinned; False when the child could not pin (a kprobe
     attach): then the caller loads in its own process. Raises ProbeError with the child's
     one-line error."""
+    import multiprocessing  # a cold start only: an adopting restart never loads it
+
     ctx = multiprocessing.get_context("spawn")
     receive, send = ctx.Pipe(duplex=False)
     level = logging.getLogger().getEffectiveLevel()

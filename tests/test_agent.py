@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -23,7 +24,7 @@ from cri_server import CriTestServer
 from fakes import Clock, FakeKernel, FakeResolver, record
 from helpers import free_port, make_config, resolved
 
-from kubenpu import export
+from kubenpu import __version__, export
 from kubenpu.agent import Agent, Attributor, Health, fdinfo_devices, main, select_devices
 from kubenpu.discovery import Device, Node
 from kubenpu.events import Key, Tally
@@ -359,6 +360,30 @@ def test_workers_survive_exceptions(mode, running, caplog):
     assert agent.health.live() == (True, "ok")
 
 
+class _SlowRuntime(FakeResolver):
+    """A runtime whose Version call hangs until the test releases it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answer = threading.Event()
+
+    def runtime_version(self) -> str | None:
+        self.answer.wait()
+        return "slow 1.0"
+
+
+def test_a_runtime_slow_to_answer_delays_neither_attach_nor_the_first_read(running):
+    kernel, resolver = FakeKernel(aggregate=True), _SlowRuntime()
+    resolver.answers[9] = Attribution("ml", "trainer-0", "worker")
+    kernel.counts[key(9)] = 4  # an adopted probe's totals
+    agent = make_agent(kernel, resolver)
+    try:
+        running(agent)  # waits until ready: attached and read
+        wait_for(lambda: values(agent.metrics, IOCTL) == {(*POD, "alloc"): 4})
+    finally:
+        resolver.answer.set()
+
+
 def _always_reading(agent: Agent) -> Callable[[], None]:
     """The loop's cycle with the counts map due every time (the fake clock never moves)."""
     cycle = agent.cycle
@@ -503,3 +528,8 @@ def test_fdinfo_is_read_every_interval_with_the_callers_the_probe_saw(cgroups, r
     clock.now += 5
     agent.cycle()
     assert usage.reads == 2
+
+
+def test_the_version_is_the_packages():
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    assert __version__ == pyproject["project"]["version"]

@@ -89,10 +89,12 @@ RESTART_ONLY = {
     "cpus": 2,
     "pods": 1000,
     "restart": {
+        "cold_attached_seconds": 51.0,
         "cold_first_metric_seconds": 52.0,
         "cold_rss_mib_start": 58.0,
         "cold_rss_mib_steady": 61.0,
         "tour": {"issued": 3000, "counted": 3000, "dropped": {}},
+        "adopt_attached_seconds": 5.0,
         "adopt_first_metric_seconds": 6.5,
         "adopt_rss_mib_start": 55.0,
         "adopt_rss_mib_steady": 60.0,
@@ -125,6 +127,7 @@ def test_a_run_without_the_floor_arm_still_renders():
 
 def test_restart_rows_show_start_times_memory_and_calls_lost():
     text = report.render(RESTART_ONLY, None)
-    assert "| cold start, pinning (loader child) | 52.0 | 58 | 61 |  |" in text
-    assert "| restart that adopts the pins | 6.5 | 55 | 60 | 0 of 40010 (dropped: 0) |" in text
+    assert "| cold start, pinning (loader child) | 51.0 | 52.0 | 58 | 61 |  |" in text
+    adopt = "| restart that adopts the pins | 5.0 | 6.5 | 55 | 60 | 0 of 40010 (dropped: 0) |"
+    assert adopt in text
     assert "no pinning" not in text  # a --restart run has no per-mode phases

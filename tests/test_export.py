@@ -7,6 +7,7 @@ import logging
 import socket
 import ssl
 import subprocess
+import sys
 import threading
 import urllib.error
 import urllib.request
@@ -604,3 +605,31 @@ def test_concurrent_scrapes_share_renders_but_never_get_an_older_one(tmp_path):
         in (bodies["second"])
     )
     assert 'pod="p",vendor="vgem"} 5.0' in bodies["second"]
+
+
+@pytest.mark.parametrize("otlp_enabled", [False, True])
+def test_the_otlp_side_is_imported_only_when_otlp_is_enabled(tmp_path, otlp_enabled):
+    """Start-up time and RSS (docs/performance.md): a scraped-only agent never imports
+    kubenpu.otlp, the OTel SDK's metrics modules or its exporters. A fresh interpreter, as the
+    test process has them imported already."""
+    yaml = f"export:\n  prometheus: {{port: {free_port()}}}\n  otlp: {{enabled: {otlp_enabled}}}\n"
+    (tmp_path / "kubenpu.yaml").write_text(yaml)
+    script = f"""
+import sys
+from helpers import StubHealth
+from kubenpu import agent, config, export
+from kubenpu.metrics import Metrics
+cfg = config.load({str(tmp_path / "kubenpu.yaml")!r}, {{"K8S_NODE_NAME": "n"}})
+export.start(cfg, Metrics("n", 60, 100), StubHealth()).shutdown()
+otlp = ("kubenpu.otlp", "opentelemetry.sdk.metrics", "opentelemetry.exporter")
+print(sorted({{m for m in sys.modules if m.startswith(otlp)}} & set(otlp)))
+"""
+    tests = Path(__file__).parent
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=tests, capture_output=True, text=True, check=True
+    )
+    loaded = out.stdout.split("\n")[-2]
+    if otlp_enabled:
+        assert "'kubenpu.otlp'" in loaded and "'opentelemetry.sdk.metrics'" in loaded
+    else:
+        assert loaded == "[]"

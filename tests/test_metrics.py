@@ -12,7 +12,7 @@ import pytest
 from fakes import Clock
 from helpers import calls, ioctl
 
-from kubenpu import config, export
+from kubenpu import config, export, otlp
 from kubenpu.metrics import (
     DROP_REASONS,
     DROPPED,
@@ -178,13 +178,13 @@ def test_churn_of_1000_containers_returns_memory_to_baseline() -> None:
             for c in ("app", "sidecar"):
                 calls(m, "ns", f"pod-{wave}-{p}", c, 3)
         list(prom.collect())
-        export.metrics_data(m.collect(), resource)
+        otlp.metrics_data(m.collect(), resource)
         for p in range(50):
             for c in ("app", "sidecar"):
                 m.container_gone("ns", f"pod-{wave}-{p}", c)
         clock.now += 61
         list(prom.collect())
-        export.metrics_data(m.collect(), resource)
+        otlp.metrics_data(m.collect(), resource)
 
     round_(0)
     gc.collect()

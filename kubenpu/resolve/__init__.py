@@ -81,7 +81,7 @@ class Resolver:
 
     def runtime_version(self) -> str | None:
         """The runtime's name and version for a startup log line; None (and a warning) if down.
-        Blocks up to the CRI timeout: call it before counting starts."""
+        Blocks up to the CRI timeout: call it off the counting path."""
         return self._cri.version()
 
     def resolve(self, cgroup_id: int) -> Attribution | None:
