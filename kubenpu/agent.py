@@ -51,6 +51,9 @@ _REAP_SECONDS = 5.0
 # Liveness fails when the kernel's counters were last read longer ago than this many reads.
 _STALE_READS = 3
 _MAX_PENDING_KEYS = 10000  # keys held for pods the CRI cannot name yet
+# A long flush (an adopted probe's totals for 1,000 pods: a cgroup walk and 1,000 CRI lookups
+# started) counts the held cgroups whose answers came in this often, not only at its end.
+_RETRY_PENDING_SECONDS = 0.1
 
 
 def select_devices(devices: Iterable[Device], ignore: Iterable[str]) -> list[Device]:
@@ -159,6 +162,7 @@ class Attributor:
         if batch.late_sightings:
             self._metrics.late_sightings(batch.late_sightings)
         counts = batch.counts
+        retry_at = self._clock() + _RETRY_PENDING_SECONDS
         while counts:  # popped as counted: a caller can put back what an exception left
             key, n = counts.popitem()
             try:
@@ -166,6 +170,9 @@ class Attributor:
             except Exception:
                 counts[key] = n
                 raise
+            if self._clock() >= retry_at:
+                self._retry_pending()
+                retry_at = self._clock() + _RETRY_PENDING_SECONDS
         self._retry_pending()
         if self._trace:
             self._print_trace(batch)
