@@ -199,7 +199,7 @@ class Resolver:
             if self._listed is None:
                 self._listed = self._cri.containers()
             listed = self._listed.pop(container_id, None)
-        return listed or self._cri.lookup(container_id)
+        return listed if listed is not None else self._cri.lookup(container_id)
 
 
 def _result(future: Future[Attribution]) -> Attribution:
