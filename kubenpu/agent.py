@@ -44,6 +44,9 @@ log = logging.getLogger("kubenpu")
 
 _POLL_MS = 100
 _FLUSH_SECONDS = 0.5  # first sightings and per-event tallies: new pods resolved at once
+# A CRI answer for held counts starts a flush before _FLUSH_SECONDS, at most this often: the
+# answers that come meanwhile are taken by the same flush.
+_ANSWERS_EVERY_SECONDS = 0.1
 # Aggregate mode reads the kernel's counts this often: its cost grows with the number of keys,
 # not with the call rate, and scrapes and pushes (15 s by default) see counts at most this old.
 _READ_SECONDS = 5.0
@@ -51,6 +54,9 @@ _REAP_SECONDS = 5.0
 # Liveness fails when the kernel's counters were last read longer ago than this many reads.
 _STALE_READS = 3
 _MAX_PENDING_KEYS = 10000  # keys held for pods the CRI cannot name yet
+# A long flush (an adopted probe's totals for 1,000 pods: a cgroup walk and 1,000 CRI lookups
+# started) counts the held cgroups whose answers came in this often, not only at its end.
+_RETRY_PENDING_SECONDS = 0.1
 
 
 def select_devices(devices: Iterable[Device], ignore: Iterable[str]) -> list[Device]:
@@ -159,6 +165,7 @@ class Attributor:
         if batch.late_sightings:
             self._metrics.late_sightings(batch.late_sightings)
         counts = batch.counts
+        retry_at = self._clock() + _RETRY_PENDING_SECONDS
         while counts:  # popped as counted: a caller can put back what an exception left
             key, n = counts.popitem()
             try:
@@ -166,6 +173,9 @@ class Attributor:
             except Exception:
                 counts[key] = n
                 raise
+            if self._clock() >= retry_at:
+                self._retry_pending()
+                retry_at = self._clock() + _RETRY_PENDING_SECONDS
         self._retry_pending()
         if self._trace:
             self._print_trace(batch)
@@ -345,6 +355,7 @@ class Agent:
         devices: int,
         usage: Usage | None = None,
         usage_interval: float = 5.0,
+        answered: threading.Event | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.probe = probe
@@ -359,6 +370,7 @@ class Agent:
         self._usage_interval = usage_interval
         self._clock = clock
         self.stop = threading.Event()
+        self._answered = answered or threading.Event()  # set by the resolver's on_answer
         self._last_counts = self._last_reap = self._last_usage = -float("inf")
         self._reads = _Streak("reading the kernel's counters")
         self._steps = {
@@ -381,6 +393,7 @@ class Agent:
             log.info("container runtime: %s", self.resolver.runtime_version() or "unreachable")
             while not self.stop.wait(1.0):  # a timeout keeps signal handlers running promptly
                 pass
+            self._answered.set()  # the attribution thread stops waiting for answers
             for worker in workers:
                 worker.join()
             self._guarded("attribution", self._last_cycle)
@@ -407,10 +420,13 @@ class Agent:
                 self.stop.wait(_POLL_MS / 1000)  # a poll that fails at once must not spin
 
     def _attribute_loop(self) -> None:
-        # The first cycle at once: an adopted probe's totals are exported without a wait.
+        # The first cycle at once: an adopted probe's totals are exported without a wait, and
+        # the counts held for a CRI answer as soon as it comes.
         while True:
             self._guarded("attribution", self.cycle)
-            if self.stop.wait(_FLUSH_SECONDS):
+            self._answered.wait(_FLUSH_SECONDS - _ANSWERS_EVERY_SECONDS)
+            self._answered.clear()
+            if self.stop.wait(_ANSWERS_EVERY_SECONDS):
                 return
 
     def _guarded(self, worker: str, step: Callable[..., object], *args: int) -> bool:
@@ -486,6 +502,7 @@ def build(cfg: config.Config, debug: bool = False, trace: bool = False) -> Agent
         DeviceRow(d.id, d.vendor or "", d.driver or "", d.pci_id or "", _numa(d)) for d in devices
     )
     cri = cfg.attribution.cri
+    answered = threading.Event()
     resolver = Resolver(
         cgroup_root=cfg.attribution.cgroup_root,
         cri_endpoint=cri.endpoint,
@@ -493,6 +510,7 @@ def build(cfg: config.Config, debug: bool = False, trace: bool = False) -> Agent
         cri_retry_after=cri.retry_after_seconds,
         on_rebuild=metrics.index_rebuilt,
         on_cri_request=metrics.cri_request,
+        on_answer=answered.set,
         concurrency=cri.concurrency,
     )
     tally = Tally(cfg.probe.queue_size, keep_events=trace)
@@ -532,6 +550,7 @@ def build(cfg: config.Config, debug: bool = False, trace: bool = False) -> Agent
         attributor=attributor,
         usage=usage,
         usage_interval=cfg.fdinfo.interval_seconds,
+        answered=answered,
         metrics=metrics,
         resolver=resolver,
         telemetry=telemetry,

@@ -28,6 +28,11 @@ from pydantic import (
 
 from kubenpu.resolve import DEFAULT_ENDPOINT
 
+# The agent uses no pydantic plugins. Without this, defining the models below makes pydantic read
+# every installed distribution's entry points (importlib.metadata) to look for plugins, a scan of
+# the packages that costs a start under TCG as much as kubenpu/__init__.py says.
+os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+
 _HTTP_METRICS_PATH = "/v1/metrics"
 # Bounds on the input itself: a config is a few KiB, and a value echoed in an error is cut short,
 # so no input (an alias bomb, a huge key) can make the error output or the memory unbounded.

@@ -39,6 +39,8 @@ class CriTestServer(api_pb2_grpc.RuntimeServiceServicer):
         self._lock = threading.Lock()
         self._containers: dict[str, dict[str, str]] = {}
         self.requests: Counter[str] = Counter()  # ContainerStatus requests per container id
+        self.lists = 0  # ListContainers requests
+        self.listed = True  # False: ListContainers answers UNIMPLEMENTED
         self._unavailable = False
         self._delay = 0.0
         self._release = threading.Event()  # ends slow answers early on stop()
@@ -135,6 +137,29 @@ class CriTestServer(api_pb2_grpc.RuntimeServiceServicer):
         finally:
             with self._flight:
                 self.in_flight -= 1
+
+    def ListContainers(
+        self, request: api_pb2.ListContainersRequest, context: grpc.ServicerContext
+    ) -> api_pb2.ListContainersResponse:
+        """Every container (not held by hold(): that holds single lookups)."""
+        self.lists += 1
+        if not self.listed:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "ListContainers not served")
+        self._fault(context)
+        self._reload()
+        with self._lock:
+            containers = list(self._containers.items())
+        return api_pb2.ListContainersResponse(
+            containers=[
+                api_pb2.Container(
+                    id=container_id,
+                    metadata=api_pb2.ContainerMetadata(name=labels[LABEL_CONTAINER]),
+                    state=api_pb2.CONTAINER_RUNNING,
+                    labels=labels,
+                )
+                for container_id, labels in containers
+            ]
+        )
 
     def _status(
         self, container_id: str, context: grpc.ServicerContext

@@ -453,6 +453,35 @@ def test_pending_counts_are_attributed_when_the_answer_comes():
     assert attributor.pending() == 0 and values(metrics, UNATTRIBUTED) == {}
 
 
+class _AnswersDuringAFlush(FakeResolver):
+    """The answer for cgroup 1 arrives while the flush resolves cgroup 2, a moment later; what
+    the metrics held when cgroup 3 was first resolved is recorded."""
+
+    def __init__(self, clock: Clock, metrics: Metrics) -> None:
+        super().__init__()
+        self.clock, self.metrics, self.seen_before_3 = clock, metrics, None
+
+    def resolve(self, cgroup_id: int) -> Attribution | None:
+        if cgroup_id == 2:
+            self.answers[1] = Attribution("ml", "trainer-0", "worker")
+            self.clock.now += 1
+        if cgroup_id == 3 and self.seen_before_3 is None:
+            self.seen_before_3 = values(self.metrics, IOCTL)
+        return super().resolve(cgroup_id)
+
+
+def test_answers_that_come_during_a_long_flush_are_counted_before_it_ends():
+    clock, metrics = Clock(), Metrics("n", 300, 100)
+    resolver = _AnswersDuringAFlush(clock, metrics)
+    attributor = Attributor([VGEM], resolver, metrics, clock=clock)
+    tally = Tally(100)
+    for cgroup in (3, 2, 1):  # counted last in, first out
+        tally.add(key(cgroup), 4)
+    attributor.flush(tally.drain())
+    assert resolver.seen_before_3 == {(*POD, "alloc"): 4}
+    assert attributor.pending() == 2
+
+
 def test_pending_counts_settle_after_pending_seconds():
     resolver, clock, metrics = FakeResolver(), Clock(), Metrics("n", 300, 100)
     attributor = Attributor([VGEM], resolver, metrics, pending_seconds=120, clock=clock)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -417,3 +420,21 @@ def test_cri_endpoint_default_has_one_owner() -> None:
     from kubenpu.resolve import DEFAULT_ENDPOINT
 
     assert config.Config().attribution.cri.endpoint == DEFAULT_ENDPOINT
+
+
+def test_loading_the_config_does_not_scan_the_installed_packages():
+    """pydantic looks for plugins in every installed distribution's entry points unless told
+    not to; the scan is a large part of a start under TCG."""
+    probe = (
+        "import importlib.metadata as m\n"
+        "scans = []\n"
+        "real = m.distributions\n"
+        "m.distributions = lambda *a, **k: scans.append(1) or real(*a, **k)\n"
+        "from kubenpu import config\n"
+        "config.Config()\n"
+        "print(len(scans))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYDANTIC_DISABLE_PLUGINS"}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "0"

@@ -75,6 +75,25 @@ def test_not_found_is_an_answer_and_asked_again(server: CriTestServer, sock: str
     assert requests.oks == [True, True]  # the runtime answered
 
 
+def test_the_list_names_every_container_in_one_request(server: CriTestServer, sock: str) -> None:
+    server.add_container(OTHER, "", "", "adhoc")
+    requests = Requests()
+    assert client(sock, on_request=requests).containers() == {
+        CID: Attribution("ml", "trainer-0", "worker"),
+        OTHER: Attribution(container="adhoc", reason="not_pod"),
+    }
+    assert server.lists == 1 and requests.oks == [True]
+
+
+def test_a_runtime_without_the_list_is_no_failure(server: CriTestServer, sock: str) -> None:
+    server.listed = False
+    requests = Requests()
+    c = client(sock, on_request=requests)
+    assert c.containers() == {}
+    assert c.lookup(CID).container == "worker"  # no back-off: the runtime answered
+    assert requests.oks == [True, True]
+
+
 def test_container_without_kubelet_labels(server: CriTestServer, sock: str) -> None:
     server.add_container(OTHER, "", "", "adhoc")
     assert client(sock).lookup(OTHER) == Attribution(container="adhoc", reason="not_pod")

@@ -61,6 +61,9 @@ def server(tmp_path: Path) -> Iterator[CriTestServer]:
     server.add_container(WORKER, "ml", "trainer-0", "worker", pod_uid=UID)
     server.add_container(SIDECAR, "ml", "trainer-0", "sidecar", pod_uid=UID)
     server.add_container(BARRIER, "ml", "trainer-0", "barrier", pod_uid=UID)
+    # The tests below are about single lookups: a runtime without ListContainers, so every
+    # container is looked up alone (the list has its own tests at the end).
+    server.listed = False
     yield server
     server.stop()
 
@@ -287,7 +290,7 @@ def test_observers(tree: Tree, server: CriTestServer, tmp_path: Path) -> None:
     settled_as(resolver, unknown, NOT_FOUND)
     resolver.close()
     assert len(rebuilds) == 2
-    assert requests == [True, True]
+    assert requests == [True, True, True]  # the list (UNIMPLEMENTED is an answer), two lookups
 
 
 def test_no_runtime_never_raises(tree: Tree, tmp_path: Path) -> None:
@@ -320,6 +323,7 @@ def test_close_ends_running_lookups(tree: Tree, server: CriTestServer, tmp_path:
 
 def test_a_lookup_that_raises_reads_as_cri_error(
     tree: Tree,
+    server: CriTestServer,  # answers the list, so the only warning is the lookup's
     resolver: Resolver,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
@@ -333,5 +337,56 @@ def test_a_lookup_that_raises_reads_as_cri_error(
     worker = tree.mkdir(tree.container(WORKER))
     assert resolver.resolve(worker) is None
     with caplog.at_level(logging.WARNING):
-        eventually(lambda: resolver.settle(worker) == CRI_ERROR and caplog.records, "harvest")
+        eventually(
+            lambda: resolver.settle(worker) == CRI_ERROR and len(caplog.records) > 0, "harvest"
+        )
     assert [r.getMessage() for r in caplog.records] == ["CRI lookup failed: RuntimeError('bug')"]
+
+
+def test_the_first_lookup_takes_every_name_from_the_runtimes_list(tree, server, resolver):
+    server.listed = True
+    worker, sidecar = tree.mkdir(tree.container(WORKER)), tree.mkdir(tree.container(SIDECAR))
+    assert resolved(resolver, worker) == Attribution("ml", "trainer-0", "worker")
+    assert resolved(resolver, sidecar) == Attribution("ml", "trainer-0", "sidecar")
+    assert server.lists == 1 and server.requests == {}
+    # A container the list lacks (created since) is looked up alone; the list is not asked again.
+    server.add_container(UNKNOWN, "ml", "trainer-0", "late", pod_uid=UID)
+    late = tree.mkdir(tree.container(UNKNOWN))
+    assert resolved(resolver, late) == Attribution("ml", "trainer-0", "late")
+    assert server.lists == 1 and server.requests == {UNKNOWN: 1}
+
+
+def test_a_runtime_down_at_the_list_is_retried_with_single_lookups(tree, server, tmp_path, clock):
+    server.listed = True
+    server.set_unavailable()
+    failed = threading.Event()
+    resolver = Resolver(
+        str(tree.root),
+        f"unix://{tmp_path}/cri.sock",
+        clock=clock,
+        on_cri_request=lambda seconds, ok: ok or failed.set(),
+    )
+    try:
+        worker = tree.mkdir(tree.container(WORKER))
+        assert resolver.resolve(worker) is None
+        assert failed.wait(30)
+        settled_as(resolver, worker, CRI_ERROR)
+        server.set_unavailable(False)
+        clock.now += 30  # the CRI client's back-off after the failed list
+        assert resolved(resolver, worker) == Attribution("ml", "trainer-0", "worker")
+        assert server.lists == 1 and server.requests == {WORKER: 1}
+    finally:
+        resolver.close()
+
+
+def test_every_finished_lookup_is_announced(tree, server, tmp_path):
+    answered = threading.Semaphore(0)
+    resolver = Resolver(str(tree.root), f"unix://{tmp_path}/cri.sock", on_answer=answered.release)
+    try:
+        worker, unknown = tree.mkdir(tree.container(WORKER)), tree.mkdir(tree.container(UNKNOWN))
+        assert resolver.resolve(worker) is None and resolver.resolve(unknown) is None
+        assert answered.acquire(timeout=30) and answered.acquire(timeout=30)
+        assert resolver.resolve(worker) == Attribution("ml", "trainer-0", "worker")
+        assert resolver.settle(unknown) == NOT_FOUND
+    finally:
+        resolver.close()

@@ -8,9 +8,15 @@ container_not_found, not not_pod, because the process does run in a pod.
 CRI requests never run on the caller's thread. They run in a small thread pool: the sync gRPC
 stub is thread-safe and blocking calls with a deadline are simple to bound, where grpc.aio would
 need an event loop thread of its own for the same result.
+
+The first lookup asks the runtime for its list of containers (ListContainers) before its own
+container: an agent that starts on a node with many pods (a restart adopting the counts of 1,000
+pods' cgroups) gets their names from one request instead of one ContainerStatus each. A
+container the list lacks (created since) is looked up alone.
 """
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -63,17 +69,24 @@ class Resolver:
         concurrency: int = 4,
         on_rebuild: Callable[[], None] | None = None,
         on_cri_request: RequestObserver | None = None,
+        on_answer: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """on_answer: called (on a pool thread) whenever a CRI lookup has finished, so a caller
+        holding counts for it can take the answer at once."""
         self._index = CgroupIndex(cgroup_root, on_rebuild, clock)
         self._cri = CriClient(cri_endpoint, cri_timeout, cri_retry_after, on_cri_request, clock)
         self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="kubenpu-cri")
         self._closed = False
         self._max_delay = max(cri_retry_after, _FIRST_RETRY_SECONDS)
         self._clock = clock
+        self._on_answer = on_answer
         self._answers: dict[int, Attribution] = {}  # final answers per cgroup
         self._container_ids: dict[int, str] = {}  # cgroups waiting for (or given) a CRI answer
         self._lookups: dict[str, _Lookup] = {}  # per container id, while a cgroup refers to it
+        self._list_lock = threading.Lock()  # pool threads wait for the one list
+        # The list's answers not taken yet: at most the containers on the node when it was asked.
+        self._listed: dict[str, Attribution] | None = None
 
     @property
     def rebuilds(self) -> int:
@@ -173,8 +186,20 @@ class Resolver:
         now = self._clock()
         if not self._closed and now >= lookup.retry_at:
             lookup.started = now
-            lookup.future = self._pool.submit(self._cri.lookup, container_id)
+            lookup.future = self._pool.submit(self._lookup, container_id)
+            if self._on_answer is not None:
+                on_answer = self._on_answer
+                lookup.future.add_done_callback(lambda _: on_answer())
         return None
+
+    def _lookup(self, container_id: str) -> Attribution:
+        """On a pool thread: the answer of the runtime's list (asked for by the first lookup
+        only), else of the container's own status."""
+        with self._list_lock:
+            if self._listed is None:
+                self._listed = self._cri.containers()
+            listed = self._listed.pop(container_id, None)
+        return listed if listed is not None else self._cri.lookup(container_id)
 
 
 def _result(future: Future[Attribution]) -> Attribution:

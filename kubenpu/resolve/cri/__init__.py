@@ -32,6 +32,16 @@ LABEL_CONTAINER = "io.kubernetes.container.name"
 # (ok=False).
 RequestObserver = Callable[[float, bool], None]
 
+# Kubelet's limit for CRI messages: a list of every container on a busy node fits.
+_MAX_MESSAGE_BYTES = 16 << 20
+# Failures that are answers: the runtime is up, it just has nothing for this request (an unknown
+# container, a method it lacks, a list over the message limit). No back-off follows them.
+_ANSWERS = (
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.UNIMPLEMENTED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+)
+
 
 def grpc_target(endpoint: str) -> str:
     """gRPC target for "unix:///path" or a bare "/path"."""
@@ -84,6 +94,14 @@ class CriClient:
             return Attribution(reason=response)
         return _attribution(response.status)
 
+    def containers(self) -> dict[str, Attribution]:
+        """Every container the runtime lists, by id, in one request (a start on a busy node
+        asks once, not once per container); empty if there is no list."""
+        response = self._ask("ListContainers", api_pb2.ListContainersRequest())
+        if isinstance(response, Unattributed):
+            return {}
+        return {c.id: _attribution(c) for c in response.containers}
+
     def close(self) -> None:
         """Ends in-flight requests at once (they read as cri_error) and sends no more."""
         with self._lock:
@@ -98,7 +116,10 @@ class CriClient:
             if self._closed or (self._down_until is not None and self._clock() < self._down_until):
                 return Unattributed.CRI_ERROR
             if self._stub is None:
-                self._channel = grpc.insecure_channel(grpc_target(self._endpoint))
+                self._channel = grpc.insecure_channel(
+                    grpc_target(self._endpoint),
+                    options=[("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES)],
+                )
                 self._stub = api_pb2_grpc.RuntimeServiceStub(self._channel)
             channel, stub = self._channel, self._stub
         start = time.monotonic()
@@ -109,7 +130,7 @@ class CriClient:
         except grpc.RpcError as e:
             if self._closed:  # cancelled by close(): not the runtime's failure
                 return Unattributed.CRI_ERROR
-            if e.code() == grpc.StatusCode.NOT_FOUND:  # an answer: the runtime is up
+            if e.code() in _ANSWERS:
                 self._answered(start)
                 return Unattributed.CONTAINER_NOT_FOUND
             self._failed(e, channel)
@@ -152,7 +173,7 @@ class CriClient:
             channel.close()
 
 
-def _attribution(status: api_pb2.ContainerStatus) -> Attribution:
+def _attribution(status: api_pb2.ContainerStatus | api_pb2.Container) -> Attribution:
     labels = status.labels
     container = labels.get(LABEL_CONTAINER) or status.metadata.name
     if not (labels.get(LABEL_NAMESPACE) and labels.get(LABEL_POD)):

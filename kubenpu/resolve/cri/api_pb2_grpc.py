@@ -24,6 +24,11 @@ class RuntimeServiceStub(object):
                 request_serializer=kubenpu_dot_resolve_dot_cri_dot_api__pb2.ContainerStatusRequest.SerializeToString,
                 response_deserializer=kubenpu_dot_resolve_dot_cri_dot_api__pb2.ContainerStatusResponse.FromString,
                 )
+        self.ListContainers = channel.unary_unary(
+                '/runtime.v1.RuntimeService/ListContainers',
+                request_serializer=kubenpu_dot_resolve_dot_cri_dot_api__pb2.ListContainersRequest.SerializeToString,
+                response_deserializer=kubenpu_dot_resolve_dot_cri_dot_api__pb2.ListContainersResponse.FromString,
+                )
 
 
 class RuntimeServiceServicer(object):
@@ -44,6 +49,13 @@ class RuntimeServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListContainers(self, request, context):
+        """Every container with its labels, in one request: primes the answers at start.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RuntimeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -56,6 +68,11 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
                     servicer.ContainerStatus,
                     request_deserializer=kubenpu_dot_resolve_dot_cri_dot_api__pb2.ContainerStatusRequest.FromString,
                     response_serializer=kubenpu_dot_resolve_dot_cri_dot_api__pb2.ContainerStatusResponse.SerializeToString,
+            ),
+            'ListContainers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListContainers,
+                    request_deserializer=kubenpu_dot_resolve_dot_cri_dot_api__pb2.ListContainersRequest.FromString,
+                    response_serializer=kubenpu_dot_resolve_dot_cri_dot_api__pb2.ListContainersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -98,5 +115,22 @@ class RuntimeService(object):
         return grpc.experimental.unary_unary(request, target, '/runtime.v1.RuntimeService/ContainerStatus',
             kubenpu_dot_resolve_dot_cri_dot_api__pb2.ContainerStatusRequest.SerializeToString,
             kubenpu_dot_resolve_dot_cri_dot_api__pb2.ContainerStatusResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ListContainers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/runtime.v1.RuntimeService/ListContainers',
+            kubenpu_dot_resolve_dot_cri_dot_api__pb2.ListContainersRequest.SerializeToString,
+            kubenpu_dot_resolve_dot_cri_dot_api__pb2.ListContainersResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
