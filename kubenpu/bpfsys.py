@@ -204,12 +204,18 @@ def program_names() -> Iterator[str]:
 _SAMPLE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
 
 
+def libbpf() -> ctypes.CDLL:
+    """The system's libbpf (the one BCC links against), by soname: ctypes.util.find_library would
+    run ldconfig at every start."""
+    return ctypes.CDLL("libbpf.so.1", use_errno=True)
+
+
 class RingBuffer:
     """A BPF ring buffer map, consumed with the system's libbpf (ring_buffer__new/poll)."""
 
     def __init__(self, map_fd: int, on_record: Callable[[bytes], None]) -> None:
-        try:  # by soname, as probe.py loads it: find_library would run ldconfig at every start
-            self._lib = ctypes.CDLL("libbpf.so.1", use_errno=True)
+        try:
+            self._lib = libbpf()
         except OSError as err:
             raise BpfError(0, f"libbpf is needed to read the ring buffer: {err}") from err
         self._lib.ring_buffer__new.restype = ctypes.c_void_p

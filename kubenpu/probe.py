@@ -298,7 +298,7 @@ def attach_tp_btf(insns: bytes, tracepoint: str) -> tuple[int, int]:
     BCC picks a program's attach type from its name prefix and has none for tp_btf, so this goes
     through libbpf (which BCC itself links against) for the BTF id, the load and the attach.
     """
-    libbpf = ctypes.CDLL("libbpf.so.1", use_errno=True)
+    libbpf = bpfsys.libbpf()
     libbpf.bpf_prog_load.argtypes = [
         ctypes.c_uint, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
         ctypes.POINTER(_ProgLoadOpts),
