@@ -34,8 +34,8 @@ CRI_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
 
 @dataclass(frozen=True)
 class Spec:
-    """One metric. `name` and `unit` are OTel's; export.prometheus_name() derives the Prometheus
-    name exactly as Prometheus' own OTLP translation does."""
+    """One metric. `name` and `unit` are OTel's; export.prometheus.prometheus_name() derives the
+    Prometheus name exactly as Prometheus' own OTLP translation does."""
 
     name: str
     kind: Literal["counter", "gauge", "histogram"]

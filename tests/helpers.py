@@ -34,6 +34,7 @@ from vm.guestlib import (
 )
 
 from kubenpu import config, export
+from kubenpu.export.server import HealthChecks
 from kubenpu.metrics import Metrics
 from kubenpu.resolve import Attribution, Resolver
 
@@ -167,7 +168,7 @@ def make_config(tmp_path: Path, text: str, env: dict[str, str] | None = None) ->
 
 @dataclass
 class StubHealth:
-    """export.Health with answers the test sets (the agent's real one is tested with the agent)."""
+    """export.server.HealthChecks with answers the test sets (the agent's Health has its own)."""
 
     is_live: tuple[bool, str] = (True, "")
     is_ready: tuple[bool, str] = (True, "")
@@ -182,9 +183,12 @@ class StubHealth:
 def start_telemetry(
     cfg: config.Config,
     clock: Callable[[], float] = time.monotonic,
-    health: export.Health | None = None,
-) -> export.Telemetry:
-    """export.start as the agent calls it: the caller creates Metrics."""
+    health: HealthChecks | None = None,
+) -> export.Exporters:
+    """export.start as the agent calls it: the caller creates Metrics. A config that leaves the
+    port at its default gets a free one: another test run on the machine may hold 8080."""
+    if cfg.export.prometheus.port == config.PrometheusConfig().port:
+        cfg.export.prometheus.port = free_port()
     m = cfg.metrics
     metrics = Metrics(cfg.node_name, m.series_ttl_seconds, m.max_series, clock)
     return export.start(cfg, metrics, health or StubHealth())

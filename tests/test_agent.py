@@ -150,7 +150,7 @@ POD = ("ml", "trainer-0", "worker", "platform:vgem", "vgem")
 
 
 class Telemetry:
-    """Stands in for export.Telemetry: the exporters have their own tests."""
+    """Stands in for export.Exporters: the exporters have their own tests."""
 
     def __init__(self) -> None:
         self.shut_down = False

@@ -26,7 +26,7 @@ import pytest
 import yaml
 from helpers import CHART, helm, helm_values, k8s_tools, render_helm, script_output
 
-from kubenpu.export import prometheus_name
+from kubenpu.export.prometheus import prometheus_name
 from kubenpu.metrics import SPECS
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -120,7 +120,7 @@ def root_log() -> Iterator[Records]:
     root.setLevel(old_level)
 
 
-def delivered(tel: export.Telemetry, attempts: int = 3) -> bool:
+def delivered(tel: export.Exporters, attempts: int = 3) -> bool:
     """Push until one push is delivered, as the timer would. Right after the collector comes
     back, gRPC may still be in its reconnect backoff, so the first push can fail."""
     return any(tel.flush() for _ in range(attempts))
@@ -137,7 +137,7 @@ def test_collector_down_at_start_and_mid_run_loses_nothing(tmp_path, receiver, r
         calls(tel.metrics, "ns", "p", "c", 10)
         assert not tel.flush()
         # One line per failed push, none from the OTel exporter itself.
-        assert [r.name for r in root_log.records] == ["kubenpu.export"]
+        assert [r.name for r in root_log.records] == ["kubenpu.export.otlp"]
         assert "failed (1 in a row)" in root_log.records[0].getMessage()
         assert "UNAVAILABLE" in root_log.records[0].getMessage()
         with OtlpReceiver(port=port) as rx:  # the collector comes up
@@ -610,8 +610,8 @@ def test_concurrent_scrapes_share_renders_but_never_get_an_older_one(tmp_path):
 @pytest.mark.parametrize("otlp_enabled", [False, True])
 def test_the_otlp_side_is_imported_only_when_otlp_is_enabled(tmp_path, otlp_enabled):
     """Start-up time and RSS (docs/performance.md): a scraped-only agent never imports
-    kubenpu.otlp, the OTel SDK's metrics modules or its exporters. A fresh interpreter, as the
-    test process has them imported already."""
+    kubenpu.export.otlp, the OTel SDK's metrics modules or its exporters. A fresh interpreter, as
+    the test process has them imported already."""
     yaml = f"export:\n  prometheus: {{port: {free_port()}}}\n  otlp: {{enabled: {otlp_enabled}}}\n"
     (tmp_path / "kubenpu.yaml").write_text(yaml)
     script = f"""
@@ -621,7 +621,7 @@ from kubenpu import agent, config, export
 from kubenpu.metrics import Metrics
 cfg = config.load({str(tmp_path / "kubenpu.yaml")!r}, {{"K8S_NODE_NAME": "n"}})
 export.start(cfg, Metrics("n", 60, 100), StubHealth()).shutdown()
-otlp = ("kubenpu.otlp", "opentelemetry.sdk.metrics", "opentelemetry.exporter")
+otlp = ("kubenpu.export.otlp", "opentelemetry.sdk.metrics", "opentelemetry.exporter")
 print(sorted({{m for m in sys.modules if m.startswith(otlp)}} & set(otlp)))
 """
     tests = Path(__file__).parent
@@ -630,6 +630,6 @@ print(sorted({{m for m in sys.modules if m.startswith(otlp)}} & set(otlp)))
     )
     loaded = out.stdout.split("\n")[-2]
     if otlp_enabled:
-        assert "'kubenpu.otlp'" in loaded and "'opentelemetry.sdk.metrics'" in loaded
+        assert "'kubenpu.export.otlp'" in loaded and "'opentelemetry.sdk.metrics'" in loaded
     else:
         assert loaded == "[]"

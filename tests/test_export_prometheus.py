@@ -22,6 +22,7 @@ from helpers import (
 )
 
 from kubenpu import export
+from kubenpu.export.prometheus import prometheus_name
 from kubenpu.metrics import ENGINE_COUNTERS, SPECS, DeviceRow, Where
 
 pytestmark = pytest.mark.tools
@@ -71,7 +72,7 @@ def start_victoria_metrics(tools: Path, tmp: Path) -> Iterator[Prometheus]:
     yield from run_server(cmd, port, tmp / "victoria-metrics.log")
 
 
-def fill(tel: export.Telemetry) -> None:
+def fill(tel: export.Exporters) -> None:
     m = tel.metrics
     calls(m, "ns", "p", "c", 42)
     calls(m, "", "", "", 5)
@@ -88,7 +89,7 @@ def fill(tel: export.Telemetry) -> None:
 
 
 def expected_names() -> set[str]:
-    return {export.prometheus_name(s) for s in SPECS}
+    return {prometheus_name(s) for s in SPECS}
 
 
 def check_series(prom: Prometheus) -> None:

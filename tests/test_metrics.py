@@ -12,7 +12,9 @@ import pytest
 from fakes import Clock
 from helpers import calls, ioctl
 
-from kubenpu import config, export, otlp
+from kubenpu import config, export
+from kubenpu.export import otlp
+from kubenpu.export.prometheus import PrometheusCollector, prometheus_name
 from kubenpu.metrics import (
     DROP_REASONS,
     DROPPED,
@@ -170,7 +172,7 @@ def test_churn_of_1000_containers_returns_memory_to_baseline() -> None:
     cfg = config.Config(node_name="n")
     m = Metrics("n", 60, 10_000, clock)
     resource = export.build_resource(cfg)
-    prom = export.PrometheusCollector(m, resource)
+    prom = PrometheusCollector(m, resource)
     calls(m, "", "", "", 1)  # the never-retired host series
 
     def round_(wave: int) -> None:
@@ -222,7 +224,7 @@ def _doc_rows() -> dict[str, list[str]]:
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
 def test_help_texts_and_the_metrics_doc_agree(spec: Spec) -> None:
-    row = _doc_rows()[export.prometheus_name(spec)]
+    row = _doc_rows()[prometheus_name(spec)]
     assert row[1].startswith(f"`{spec.name}`")
     assert f"(`{spec.unit}`)" in row[1] if spec.unit else "(" not in row[1]
     assert row[-1].startswith(spec.description)

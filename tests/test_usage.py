@@ -17,7 +17,7 @@ from fakes import Clock, FakeResolver
 from kubenpu import top
 from kubenpu.agent import Attributor
 from kubenpu.discovery import discover
-from kubenpu.export import prometheus_name
+from kubenpu.export.prometheus import prometheus_name
 from kubenpu.fdinfo import FdinfoReader, Scan
 from kubenpu.metrics import ENGINE_BUSY, ENGINE_CAPACITY, FDINFO_SKIPPED, MEMORY, Metrics, Spec
 from kubenpu.resolve import Attribution

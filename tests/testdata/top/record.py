@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 
 from kubenpu import __version__
-from kubenpu.export import PrometheusCollector
+from kubenpu.export.prometheus import PrometheusCollector
 from kubenpu.metrics import DeviceRow, Metrics
 
 HERE = Path(__file__).resolve().parent

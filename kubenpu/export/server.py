@@ -1,11 +1,5 @@
-"""Export the agent's metrics: OTLP push (gRPC or HTTP/protobuf) and Prometheus pull (/metrics).
-
-Both read snapshots of kubenpu.metrics.Metrics (see there why the OTel SDK's instruments are not
-used). OTLP (kubenpu.otlp, imported only when enabled) uses the OTel SDK's data model and its
-OTLP exporters, with cumulative temporality; /metrics is a prometheus_client collector. Names
-are the same on both paths: prometheus_name() applies Prometheus' own OTLP translation to each
-metric's OTel name and unit.
-"""
+"""The metrics server: /metrics (prometheus_client's WSGI app), /healthz and /readyz on one
+socket, with TLS and auth in the spirit of the Prometheus exporter-toolkit."""
 
 from __future__ import annotations
 
@@ -20,105 +14,22 @@ import logging
 import socket
 import ssl
 import threading
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from email.message import Message
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-from opentelemetry.sdk.resources import OTELResourceDetector, Resource
-from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
-from prometheus_client.core import Metric as PromMetric
 from prometheus_client.exposition import choose_encoder, gzip_accepted
-from prometheus_client.registry import Collector
 
-from kubenpu import __version__
-from kubenpu.config import AuthConfig, Config, PrometheusConfig, TlsConfig
-from kubenpu.metrics import CRI_BOUNDS, Hist, Metrics, Point, Spec
-
-if TYPE_CHECKING:
-    from kubenpu.otlp import OtlpPusher
+from kubenpu.config import AuthConfig, PrometheusConfig, TlsConfig
+from kubenpu.export.errors import ExportError, PortInUseError
 
 log = logging.getLogger(__name__)
 
-_PROM_UNITS = {"s": "seconds", "By": "bytes"}
 
-
-class ExportError(Exception):
-    """A one-line reason the exporters cannot start; the agent exits 2."""
-
-
-class PortInUseError(ExportError):
-    pass
-
-
-def prometheus_name(spec: Spec) -> str:
-    """The name Prometheus gives the metric (dots to underscores, unit suffix, _total)."""
-    name = spec.name.replace(".", "_")
-    unit = "" if spec.unit.startswith("{") else _PROM_UNITS.get(spec.unit, spec.unit)
-    if unit and not name.endswith("_" + unit):
-        name += "_" + unit
-    return name + "_total" if spec.kind == "counter" else name
-
-
-def build_resource(cfg: Config) -> Resource:
-    """service.name=kubenpu, service.version, host.name, k8s.node.name; then OTEL_SERVICE_NAME
-    and OTEL_RESOURCE_ATTRIBUTES override (OTEL_SERVICE_NAME wins for service.name)."""
-    ours = {
-        "service.name": "kubenpu",
-        "service.version": __version__,
-        "host.name": socket.gethostname(),
-        "k8s.node.name": cfg.node_name,
-    }
-    return Resource.create({**ours, **OTELResourceDetector().detect().attributes})
-
-
-# --- Prometheus ---------------------------------------------------------------------------
-
-
-def _label_name(key: str) -> str:
-    return key.replace(".", "_")
-
-
-def _label_value(v: str | bool) -> str:
-    return str(v).lower() if isinstance(v, bool) else v
-
-
-class PrometheusCollector(Collector):
-    """Renders Metrics snapshots for prometheus_client, plus target_info for the resource."""
-
-    def __init__(self, metrics: Metrics, resource: Resource) -> None:
-        self._metrics = metrics
-        self._target = {_label_name(k): str(v) for k, v in resource.attributes.items()}
-
-    def collect(self) -> Iterator[PromMetric]:
-        info = PromMetric("target_info", "Target metadata (the OTel resource)", "gauge")
-        info.add_sample("target_info", self._target, 1)
-        yield info
-        for spec, points in self._metrics.collect():
-            yield self._family(spec, points)
-
-    @staticmethod
-    def _family(spec: Spec, points: list[Point]) -> PromMetric:
-        name = prometheus_name(spec)
-        fam = PromMetric(name.removesuffix("_total"), spec.description, spec.kind)
-        for p in points:
-            labels = {_label_name(k): _label_value(v) for k, v in p.attrs.items()}
-            if isinstance(p.value, Hist):
-                cumulative = 0
-                for bound, n in zip((*CRI_BOUNDS, float("inf")), p.value.buckets, strict=True):
-                    cumulative += n
-                    le = "+Inf" if bound == float("inf") else repr(bound)
-                    fam.add_sample(name + "_bucket", {**labels, "le": le}, cumulative)
-                fam.add_sample(name + "_count", labels, p.value.count)
-                fam.add_sample(name + "_sum", labels, p.value.total)
-            else:
-                fam.add_sample(name, labels, p.value)
-        return fam
-
-
-class Health(Protocol):
-    """What /healthz and /readyz report (implemented by the agent): (ok, one-line reason)."""
+class HealthChecks(Protocol):
+    """What /healthz and /readyz report (the agent's Health): (ok, one-line reason)."""
 
     def live(self) -> tuple[bool, str]: ...
 
@@ -203,7 +114,7 @@ class MetricsServer:
         self,
         cfg: PrometheusConfig,
         metrics_app: Callable[..., Iterable[bytes]] | None,
-        health: Health,
+        health: HealthChecks,
     ) -> None:
         self._cfg = cfg
         self._app = metrics_app
@@ -459,56 +370,3 @@ def _listen(host: str, port: int) -> socket.socket:
         why = getattr(err, "strerror", None) or err
         raise ExportError(f"cannot serve metrics on {host}:{port}: {why}") from None
     return sock
-
-
-def serve_prometheus(
-    cfg: PrometheusConfig, metrics: Metrics, resource: Resource, health: Health
-) -> MetricsServer:
-    """Serve /healthz and /readyz, and /metrics unless export.prometheus.enabled is false."""
-    app = None
-    if cfg.enabled:
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(PrometheusCollector(metrics, resource))
-        ProcessCollector(registry=registry)  # process_resident_memory_bytes and friends
-        app = make_wsgi_app(registry)
-    return MetricsServer(cfg, app, health)
-
-
-# --- wiring -------------------------------------------------------------------------------
-
-
-@dataclass
-class Telemetry:
-    metrics: Metrics
-    resource: Resource
-    pusher: OtlpPusher | None = None
-    server: MetricsServer | None = None
-
-    def flush(self) -> bool:
-        """Push now (OTLP); True if it was delivered or OTLP is off."""
-        return self.pusher.push() if self.pusher else True
-
-    def shutdown(self) -> bool:
-        """Final OTLP push (bounded by the OTLP timeout), then stop serving. False if the final
-        counts were not delivered (the pusher has logged it)."""
-        delivered = self.pusher.shutdown() if self.pusher else True
-        if self.server:
-            self.server.stop()
-        return delivered
-
-
-def start(cfg: Config, metrics: Metrics, health: Health) -> Telemetry:
-    """Serve /metrics, /healthz and /readyz and start the OTLP pusher, for the agent's
-    `metrics` and `health`. Raises ExportError."""
-    tel = Telemetry(metrics, build_resource(cfg))
-    tel.server = serve_prometheus(cfg.export.prometheus, metrics, tel.resource, health)
-    if cfg.export.otlp.enabled:
-        from kubenpu.otlp import OtlpPusher  # the OTel SDK's metrics modules: only for OTLP
-
-        try:
-            tel.pusher = OtlpPusher(cfg.export.otlp, metrics, tel.resource)
-        except ExportError:
-            tel.shutdown()
-            raise
-        tel.pusher.start()
-    return tel

@@ -29,10 +29,10 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from kubenpu import __version__
 from kubenpu.config import OtlpConfig
-from kubenpu.export import ExportError
+from kubenpu.export.errors import ExportError
 from kubenpu.metrics import CRI_BOUNDS, Hist, Metrics, Point, Spec
 
-log = logging.getLogger("kubenpu.export")
+log = logging.getLogger(__name__)
 
 # The OTLP exporters log a warning per retry and an error per failure; the pusher logs one line
 # per failed push instead, quoting the exporters' last message.

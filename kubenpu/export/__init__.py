@@ -1,0 +1,80 @@
+"""Export the agent's metrics: OTLP push (gRPC or HTTP/protobuf) and Prometheus pull (/metrics).
+
+Both read snapshots of kubenpu.metrics.Metrics (see there why the OTel SDK's instruments are not
+used). The modules: `otlp` (imported only when OTLP is enabled: the OTel SDK's data model and its
+OTLP exporters, with cumulative temporality), `prometheus` (a prometheus_client collector),
+`server` (the socket that serves /metrics, /healthz and /readyz) and `errors`.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from opentelemetry.sdk.resources import OTELResourceDetector, Resource
+
+from kubenpu import __version__
+from kubenpu.config import Config
+from kubenpu.export.errors import ExportError, PortInUseError
+from kubenpu.export.prometheus import wsgi_app
+from kubenpu.export.server import HealthChecks, MetricsServer
+from kubenpu.metrics import Metrics
+
+if TYPE_CHECKING:
+    from kubenpu.export.otlp import OtlpPusher
+
+__all__ = ["ExportError", "Exporters", "PortInUseError", "build_resource", "start"]
+
+
+def build_resource(cfg: Config) -> Resource:
+    """service.name=kubenpu, service.version, host.name, k8s.node.name; then OTEL_SERVICE_NAME
+    and OTEL_RESOURCE_ATTRIBUTES override (OTEL_SERVICE_NAME wins for service.name)."""
+    ours = {
+        "service.name": "kubenpu",
+        "service.version": __version__,
+        "host.name": socket.gethostname(),
+        "k8s.node.name": cfg.node_name,
+    }
+    return Resource.create({**ours, **OTELResourceDetector().detect().attributes})
+
+
+@dataclass
+class Exporters:
+    """The running exporters: the metrics server and, when enabled, the OTLP pusher."""
+
+    metrics: Metrics
+    resource: Resource
+    pusher: OtlpPusher | None = None
+    server: MetricsServer | None = None
+
+    def flush(self) -> bool:
+        """Push now (OTLP); True if it was delivered or OTLP is off."""
+        return self.pusher.push() if self.pusher else True
+
+    def shutdown(self) -> bool:
+        """Final OTLP push (bounded by the OTLP timeout), then stop serving. False if the final
+        counts were not delivered (the pusher has logged it)."""
+        delivered = self.pusher.shutdown() if self.pusher else True
+        if self.server:
+            self.server.stop()
+        return delivered
+
+
+def start(cfg: Config, metrics: Metrics, health: HealthChecks) -> Exporters:
+    """Serve /metrics, /healthz and /readyz and start the OTLP pusher, for the agent's
+    `metrics` and `health`. Raises ExportError."""
+    tel = Exporters(metrics, build_resource(cfg))
+    prom = cfg.export.prometheus
+    app = wsgi_app(metrics, tel.resource) if prom.enabled else None  # else only the probes
+    tel.server = MetricsServer(prom, app, health)
+    if cfg.export.otlp.enabled:
+        from kubenpu.export.otlp import OtlpPusher  # the OTel SDK's metrics modules: only for OTLP
+
+        try:
+            tel.pusher = OtlpPusher(cfg.export.otlp, metrics, tel.resource)
+        except ExportError:
+            tel.shutdown()
+            raise
+        tel.pusher.start()
+    return tel

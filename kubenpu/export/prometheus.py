@@ -1,0 +1,74 @@
+"""Prometheus rendering: the agent's Metrics as a prometheus_client collector, plus target_info
+for the resource. Names follow Prometheus' own OTLP translation of each OTel name and unit, so
+both export paths name a metric alike."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+
+from opentelemetry.sdk.resources import Resource
+from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
+from prometheus_client.core import Metric as PromMetric
+from prometheus_client.registry import Collector
+
+from kubenpu.metrics import CRI_BOUNDS, Hist, Metrics, Point, Spec
+
+_PROM_UNITS = {"s": "seconds", "By": "bytes"}
+
+
+def prometheus_name(spec: Spec) -> str:
+    """The name Prometheus gives the metric (dots to underscores, unit suffix, _total)."""
+    name = spec.name.replace(".", "_")
+    unit = "" if spec.unit.startswith("{") else _PROM_UNITS.get(spec.unit, spec.unit)
+    if unit and not name.endswith("_" + unit):
+        name += "_" + unit
+    return name + "_total" if spec.kind == "counter" else name
+
+
+def _label_name(key: str) -> str:
+    return key.replace(".", "_")
+
+
+def _label_value(v: str | bool) -> str:
+    return str(v).lower() if isinstance(v, bool) else v
+
+
+class PrometheusCollector(Collector):
+    """Renders Metrics snapshots for prometheus_client, plus target_info for the resource."""
+
+    def __init__(self, metrics: Metrics, resource: Resource) -> None:
+        self._metrics = metrics
+        self._target = {_label_name(k): str(v) for k, v in resource.attributes.items()}
+
+    def collect(self) -> Iterator[PromMetric]:
+        info = PromMetric("target_info", "Target metadata (the OTel resource)", "gauge")
+        info.add_sample("target_info", self._target, 1)
+        yield info
+        for spec, points in self._metrics.collect():
+            yield self._family(spec, points)
+
+    @staticmethod
+    def _family(spec: Spec, points: list[Point]) -> PromMetric:
+        name = prometheus_name(spec)
+        fam = PromMetric(name.removesuffix("_total"), spec.description, spec.kind)
+        for p in points:
+            labels = {_label_name(k): _label_value(v) for k, v in p.attrs.items()}
+            if isinstance(p.value, Hist):
+                cumulative = 0
+                for bound, n in zip((*CRI_BOUNDS, float("inf")), p.value.buckets, strict=True):
+                    cumulative += n
+                    le = "+Inf" if bound == float("inf") else repr(bound)
+                    fam.add_sample(name + "_bucket", {**labels, "le": le}, cumulative)
+                fam.add_sample(name + "_count", labels, p.value.count)
+                fam.add_sample(name + "_sum", labels, p.value.total)
+            else:
+                fam.add_sample(name, labels, p.value)
+        return fam
+
+
+def wsgi_app(metrics: Metrics, resource: Resource) -> Callable[..., Iterable[bytes]]:
+    """prometheus_client's /metrics app for `metrics`, with the process' own metrics."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(PrometheusCollector(metrics, resource))
+    ProcessCollector(registry=registry)  # process_resident_memory_bytes and friends
+    return make_wsgi_app(registry)
