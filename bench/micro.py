@@ -30,12 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from cri_server import CriTestServer
 from helpers import resolved
 
-from kubenpu.agent import Attributor
+from kubenpu.attribution import Attributor
 from kubenpu.discovery import Device, Node
 from kubenpu.events import SIZE, Deltas, Event, Key, Tally, decode
 from kubenpu.fdinfo import FdinfoReader
 from kubenpu.metrics import Metrics
-from kubenpu.resolve import Resolver
+from kubenpu.resolve.resolver import Resolver
 from kubenpu.usage import Usage
 
 REPEATS = 5

@@ -8,21 +8,18 @@ exception stops either: each iteration is guarded, and Health reports a worker t
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import signal
 import sys
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, TextIO
+from typing import Protocol
 
 from kubenpu import __version__
 from kubenpu.discovery import Device, discover
-from kubenpu.events import Batch, Drop, Key, Tally
+from kubenpu.events import Tally
 from kubenpu.fdinfo import FdinfoReader
 from kubenpu.pin import PinnedProbe, load_in_child, uninstall
 from kubenpu.probe import BccKernel, Probe, ProbeError
@@ -30,8 +27,9 @@ from kubenpu.vendors import Kind, by_name, core
 
 try:  # `pip install kubenpu` (kubenpuctl only) lacks these: main() says so in one line
     from kubenpu import config, export
+    from kubenpu.attribution import Attributor
     from kubenpu.metrics import DeviceRow, Metrics
-    from kubenpu.resolve import Attribution, Resolver, Unattributed
+    from kubenpu.resolve.resolver import Resolver
     from kubenpu.usage import Usage
 except ModuleNotFoundError as exc:
     if (exc.name or "").startswith("kubenpu"):
@@ -53,10 +51,6 @@ _READ_SECONDS = 5.0
 _REAP_SECONDS = 5.0
 # Liveness fails when the kernel's counters were last read longer ago than this many reads.
 _STALE_READS = 3
-_MAX_PENDING_KEYS = 10000  # keys held for pods the CRI cannot name yet
-# A long flush (an adopted probe's totals for 1,000 pods: a cgroup walk and 1,000 CRI lookups
-# started) counts the held cgroups whose answers came in this often, not only at its end.
-_RETRY_PENDING_SECONDS = 0.1
 
 
 def select_devices(devices: Iterable[Device], ignore: Iterable[str]) -> list[Device]:
@@ -102,186 +96,8 @@ def _numa(dev: Device) -> str:
     return "" if dev.numa_node is None else str(dev.numa_node)
 
 
-class Resolve(Protocol):
-    """What the Attributor needs of kubenpu.resolve.Resolver (contract A)."""
-
-    def resolve(self, cgroup_id: int) -> Attribution | None: ...
-
-    def settle(self, cgroup_id: int) -> Attribution: ...
-
-    def alive(self, cgroup_id: int) -> bool: ...
-
-    def forget(self, cgroup_id: int) -> None: ...
-
-
-@dataclass
-class _Held:
-    """Counts of a cgroup whose pod the resolver cannot name yet."""
-
-    since: float
-    counts: Counter[Key] = field(default_factory=Counter)
-
-
-class Attributor:
-    """Turns (cgroup id, device, kind) tallies into labelled counts, off the polling thread.
-
-    While the resolver answers None (a CRI lookup in flight, or failing and retried), a cgroup's
-    counts are held and retried at every flush; after `pending_seconds` they are counted with the
-    resolver's settled answer. At most `max_pending` keys are held; calls beyond that are counted
-    unattributed at once, with reason pending_full.
-    """
-
-    def __init__(
-        self,
-        devices: list[Device],
-        resolver: Resolve,
-        metrics: Metrics,
-        trace: TextIO | None = None,
-        *,
-        pending_seconds: float = 120.0,
-        max_pending: int = _MAX_PENDING_KEYS,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._by_node = {(n.major, n.minor): d for d in devices for n in d.nodes}
-        self._resolver = resolver
-        self._metrics = metrics
-        self._trace = trace
-        self._pending_seconds = pending_seconds
-        self._max_pending = max_pending
-        self._clock = clock
-        self._seen: dict[int, set[Key]] = {}  # cgroup id -> its keys, until the cgroup is gone
-        self._pending: dict[int, _Held] = {}
-        self._held_keys = 0
-
-    def flush(self, batch: Batch) -> None:
-        """Count a batch; the counts it did not get to (an exception) stay in `batch.counts`."""
-        # A first sighting is resolved at once, while a short-lived container still exists.
-        for cgroup_id in batch.sighted:
-            self._resolver.resolve(cgroup_id)
-        if batch.received:
-            self._metrics.events_received(batch.received)
-        for reason, n in batch.dropped.items():
-            self._metrics.dropped(reason, n)
-        if batch.late_sightings:
-            self._metrics.late_sightings(batch.late_sightings)
-        counts = batch.counts
-        retry_at = self._clock() + _RETRY_PENDING_SECONDS
-        while counts:  # popped as counted: a caller can put back what an exception left
-            key, n = counts.popitem()
-            try:
-                self._count(key, n)
-            except Exception:
-                counts[key] = n
-                raise
-            if self._clock() >= retry_at:
-                self._retry_pending()
-                retry_at = self._clock() + _RETRY_PENDING_SECONDS
-        self._retry_pending()
-        if self._trace:
-            self._print_trace(batch)
-
-    def pending(self) -> int:
-        """Keys held for a pod the resolver cannot name yet."""
-        return self._held_keys
-
-    def _print_trace(self, batch: Batch) -> None:
-        for ev in batch.events:
-            dev = self._by_node.get((ev.major, ev.minor))
-            who = self._resolver.resolve(ev.cgroup_id) or Attribution()  # pending: no labels yet
-            line = {
-                "ts_ns": ev.ts_ns,
-                "tgid": ev.tgid,
-                "cgroup_id": ev.cgroup_id,
-                "namespace": who.namespace,
-                "pod": who.pod,
-                "container": who.container,
-                "device": dev.id if dev else f"{ev.major}:{ev.minor}",
-                "vendor": dev.vendor if dev else "",
-                "nr": f"0x{ev.cmd & 0xFF:02X}",
-                "kind": Kind(ev.kind).label,
-            }
-            print(json.dumps(line), file=self._trace)
-        if batch.untraced:
-            print(f"# {batch.untraced} events not shown: trace backlog full", file=self._trace)
-        self._trace.flush()
-
-    def _count(self, key: Key, n: int) -> None:
-        dev = self._by_node.get((key.major, key.minor))
-        if dev is None:
-            self._metrics.dropped(Drop.DEVICE_UNKNOWN, n)
-            return
-        self._seen.setdefault(key.cgroup_id, set()).add(key)
-        held = self._pending.get(key.cgroup_id)
-        who = None if held else self._resolver.resolve(key.cgroup_id)
-        if who is not None:
-            self._add(who, key, n, dev)
-        elif held is not None and key in held.counts:
-            held.counts[key] += n
-        elif self._held_keys < self._max_pending:
-            if held is None:
-                held = self._pending[key.cgroup_id] = _Held(self._clock())
-            held.counts[key] = n
-            self._held_keys += 1
-        else:
-            self._metrics.unattributed(Unattributed.PENDING_FULL, n)
-            self._add(Attribution(), key, n)
-
-    def _add(self, who: Attribution, key: Key, n: int, dev: Device | None = None) -> None:
-        dev = dev or self._by_node[(key.major, key.minor)]
-        if who.reason:
-            self._metrics.unattributed(who.reason, n)
-        self._metrics.add_calls(
-            namespace=who.namespace,
-            pod=who.pod,
-            container=who.container,
-            device=dev.id,
-            vendor=dev.vendor or "",
-            kind=Kind(key.kind).label,
-            n=n,
-        )
-
-    def _retry_pending(self, settle: bool = False) -> None:
-        now = self._clock()
-        for cgroup_id, held in list(self._pending.items()):
-            who = self._resolver.resolve(cgroup_id)
-            expired = who is None and (settle or now - held.since >= self._pending_seconds)
-            if who is None and not expired:
-                continue
-            if expired:
-                who = self._resolver.settle(cgroup_id)
-                self._metrics.pending_expired(sum(held.counts.values()))
-            del self._pending[cgroup_id]
-            self._held_keys -= len(held.counts)
-            for key, n in held.counts.items():
-                self._add(who, key, n)
-
-    def settle_all(self) -> None:
-        """Count every held call now, with the best answer there is (before exit)."""
-        self._retry_pending(settle=True)
-
-    def watch(self, cgroup_id: int) -> None:
-        """Reap cgroup_id like a calling one (it holds a DRM client): retire its container when
-        its directory is gone."""
-        self._seen.setdefault(cgroup_id, set())
-
-    def dead_cgroups(self) -> list[int]:
-        """Cgroups seen here whose directory is gone and whose counts are not held."""
-        return [c for c in self._seen if c not in self._pending and not self._resolver.alive(c)]
-
-    def forget(self, cgroup_ids: list[int]) -> list[Key]:
-        """Retire dead cgroups' containers and forget them; returns their keys."""
-        keys: list[Key] = []
-        for cgroup_id in cgroup_ids:
-            who = self._resolver.resolve(cgroup_id)
-            if who is not None and who.pod:
-                self._metrics.container_gone(who.namespace, who.pod, who.container)
-            self._resolver.forget(cgroup_id)
-            keys.extend(self._seen.pop(cgroup_id))
-        return keys
-
-
 class Health:
-    """Liveness and readiness for /healthz and /readyz (contract B)."""
+    """Liveness and readiness for /healthz and /readyz."""
 
     def __init__(self, stale_after: float, clock: Callable[[], float] = time.monotonic) -> None:
         self._stale_after = stale_after

@@ -29,19 +29,29 @@ OVERFLOW_ATTRS: Attrs = {"otel.metric.overflow": True}
 DROP_REASONS = tuple(r.value for r in Drop)
 UNATTRIBUTED_REASONS = tuple(r.value for r in Unattributed)
 SKIP_REASONS = tuple(r.value for r in Skip)
+_PROM_UNITS = {"s": "seconds", "By": "bytes"}
 CRI_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 @dataclass(frozen=True)
 class Spec:
-    """One metric. `name` and `unit` are OTel's; export.prometheus.prometheus_name() derives the
-    Prometheus name exactly as Prometheus' own OTLP translation does."""
+    """One metric. `name` and `unit` are OTel's; `prometheus_name` derives the Prometheus name
+    exactly as Prometheus' own OTLP translation does."""
 
     name: str
     kind: Literal["counter", "gauge", "histogram"]
     unit: str
     description: str
     labels: tuple[str, ...] = ()
+
+    @property
+    def prometheus_name(self) -> str:
+        """The name Prometheus gives the metric (dots to underscores, unit suffix, _total)."""
+        name = self.name.replace(".", "_")
+        unit = "" if self.unit.startswith("{") else _PROM_UNITS.get(self.unit, self.unit)
+        if unit and not name.endswith("_" + unit):
+            name += "_" + unit
+        return name + "_total" if self.kind == "counter" else name
 
 
 IOCTL = Spec(

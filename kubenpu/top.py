@@ -21,19 +21,20 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
+from kubenpu import metrics
+
 if TYPE_CHECKING:
     import curses
 
-IOCTL = "kubenpu_ioctl_total"
-DEVICE_INFO = "kubenpu_device_info"
-DROPPED = "kubenpu_events_dropped_total"
-UNATTRIBUTED = "kubenpu_unattributed_calls_total"
-OVERFLOW = "kubenpu_overflow_calls_total"
-BUILD_INFO = "kubenpu_build_info"  # not exported yet; its `version` label wins when it is
+IOCTL = metrics.IOCTL.prometheus_name
+DEVICE_INFO = metrics.DEVICE_INFO.prometheus_name
+DROPPED = metrics.DROPPED.prometheus_name
+UNATTRIBUTED = metrics.UNATTRIBUTED.prometheus_name
+OVERFLOW = metrics.OVERFLOW_CALLS.prometheus_name
 TARGET_INFO = "target_info"  # the OTel resource: service_version, k8s_node_name
-# The fdinfo families (kubenpu.metrics ENGINE_BUSY, MEMORY); top shows them when they appear.
-BUSY = "kubenpu_engine_busy_seconds_total"  # counter per ...,engine
-MEMORY = "kubenpu_memory_bytes"  # gauge per ...,region,state
+# The fdinfo families; top shows them when they appear.
+BUSY = metrics.ENGINE_BUSY.prometheus_name  # counter per ...,engine
+MEMORY = metrics.MEMORY.prometheus_name  # gauge per ...,region,state
 KINDS = ("submit", "alloc", "wait")
 POD_LABELS = ("namespace", "pod", "container", "device", "vendor")
 RATED = (IOCTL, BUSY, DROPPED, UNATTRIBUTED)
@@ -289,10 +290,7 @@ def build_frame(reading: Reading, multi_node: bool) -> Frame:
             [s.labels.get("node", "") for s in info]
             + [s.labels.get("k8s_node_name", "") for s in by_name[TARGET_INFO]]
         ),
-        versions=_distinct(
-            [s.labels.get("version", "") for s in by_name[BUILD_INFO]]
-            or [s.labels.get("service_version", "") for s in by_name[TARGET_INFO]]
-        ),
+        versions=_distinct([s.labels.get("service_version", "") for s in by_name[TARGET_INFO]]),
         devices=sorted(
             {tuple(s.labels.get(k, "") for k in ("node", "device", "vendor")) for s in info}
         ),

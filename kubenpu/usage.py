@@ -25,15 +25,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from kubenpu.attribution import Hold, Resolve
 from kubenpu.discovery import Device
 from kubenpu.fdinfo import Client, FdinfoReader, HighWater, Scan
 from kubenpu.metrics import ENGINE_COUNTERS, Metrics, Where
 from kubenpu.resolve import Attribution
-
-if TYPE_CHECKING:
-    from kubenpu.agent import Resolve
 
 # Client fields that are cumulative counters, in ENGINE_COUNTERS order, with their scale.
 _COUNTERS = (("busy_ns", 1e-9), ("cycles", 1), ("total_cycles", 1))
@@ -70,13 +67,12 @@ class Usage:
         clock: Callable[[], float],
     ) -> None:
         self._reader = reader
-        self._resolver = resolver
         self._metrics = metrics
         self._vendor = {d.id: d.vendor or "" for d in devices}
         self._cgroup_root = cgroup_root
         self._own_cgroup = own_cgroup
         self._ns_root: str | None = None  # the agent's cgroupns root, under cgroup_root
-        self._pending_seconds = pending_seconds
+        self._hold = Hold(resolver, pending_seconds, clock)
         self._on_cgroup = on_cgroup  # the agent reaps these cgroups as it reaps the calls'
         self._clock = clock
         self._clients: dict[_ClientKey, _Tracked] = {}
@@ -146,10 +142,8 @@ class Usage:
         """The resolver's answer; its settled one once the client waited pending_seconds."""
         if tracked.cgroup_id is None:
             return Attribution()  # no cgroup v2 path: counted unlabelled, like a host process
-        who = self._resolver.resolve(tracked.cgroup_id)
-        if who is None and (settle or self._clock() - tracked.since >= self._pending_seconds):
-            who = self._resolver.settle(tracked.cgroup_id)
-        return who
+        answer = self._hold.answer(tracked.cgroup_id, tracked.since, settle=settle)
+        return None if answer is None else answer[0]
 
     def _count(self, tracked: _Tracked) -> None:
         """Add what the client's counters rose since they were last counted."""

@@ -1,9 +1,8 @@
-"""Fakes for what cannot run on the host (contract E).
+"""Fakes for what cannot run on the host.
 
 FakeKernel is the fake probe: it stands in for kubenpu.probe.BccKernel, the BPF program, and
 feeds the real Probe recorded ring-buffer records and kernel map snapshots. FakeResolver answers
-as contract A's Resolver does while a CRI lookup is pending (None), which main's Resolver never
-does yet.
+as the Resolver does while a CRI lookup is pending (None), for as long as a test says.
 """
 
 from __future__ import annotations

@@ -36,7 +36,8 @@ from vm.guestlib import (
 from kubenpu import config, export
 from kubenpu.export.server import HealthChecks
 from kubenpu.metrics import Metrics
-from kubenpu.resolve import Attribution, Resolver
+from kubenpu.resolve import Attribution
+from kubenpu.resolve.resolver import Resolver
 
 ROOT = Path(__file__).resolve().parents[1]
 

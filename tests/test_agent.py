@@ -1,7 +1,7 @@
 """The agent on the host: the real Agent loop, Probe, Tally, Resolver (cgroup tree + CRI gRPC
 server) and Metrics. Only the BPF program is faked (tests/fakes.py: FakeKernel feeds recorded
 records and map snapshots; the VM e2e covers the real one), and a FakeResolver stands in where a
-test needs contract A's pending answers (None), which main's Resolver never gives."""
+test needs pending answers (None) on cue."""
 
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ from fakes import Clock, FakeKernel, FakeResolver, record
 from helpers import free_port, make_config, resolved
 
 from kubenpu import __version__, export
-from kubenpu.agent import Agent, Attributor, Health, fdinfo_devices, main, select_devices
+from kubenpu.agent import Agent, Health, fdinfo_devices, main, select_devices
+from kubenpu.attribution import Attributor
 from kubenpu.discovery import Device, Node
 from kubenpu.events import Key, Tally
 from kubenpu.metrics import (
@@ -39,7 +40,8 @@ from kubenpu.metrics import (
     Metrics,
 )
 from kubenpu.probe import Probe, ProbeError
-from kubenpu.resolve import Attribution, Resolver
+from kubenpu.resolve import Attribution
+from kubenpu.resolve.resolver import Resolver
 
 UID = "0e6f7c3a-1b2d-4c5e-8f9a-0b1c2d3e4f5a"
 CID = "c" * 64

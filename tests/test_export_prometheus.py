@@ -22,7 +22,6 @@ from helpers import (
 )
 
 from kubenpu import export
-from kubenpu.export.prometheus import prometheus_name
 from kubenpu.metrics import ENGINE_COUNTERS, SPECS, DeviceRow, Where
 
 pytestmark = pytest.mark.tools
@@ -89,7 +88,7 @@ def fill(tel: export.Exporters) -> None:
 
 
 def expected_names() -> set[str]:
-    return {prometheus_name(s) for s in SPECS}
+    return {s.prometheus_name for s in SPECS}
 
 
 def check_series(prom: Prometheus) -> None:

@@ -266,7 +266,7 @@ def test_agent_ran_from_the_chart_image_with_its_args(result, agent_container):
 
 
 def test_probes_answer_as_the_chart_expects(result):
-    """The probe paths are the agent's health answers (contract B: 200 "ok"), not a catch-all."""
+    """The probe paths are the agent's health answers (200 "ok"), not a catch-all."""
     ok = {"status": 200, "body": "ok"}
     probes = {k: {**p, "body": p["body"].strip()} for k, p in result["probes"].items()}
     assert probes == {"startup": ok, "readiness": ok, "liveness": ok}

@@ -14,7 +14,7 @@ from helpers import calls, ioctl
 
 from kubenpu import config, export
 from kubenpu.export import otlp
-from kubenpu.export.prometheus import PrometheusCollector, prometheus_name
+from kubenpu.export.prometheus import PrometheusCollector
 from kubenpu.metrics import (
     DROP_REASONS,
     DROPPED,
@@ -224,7 +224,7 @@ def _doc_rows() -> dict[str, list[str]]:
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
 def test_help_texts_and_the_metrics_doc_agree(spec: Spec) -> None:
-    row = _doc_rows()[prometheus_name(spec)]
+    row = _doc_rows()[spec.prometheus_name]
     assert row[1].startswith(f"`{spec.name}`")
     assert f"(`{spec.unit}`)" in row[1] if spec.unit else "(" not in row[1]
     assert row[-1].startswith(spec.description)

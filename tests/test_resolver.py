@@ -9,8 +9,9 @@ from cri_server import CriTestServer
 from fakes import Clock
 from helpers import eventually, resolved
 
-from kubenpu.resolve import Attribution, Resolver, Unattributed
+from kubenpu.resolve import Attribution, Unattributed
 from kubenpu.resolve.cri import CriClient
+from kubenpu.resolve.resolver import Resolver
 
 UID = "0e6f7c3a-1b2d-4c5e-8f9a-0b1c2d3e4f5a"
 WORKER = "1" * 64

@@ -15,9 +15,8 @@ import pytest
 from fakes import Clock, FakeResolver
 
 from kubenpu import top
-from kubenpu.agent import Attributor
+from kubenpu.attribution import Attributor
 from kubenpu.discovery import discover
-from kubenpu.export.prometheus import prometheus_name
 from kubenpu.fdinfo import FdinfoReader, Scan
 from kubenpu.metrics import ENGINE_BUSY, ENGINE_CAPACITY, FDINFO_SKIPPED, MEMORY, Metrics, Spec
 from kubenpu.resolve import Attribution
@@ -264,7 +263,7 @@ def test_paths_relative_to_the_agents_cgroup_namespace_are_found(machine: Machin
 
 
 def test_kubenpuctl_top_reads_the_names_the_agent_exports() -> None:
-    assert (prometheus_name(ENGINE_BUSY), prometheus_name(MEMORY)) == (top.BUSY, top.MEMORY)
+    assert (ENGINE_BUSY.prometheus_name, MEMORY.prometheus_name) == (top.BUSY, top.MEMORY)
 
 
 def test_a_gone_pods_busy_series_retire_after_the_ttl(machine: Machine) -> None:

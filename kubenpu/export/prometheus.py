@@ -1,6 +1,6 @@
 """Prometheus rendering: the agent's Metrics as a prometheus_client collector, plus target_info
-for the resource. Names follow Prometheus' own OTLP translation of each OTel name and unit, so
-both export paths name a metric alike."""
+for the resource. Names are Spec.prometheus_name: Prometheus' own OTLP translation of each OTel
+name and unit, so both export paths name a metric alike."""
 
 from __future__ import annotations
 
@@ -12,17 +12,6 @@ from prometheus_client.core import Metric as PromMetric
 from prometheus_client.registry import Collector
 
 from kubenpu.metrics import CRI_BOUNDS, Hist, Metrics, Point, Spec
-
-_PROM_UNITS = {"s": "seconds", "By": "bytes"}
-
-
-def prometheus_name(spec: Spec) -> str:
-    """The name Prometheus gives the metric (dots to underscores, unit suffix, _total)."""
-    name = spec.name.replace(".", "_")
-    unit = "" if spec.unit.startswith("{") else _PROM_UNITS.get(spec.unit, spec.unit)
-    if unit and not name.endswith("_" + unit):
-        name += "_" + unit
-    return name + "_total" if spec.kind == "counter" else name
 
 
 def _label_name(key: str) -> str:
@@ -49,7 +38,7 @@ class PrometheusCollector(Collector):
 
     @staticmethod
     def _family(spec: Spec, points: list[Point]) -> PromMetric:
-        name = prometheus_name(spec)
+        name = spec.prometheus_name
         fam = PromMetric(name.removesuffix("_total"), spec.description, spec.kind)
         for p in points:
             labels = {_label_name(k): _label_value(v) for k, v in p.attrs.items()}

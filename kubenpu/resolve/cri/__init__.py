@@ -14,12 +14,11 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message
 
+from kubenpu.resolve import DEFAULT_ENDPOINT
 from kubenpu.resolve.cri import api_pb2, api_pb2_grpc
 from kubenpu.resolve.result import Attribution, Unattributed
 
 log = logging.getLogger(__name__)
-
-DEFAULT_ENDPOINT = "unix:///run/containerd/containerd.sock"
 
 # Labels kubelet puts on every container it creates.
 LABEL_NAMESPACE = "io.kubernetes.pod.namespace"

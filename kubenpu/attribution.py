@@ -1,0 +1,222 @@
+"""Attribution: (cgroup id, device, kind) tallies into labelled counts, and the hold-then-settle
+policy for counts whose pod the resolver cannot name yet."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol, TextIO
+
+from kubenpu.discovery import Device
+from kubenpu.events import Batch, Drop, Key
+from kubenpu.metrics import Metrics
+from kubenpu.resolve import Attribution, Unattributed
+from kubenpu.vendors import Kind
+
+_MAX_PENDING_KEYS = 10000  # keys held for pods the CRI cannot name yet
+# A long flush (an adopted probe's totals for 1,000 pods: a cgroup walk and 1,000 CRI lookups
+# started) counts the held cgroups whose answers came in this often, not only at its end.
+_RETRY_PENDING_SECONDS = 0.1
+
+
+class Resolve(Protocol):
+    """What attribution needs of kubenpu.resolve.resolver.Resolver."""
+
+    def resolve(self, cgroup_id: int) -> Attribution | None: ...
+
+    def settle(self, cgroup_id: int) -> Attribution: ...
+
+    def alive(self, cgroup_id: int) -> bool: ...
+
+    def forget(self, cgroup_id: int) -> None: ...
+
+
+class Hold:
+    """The one hold-then-settle policy for counts whose pod the resolver cannot name yet (calls
+    in the Attributor, DRM clients' usage in kubenpu.usage): wait for the resolver's answer,
+    and after `pending_seconds`, or when the caller stops waiting, take its settled one."""
+
+    def __init__(
+        self, resolver: Resolve, pending_seconds: float, clock: Callable[[], float]
+    ) -> None:
+        self._resolver = resolver
+        self._pending_seconds = pending_seconds
+        self._clock = clock
+
+    def answer(
+        self, cgroup_id: int, since: float, *, settle: bool = False
+    ) -> tuple[Attribution, bool] | None:
+        """None while still held (held since `since`), else (the answer, whether settled)."""
+        who = self._resolver.resolve(cgroup_id)
+        if who is not None:
+            return who, False
+        if settle or self._clock() - since >= self._pending_seconds:
+            return self._resolver.settle(cgroup_id), True
+        return None
+
+
+@dataclass
+class _Held:
+    """Counts of a cgroup whose pod the resolver cannot name yet."""
+
+    since: float
+    counts: Counter[Key] = field(default_factory=Counter)
+
+
+class Attributor:
+    """Turns (cgroup id, device, kind) tallies into labelled counts, off the polling thread.
+
+    While the resolver answers None (a CRI lookup in flight, or failing and retried), a cgroup's
+    counts are held and retried at every flush; after `pending_seconds` they are counted with the
+    resolver's settled answer. At most `max_pending` keys are held; calls beyond that are counted
+    unattributed at once, with reason pending_full.
+    """
+
+    def __init__(
+        self,
+        devices: list[Device],
+        resolver: Resolve,
+        metrics: Metrics,
+        trace: TextIO | None = None,
+        *,
+        pending_seconds: float = 120.0,
+        max_pending: int = _MAX_PENDING_KEYS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._by_node = {(n.major, n.minor): d for d in devices for n in d.nodes}
+        self._resolver = resolver
+        self._metrics = metrics
+        self._trace = trace
+        self._hold = Hold(resolver, pending_seconds, clock)
+        self._max_pending = max_pending
+        self._clock = clock
+        self._seen: dict[int, set[Key]] = {}  # cgroup id -> its keys, until the cgroup is gone
+        self._pending: dict[int, _Held] = {}
+        self._held_keys = 0
+
+    def flush(self, batch: Batch) -> None:
+        """Count a batch; the counts it did not get to (an exception) stay in `batch.counts`."""
+        # A first sighting is resolved at once, while a short-lived container still exists.
+        for cgroup_id in batch.sighted:
+            self._resolver.resolve(cgroup_id)
+        if batch.received:
+            self._metrics.events_received(batch.received)
+        for reason, n in batch.dropped.items():
+            self._metrics.dropped(reason, n)
+        if batch.late_sightings:
+            self._metrics.late_sightings(batch.late_sightings)
+        counts = batch.counts
+        retry_at = self._clock() + _RETRY_PENDING_SECONDS
+        while counts:  # popped as counted: a caller can put back what an exception left
+            key, n = counts.popitem()
+            try:
+                self._count(key, n)
+            except Exception:
+                counts[key] = n
+                raise
+            if self._clock() >= retry_at:
+                self._retry_pending()
+                retry_at = self._clock() + _RETRY_PENDING_SECONDS
+        self._retry_pending()
+        if self._trace:
+            self._print_trace(batch)
+
+    def pending(self) -> int:
+        """Keys held for a pod the resolver cannot name yet."""
+        return self._held_keys
+
+    def _print_trace(self, batch: Batch) -> None:
+        for ev in batch.events:
+            dev = self._by_node.get((ev.major, ev.minor))
+            who = self._resolver.resolve(ev.cgroup_id) or Attribution()  # pending: no labels yet
+            line = {
+                "ts_ns": ev.ts_ns,
+                "tgid": ev.tgid,
+                "cgroup_id": ev.cgroup_id,
+                "namespace": who.namespace,
+                "pod": who.pod,
+                "container": who.container,
+                "device": dev.id if dev else f"{ev.major}:{ev.minor}",
+                "vendor": dev.vendor if dev else "",
+                "nr": f"0x{ev.cmd & 0xFF:02X}",
+                "kind": Kind(ev.kind).label,
+            }
+            print(json.dumps(line), file=self._trace)
+        if batch.untraced:
+            print(f"# {batch.untraced} events not shown: trace backlog full", file=self._trace)
+        self._trace.flush()
+
+    def _count(self, key: Key, n: int) -> None:
+        dev = self._by_node.get((key.major, key.minor))
+        if dev is None:
+            self._metrics.dropped(Drop.DEVICE_UNKNOWN, n)
+            return
+        self._seen.setdefault(key.cgroup_id, set()).add(key)
+        held = self._pending.get(key.cgroup_id)
+        who = None if held else self._resolver.resolve(key.cgroup_id)
+        if who is not None:
+            self._add(who, key, n, dev)
+        elif held is not None and key in held.counts:
+            held.counts[key] += n
+        elif self._held_keys < self._max_pending:
+            if held is None:
+                held = self._pending[key.cgroup_id] = _Held(self._clock())
+            held.counts[key] = n
+            self._held_keys += 1
+        else:
+            self._metrics.unattributed(Unattributed.PENDING_FULL, n)
+            self._add(Attribution(), key, n)
+
+    def _add(self, who: Attribution, key: Key, n: int, dev: Device | None = None) -> None:
+        dev = dev or self._by_node[(key.major, key.minor)]
+        if who.reason:
+            self._metrics.unattributed(who.reason, n)
+        self._metrics.add_calls(
+            namespace=who.namespace,
+            pod=who.pod,
+            container=who.container,
+            device=dev.id,
+            vendor=dev.vendor or "",
+            kind=Kind(key.kind).label,
+            n=n,
+        )
+
+    def _retry_pending(self, settle: bool = False) -> None:
+        for cgroup_id, held in list(self._pending.items()):
+            answer = self._hold.answer(cgroup_id, held.since, settle=settle)
+            if answer is None:
+                continue
+            who, settled = answer
+            if settled:
+                self._metrics.pending_expired(sum(held.counts.values()))
+            del self._pending[cgroup_id]
+            self._held_keys -= len(held.counts)
+            for key, n in held.counts.items():
+                self._add(who, key, n)
+
+    def settle_all(self) -> None:
+        """Count every held call now, with the best answer there is (before exit)."""
+        self._retry_pending(settle=True)
+
+    def watch(self, cgroup_id: int) -> None:
+        """Reap cgroup_id like a calling one (it holds a DRM client): retire its container when
+        its directory is gone."""
+        self._seen.setdefault(cgroup_id, set())
+
+    def dead_cgroups(self) -> list[int]:
+        """Cgroups seen here whose directory is gone and whose counts are not held."""
+        return [c for c in self._seen if c not in self._pending and not self._resolver.alive(c)]
+
+    def forget(self, cgroup_ids: list[int]) -> list[Key]:
+        """Retire dead cgroups' containers and forget them; returns their keys."""
+        keys: list[Key] = []
+        for cgroup_id in cgroup_ids:
+            who = self._resolver.resolve(cgroup_id)
+            if who is not None and who.pod:
+                self._metrics.container_gone(who.namespace, who.pod, who.container)
+            self._resolver.forget(cgroup_id)
+            keys.extend(self._seen.pop(cgroup_id))
+        return keys

@@ -1,0 +1,211 @@
+"""Resolver: cgroup id -> cgroup path -> container id -> CRI labels -> namespace/pod/container,
+as an Attribution, with the CRI lookups in a thread pool.
+
+A pod-level cgroup (the pod slice itself, or CRI-O's conmon scope) belongs to a pod but to no
+container, and the CRI can only name containers: it resolves to empty labels with reason
+container_not_found, not not_pod, because the process does run in a pod.
+
+CRI requests never run on the caller's thread. They run in a small thread pool: the sync gRPC
+stub is thread-safe and blocking calls with a deadline are simple to bound, where grpc.aio would
+need an event loop thread of its own for the same result.
+
+The first lookup asks the runtime for its list of containers (ListContainers) before its own
+container: an agent that starts on a node with many pods (a restart adopting the counts of 1,000
+pods' cgroups) gets their names from one request instead of one ContainerStatus each. A
+container the list lacks (created since) is looked up alone.
+"""
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from kubenpu.resolve import DEFAULT_ENDPOINT, containers
+from kubenpu.resolve.cgroups import CgroupIndex
+from kubenpu.resolve.cri import CriClient, RequestObserver
+from kubenpu.resolve.result import Attribution, Unattributed
+
+log = logging.getLogger(__name__)
+
+# A container the runtime did not know, or a runtime that did not answer, is asked again this
+# long after the previous lookup started, doubling up to cri_retry_after: a container is often
+# created a moment before the runtime lists it. (While the runtime is down the CriClient sends
+# nothing for cri_retry_after anyway.)
+_FIRST_RETRY_SECONDS = 1.0
+_RETRIED = (Unattributed.CONTAINER_NOT_FOUND, Unattributed.CRI_ERROR)
+
+
+@dataclass
+class _Lookup:
+    """One container id's CRI lookups, shared by the cgroups in that container."""
+
+    cgroups: set[int] = field(default_factory=set)
+    future: Future[Attribution] | None = None
+    answer: Attribution | None = None  # final: what the runtime said
+    failure: Attribution | None = None  # the last retried answer
+    started: float = 0.0  # when the last lookup was started
+    retry_at: float = 0.0
+    delay: float = _FIRST_RETRY_SECONDS
+
+
+class Resolver:
+    """One Attribution per cgroup id, cached until forget() once final.
+
+    resolve(), settle(), alive() and forget() are called from one thread (the caller's);
+    cgroup_born() may be called from another.
+    """
+
+    def __init__(
+        self,
+        cgroup_root: str = "/sys/fs/cgroup",
+        cri_endpoint: str = DEFAULT_ENDPOINT,
+        cri_timeout: float = 2.0,
+        cri_retry_after: float = 30.0,
+        *,
+        concurrency: int = 4,
+        on_rebuild: Callable[[], None] | None = None,
+        on_cri_request: RequestObserver | None = None,
+        on_answer: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """on_answer: called (on a pool thread) whenever a CRI lookup has finished, so a caller
+        holding counts for it can take the answer at once."""
+        self._index = CgroupIndex(cgroup_root, on_rebuild, clock)
+        self._cri = CriClient(cri_endpoint, cri_timeout, cri_retry_after, on_cri_request, clock)
+        self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="kubenpu-cri")
+        self._closed = False
+        self._max_delay = max(cri_retry_after, _FIRST_RETRY_SECONDS)
+        self._clock = clock
+        self._on_answer = on_answer
+        self._answers: dict[int, Attribution] = {}  # final answers per cgroup
+        self._container_ids: dict[int, str] = {}  # cgroups waiting for (or given) a CRI answer
+        self._lookups: dict[str, _Lookup] = {}  # per container id, while a cgroup refers to it
+        self._list_lock = threading.Lock()  # pool threads wait for the one list
+        # The list's answers not taken yet: at most the containers on the node when it was asked.
+        self._listed: dict[str, Attribution] | None = None
+
+    @property
+    def rebuilds(self) -> int:
+        return self._index.rebuilds
+
+    def runtime_version(self) -> str | None:
+        """The runtime's name and version for a startup log line; None (and a warning) if down.
+        Blocks up to the CRI timeout: call it off the counting path."""
+        return self._cri.version()
+
+    def resolve(self, cgroup_id: int) -> Attribution | None:
+        """The answer if known, else None ("pending") while a CRI lookup runs or waits to be
+        retried. Never waits on the CRI."""
+        if (known := self._answers.get(cgroup_id)) is not None:
+            return known
+        container_id = self._container_ids.get(cgroup_id)
+        if container_id is None:
+            local = self._local(cgroup_id)
+            if isinstance(local, Attribution):
+                self._answers[cgroup_id] = local
+                return local
+            container_id = self._container_ids[cgroup_id] = local
+        lookup = self._lookups.setdefault(container_id, _Lookup())
+        lookup.cgroups.add(cgroup_id)
+        answer = self._poll(container_id, lookup)
+        if answer is not None:
+            self._answers[cgroup_id] = answer
+        return answer
+
+    def settle(self, cgroup_id: int) -> Attribution:
+        """The best answer now, for a caller that stops waiting: the last failure (cri_error
+        if the first lookup has not answered yet). Not cached: resolve() keeps trying."""
+        answer = self.resolve(cgroup_id)
+        if answer is not None:
+            return answer
+        lookup = self._lookups[self._container_ids[cgroup_id]]
+        return lookup.failure or Attribution(reason=Unattributed.CRI_ERROR)
+
+    def cgroup_born(self, cgroup_id: int, parent_id: int) -> None:
+        """A new cgroup (from the kernel): index it now, so it stays attributable even if its
+        directory is removed right after. Cheap (no walk once the index is built, no CRI);
+        safe to call from another thread."""
+        self._index.cgroup_born(cgroup_id, parent_id)
+
+    def alive(self, cgroup_id: int) -> bool:
+        return self._index.alive(cgroup_id)
+
+    def forget(self, cgroup_id: int) -> None:
+        """Free what is known about a cgroup that is gone."""
+        self._answers.pop(cgroup_id, None)
+        self._index.forget(cgroup_id)
+        container_id = self._container_ids.pop(cgroup_id, None)
+        lookup = self._lookups.get(container_id) if container_id is not None else None
+        if lookup is not None:
+            lookup.cgroups.discard(cgroup_id)
+            if not lookup.cgroups:
+                del self._lookups[container_id]
+                if lookup.future is not None:
+                    lookup.future.cancel()  # if still queued; a running one just ends
+
+    def close(self) -> None:
+        """Stops the lookups: queued ones are dropped, running ones cancelled by closing the
+        channel, so this returns within the CRI timeout at worst."""
+        self._closed = True
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._cri.close()
+        self._pool.shutdown(wait=True)
+
+    def _local(self, cgroup_id: int) -> Attribution | str:
+        """The final answer the cgroup tree gives, or the container id to ask the CRI about."""
+        path = self._index.path(cgroup_id)
+        if path is None:
+            return Attribution(reason=Unattributed.NOT_INDEXED)
+        pod = containers.parse(path)
+        if pod is None:
+            return Attribution(reason=Unattributed.NOT_POD)
+        if pod.container_id is None:
+            return Attribution(reason=Unattributed.CONTAINER_NOT_FOUND)
+        return pod.container_id
+
+    def _poll(self, container_id: str, lookup: _Lookup) -> Attribution | None:
+        """A finished lookup's answer; starts one when none runs and a retry is due."""
+        if lookup.answer is not None:
+            return lookup.answer
+        if lookup.future is not None:
+            if not lookup.future.done():
+                return None
+            answer = _result(lookup.future)
+            lookup.future = None
+            if answer.reason not in _RETRIED:
+                lookup.answer = answer
+                return answer
+            lookup.failure = answer
+            # From the start, not from when this thread looked: the same whenever it looks.
+            lookup.retry_at = lookup.started + lookup.delay
+            lookup.delay = min(lookup.delay * 2, self._max_delay)
+        now = self._clock()
+        if not self._closed and now >= lookup.retry_at:
+            lookup.started = now
+            lookup.future = self._pool.submit(self._lookup, container_id)
+            if self._on_answer is not None:
+                on_answer = self._on_answer
+                lookup.future.add_done_callback(lambda _: on_answer())
+        return None
+
+    def _lookup(self, container_id: str) -> Attribution:
+        """On a pool thread: the answer of the runtime's list (asked for by the first lookup
+        only), else of the container's own status."""
+        with self._list_lock:
+            if self._listed is None:
+                self._listed = self._cri.containers()
+            listed = self._listed.pop(container_id, None)
+        return listed if listed is not None else self._cri.lookup(container_id)
+
+
+def _result(future: Future[Attribution]) -> Attribution:
+    """A lookup's answer; a bug in it reads as cri_error (logged), never as a traceback here."""
+    if future.cancelled():  # by close()
+        return Attribution(reason=Unattributed.CRI_ERROR)
+    try:
+        return future.result()
+    except Exception as e:  # anything the gRPC stack raises besides RpcError
+        log.warning("CRI lookup failed: %r", e)
+        return Attribution(reason=Unattributed.CRI_ERROR)
