@@ -15,14 +15,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Protocol
 
 from kubenpu import __version__
 from kubenpu.discovery import Device, discover
 from kubenpu.events import Tally
 from kubenpu.fdinfo import FdinfoReader
 from kubenpu.pin import PinnedProbe, load_in_child, uninstall
-from kubenpu.probe import BccKernel, Probe, ProbeError
+from kubenpu.probe import BccKernel, Kernel, Probe, ProbeError
+from kubenpu.services import Services
 from kubenpu.vendors import Kind, by_name, core
 
 try:  # `pip install kubenpu` (kubenpuctl only) lacks these: main() says so in one line
@@ -51,6 +51,9 @@ _READ_SECONDS = 5.0
 _REAP_SECONDS = 5.0
 # Liveness fails when the kernel's counters were last read longer ago than this many reads.
 _STALE_READS = 3
+# Stopping the probe, the CRI lookups and the exporters (a final OTLP push) together takes at
+# most this long: within Kubernetes' default 30 s grace period before SIGKILL.
+_STOP_SECONDS = 25.0
 
 
 def select_devices(devices: Iterable[Device], ignore: Iterable[str]) -> list[Device]:
@@ -151,10 +154,6 @@ class _Streak:
             self._failures = 0
 
 
-class Telemetry(Protocol):
-    def shutdown(self) -> None: ...
-
-
 class Agent:
     """The running agent: one thread polls the kernel, another attributes and counts."""
 
@@ -166,7 +165,6 @@ class Agent:
         attributor: Attributor,
         metrics: Metrics,
         resolver: Resolver,
-        telemetry: Telemetry,
         health: Health,
         devices: int,
         usage: Usage | None = None,
@@ -179,7 +177,6 @@ class Agent:
         self.attributor = attributor
         self.metrics = metrics
         self.resolver = resolver
-        self.telemetry = telemetry
         self.health = health
         self._devices = devices
         self.usage = usage
@@ -196,27 +193,24 @@ class Agent:
         }
 
     def run(self) -> int:
-        try:
-            self.attach()
-            workers = [
-                threading.Thread(target=self._poll_loop, name="poll", daemon=True),
-                threading.Thread(target=self._attribute_loop, name="attribution", daemon=True),
-            ]
-            for worker in workers:
-                self.health.watch(worker)
-                worker.start()
-            # After the workers start: a slow or unreachable runtime must not delay counting.
-            log.info("container runtime: %s", self.resolver.runtime_version() or "unreachable")
-            while not self.stop.wait(1.0):  # a timeout keeps signal handlers running promptly
-                pass
-            self._answered.set()  # the attribution thread stops waiting for answers
-            for worker in workers:
-                worker.join()
-            self._guarded("attribution", self._last_cycle)
-        finally:
-            self.probe.close()
-            self.resolver.close()
-            self.telemetry.shutdown()
+        """Attach, count until `stop`, then count a last time. Stopping the probe, resolver and
+        exporters is the Services group's (build() registered them)."""
+        self.attach()
+        workers = [
+            threading.Thread(target=self._poll_loop, name="poll", daemon=True),
+            threading.Thread(target=self._attribute_loop, name="attribution", daemon=True),
+        ]
+        for worker in workers:
+            self.health.watch(worker)
+            worker.start()
+        # After the workers start: a slow or unreachable runtime must not delay counting.
+        log.info("container runtime: %s", self.resolver.runtime_version() or "unreachable")
+        while not self.stop.wait(1.0):  # a timeout keeps signal handlers running promptly
+            pass
+        self._answered.set()  # the attribution thread stops waiting for answers
+        for worker in workers:
+            worker.join()
+        self._guarded("attribution", self._last_cycle)
         return 0
 
     def attach(self) -> None:
@@ -306,17 +300,21 @@ class Agent:
             self.tally.put_back(batch.counts)
 
 
-def build(cfg: config.Config, debug: bool = False, trace: bool = False) -> Agent:
-    """The agent with its real collaborators: BCC, the CRI resolver, the exporters."""
+def build(
+    cfg: config.Config, services: Services, debug: bool = False, trace: bool = False
+) -> Agent:
+    """The agent with its real collaborators: BCC, the CRI resolver, the exporters. Each is
+    registered with `services` as it starts, so a later one that fails stops them."""
     found = discover(cfg.discovery.root)
     devices = select_devices(found, cfg.discovery.ignore_devices)
     _log_tables(devices)
     health = Health(_STALE_READS * _READ_SECONDS)
     metrics = Metrics(cfg.node_name, cfg.metrics.series_ttl_seconds, cfg.metrics.max_series)
-    telemetry = export.start(cfg, metrics, health)
     metrics.set_devices(
         DeviceRow(d.id, d.vendor or "", d.driver or "", d.pci_id or "", _numa(d)) for d in devices
     )
+    exporters = export.start(cfg, metrics, health)
+    services.add("exporters", exporters.shutdown)
     cri = cfg.attribution.cri
     answered = threading.Event()
     resolver = Resolver(
@@ -329,15 +327,8 @@ def build(cfg: config.Config, debug: bool = False, trace: bool = False) -> Agent
         on_answer=answered.set,
         concurrency=cri.concurrency,
     )
+    services.add("resolver", resolver.close)
     tally = Tally(cfg.probe.queue_size, keep_events=trace)
-    kernel = BccKernel(
-        devices,
-        mode=cfg.probe.mode,
-        hook=cfg.probe.hook,
-        attach=cfg.probe.attach,
-        ringbuf_pages=cfg.probe.ringbuf_pages,
-        debug=debug,
-    )
     pending = cfg.attribution.pending_seconds
     attributor = Attributor(
         devices, resolver, metrics, sys.stdout if trace else None, pending_seconds=pending
@@ -355,11 +346,10 @@ def build(cfg: config.Config, debug: bool = False, trace: bool = False) -> Agent
             on_cgroup=attributor.watch,
             clock=time.monotonic,
         )
-    if cfg.probe.pin_dir:
-        # A child process compiles and loads, so this one never maps BCC/LLVM (docs/pinning.md).
-        kernel = PinnedProbe(Path(cfg.probe.pin_dir), kernel, devices, spawn=load_in_child)
+    kernel = _kernel(cfg, devices, debug)
     # A new cgroup is indexed on the polling thread at once: it may be gone by the next flush.
     probe = Probe(kernel, tally, on_birth=lambda born: resolver.cgroup_born(*born))
+    services.add("probe", probe.close)
     return Agent(
         probe=probe,
         tally=tally,
@@ -369,10 +359,25 @@ def build(cfg: config.Config, debug: bool = False, trace: bool = False) -> Agent
         answered=answered,
         metrics=metrics,
         resolver=resolver,
-        telemetry=telemetry,
         health=health,
         devices=len(devices),
     )
+
+
+def _kernel(cfg: config.Config, devices: list[Device], debug: bool) -> Kernel:
+    """The kernel side for probe.mode, probe.hook and probe.pin_dir. Raises ProbeError."""
+    kernel: Kernel = BccKernel(
+        devices,
+        mode=cfg.probe.mode,
+        hook=cfg.probe.hook,
+        attach=cfg.probe.attach,
+        ringbuf_pages=cfg.probe.ringbuf_pages,
+        debug=debug,
+    )
+    if cfg.probe.pin_dir:
+        # A child process compiles and loads, so this one never maps BCC/LLVM (docs/pinning.md).
+        kernel = PinnedProbe(Path(cfg.probe.pin_dir), kernel, devices, spawn=load_in_child)
+    return kernel
 
 
 def _uninstall(root: Path) -> int:
@@ -422,10 +427,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.trace:
             cfg.probe.mode = "events"
-        agent = build(cfg, args.debug, args.trace)
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: agent.stop.set())
-        return agent.run()
+        with Services(_STOP_SECONDS) as services:
+            agent = build(cfg, services, args.debug, args.trace)
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, lambda *_: agent.stop.set())
+            return agent.run()
     except (ProbeError, export.ExportError) as err:
         log.error("%s", err)
         return 2

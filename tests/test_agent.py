@@ -42,6 +42,7 @@ from kubenpu.metrics import (
 from kubenpu.probe import Probe, ProbeError
 from kubenpu.resolve import Attribution
 from kubenpu.resolve.resolver import Resolver
+from kubenpu.services import Services
 
 UID = "0e6f7c3a-1b2d-4c5e-8f9a-0b1c2d3e4f5a"
 CID = "c" * 64
@@ -151,7 +152,7 @@ def test_bad_config_is_one_line_per_problem_and_exit_2(tmp_path, capsys):
 POD = ("ml", "trainer-0", "worker", "platform:vgem", "vgem")
 
 
-class Telemetry:
+class Exporters:
     """Stands in for export.Exporters: the exporters have their own tests."""
 
     def __init__(self) -> None:
@@ -186,7 +187,6 @@ def make_agent(
         attributor=Attributor([VGEM], resolver, metrics, clock=clock),
         metrics=metrics,
         resolver=resolver,
-        telemetry=Telemetry(),
         health=Health(stale_after=15, clock=clock),
         devices=1,
         usage=usage,
@@ -274,23 +274,25 @@ def test_dead_cgroups_are_read_a_last_time_then_forgotten_in_the_kernel(cgroups,
 
 
 def test_exit_reads_the_kernel_a_last_time_and_closes_everything(cgroups, resolver):
-    kernel = FakeKernel(aggregate=True)
+    kernel, exporters = FakeKernel(aggregate=True), Exporters()
     agent = make_agent(kernel, resolver)
     pod = key(os.stat(cgroups / POD_DIR).st_ino)
     kernel.counts[pod] = 3
     agent.stop.set()
-    assert agent.run() == 0
+    with services_of(agent, exporters):
+        assert agent.run() == 0
+        assert not kernel.closed  # the last read came first
     assert values(agent.metrics, IOCTL) == {(*POD, "alloc"): 3}
-    assert kernel.closed and agent.telemetry.shut_down
+    assert kernel.closed and exporters.shut_down
 
 
 def test_failed_attach_still_closes_the_resolver_and_the_exporters():
-    kernel, resolver = FakeKernel(), FakeResolver()
+    kernel, resolver, exporters = FakeKernel(), FakeResolver(), Exporters()
     kernel.start_raises = ProbeError("cannot attach to drm_ioctl: fentry-module: no BTF")
     agent = make_agent(kernel, resolver)
-    with pytest.raises(ProbeError):
+    with pytest.raises(ProbeError), services_of(agent, exporters):
         agent.run()
-    assert resolver.closed and kernel.closed and agent.telemetry.shut_down
+    assert resolver.closed and kernel.closed and exporters.shut_down
 
 
 def test_a_failed_kernel_read_is_retried_and_loses_nothing(cgroups, resolver, caplog):
@@ -328,12 +330,26 @@ class Kill(BaseException):
     """What no guard catches: the worker thread dies."""
 
 
+def services_of(agent: Agent, exporters: Exporters | export.Exporters) -> Services:
+    """The service group as build() registers the agent's pieces."""
+    services = Services(deadline_seconds=10)
+    services.add("exporters", exporters.shutdown)
+    services.add("resolver", agent.resolver.close)
+    services.add("probe", agent.probe.close)
+    return services
+
+
 @pytest.fixture
-def running() -> Iterator[Callable[[Agent], None]]:
+def running() -> Iterator[Callable[..., None]]:
+    """Runs agents as main does, each in its service group, and stops them at the end."""
     agents: list[tuple[Agent, threading.Thread]] = []
 
-    def start(agent: Agent) -> None:
-        thread = threading.Thread(target=agent.run)
+    def start(agent: Agent, exporters: Exporters | export.Exporters | None = None) -> None:
+        def run() -> None:
+            with services_of(agent, exporters or Exporters()):
+                agent.run()
+
+        thread = threading.Thread(target=run)
         thread.start()
         wait_for(lambda: agent.health.ready()[0])
         agents.append((agent, thread))
@@ -427,8 +443,7 @@ def test_the_kubelets_probes_see_a_dead_worker(tmp_path, running):
     cfg = make_config(tmp_path, f"export:\n  prometheus:\n    host: 127.0.0.1\n    port: {port}\n")
     kernel, resolver = FakeKernel(aggregate=False), FakeResolver()
     agent = make_agent(kernel, resolver)
-    agent.telemetry = export.start(cfg, agent.metrics, agent.health)
-    running(agent)
+    running(agent, export.start(cfg, agent.metrics, agent.health))
     assert _probe_answer(port, "/healthz") == (200, "ok")
     assert _probe_answer(port, "/readyz") == (200, "ok")
     resolver.raises = Kill()
