@@ -25,7 +25,7 @@ import os
 import re
 import stat
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -325,7 +325,3 @@ class HighWater(Generic[_K]):
     def get(self, key: _K) -> int:
         """The largest value seen for key; 0 before any."""
         return self._max.get(key, 0)
-
-    def retain(self, keys: Collection[_K]) -> None:
-        """Forget every key not in keys (clients that closed)."""
-        self._max = {k: v for k, v in self._max.items() if k in keys}

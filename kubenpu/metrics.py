@@ -452,11 +452,6 @@ class Metrics:
 
     # --- read by the exporters --------------------------------------------------------------
 
-    def series_count(self) -> int:
-        """kubenpu_ioctl_total series held, excluding the overflow series."""
-        with self._lock:
-            return self._nseries
-
     def pods_held(self) -> int:
         with self._lock:
             return len(self._pods)

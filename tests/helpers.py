@@ -14,7 +14,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -35,7 +35,7 @@ from vm.guestlib import (
 
 from kubenpu import config, export
 from kubenpu.export.server import HealthChecks
-from kubenpu.metrics import Metrics
+from kubenpu.metrics import IOCTL, Metrics, Spec
 from kubenpu.resolve import Attribution
 from kubenpu.resolve.resolver import Resolver
 
@@ -203,17 +203,22 @@ def scrape(port: int) -> str:
 # --- metrics: calls recorded on a Metrics and the ioctl series they make (one device)
 
 
+def values(metrics: Metrics, spec: Spec, skip: Collection[str] = ()) -> dict[tuple, Any]:
+    """{the values of a point's labels but `skip`: its value} of spec's points not at zero."""
+    [points] = [p for s, p in metrics.collect() if s is spec]
+    return {
+        tuple(v for k, v in p.attrs.items() if k not in skip): p.value for p in points if p.value
+    }
+
+
+def ioctl_key(ns: str, pod: str, c: str, kind: str = "submit") -> tuple[str, ...]:
+    """The labels of the ioctl series calls() makes, in IOCTL.labels order."""
+    return (ns, pod, c, "0000:03:00.0", "vgem", kind)
+
+
 def ioctl(ns: str, pod: str, c: str, kind: str = "submit") -> frozenset:
-    return frozenset(
-        {
-            "namespace": ns,
-            "pod": pod,
-            "container": c,
-            "device": "0000:03:00.0",
-            "vendor": "vgem",
-            "kind": kind,
-        }.items()
-    )
+    """The same series as an OTLP receiver's attribute set."""
+    return frozenset(zip(IOCTL.labels, ioctl_key(ns, pod, c, kind), strict=True))
 
 
 def calls(m: Metrics, ns: str, pod: str, c: str, n: int = 1, kind: str = "submit") -> None:

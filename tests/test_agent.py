@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 import tomllib
 import urllib.error
 import urllib.request
@@ -22,7 +21,7 @@ from pathlib import Path
 import pytest
 from cri_server import CriTestServer
 from fakes import Clock, FakeKernel, FakeResolver, record
-from helpers import free_port, make_config, resolved
+from helpers import eventually, free_port, make_config, resolved, values
 
 from kubenpu import __version__, export
 from kubenpu.agent import Agent, Health, fdinfo_devices, main, select_devices
@@ -71,11 +70,6 @@ def resolver(tmp_path: Path, cgroups: Path) -> Iterator[Resolver]:
     yield resolver
     resolver.close()
     server.stop()
-
-
-def values(metrics: Metrics, spec) -> dict:
-    points = dict(metrics.collect())[spec]
-    return {tuple(p.attrs.values()): p.value for p in points if p.value}
 
 
 def test_pod_and_host_calls_are_counted_with_a_reason_for_the_partial_ones(cgroups, resolver):
@@ -199,14 +193,6 @@ def key(cgroup_id: int, kind: int = 2) -> Key:
     return Key(cgroup_id, 226, 0, kind)
 
 
-def wait_for(cond: Callable[[], object]) -> None:
-    """Waits for a condition the agent's threads make true (a bound, not a timing assertion)."""
-    deadline = time.monotonic() + 10
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.01)
-
-
 def test_aggregate_mode_reads_the_counts_map_as_increments(cgroups, resolver):
     kernel, clock = FakeKernel(aggregate=True), Clock()
     agent = make_agent(kernel, resolver, clock)
@@ -254,7 +240,9 @@ def test_events_mode_counts_records_and_skips_bad_ones(cgroups, resolver, caplog
     assert "record skipped (counted as bad_record): record of 20 bytes" in caplog.text
 
 
-def test_dead_cgroups_are_read_a_last_time_then_forgotten_in_the_kernel(cgroups, resolver):
+def exited_pod(cgroups: Path, resolver) -> tuple[Agent, FakeKernel, Key]:
+    """An agent (series TTL 0) that counted 2 calls of a container that made 4 more in the
+    kernel map and exited: its cgroup is gone, and a reap is due before a counts read is."""
     kernel, clock = FakeKernel(aggregate=True), Clock()
     agent = make_agent(kernel, resolver, clock, ttl=0)
     agent.attach()
@@ -262,14 +250,32 @@ def test_dead_cgroups_are_read_a_last_time_then_forgotten_in_the_kernel(cgroups,
     kernel.calls(pod, 2)
     kernel.poll(0)
     agent.cycle()
-    kernel.calls(pod, 4)  # calls made just before the container exited
+    kernel.calls(pod, 4)
     (cgroups / POD_DIR).rmdir()
-    clock.now += 1  # not yet time to read the counts map, but reaping reads it first
+    clock.now += 1
     agent._last_reap = -float("inf")
-    agent.cycle()
+    return agent, kernel, pod
+
+
+def test_dead_cgroups_are_read_a_last_time_then_forgotten_in_the_kernel(cgroups, resolver):
+    agent, kernel, pod = exited_pod(cgroups, resolver)
+    agent.cycle()  # reaping reads the counts map first
     assert kernel.forgotten == [pod] and kernel.counts == {}
     # retired at once (TTL 0): the last 4 calls were counted before that
     assert values(agent.metrics, IOCTL) == {}
+    assert values(agent.metrics, RECEIVED) == {(): 6}
+
+
+def test_a_reap_whose_last_read_fails_forgets_no_dead_cgroup(cgroups, resolver):
+    """No read, no forgetting: the calls made since the last good read are still in the
+    kernel map, and a cgroup forgotten now would lose them."""
+    agent, kernel, pod = exited_pod(cgroups, resolver)
+    kernel.failing_reads = 2  # the cycle's own read and the reap's last one
+    agent.cycle()
+    assert kernel.forgotten == [] and agent.attributor.dead_cgroups() == [pod.cgroup_id]
+    agent._last_reap = -float("inf")
+    agent.cycle()
+    assert kernel.forgotten == [pod]
     assert values(agent.metrics, RECEIVED) == {(): 6}
 
 
@@ -351,7 +357,7 @@ def running() -> Iterator[Callable[..., None]]:
 
         thread = threading.Thread(target=run)
         thread.start()
-        wait_for(lambda: agent.health.ready()[0])
+        eventually(lambda: agent.health.ready()[0], "the agent ready")
         agents.append((agent, thread))
 
     yield start
@@ -370,9 +376,9 @@ def test_workers_survive_exceptions(mode, running, caplog):
     kernel.poll_raises = RuntimeError("poll broke")
     resolver.raises = ValueError("resolve broke")
     kernel.calls(key(9), 2)
-    wait_for(lambda: values(agent.metrics, IOCTL))
+    eventually(lambda: bool(values(agent.metrics, IOCTL)), "the first counts")
     kernel.calls(key(9), 1)
-    wait_for(lambda: values(agent.metrics, IOCTL).get((*POD, "alloc")) == 3)
+    eventually(lambda: values(agent.metrics, IOCTL).get((*POD, "alloc")) == 3, "3 calls")
     assert "poll failed (retrying): RuntimeError: poll broke" in caplog.text
     assert "attribution failed (retrying): ValueError: resolve broke" in caplog.text
     assert agent.health.live() == (True, "ok")
@@ -397,7 +403,7 @@ def test_a_runtime_slow_to_answer_delays_neither_attach_nor_the_first_read(runni
     agent = make_agent(kernel, resolver)
     try:
         running(agent)  # waits until ready: attached and read
-        wait_for(lambda: values(agent.metrics, IOCTL) == {(*POD, "alloc"): 4})
+        eventually(lambda: values(agent.metrics, IOCTL) == {(*POD, "alloc"): 4}, "4 calls")
     finally:
         resolver.answer.set()
 
@@ -424,7 +430,7 @@ def test_a_dead_worker_fails_liveness(worker, running):
     else:
         resolver.raises = Kill()
         kernel.calls(key(9))
-    wait_for(lambda: not agent.health.live()[0])
+    eventually(lambda: not agent.health.live()[0], "the dead worker seen")
     assert agent.health.live() == (False, f"worker thread stopped: {worker}")
 
 
@@ -448,7 +454,7 @@ def test_the_kubelets_probes_see_a_dead_worker(tmp_path, running):
     assert _probe_answer(port, "/readyz") == (200, "ok")
     resolver.raises = Kill()
     kernel.calls(key(9))
-    wait_for(lambda: _probe_answer(port, "/healthz")[0] == 503)
+    eventually(lambda: _probe_answer(port, "/healthz")[0] == 503, "/healthz failing")
     assert _probe_answer(port, "/healthz") == (503, "worker thread stopped: attribution")
 
 

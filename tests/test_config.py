@@ -297,6 +297,12 @@ def test_every_duration_and_size_has_an_upper_bound(tmp_path: Path, text: str, k
     assert problem.startswith(f"{tmp_path / 'c.yaml'}: {key}: ")
 
 
+@pytest.mark.parametrize("pages", [0, -256])
+def test_a_ring_buffer_of_no_pages_is_rejected(tmp_path: Path, pages: int) -> None:
+    [line] = problems_of(tmp_path, f"probe: {{ringbuf_pages: {pages}}}")
+    assert line.startswith(f"{tmp_path / 'c.yaml'}: probe.ringbuf_pages: ")
+
+
 @pytest.mark.parametrize("var", ["OTEL_METRIC_EXPORT_INTERVAL", "OTEL_EXPORTER_OTLP_TIMEOUT"])
 @pytest.mark.parametrize("value", ["inf", "1e400", "nan", "1e20"])
 def test_env_durations_have_an_upper_bound(tmp_path: Path, var: str, value: str) -> None:

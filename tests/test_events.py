@@ -61,6 +61,15 @@ def test_deltas_turn_cumulative_counts_into_increments():
     assert deltas.step({k1: 1}) == {k1: 1}  # a key the kernel recreated starts from zero again
 
 
+def test_deltas_rebase_on_a_total_that_went_down():
+    """A lower total without forget() (a kernel entry deleted and made again) is the new base:
+    the next increments count from it, not from the old, higher total."""
+    deltas: Deltas[str] = Deltas()
+    assert deltas.step({"k": 10}) == {"k": 10}
+    assert deltas.step({"k": 3}) == {}
+    assert deltas.step({"k": 5}) == {"k": 2}
+
+
 @pytest.mark.parametrize(
     ("record", "why"),
     [(raw()[:39], "39 bytes"), (raw(kind=0), "unknown kind 0"), (raw(kind=9), "unknown kind 9")],

@@ -59,7 +59,7 @@ def test_grpc_push_exact_values_resource_and_headers(tmp_path, receiver, clean_r
         calls(m, "", "", "", 5)
         m.unattributed("not_indexed", 5)
         m.set_devices([DeviceRow("0000:03:00.0", "vgem", "vgem", "1af4:1050", "1")])
-        assert tel.flush()
+        assert tel.pusher.push()
     finally:
         tel.shutdown()
     assert receiver.values("kubenpu.ioctl") == {ioctl("ns", "p", "c"): 42, ioctl("", "", ""): 5}
@@ -123,7 +123,7 @@ def root_log() -> Iterator[Records]:
 def delivered(tel: export.Exporters, attempts: int = 3) -> bool:
     """Push until one push is delivered, as the timer would. Right after the collector comes
     back, gRPC may still be in its reconnect backoff, so the first push can fail."""
-    return any(tel.flush() for _ in range(attempts))
+    return any(tel.pusher.push() for _ in range(attempts))
 
 
 def test_collector_down_at_start_and_mid_run_loses_nothing(tmp_path, receiver, root_log):
@@ -135,7 +135,7 @@ def test_collector_down_at_start_and_mid_run_loses_nothing(tmp_path, receiver, r
     root_log.records.clear()  # asyncio's debug line as the metrics server starts
     try:
         calls(tel.metrics, "ns", "p", "c", 10)
-        assert not tel.flush()
+        assert not tel.pusher.push()
         # One line per failed push, none from the OTel exporter itself.
         assert [r.name for r in root_log.records] == ["kubenpu.export.otlp"]
         assert "failed (1 in a row)" in root_log.records[0].getMessage()
@@ -145,8 +145,8 @@ def test_collector_down_at_start_and_mid_run_loses_nothing(tmp_path, receiver, r
             assert delivered(tel)
             assert rx.values("kubenpu.ioctl") == {ioctl("ns", "p", "c"): 15}
         calls(tel.metrics, "ns", "p", "c", 7)  # ...goes down mid-run...
-        assert not tel.flush()
-        assert not tel.flush()
+        assert not tel.pusher.push()
+        assert not tel.pusher.push()
         calls(tel.metrics, "ns", "p", "c", 3)
         with OtlpReceiver(port=port) as rx:  # ...and comes back: cumulative counts, nothing lost
             assert delivered(tel)
@@ -235,7 +235,7 @@ def test_grpc_tls_with_ca_certificate_from_env(tmp_path, tls_files):
         tel = start_telemetry(make_config(tmp_path, otlp_yaml(0), env))
         try:
             calls(tel.metrics, "ns", "p", "c", 9)
-            assert tel.flush()
+            assert tel.pusher.push()
         finally:
             tel.shutdown()
         assert rx.values("kubenpu.ioctl") == {ioctl("ns", "p", "c"): 9}
@@ -250,7 +250,7 @@ def test_grpc_tls_with_ca_certificate_from_env(tmp_path, tls_files):
             )
         )
         try:
-            assert not tel.flush()
+            assert not tel.pusher.push()
         finally:
             tel.shutdown()
         assert rx.requests == []
@@ -294,14 +294,14 @@ def test_retired_series_disappear_from_metrics_and_otlp(tmp_path, receiver):
     try:
         calls(tel.metrics, "ns", "gone", "c", 2)
         calls(tel.metrics, "ns", "stays", "c", 3)
-        assert tel.flush()
+        assert tel.pusher.push()
         assert 'pod="gone"' in scrape(port)
         tel.metrics.container_gone("ns", "gone", "c")
         clock.now += 60
         body = scrape(port)
         assert 'pod="gone"' not in body
         assert 'pod="stays"' in body
-        assert tel.flush()
+        assert tel.pusher.push()
         assert receiver.values("kubenpu.ioctl") == {ioctl("ns", "stays", "c"): 3}
     finally:
         tel.shutdown()
@@ -317,7 +317,7 @@ def test_overflow_series_on_both_paths(tmp_path, receiver):
         calls(tel.metrics, "ns", "a", "c", 2)
         calls(tel.metrics, "ns", "b", "c", 3)
         calls(tel.metrics, "ns", "d", "c", 4)
-        assert tel.flush()
+        assert tel.pusher.push()
         assert 'kubenpu_ioctl_total{otel_metric_overflow="true"} 7.0' in scrape(port)
     finally:
         tel.shutdown()
@@ -526,7 +526,7 @@ def test_capitalised_header_keys_reach_a_real_grpc_receiver(tmp_path, receiver):
         tel = start_telemetry(cfg)
         try:
             calls(tel.metrics, "ns", "p", "c", 4)
-            assert tel.flush()
+            assert tel.pusher.push()
         finally:
             assert tel.shutdown()
     first, *_, last = receiver.metadata

@@ -139,7 +139,7 @@ def test_otlp_http_push_into_a_prometheus_api(tools, tmp_path):
         )
         try:
             fill(tel)
-            assert tel.flush()
+            assert tel.pusher.push()
         finally:
             tel.shutdown()
         check_series(vm)

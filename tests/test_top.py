@@ -667,8 +667,12 @@ def shows(row: dict[str, str], key: tuple[str, ...]) -> bool:
 def shown_rows(lines: list[str], rows: list[dict], want: list[tuple[str, ...]]) -> list:
     """The prefix of `want` the screen has room for, after checking the rows show it."""
     below = next(i for i, line in enumerate(lines) if line.startswith("NAMESPACE")) + 1
-    footer = 2  # the totals and the key line
-    assert len(rows) == len(want) or below + len(rows) >= len(lines) - footer, "rows missing"
+    room = len(lines) - 1 - below  # every line down to the key line at the bottom
+    if len(want) <= room:
+        assert len(rows) == len(want), "rows missing"
+    else:  # the last line of the room says how many did not fit
+        assert len(rows) == room - 1, "rows missing"
+        assert lines[below + len(rows)] == f"... {len(want) - len(rows)} more rows"
     assert all(shows(r, k) for r, k in zip(rows, want, strict=False)), (rows, want)
     return want[: len(rows)]
 

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 from fakes import Clock, FakeResolver
+from helpers import values
 
 from kubenpu import top
 from kubenpu.attribution import Attributor
 from kubenpu.discovery import discover
 from kubenpu.fdinfo import FdinfoReader, Scan
-from kubenpu.metrics import ENGINE_BUSY, ENGINE_CAPACITY, FDINFO_SKIPPED, MEMORY, Metrics, Spec
+from kubenpu.metrics import ENGINE_BUSY, ENGINE_CAPACITY, FDINFO_SKIPPED, MEMORY, Metrics
 from kubenpu.resolve import Attribution
 from kubenpu.usage import Usage
 
@@ -101,11 +102,7 @@ class Reader(FdinfoReader):
         return super().scan(pids)
 
 
-def values(metrics: Metrics, spec: Spec) -> dict[tuple, float]:
-    """{(pod, container, engine or region/state...): value} of spec's points."""
-    [points] = [p for s, p in metrics.collect() if s is spec]
-    skip = ("namespace", "device", "vendor")
-    return {tuple(v for k, v in p.attrs.items() if k not in skip): p.value for p in points}
+WHERE = ("namespace", "device", "vendor")  # the same for every client here: left out
 
 
 def busy(ns: float, engine: str = "render") -> str:
@@ -122,12 +119,12 @@ def test_busy_time_per_pod_never_goes_down_when_a_process_exits(machine: Machine
     machine.process(10, "pod-a", {1: busy(3e9)})
     machine.process(11, "pod-a", {2: busy(2e9)})
     machine.read()
-    assert values(machine.metrics, ENGINE_BUSY) == {("a", "main", "render"): 5.0}
+    assert values(machine.metrics, ENGINE_BUSY, WHERE) == {("a", "main", "render"): 5.0}
     machine.exit(10)
     machine.process(11, "pod-a", {2: busy(2.5e9)})
     machine.usage.saw([], [])
     machine.read()
-    assert values(machine.metrics, ENGINE_BUSY) == {("a", "main", "render"): 5.5}
+    assert values(machine.metrics, ENGINE_BUSY, WHERE) == {("a", "main", "render"): 5.5}
 
 
 def test_a_value_going_backwards_is_held_until_overtaken(machine: Machine) -> None:
@@ -136,10 +133,10 @@ def test_a_value_going_backwards_is_held_until_overtaken(machine: Machine) -> No
     machine.read()
     machine.process(10, "pod-a", {1: busy(3e9)})
     machine.read()
-    assert values(machine.metrics, ENGINE_BUSY) == {("a", "main", "render"): 4.0}
+    assert values(machine.metrics, ENGINE_BUSY, WHERE) == {("a", "main", "render"): 4.0}
     machine.process(10, "pod-a", {1: busy(6e9)})
     machine.read()
-    assert values(machine.metrics, ENGINE_BUSY) == {("a", "main", "render"): 6.0}
+    assert values(machine.metrics, ENGINE_BUSY, WHERE) == {("a", "main", "render"): 6.0}
 
 
 def test_memory_and_capacity_are_those_of_the_open_clients(machine: Machine) -> None:
@@ -148,14 +145,14 @@ def test_memory_and_capacity_are_those_of_the_open_clients(machine: Machine) -> 
     machine.process(10, "pod-a", {1: busy(1) + memory + "drm-engine-capacity-render:\t2\n"})
     machine.process(11, "pod-a", {2: busy(1) + memory})
     machine.read()
-    assert values(machine.metrics, MEMORY) == {
+    assert values(machine.metrics, MEMORY, WHERE) == {
         ("a", "main", "system", "resident"): 8192,
         ("a", "main", "system", "total"): 16384,
     }
-    assert values(machine.metrics, ENGINE_CAPACITY) == {("a", "main", "render"): 2}
+    assert values(machine.metrics, ENGINE_CAPACITY, WHERE) == {("a", "main", "render"): 2}
     machine.exit(11)
     machine.read()
-    assert values(machine.metrics, MEMORY)[("a", "main", "system", "resident")] == 4096
+    assert values(machine.metrics, MEMORY, WHERE)[("a", "main", "system", "resident")] == 4096
 
 
 def test_a_shared_client_is_counted_once(machine: Machine) -> None:
@@ -163,20 +160,20 @@ def test_a_shared_client_is_counted_once(machine: Machine) -> None:
     machine.process(10, "pod-a", {1: busy(3e9)})
     machine.process(11, "pod-a", {1: busy(3e9)})  # fork or SCM_RIGHTS: the same client
     machine.read()
-    assert values(machine.metrics, ENGINE_BUSY) == {("a", "main", "render"): 3.0}
+    assert values(machine.metrics, ENGINE_BUSY, WHERE) == {("a", "main", "render"): 3.0}
 
 
 def test_pending_clients_wait_then_count_everything(machine: Machine) -> None:
     cgroup_id = machine.cgroup("pod-a", None)
     machine.process(10, "pod-a", {1: busy(3e9) + "drm-resident-system:\t4096\n"})
     machine.read()
-    assert values(machine.metrics, ENGINE_BUSY) == {}
-    assert values(machine.metrics, MEMORY) == {}
+    assert values(machine.metrics, ENGINE_BUSY, WHERE) == {}
+    assert values(machine.metrics, MEMORY, WHERE) == {}
     machine.process(10, "pod-a", {1: busy(4e9) + "drm-resident-system:\t4096\n"})
     machine.resolver.answers[cgroup_id] = POD_A
     machine.read()
-    assert values(machine.metrics, ENGINE_BUSY) == {("a", "main", "render"): 4.0}
-    assert values(machine.metrics, MEMORY) == {("a", "main", "system", "resident"): 4096}
+    assert values(machine.metrics, ENGINE_BUSY, WHERE) == {("a", "main", "render"): 4.0}
+    assert values(machine.metrics, MEMORY, WHERE) == {("a", "main", "system", "resident"): 4096}
 
 
 def test_pending_too_long_is_counted_with_the_settled_answer(machine: Machine) -> None:
@@ -185,7 +182,7 @@ def test_pending_too_long_is_counted_with_the_settled_answer(machine: Machine) -
     machine.read()
     machine.clock.now += 120
     machine.read()
-    assert values(machine.metrics, ENGINE_BUSY) == {("", "", "render"): 3.0}
+    assert values(machine.metrics, ENGINE_BUSY, WHERE) == {("", "", "render"): 3.0}
 
 
 def test_a_pending_client_that_closes_is_counted(machine: Machine) -> None:
@@ -194,7 +191,7 @@ def test_a_pending_client_that_closes_is_counted(machine: Machine) -> None:
     machine.read()
     machine.exit(10)
     machine.read()
-    assert values(machine.metrics, ENGINE_BUSY) == {("", "", "render"): 3.0}
+    assert values(machine.metrics, ENGINE_BUSY, WHERE) == {("", "", "render"): 3.0}
 
 
 def test_an_unreadable_holder_keeps_its_client_and_loses_nothing(machine: Machine) -> None:
@@ -209,8 +206,8 @@ def test_an_unreadable_holder_keeps_its_client_and_loses_nothing(machine: Machin
     fd.with_name("fd.saved").rename(fd)
     machine.process(10, "pod-a", {1: busy(4e9)})
     machine.read()
-    assert values(machine.metrics, ENGINE_BUSY) == {("a", "main", "render"): 4.0}
-    assert values(machine.metrics, FDINFO_SKIPPED)[("unreadable",)] == 1
+    assert values(machine.metrics, ENGINE_BUSY, WHERE) == {("a", "main", "render"): 4.0}
+    assert values(machine.metrics, FDINFO_SKIPPED, WHERE)[("unreadable",)] == 1
 
 
 def test_reads_after_the_first_scan_only_callers_holders_and_their_cgroups(
@@ -227,7 +224,7 @@ def test_reads_after_the_first_scan_only_callers_holders_and_their_cgroups(
     machine.usage.saw([40], [cgroup_b])  # pid 40 called and exited
     machine.read()
     assert machine.reader.asked[-1] == [10, 20, 21, 40]
-    assert values(machine.metrics, ENGINE_BUSY)[("b", "main", "render")] == 2e-9
+    assert values(machine.metrics, ENGINE_BUSY, WHERE)[("b", "main", "render")] == 2e-9
     machine.read()
     assert machine.reader.asked[-1] == [10, 20, 21]
 
@@ -244,7 +241,7 @@ def test_a_host_process_outside_any_cgroup_v2_is_unlabelled(machine: Machine) ->
     machine.process(10, "host", {1: busy(2e9)})
     (machine.root / "proc" / "10" / "cgroup").write_text("1:name=systemd:/\n")
     machine.read()
-    assert values(machine.metrics, ENGINE_BUSY) == {("", "", "render"): 2.0}
+    assert values(machine.metrics, ENGINE_BUSY, WHERE) == {("", "", "render"): 2.0}
 
 
 def test_paths_relative_to_the_agents_cgroup_namespace_are_found(machine: Machine) -> None:
@@ -256,7 +253,7 @@ def test_paths_relative_to_the_agents_cgroup_namespace_are_found(machine: Machin
     machine.process(11, "kubepods/pod-a", {2: busy(1e9)})
     (machine.root / "proc" / "11" / "cgroup").write_text("0::/../../..\n")  # above the root
     machine.read()
-    assert values(machine.metrics, ENGINE_BUSY) == {
+    assert values(machine.metrics, ENGINE_BUSY, WHERE) == {
         ("a", "main", "render"): 2.0,
         ("", "", "render"): 1.0,
     }
@@ -277,6 +274,6 @@ def test_a_gone_pods_busy_series_retire_after_the_ttl(machine: Machine) -> None:
     machine.exit(10)
     machine.resolver.dead.add(cgroup_id)
     attributor.forget(attributor.dead_cgroups())
-    assert values(machine.metrics, ENGINE_BUSY) == {("a", "main", "render"): 2.0}
+    assert values(machine.metrics, ENGINE_BUSY, WHERE) == {("a", "main", "render"): 2.0}
     machine.clock.now += 60
-    assert values(machine.metrics, ENGINE_BUSY) == {}
+    assert values(machine.metrics, ENGINE_BUSY, WHERE) == {}

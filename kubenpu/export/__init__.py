@@ -48,10 +48,6 @@ class Exporters:
     pusher: OtlpPusher | None = None
     server: MetricsServer | None = None
 
-    def flush(self) -> bool:
-        """Push now (OTLP); True if it was delivered or OTLP is off."""
-        return self.pusher.push() if self.pusher else True
-
     def shutdown(self) -> bool:
         """Final OTLP push (bounded by the OTLP timeout), then stop serving. False if the final
         counts were not delivered (the pusher has logged it)."""

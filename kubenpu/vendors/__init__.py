@@ -58,10 +58,6 @@ class Vendor:
             raise ValueError(f"vendor {self.name}: duplicate ioctl nr")
 
 
-def is_core_nr(nr: int) -> bool:
-    return not DRM_COMMAND_BASE <= nr < DRM_COMMAND_END
-
-
 @cache
 def core() -> Vendor:
     """The DRM core table (vendor label ``drm``), which applies to every vendor."""
