@@ -1,6 +1,7 @@
 """The docs name only what exists: every file, module, class, function and config key that
 docs/architecture.md quotes is checked against the tree (HELP texts vs docs/metrics.md are checked
-in test_metrics.py)."""
+in test_metrics.py). And they say what the code does, where a test can tell: capabilities vs
+the rendered chart, the default hook, timings vs the constants, the stage order."""
 
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import CHART, chart_capabilities
+
+from kubenpu import agent
+from kubenpu.resolve import resolver
 
 ROOT = Path(__file__).resolve().parents[1]
 ARCHITECTURE = (ROOT / "docs" / "architecture.md").read_text()
@@ -85,3 +90,147 @@ def test_the_drops_contract_lists_every_drop_reason():
     contract = ARCHITECTURE.split("- **Drops.**", 1)[1].split("\n- ", 1)[0]
     quoted = set(re.findall(r"`([a-z_]+)` \(", contract))  # each reason is followed by its why
     assert {r.value for r in Drop} == quoted
+
+
+# --- what the docs claim, checked against what the code and the chart do --------------------
+
+CAPS = re.compile(r"`?CAP_\w+`?(?: \+\s+`?CAP_\w+`?)*")
+DEFAULT_HOOK = "security_file_ioctl"
+
+
+def _doc(path: str) -> str:
+    return " ".join((ROOT / path).read_text().split())  # line breaks read as spaces
+
+
+def _caps(claim: str) -> list[str]:
+    """The capabilities a claim like "`CAP_BPF` + `CAP_PERFMON`" names, as the chart spells them."""
+    return sorted(re.findall(r"CAP_(\w+)", claim))
+
+
+def _caps_after(text: str, marker: str, start: int = 0) -> list[str]:
+    """The first capabilities named after `marker` (itself looked for from `start`)."""
+    found = CAPS.search(text, text.index(marker, start))
+    assert found, f"no capabilities after {marker!r}"
+    return _caps(found.group())
+
+
+@pytest.mark.parametrize(
+    ("path", "markers"),
+    [
+        ("README.md", ["The agent runs as a DaemonSet, not privileged, with"]),
+        ("docs/deploy.md", ["it gets the capabilities", "for `fdinfo.enabled` (the default),"]),
+    ],
+)
+def test_the_stated_capabilities_are_the_charts(path, markers):
+    """The default chart's set: the default hook's capabilities and fdinfo's (on by default)."""
+    text = _doc(path)
+    start = text.index(markers[0])
+    stated = sorted({cap for marker in markers for cap in _caps_after(text, marker, start)})
+    assert stated == chart_capabilities(DEFAULT_HOOK, fdinfo=True), f"{path}: {stated}"
+
+
+def test_values_yaml_says_what_fdinfo_off_leaves():
+    """values.yaml's fdinfo comment: what it adds, and each hook's set without it."""
+    comment = " ".join(
+        line.strip().lstrip("#").strip()
+        for line in (CHART / "values.yaml").read_text().splitlines()
+        if line.strip().startswith("#")
+    )
+    claim = comment[comment.index("Device time and memory per pod") :]
+    claim = claim[: claim.index("mounts no /proc")]
+    added = _caps_after(claim, "also gets")
+    without = dict(
+        (hook, _caps(caps)) for caps, hook in re.findall(rf"({CAPS.pattern}) \((\w+)\)", claim)
+    )
+    assert set(without) == {"security_file_ioctl", "drm_ioctl"}
+    for hook, caps in without.items():
+        assert caps == chart_capabilities(hook, fdinfo=False), hook
+        assert sorted({*caps, *added}) == chart_capabilities(hook, fdinfo=True), hook
+
+
+def test_the_default_hook_is_named_alike_everywhere():
+    from kubenpu import config
+
+    assert config.ProbeConfig().hook == DEFAULT_HOOK
+    assert (
+        yaml.safe_load((ROOT / "config/kubenpu.yaml").read_text())["probe"]["hook"] == DEFAULT_HOOK
+    )
+    assert (
+        yaml.safe_load((CHART / "values.yaml").read_text())["config"]["probe"]["hook"]
+        == DEFAULT_HOOK
+    )
+    table = (ROOT / "docs/configuration.md").read_text()
+    [cells] = [
+        re.split(r"(?<!\\)\|", line)  # a cell's own "\|" is no column
+        for line in table.splitlines()
+        if line.startswith("| `probe.hook` |")
+    ]
+    assert cells[3].strip() == f"`{DEFAULT_HOOK}`", "docs/configuration.md's default column"
+    for path in ("README.md", "docs/deploy.md"):
+        named = re.findall(r"the default `probe\.hook: (\w+)`", _doc(path))
+        assert named and set(named) == {DEFAULT_HOOK}, path
+    assert re.search(
+        rf"`{DEFAULT_HOOK}`[^.]*\(vmlinux; the default `probe\.hook`\)", _doc("README.md")
+    )
+
+
+# (doc, the claim with the number in it, the constant it states)
+TIMINGS = [
+    ("docs/metrics.md", r"retries them at every flush \(every ([\d.]+) s\)", agent._FLUSH_SECONDS),
+    ("docs/metrics.md", r"within ([\d.]+) s of each CRI answer", agent._ANSWERS_EVERY_SECONDS),
+    ("docs/architecture.md", r"at once \(at most every ([\d.]+) s\)", agent._ANSWERS_EVERY_SECONDS),
+    ("docs/architecture.md", r"not at the next ([\d.]+) s flush", agent._FLUSH_SECONDS),
+    ("docs/architecture.md", r"reads the map in batches every ([\d.]+) s", agent._READ_SECONDS),
+    (
+        "docs/architecture.md",
+        r"asked again after ([\d.]+) s, doubling",
+        resolver._FIRST_RETRY_SECONDS,
+    ),
+    ("docs/configuration.md", r"one batch \(([\d.]+) s of events", agent._FLUSH_SECONDS),
+]
+
+
+@pytest.mark.parametrize(("path", "claim", "seconds"), TIMINGS, ids=lambda t: str(t)[:40])
+def test_stated_timings_are_the_codes(path, claim, seconds):
+    found = re.search(claim, _doc(path))
+    assert found, f"{path} no longer says {claim!r}: update TIMINGS with what it says now"
+    assert float(found.group(1)) == seconds
+
+
+# Claims that were false once; each fix above has a test of its meaning, this keeps the words out.
+FALSE_CLAIMS = [
+    ("docs/configuration.md", "sent on a worker thread"),
+    ("kubenpu/export/server.py", "sent at once, each on a worker thread"),
+    ("deploy/helm/kubenpu/values.yaml", "SYS_ADMIN alone"),
+    ("docs/architecture.md", "lives here only"),
+    ("docs/architecture.md", "OTel data points"),
+    ("docs/architecture.md", "Read the folder list top to bottom"),
+    ("docs/metrics.md", "retries every 0.5 s"),
+]
+
+
+@pytest.mark.parametrize(("path", "words"), FALSE_CLAIMS)
+def test_claims_found_false_stay_out(path, words):
+    assert words not in _doc(path)
+
+
+def test_the_stage_table_follows_the_data_flow():
+    """architecture.md's table lists the stages in the order of README's data-flow line."""
+    [flow] = re.findall(r"^`bpf/` → .*$", (ROOT / "README.md").read_text(), re.M)
+    stages = [s.strip("`/") for s in flow.split(" → ")]
+    rows = [
+        line.split("|")[1].strip() for line in ARCHITECTURE.splitlines() if line.startswith("| ")
+    ]
+    kernel = {"bpf": "kernel"}  # the table's name for the BPF program's stage
+    assert [s for s in rows if s in {kernel.get(s, s) for s in stages}] == [
+        kernel.get(s, s) for s in stages
+    ]
+
+
+def test_the_export_snapshot_is_spec_and_point():
+    """architecture.md says what Metrics.collect() hands export: the project's own types."""
+    from kubenpu.metrics import Metrics
+
+    assert "`collect()` gives export plain `(Spec, [Point])` snapshots" in ARCHITECTURE
+    assert "Spec" in Metrics.collect.__annotations__["return"]
+    assert "Point" in Metrics.collect.__annotations__["return"]

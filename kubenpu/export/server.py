@@ -108,7 +108,8 @@ class MetricsServer:
     costs a few KiB, not a thread. It holds at most _MAX_OPEN connections; more wait in the
     kernel's listen backlog. Each connection must send its whole request within
     read_timeout_seconds (TLS handshake included) and gets one answer (Connection: close).
-    At most max_connections answers are made and sent at once, each on a worker thread."""
+    At most max_connections answers are made and sent at once: each is made on a worker thread
+    and sent from the event loop."""
 
     def __init__(
         self,
