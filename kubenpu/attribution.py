@@ -215,7 +215,7 @@ class Attributor:
         keys: list[Key] = []
         for cgroup_id in cgroup_ids:
             who = self._resolver.resolve(cgroup_id)
-            if who is not None and who.pod:
+            if who is not None:  # a container without pod labels retires too
                 self._metrics.container_gone(who.namespace, who.pod, who.container)
             self._resolver.forget(cgroup_id)
             keys.extend(self._seen.pop(cgroup_id))

@@ -267,6 +267,13 @@ class Where(NamedTuple):
 
 # (container, device, vendor, engine) -> value, per engine counter Spec
 _EngineKey = tuple[str, str, str, str]
+# What retires as one: (namespace, pod, "") for a pod; (namespace, "", container) for a
+# container without pod labels (started with ctr or nerdctl), whose name is its only identity.
+_Unit = tuple[str, str, str]
+
+
+def _unit(namespace: str, pod: str, container: str) -> _Unit:
+    return (namespace, pod, "") if pod else (namespace, "", container)
 
 
 @dataclass
@@ -299,7 +306,8 @@ class Metrics:
     Lifecycle: a container is live from its first call until `container_gone()`; when every
     container of a pod seen here is gone, the pod's series are exported for `series_ttl` more
     seconds (so the last increments reach the collector), then dropped and their memory freed.
-    A call from a gone container revives it. Series with empty pod labels never retire.
+    A container without pod labels retires alike, on its own. A call from a gone container
+    revives it. Series with no container label (unattributed calls) never retire.
     """
 
     def __init__(
@@ -315,8 +323,8 @@ class Metrics:
         self._clock = clock
         self._start_ns = time.time_ns()
         self._lock = threading.Lock()
-        self._pods: dict[tuple[str, str], _Pod] = {}
-        self._gone: dict[tuple[str, str], float] = {}  # insertion order = order of going
+        self._pods: dict[_Unit, _Pod] = {}
+        self._gone: dict[_Unit, float] = {}  # insertion order = order of going
         self._nseries = 0
         self._overflow = 0
         self._devices: list[DeviceRow] = []
@@ -347,38 +355,40 @@ class Metrics:
         n: int = 1,
     ) -> None:
         key = (container, device, vendor, kind)
+        unit = _unit(namespace, pod, container)
         with self._lock:
-            rec = self._pods.get((namespace, pod))
+            rec = self._pods.get(unit)
             if rec is None or key not in rec.series:
                 if self._nseries >= self._max:
                     self._sweep()  # expired series must not hold room until the next collect
-                    rec = self._pods.get((namespace, pod))
+                    rec = self._pods.get(unit)
                 if self._nseries >= self._max:
                     self._overflow += n
                     return
                 if rec is None:
-                    rec = self._pods[(namespace, pod)] = _Pod(time.time_ns())
+                    rec = self._pods[unit] = _Pod(time.time_ns())
                 rec.series[key] = 0
                 self._nseries += 1
             rec.series[key] += n
-            self._live(rec, namespace, pod, container)
+            self._live(rec, unit, container)
 
-    def _live(self, rec: _Pod, namespace: str, pod: str, container: str) -> None:
-        """The container counts (again): its pod is not retiring. Caller holds the lock."""
-        if pod and container not in rec.live:
+    def _live(self, rec: _Pod, unit: _Unit, container: str) -> None:
+        """The container counts (again): its unit is not retiring. Caller holds the lock."""
+        if container and container not in rec.live:
             rec.live.add(container)
-            self._gone.pop((namespace, pod), None)
+            self._gone.pop(unit, None)
 
     def add_engine(self, spec: Spec, where: Where, engine: str, amount: float) -> None:
         """An increment of one of ENGINE_COUNTERS. Its series retire with the pod's calls."""
+        unit = _unit(where.namespace, where.pod, where.container)
         with self._lock:
-            rec = self._pods.get((where.namespace, where.pod))
+            rec = self._pods.get(unit)
             if rec is None:
-                rec = self._pods[(where.namespace, where.pod)] = _Pod(time.time_ns())
+                rec = self._pods[unit] = _Pod(time.time_ns())
             series = rec.engines.setdefault(spec, {})
             key = (where.container, where.device, where.vendor, engine)
             series[key] = series.get(key, 0) + amount
-            self._live(rec, where.namespace, where.pod, where.container)
+            self._live(rec, unit, where.container)
 
     def set_usage_gauges(
         self, capacity: dict[tuple[Where, str], int], memory: dict[tuple[Where, str, str], int]
@@ -396,13 +406,14 @@ class Metrics:
 
     def container_gone(self, namespace: str, pod: str, container: str) -> None:
         """The container's cgroup is gone. Unknown containers are ignored."""
+        unit = _unit(namespace, pod, container)
         with self._lock:
-            rec = self._pods.get((namespace, pod))
-            if not pod or rec is None or container not in rec.live:
+            rec = self._pods.get(unit)
+            if rec is None or container not in rec.live:
                 return
             rec.live.discard(container)
             if not rec.live:
-                self._gone[(namespace, pod)] = self._clock()
+                self._gone[unit] = self._clock()
             self._sweep()
 
     def dropped(self, reason: str, n: int = 1) -> None:
@@ -504,7 +515,7 @@ class Metrics:
                 value,
                 rec.start_ns,
             )
-            for (ns, pod), rec in self._pods.items()
+            for (ns, pod, _), rec in self._pods.items()
             for (c, d, v, e), value in rec.engines.get(spec, {}).items()
         ]
 
@@ -521,7 +532,7 @@ class Metrics:
                 n,
                 rec.start_ns,
             )
-            for (ns, pod), rec in self._pods.items()
+            for (ns, pod, _), rec in self._pods.items()
             for (c, d, v, k), n in rec.series.items()
         ]
         if self._overflow:

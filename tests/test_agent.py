@@ -32,6 +32,7 @@ from kubenpu.metrics import (
     DROPPED,
     IOCTL,
     LATE_SIGHTINGS,
+    OVERFLOW_CALLS,
     PENDING_EXPIRED,
     READ_ERRORS,
     RECEIVED,
@@ -103,6 +104,38 @@ def test_removed_cgroups_are_forgotten_and_their_pods_retired(cgroups, resolver)
     assert [k.cgroup_id for k in gone] == [pod]
     assert attributor.dead_cgroups() == []
     assert values(metrics, IOCTL) == {}  # TTL 0: retired at the next collection
+
+
+def test_containers_without_pod_labels_retire_and_free_the_cap(tmp_path, cgroups, resolver):
+    """Short-lived containers whose CRI records carry no pod labels (ctr, nerdctl) once filled
+    max_series for good, and a real pod's calls went to overflow."""
+    server = CriTestServer()
+    server.start(str(tmp_path / "bare.sock"))
+    bare = Resolver(cgroups, f"unix://{tmp_path / 'bare.sock'}", cri_timeout=2.0)
+    metrics = Metrics("node-1", series_ttl=0, max_series=3)
+    tally, attributor = Tally(100), Attributor([VGEM], bare, metrics)
+    try:
+        for i in range(6):  # twice the cap, one after another
+            cid = f"{i:064x}"
+            (cgroups / f"kubepods/besteffort/pod{UID}" / cid).mkdir()
+            server.add_container(cid, "", "", f"job-{i}")
+            cgroup = os.stat(cgroups / f"kubepods/besteffort/pod{UID}" / cid).st_ino
+            assert resolved(bare, cgroup).container == f"job-{i}"
+            tally.add_event(record(key(cgroup)))
+            attributor.flush(tally.drain())
+            (cgroups / f"kubepods/besteffort/pod{UID}" / cid).rmdir()
+            attributor.forget(attributor.dead_cgroups())
+        pod = os.stat(cgroups / POD_DIR).st_ino
+        attributor, tally = Attributor([VGEM], resolver, metrics), Tally(100)
+        tally.add_event(record(key(pod)))
+        attributor.flush(tally.drain())
+        assert values(metrics, IOCTL) == {
+            ("ml", "trainer-0", "worker", "platform:vgem", "vgem", "alloc"): 1
+        }
+        assert values(metrics, OVERFLOW_CALLS) == {}
+    finally:
+        bare.close()
+        server.stop()
 
 
 def test_trace_prints_each_call_with_its_pod(cgroups, resolver):

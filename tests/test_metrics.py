@@ -94,6 +94,19 @@ def test_pod_series_retire_after_ttl_when_all_containers_are_gone() -> None:
     assert (values(m, IOCTL_SERIES), m.pods_held()) == ({}, 0)
 
 
+def test_containers_without_pod_labels_retire_each_on_its_own() -> None:
+    clock = Clock()
+    m = Metrics("n", 60, 100, clock)
+    calls(m, "", "", "ctr-a", 2)
+    calls(m, "", "", "ctr-b", 3)
+    calls(m, "", "", "", 4)  # unattributed: no container to retire
+    m.container_gone("", "", "ctr-a")
+    m.container_gone("", "", "")
+    clock.now += 60
+    assert values(m, IOCTL) == {ioctl("", "", "ctr-b"): 3, ioctl("", "", ""): 4}
+    assert m.series_count() == 2
+
+
 def test_a_call_revives_a_gone_container() -> None:
     clock = Clock()
     m = Metrics("n", 60, 100, clock)
