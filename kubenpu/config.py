@@ -148,6 +148,9 @@ class OtlpConfig(_Model):
     client_key: _Str = ""
     interval_seconds: float = Field(15, gt=0, le=DAY)
     timeout_seconds: float = Field(10, gt=0, le=300)
+    # A receiver's default limit is 4 MiB (gRPC's max message size): a push is split into
+    # requests of at most this many bytes.
+    max_request_bytes: int = Field(2 << 20, ge=64 << 10, le=64 << 20)
 
     @field_validator("headers")
     @classmethod

@@ -46,6 +46,9 @@ class Skip(StrEnum):
     VANISHED = "vanished"  # the process or fd went away between listing and reading
     UNREADABLE = "unreadable"  # no ptrace-read access (EACCES/EPERM) or another read error
     MALFORMED = "malformed"  # one drm- line whose value breaks the spec; the rest is kept
+    # A value past what the wire formats carry (OTLP int64): a u64 -1 that a driver prints for
+    # "unknown", or a KiB size that scales past 2^63. The rest of the file is kept.
+    OUT_OF_RANGE = "out_of_range"
     NO_CLIENT_ID = "no_client_id"  # a DRM fd without drm-client-id: the driver prints no stats
     UNKNOWN_DEVICE = "unknown_device"  # no drm-pdev and a node discovery does not list
 
@@ -74,7 +77,11 @@ _KEYS: tuple[tuple[str, str, str, dict[str, int]], ...] = (
     ("drm-purgeable-", _MEMORY, "purgeable", _SIZE),
 )
 _LEGACY_MEMORY = "drm-memory-"  # deprecated alias of drm-resident-
-_VALUE = re.compile(r"(\d+)\s*([A-Za-z]*)")
+# A u64 has 20 digits; a longer number is malformed (and int() raises past 4,300 digits).
+_VALUE = re.compile(r"(\d{1,20})\s*([A-Za-z]*)")
+MAX_VALUE = 2**63 - 1  # OTLP's int64 data points; a Prometheus float holds it too
+# A DRM fdinfo file is a few hundred bytes; what is past this is cut at a line and counted.
+_MAX_FDINFO = 64 * 1024
 _PDEV = re.compile(r"[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 
 # {name: {field: value}}: only the fields the driver printed.
@@ -90,7 +97,7 @@ class Fdinfo:
     client_id: int | None = None
     engines: Stats = field(default_factory=dict)
     memory: Stats = field(default_factory=dict)
-    malformed: int = 0  # drm- lines dropped because their value breaks the spec
+    skipped: Counter[Skip] = field(default_factory=Counter)  # drm- lines dropped, by reason
 
 
 @dataclass
@@ -117,63 +124,66 @@ class Scan:
 def parse(text: str) -> Fdinfo:
     """The spec's keys from one fdinfo file's text."""
     info = Fdinfo()
-    legacy: dict[str, int] = {}
+    legacy: Stats = {}  # drm-memory-<region>: {resident}
     for line in text.splitlines():
         key, colon, raw = line.partition(":")
         key, value = key.strip(), raw.strip()
         if not key.startswith("drm-"):
             continue  # VFS lines (pos, flags, mnt_id, ino) and driver-specific keys
-        if not colon or not _parse_line(info, legacy, key, value):
-            info.malformed += 1
-    for region, resident in legacy.items():
+        if not colon:
+            info.skipped[Skip.MALFORMED] += 1
+        elif reason := _parse_line(info, legacy, key, value):
+            info.skipped[reason] += 1
+    for region, fields in legacy.items():
         # drm-resident-X wins when a driver prints both (amdgpu does, in KiB for the alias).
-        info.memory.setdefault(region, {}).setdefault("resident", resident)
+        info.memory.setdefault(region, {}).setdefault("resident", fields["resident"])
     return info
 
 
-def _parse_line(info: Fdinfo, legacy: dict[str, int], key: str, value: str) -> bool:
-    """Store one drm- key; False when its value breaks the spec."""
-    # A malformed value never overwrites a good one printed earlier.
+def _parse_line(info: Fdinfo, legacy: Stats, key: str, value: str) -> Skip | None:
+    """Store one drm- key; why not when its value is not used."""
+    # A skipped value never overwrites a good one printed earlier.
     if key == "drm-driver":
         info.driver = value or info.driver
-        return bool(value)
+        return None if value else Skip.MALFORMED
     if key == "drm-pdev":
         valid = _PDEV.fullmatch(value.lower()) is not None
         info.pdev = value.lower() if valid else info.pdev
-        return valid
+        return None if valid else Skip.MALFORMED
     if key == "drm-client-id":
         number = _number(value, _COUNT)
-        info.client_id = info.client_id if number is None else number
-        return number is not None
+        if isinstance(number, Skip):
+            return number
+        info.client_id = number
+        return None
     if key.startswith(_LEGACY_MEMORY):
-        number = _number(value, _SIZE)
-        region = key.removeprefix(_LEGACY_MEMORY)
-        if region and number is not None:
-            legacy[region] = number
-        return bool(region) and number is not None
+        return _store(legacy, key.removeprefix(_LEGACY_MEMORY), "resident", _number(value, _SIZE))
     for prefix, table, name, units in _KEYS:
         if key.startswith(prefix):
             number = _number(value, units)
             if name == "capacity" and number == 0:
-                number = None  # "Zero capacity is not allowed"
+                number = Skip.MALFORMED  # "Zero capacity is not allowed"
             stats = info.engines if table == _ENGINES else info.memory
             return _store(stats, key.removeprefix(prefix), name, number)
-    return True  # a drm- key the spec does not define (drm-client-name, drm-curfreq-...)
+    return None  # a drm- key the spec does not define (drm-client-name, drm-curfreq-...)
 
 
-def _store(stats: Stats, name: str, what: str, number: int | None) -> bool:
-    if not name or number is None:
-        return False
+def _store(stats: Stats, name: str, what: str, number: int | Skip) -> Skip | None:
+    if not name:
+        return Skip.MALFORMED
+    if isinstance(number, Skip):
+        return number
     stats.setdefault(name, {})[what] = number
-    return True
+    return None
 
 
-def _number(value: str, units: dict[str, int]) -> int | None:
-    """<uint> with an optional unit from units, in the base unit; None when malformed."""
+def _number(value: str, units: dict[str, int]) -> int | Skip:
+    """<uint> with an optional unit from units, in the base unit; else why it is skipped."""
     match = _VALUE.fullmatch(value)
     if match is None or match[2] not in units:
-        return None
-    return int(match[1]) * units[match[2]]
+        return Skip.MALFORMED
+    number = int(match[1]) * units[match[2]]
+    return number if number <= MAX_VALUE else Skip.OUT_OF_RANGE
 
 
 class FdinfoReader:
@@ -228,13 +238,17 @@ class FdinfoReader:
     def _read_fd(self, pid: int, fd: str, target: str, scan: _Builder) -> None:
         try:
             with open(self._proc / str(pid) / "fdinfo" / fd, "rb") as f:
-                text = f.read().decode("utf-8", "replace")
+                data = f.read(_MAX_FDINFO + 1)
         except OSError as e:
             scan.skip(_reason(e), pid=pid)
             return
         scan.drm_fds += 1
-        info = parse(text)
-        scan.skip(Skip.MALFORMED, info.malformed)
+        if len(data) > _MAX_FDINFO:  # the last line may be cut: keep whole lines only
+            data = data[: data.rfind(b"\n", 0, _MAX_FDINFO) + 1]
+            scan.skip(Skip.MALFORMED)
+        info = parse(data.decode("utf-8", "replace"))
+        for reason, n in info.skipped.items():
+            scan.skip(reason, n)
         if info.client_id is None or info.driver is None:
             scan.skip(Skip.NO_CLIENT_ID)
             return

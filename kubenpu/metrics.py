@@ -204,7 +204,8 @@ FDINFO_SKIPPED = Spec(
     "{item}",
     "Processes, fds or lines found while reading fdinfo and not used, by reason: vanished (went "
     "away mid-read), unreadable (no ptrace-read access), malformed (a drm- line breaking the "
-    "spec), no_client_id (a DRM fd whose driver prints no usage stats), unknown_device.",
+    "spec), out_of_range (a value past 2^63-1, which OTLP cannot carry), no_client_id (a DRM fd "
+    "whose driver prints no usage stats), unknown_device.",
     ("reason",),
 )
 SPECS = (

@@ -1,8 +1,10 @@
-"""A real OTLP/gRPC metrics receiver for tests: the opentelemetry-proto MetricsService over grpcio.
+"""Real OTLP metrics receivers for tests: the opentelemetry-proto MetricsService over grpcio
+(OtlpReceiver) and OTLP/HTTP protobuf on POST /v1/metrics (OtlpHttpReceiver).
 
 `with OtlpReceiver() as rx:` listens on 127.0.0.1:rx.port (plaintext, or TLS with
 `tls=(cert_pem, key_pem)`); `rx.values("kubenpu.ioctl")` gives {frozenset(attrs.items()): value}
-of the last push, `rx.metadata` the gRPC metadata (headers) of each push.
+of the last push, `rx.metadata` the gRPC metadata (headers) of each push. Both refuse a request
+over 4 MiB, as a collector's gRPC receiver does by default (grpcio's max message size).
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from concurrent import futures
-from typing import Any
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Self
 
 import grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as svc
@@ -38,27 +41,21 @@ class _Service(svc_grpc.MetricsServiceServicer):
         return svc.ExportMetricsServiceResponse()
 
 
-class OtlpReceiver:
-    def __init__(self, port: int = 0, tls: tuple[bytes, bytes] | None = None) -> None:
+MAX_REQUEST = 4 << 20
+
+
+class _Received:
+    """The requests a receiver took, and the metrics and values in them."""
+
+    def __init__(self) -> None:
         self.lock = threading.Lock()
         self.requests: list[Any] = []
         self.metadata: list[dict[str, str]] = []
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-        svc_grpc.add_MetricsServiceServicer_to_server(_Service(self), self._server)
-        addr = f"127.0.0.1:{port}"
-        if tls:
-            creds = grpc.ssl_server_credentials([(tls[1], tls[0])])
-            self.port = self._server.add_secure_port(addr, creds)
-        else:
-            self.port = self._server.add_insecure_port(addr)
-        if not self.port:
-            raise OSError(f"cannot bind the OTLP receiver to {addr}")
-        self._server.start()
 
     def stop(self) -> None:
-        self._server.stop(grace=None).wait(5)
+        raise NotImplementedError
 
-    def __enter__(self) -> OtlpReceiver:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -86,3 +83,64 @@ class OtlpReceiver:
             frozenset(attrs(p.attributes).items()): getattr(p, p.WhichOneof("value"))
             for p in points
         }
+
+
+class OtlpReceiver(_Received):
+    def __init__(self, port: int = 0, tls: tuple[bytes, bytes] | None = None) -> None:
+        super().__init__()
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        svc_grpc.add_MetricsServiceServicer_to_server(_Service(self), self._server)
+        addr = f"127.0.0.1:{port}"
+        if tls:
+            creds = grpc.ssl_server_credentials([(tls[1], tls[0])])
+            self.port = self._server.add_secure_port(addr, creds)
+        else:
+            self.port = self._server.add_insecure_port(addr)
+        if not self.port:
+            raise OSError(f"cannot bind the OTLP receiver to {addr}")
+        self._server.start()
+
+    def stop(self) -> None:
+        self._server.stop(grace=None).wait(5)
+
+
+class _HttpHandler(BaseHTTPRequestHandler):
+    server: _HttpServer
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length", 0))
+        if self.path != "/v1/metrics" or length > MAX_REQUEST:
+            self.send_error(404 if self.path != "/v1/metrics" else 413)
+            return
+        request = svc.ExportMetricsServiceRequest.FromString(self.rfile.read(length))
+        rx = self.server.rx
+        with rx.lock:
+            rx.requests.append(request)
+            rx.metadata.append({k.lower(): v for k, v in self.headers.items()})
+        body = svc.ExportMetricsServiceResponse().SerializeToString()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+class _HttpServer(ThreadingHTTPServer):
+    rx: OtlpHttpReceiver
+
+
+class OtlpHttpReceiver(_Received):
+    def __init__(self) -> None:
+        super().__init__()
+        self._server = _HttpServer(("127.0.0.1", 0), _HttpHandler)
+        self._server.rx = self
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

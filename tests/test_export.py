@@ -16,11 +16,28 @@ from pathlib import Path
 
 import pytest
 from fakes import Clock
-from helpers import StubHealth, calls, free_port, ioctl, make_config, scrape, start_telemetry
-from otlp_receiver import OtlpReceiver, attrs
+from helpers import (
+    StubHealth,
+    calls,
+    eventually,
+    free_port,
+    ioctl,
+    make_config,
+    scrape,
+    start_telemetry,
+)
+from otlp_receiver import OtlpHttpReceiver, OtlpReceiver, attrs
 
 from kubenpu import __version__, config, export
-from kubenpu.metrics import EXPORT_ERRORS, OVERFLOW_ATTRS, DeviceRow, Metrics
+from kubenpu.metrics import (
+    ENGINE_CYCLES,
+    EXPORT_ERRORS,
+    OVERFLOW_ATTRS,
+    DeviceRow,
+    Metrics,
+    Spec,
+    Where,
+)
 
 HOUR = 3600.0  # an interval long enough that only explicit flushes push
 
@@ -633,3 +650,87 @@ print(sorted({{m for m in sys.modules if m.startswith(otlp)}} & set(otlp)))
         assert "'kubenpu.export.otlp'" in loaded and "'opentelemetry.sdk.metrics'" in loaded
     else:
         assert loaded == "[]"
+
+
+# --- values the wire cannot carry, and pushes larger than a receiver takes ----------------
+
+
+@pytest.fixture(params=["grpc", "http/protobuf"])
+def any_receiver(request: pytest.FixtureRequest) -> Iterator[tuple[str, OtlpReceiver]]:
+    """A real receiver of each protocol, both refusing requests over 4 MiB."""
+    with OtlpReceiver() if request.param == "grpc" else OtlpHttpReceiver() as rx:
+        yield request.param, rx
+
+
+def start_pushing(
+    tmp_path: Path, protocol: str, port: int, extra: str = "", timeout: float = 1
+) -> export.Exporters:
+    cfg = make_config(tmp_path, otlp_yaml(port, f"    protocol: {protocol}\n{extra}"))
+    cfg.export.otlp.timeout_seconds = timeout
+    return start_telemetry(cfg)
+
+
+CYCLES_WHERE = Where("ns", "p", "c", "0000:03:00.0", "xe")
+
+
+def test_a_counter_past_int64_is_pushed_as_a_double(tmp_path, any_receiver):
+    """Two clients' cycle counters near 2^63 sum past OTLP's int64: the gRPC push thread died
+    on the encoding error, and every HTTP push failed while the pod lived."""
+    protocol, rx = any_receiver
+    tel = start_pushing(tmp_path, protocol, rx.port)
+    try:
+        for _ in range(2):
+            tel.metrics.add_engine(ENGINE_CYCLES, CYCLES_WHERE, "rcs", 2**63 - 1)
+        calls(tel.metrics, "ns", "p", "c", 3)
+        assert tel.flush()
+        assert tel.flush()  # and the next one
+    finally:
+        tel.shutdown()
+    [cycles] = rx.values("kubenpu.engine.cycles").values()
+    assert cycles == float(2**64 - 2)
+    assert rx.values("kubenpu.ioctl") == {ioctl("ns", "p", "c"): 3}
+    assert rx.values("kubenpu.otlp.export.errors") == {frozenset(): 0}
+
+
+def test_a_value_nothing_can_carry_fails_one_push_counted_and_logged(tmp_path, root_log):
+    with OtlpReceiver() as rx:
+        cfg = make_config(tmp_path, otlp_yaml(rx.port))
+        cfg.export.otlp.interval_seconds = 0.01
+        tel = start_telemetry(cfg)
+        try:
+            tel.metrics.add_engine(ENGINE_CYCLES, CYCLES_WHERE, "rcs", 10**400)  # > any double
+            # The push thread goes on pushing (and failing): the errors keep being counted.
+            eventually(lambda: values_of(tel.metrics, EXPORT_ERRORS) >= 3, "three failed pushes")
+        finally:
+            tel.shutdown()
+    lines = [r.getMessage() for r in root_log.records if r.name == "kubenpu.export.otlp"]
+    assert "failed (1 in a row): cannot encode the push: OverflowError" in lines[0]
+
+
+def values_of(metrics: Metrics, spec: Spec) -> float:
+    return sum(p.value for p in dict(metrics.collect())[spec])  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("series", [20_000, 100_000])
+def test_a_large_push_is_split_into_requests_the_receiver_takes(tmp_path, any_receiver, series):
+    """At 20,000 series one push was 5.18 MB and every gRPC push failed RESOURCE_EXHAUSTED."""
+    protocol, rx = any_receiver
+    extra = f"metrics: {{max_series: {series}}}\n"
+    tel = start_pushing(tmp_path, protocol, rx.port, extra, timeout=120)
+    try:
+        for i in range(series):
+            calls(tel.metrics, "namespace-0", f"pod-{i:06d}", "container", i + 1)
+        assert tel.flush()
+    finally:
+        tel.shutdown()
+    sizes = [r.ByteSize() for r in rx.requests]
+    limit = config.OtlpConfig().max_request_bytes
+    assert max(sizes) <= limit < 4 << 20
+    delivered: dict[str, float] = {}
+    for i in range(len(rx.requests)):
+        for _, metric in rx.metrics(i):
+            if metric.name == "kubenpu.ioctl":
+                for p in metric.sum.data_points:
+                    delivered[attrs(p.attributes)["pod"]] = p.as_int
+    assert len(delivered) == series
+    assert sum(delivered.values()) == series * (series + 1) // 2

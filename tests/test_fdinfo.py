@@ -60,7 +60,7 @@ def test_units_scale_to_base_units() -> None:
     assert info.memory == {
         "r": {"total": 2, "shared": 2048, "active": 2 << 20, "purgeable": 2 << 30}
     }
-    assert info.malformed == 0
+    assert info.skipped == {}
 
 
 @pytest.mark.parametrize(
@@ -84,10 +84,35 @@ def test_units_scale_to_base_units() -> None:
 )
 def test_a_line_breaking_the_spec_is_counted_and_dropped(line: str) -> None:
     info = parse(f"drm-driver:\ti915\ndrm-client-id:\t1\n{line}\ndrm-engine-copy:\t9 ns\n")
-    assert info.malformed == 1
+    assert info.skipped == {Skip.MALFORMED: 1}
     assert info.engines == {"copy": {"busy_ns": 9}}
     assert info.memory == {}
     assert info.client_id == 1
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        ("drm-total-vram:\t18446744073709551615", Skip.OUT_OF_RANGE),  # u64 -1: "unknown"
+        ("drm-total-vram:\t9007199254740993 KiB", Skip.OUT_OF_RANGE),  # scales past 2^63
+        ("drm-cycles-rcs:\t18446744073709551000", Skip.OUT_OF_RANGE),  # near 2^64
+        ("drm-memory-vram:\t9223372036854775808", Skip.OUT_OF_RANGE),  # 2^63
+        ("drm-client-id:\t18446744073709551615", Skip.OUT_OF_RANGE),
+        ("drm-engine-render:\t" + "9" * 5000 + " ns", Skip.MALFORMED),  # int() would raise
+        ("drm-engine-render:\t" + "1" * 21 + " ns", Skip.MALFORMED),  # longer than a u64
+    ],
+)
+def test_a_value_the_wire_cannot_carry_is_counted_and_dropped(line: str, reason: Skip) -> None:
+    info = parse(f"drm-driver:\ti915\ndrm-client-id:\t1\n{line}\ndrm-engine-copy:\t9 ns\n")
+    assert info.skipped == {reason: 1}
+    assert info.engines == {"copy": {"busy_ns": 9}}
+    assert info.memory == {}
+    assert info.client_id == 1
+
+
+def test_the_largest_value_the_wire_carries_is_kept() -> None:
+    info = parse(f"drm-driver:\ti915\ndrm-client-id:\t1\ndrm-cycles-rcs:\t{2**63 - 1}\n")
+    assert (info.engines, info.skipped) == ({"rcs": {"cycles": 2**63 - 1}}, {})
 
 
 def test_keys_outside_the_spec_are_ignored() -> None:
@@ -95,7 +120,7 @@ def test_keys_outside_the_spec_are_ignored() -> None:
         "pos:\t0\nflags:\t02100002\npasid:\t32770\namd-evicted-vram:\t0 KiB\n"
         "drm-curfreq-gpu:\t1 Hz\ndrm-client-name:\tmy renderer\nnot a key value line\n"
     )
-    assert (info.engines, info.memory, info.malformed) == ({}, {}, 0)
+    assert (info.engines, info.memory, info.skipped) == ({}, {}, {})
 
 
 def test_longer_prefixes_win() -> None:

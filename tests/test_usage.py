@@ -139,6 +139,24 @@ def test_a_value_going_backwards_is_held_until_overtaken(machine: Machine) -> No
     assert values(machine.metrics, ENGINE_BUSY, WHERE) == {("a", "main", "render"): 6.0}
 
 
+def test_one_clients_bad_numbers_stop_no_other_pods_counts(machine: Machine) -> None:
+    """A 5,000-digit value raised ValueError (int()'s digit limit) and broke every read."""
+    machine.cgroup("pod-a", POD_A)
+    machine.cgroup("pod-b", POD_B)
+    machine.process(10, "pod-a", {1: busy(1e9)})
+    bad = "drm-engine-render:\t" + "9" * 5000 + " ns\ndrm-total-vram:\t18446744073709551615\n"
+    machine.process(20, "pod-b", {2: bad + busy(2e9, "copy")})
+    machine.read()
+    machine.process(10, "pod-a", {1: busy(7e9)})
+    machine.read()
+    assert values(machine.metrics, ENGINE_BUSY) == {
+        ("a", "main", "render"): 7.0,
+        ("b", "main", "copy"): 2.0,
+    }
+    skipped = values(machine.metrics, FDINFO_SKIPPED)
+    assert (skipped[("malformed",)], skipped[("out_of_range",)]) == (2, 2)  # pid 20, twice
+
+
 def test_memory_and_capacity_are_those_of_the_open_clients(machine: Machine) -> None:
     machine.cgroup("pod-a", POD_A)
     memory = "drm-resident-system:\t4 KiB\ndrm-total-system:\t8 KiB\n"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterable, Mapping
 
 import grpc
 from opentelemetry.sdk.metrics.export import (
@@ -39,6 +40,57 @@ log = logging.getLogger(__name__)
 _EXPORTER_LOGGER = "opentelemetry.exporter.otlp"
 
 
+_Snapshot = list[tuple[Spec, list[Point]]]
+_INT64 = range(-(2**63), 2**63)
+
+# Upper bounds of encoded sizes, so that a batch cut by them is never larger once encoded:
+# a protobuf field costs its tag (1 byte) and, for strings and messages, a length (<= 4 bytes).
+_ATTR_BYTES = 4 * 5  # KeyValue, its key, its AnyValue and the string: tag and length each
+_NUMBER_BYTES = 3 * 9 + 5  # start, time, value (fixed 8 bytes each), the point's tag and length
+_HIST_BYTES = (5 + 2 * len(CRI_BOUNDS) + 1) * 9 + 3 * 5  # fixed fields, packed bounds, buckets
+_METRIC_BYTES = 6 * 5  # the metric, its name, description, unit, data message, temporality
+_REQUEST_BYTES = 8 * 5  # resource and scope metrics, resource, scope, its name and version
+
+
+def _wire(value: float) -> float:
+    """OTLP's as_int is an int64: a larger int (a sum of clients' cycle counters) goes as a
+    double, as Prometheus would hold it; float() raises only past 1e308, caught by push()."""
+    return value if not isinstance(value, int) or value in _INT64 else float(value)
+
+
+def _attrs_bytes(attrs: Mapping[str, object]) -> int:
+    return sum(len(k.encode()) + len(str(v).encode()) + _ATTR_BYTES for k, v in attrs.items())
+
+
+def _point_bytes(spec: Spec, point: Point) -> int:
+    fixed = _HIST_BYTES if spec.kind == "histogram" else _NUMBER_BYTES
+    return fixed + _attrs_bytes(point.attrs)
+
+
+def batches(snapshot: _Snapshot, resource: Resource, max_bytes: int) -> Iterable[_Snapshot]:
+    """The snapshot in batches whose requests encode to at most max_bytes each (a single point
+    larger than that goes alone)."""
+    base = _REQUEST_BYTES + _attrs_bytes(resource.attributes) + len(__version__) + 16
+    batch: _Snapshot = []
+    size = base
+    for spec, points in snapshot:
+        head = _METRIC_BYTES + len(spec.name) + len(spec.description.encode()) + len(spec.unit)
+        part: list[Point] | None = None
+        for point in points:
+            need = _point_bytes(spec, point) + (head if part is None else 0)
+            if batch and size + need > max_bytes:
+                yield batch
+                batch, size, part = [], base, None
+                need = _point_bytes(spec, point) + head
+            if part is None:
+                part = []
+                batch.append((spec, part))
+            part.append(point)
+            size += need
+    if batch:
+        yield batch
+
+
 def _otlp_metric(spec: Spec, points: list[Point], now: int) -> Metric:
     cumulative = AggregationTemporality.CUMULATIVE
     if spec.kind == "histogram":
@@ -46,7 +98,7 @@ def _otlp_metric(spec: Spec, points: list[Point], now: int) -> Metric:
             [_hist_point(p, now) for p in points], aggregation_temporality=cumulative
         )
     else:
-        nums = [NumberDataPoint(p.attrs, p.start_ns, now, p.value) for p in points]
+        nums = [NumberDataPoint(p.attrs, p.start_ns, now, _wire(p.value)) for p in points]
         data = (
             Sum(nums, aggregation_temporality=cumulative, is_monotonic=True)
             if spec.kind == "counter"
@@ -64,7 +116,7 @@ def _hist_point(p: Point, now: int) -> HistogramDataPoint:
     )
 
 
-def metrics_data(snapshot: list[tuple[Spec, list[Point]]], resource: Resource) -> MetricsData:
+def metrics_data(snapshot: _Snapshot, resource: Resource) -> MetricsData:
     now = time.time_ns()
     scope = InstrumentationScope("kubenpu", __version__)
     metrics = [_otlp_metric(spec, points, now) for spec, points in snapshot if points]
@@ -152,9 +204,12 @@ class OtlpPusher:
         self._final = self.push()  # after stop: the counts as the agent left them
 
     def push(self) -> bool:
-        data = metrics_data(self._metrics.collect(), self._resource)
-        ok = self._exporter.export(data, timeout_millis=self._cfg.timeout_seconds * 1000)
-        if ok is MetricExportResult.SUCCESS:
+        """One snapshot, in requests of at most max_request_bytes, within one timeout."""
+        try:
+            reason = self._send(self._metrics.collect())
+        except Exception as err:  # e.g. a value the encoder refuses: this push fails, not the next
+            reason = f"cannot encode the push: {type(err).__name__}: {err}"
+        if reason is None:
             if self._failures:
                 log.info(
                     "OTLP export to %s recovered after %d failed pushes",
@@ -169,10 +224,24 @@ class OtlpPusher:
             "OTLP export to %s failed (%d in a row): %s; next try in %gs, counts are cumulative",
             self._cfg.url(),
             self._failures,
-            self._last.text or "unknown error",
+            reason,
             self._cfg.interval_seconds,
         )
         return False
+
+    def _send(self, snapshot: _Snapshot) -> str | None:
+        """Export the snapshot's batches; why not, at the first that fails (the rest would
+        most likely fail alike, each costing a timeout)."""
+        deadline = time.monotonic() + self._cfg.timeout_seconds
+        for batch in batches(snapshot, self._resource, self._cfg.max_request_bytes):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return f"the push took longer than {self._cfg.timeout_seconds}s"
+            data = metrics_data(batch, self._resource)
+            result = self._exporter.export(data, timeout_millis=left * 1000)
+            if result is not MetricExportResult.SUCCESS:
+                return self._last.text or "unknown error"
+        return None
 
     def shutdown(self) -> bool:
         """Push the final counts within one OTLP timeout, close the connection; True if they
