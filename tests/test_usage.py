@@ -149,7 +149,7 @@ def test_one_clients_bad_numbers_stop_no_other_pods_counts(machine: Machine) -> 
     machine.read()
     machine.process(10, "pod-a", {1: busy(7e9)})
     machine.read()
-    assert values(machine.metrics, ENGINE_BUSY) == {
+    assert values(machine.metrics, ENGINE_BUSY, WHERE) == {
         ("a", "main", "render"): 7.0,
         ("b", "main", "copy"): 2.0,
     }
