@@ -10,6 +10,11 @@ to the pod's counters as increments, so a pod's counter never goes down when one
 processes, or clients, goes away. A client that closes between two reads loses what it used since
 the last read. Memory and capacity are gauges of the clients open at the last read.
 
+A client is its (device, drm-client-id), whichever pids hold it. One that no holder showed is
+taken as closed, but what was counted of it is kept (the last _MAX_CLOSED closed clients): if a
+process that no read scanned holds it (a fork whose parent exited, idle since), it continues
+from there when that process is read, and is not counted again from zero (docs/fdinfo.md).
+
 Attribution: the lowest pid's cgroup v2 path, its directory's inode under the cgroup root (the
 cgroup id the kernel gives the probe), then the same Resolver as the calls. /proc/PID/cgroup
 writes the path relative to the READER's cgroup namespace: in a pod (a private cgroupns) another
@@ -36,6 +41,9 @@ from kubenpu.resolve import Attribution
 _COUNTERS = (("busy_ns", 1e-9), ("cycles", 1), ("total_cycles", 1))
 
 _ClientKey = tuple[str, int]  # (device, drm-client-id)
+# Closed clients whose counted values are kept, oldest forgotten first: a client taken as closed
+# may be held by a process no read scanned yet (a fork whose parent exited, idle since).
+_MAX_CLOSED = 10_000
 
 
 @dataclass
@@ -76,6 +84,7 @@ class Usage:
         self._on_cgroup = on_cgroup  # the agent reaps these cgroups as it reaps the calls'
         self._clock = clock
         self._clients: dict[_ClientKey, _Tracked] = {}
+        self._closed: dict[_ClientKey, _Tracked] = {}  # insertion order = order of closing
         self._dirs: dict[int, str] = {}  # cgroup id -> directory, learned from clients
         self._pids: set[int] = set()  # to scan at the next read
         self._active: set[int] = set()  # cgroup ids with calls since the last read
@@ -122,7 +131,7 @@ class Usage:
     def _observe(self, key: _ClientKey, client: Client) -> None:
         tracked = self._clients.get(key)
         if tracked is None:
-            tracked = self._clients[key] = _Tracked(client, self._cgroup_id(client), self._clock())
+            tracked = self._clients[key] = self._reopened(key, client)
         tracked.client = client
         for engine, stats in client.engines.items():
             for name, _ in _COUNTERS:
@@ -133,10 +142,22 @@ class Usage:
         if tracked.who is not None:
             self._count(tracked)
 
+    def _reopened(self, key: _ClientKey, client: Client) -> _Tracked:
+        """A client seen again after it was taken as closed continues from what was counted of
+        it (drm-client-id is never reused: a new open is a new id); else a new one."""
+        tracked = _Tracked(client, self._cgroup_id(client), self._clock())
+        closed = self._closed.pop(key, None)
+        if closed is not None:
+            tracked.high, tracked.counted = closed.high, closed.counted
+        return tracked
+
     def _close(self, key: _ClientKey, tracked: _Tracked) -> None:
         tracked.who = tracked.who or self._attribute(tracked, settle=True)
         self._count(tracked)
         del self._clients[key]
+        self._closed[key] = tracked
+        if len(self._closed) > _MAX_CLOSED:
+            del self._closed[next(iter(self._closed))]
 
     def _attribute(self, tracked: _Tracked, settle: bool) -> Attribution | None:
         """The resolver's answer; its settled one once the client waited pending_seconds."""

@@ -127,6 +127,51 @@ def test_busy_time_per_pod_never_goes_down_when_a_process_exits(machine: Machine
     assert values(machine.metrics, ENGINE_BUSY, WHERE) == {("a", "main", "render"): 5.5}
 
 
+def test_a_forked_holder_continues_the_client_after_its_parent_exits(machine: Machine) -> None:
+    """Pid 100 holds client 7 at 10 s, forks 300 and exits; 300 is idle one read, then works
+    to 12 s. The pod's counter went 10, 10, 22: the client was counted again from zero."""
+    machine.cgroup("pod-a", POD_A)
+    machine.process(100, "pod-a", {7: busy(10e9)})
+    machine.read()
+    machine.process(300, "pod-a", {7: busy(10e9)})  # fork: the same open file, the same client
+    machine.exit(100)
+    machine.read()  # 300 made no call: not scanned, so client 7 looks closed
+    assert values(machine.metrics, ENGINE_BUSY, WHERE) == {("a", "main", "render"): 10.0}
+    machine.process(300, "pod-a", {7: busy(12e9)})
+    machine.usage.saw([300], [])
+    machine.read()
+    assert values(machine.metrics, ENGINE_BUSY, WHERE) == {("a", "main", "render"): 12.0}
+
+
+def test_a_client_passed_to_another_pod_is_counted_once(machine: Machine) -> None:
+    """dup across processes (SCM_RIGHTS): the sender exits, the receiver in pod b goes on."""
+    machine.cgroup("pod-a", POD_A)
+    machine.cgroup("pod-b", POD_B)
+    machine.process(100, "pod-a", {7: busy(4e9)})
+    machine.read()
+    machine.exit(100)
+    machine.read()
+    machine.process(200, "pod-b", {7: busy(5e9)})
+    machine.usage.saw([200], [])
+    machine.read()
+    assert values(machine.metrics, ENGINE_BUSY, WHERE) == {
+        ("a", "main", "render"): 4.0,
+        ("b", "main", "render"): 1.0,
+    }
+
+
+def test_a_reused_pid_with_a_new_client_counts_it_from_zero(machine: Machine) -> None:
+    machine.cgroup("pod-a", POD_A)
+    machine.process(100, "pod-a", {7: busy(4e9)})
+    machine.read()
+    machine.exit(100)
+    machine.read()
+    machine.process(100, "pod-a", {8: busy(1e9)})  # a new process with the old pid
+    machine.usage.saw([100], [])
+    machine.read()
+    assert values(machine.metrics, ENGINE_BUSY, WHERE) == {("a", "main", "render"): 5.0}
+
+
 def test_a_value_going_backwards_is_held_until_overtaken(machine: Machine) -> None:
     machine.cgroup("pod-a", POD_A)
     machine.process(10, "pod-a", {1: busy(4e9)})
