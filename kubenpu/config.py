@@ -160,6 +160,9 @@ class OtlpConfig(_Model):
     @field_validator("endpoint")
     @classmethod
     def _url(cls, v: str) -> str:
+        # urlsplit drops CR, LF and tab silently: a header injection the HTTP exporter then sent.
+        if any(c < " " or c == "\x7f" for c in v):
+            raise ValueError(f"{short(v)} holds a control character")
         parts = urlsplit(v)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError(f"{short(v)} is not an http:// or https:// URL")
@@ -209,8 +212,11 @@ class ExportConfig(_Model):
     otlp: OtlpConfig = OtlpConfig()
 
 
+NODE_NAME_MAX = 253  # a Kubernetes node name is a DNS subdomain
+
+
 class Config(_Model):
-    node_name: str = ""
+    node_name: str = Field("", max_length=NODE_NAME_MAX)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     probe: ProbeConfig = ProbeConfig()
     discovery: DiscoveryConfig = DiscoveryConfig()
@@ -400,6 +406,8 @@ def load(path: str, env: Mapping[str, str] | None = None) -> Config:
         raise ConfigError(problems)
     if not cfg.node_name:
         cfg.node_name = env.get("K8S_NODE_NAME") or socket.gethostname()
+        if len(cfg.node_name) > NODE_NAME_MAX:
+            raise ConfigError([f"K8S_NODE_NAME: longer than {NODE_NAME_MAX} characters"])
     return cfg
 
 

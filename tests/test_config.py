@@ -444,3 +444,32 @@ def test_loading_the_config_does_not_scan_the_installed_packages():
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "0"
+
+
+@pytest.mark.parametrize(
+    ("text", "env"),
+    [
+        ('export: {otlp: {endpoint: "http://c:4318/v1/metrics\\r\\nX-Injected: 1"}}\n', {}),
+        ("", {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318\r\nX-Injected: 1"}),
+        ("", {"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://c:4317\t"}),
+    ],
+)
+def test_control_characters_in_an_endpoint_are_refused(tmp_path: Path, text: str, env) -> None:
+    """CR/LF passed --check-config; HTTP then pushed to /v1/metrics%0D%0AX-Injected:%201."""
+    with pytest.raises(config.ConfigError) as err:
+        config.load(write(tmp_path, text), env)
+    [problem] = err.value.problems
+    assert "export.otlp.endpoint" in problem and "holds a control character" in problem
+
+
+@pytest.mark.parametrize("where", ["yaml", "env"])
+def test_node_name_has_a_length_bound(tmp_path: Path, where: str) -> None:
+    """1 MB was accepted, and then labelled every series."""
+    name = "n" * 1_000_000
+    text, env = (f"node_name: {name}\n", {}) if where == "yaml" else ("", {"K8S_NODE_NAME": name})
+    with pytest.raises(config.ConfigError) as err:
+        config.load(write(tmp_path, text), env)
+    [problem] = err.value.problems
+    assert "node_name" in problem or "K8S_NODE_NAME" in problem
+    assert len(problem) < 300
+    config.load(write(tmp_path, "node_name: " + "n" * 253 + "\n"), {})  # the limit itself

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import os
 import socket
 import ssl
 import subprocess
@@ -441,8 +442,48 @@ def test_metrics_over_tls(tmp_path, tls_files):
 
 def test_missing_tls_files_are_a_clear_error(tmp_path):
     tls = "    tls: {cert_file: /nonexistent/c.pem, key_file: /nonexistent/c.key}\n"
-    with pytest.raises(export.ExportError, match=r"^cannot load export\.prometheus\.tls"):
+    with pytest.raises(export.ExportError) as err:
         start_telemetry(make_config(tmp_path, server_yaml(free_port(), tls)))
+    assert str(err.value) == (
+        "cannot read export.prometheus.tls.cert_file /nonexistent/c.pem: No such file or directory"
+    )
+
+
+def test_an_encrypted_key_is_a_clear_error_never_a_prompt(tmp_path, tls_files):
+    """It prompted `Enter PEM pass phrase:` on the terminal, then exited "Invalid argument"."""
+    key = tmp_path / "encrypted.key"
+    subprocess.run(
+        ["openssl", "pkey", "-in", str(tls_files["server.key"]), "-aes256", "-passout", "pass:x"],
+        stdout=key.open("wb"),
+        check=True,
+    )
+    tls = f"    tls: {{cert_file: {tls_files['server.pem']}, key_file: {key}}}\n"
+    with pytest.raises(export.ExportError) as err:
+        start_telemetry(make_config(tmp_path, server_yaml(free_port(), tls)))
+    assert str(err.value) == (
+        f"export.prometheus.tls.key_file {key} is encrypted: give an unencrypted key "
+        "(openssl pkey -in KEY -out PLAIN)"
+    )
+
+
+@pytest.mark.parametrize(
+    "setting", ["auth: {bearer_token_file: F}", "tls: {cert_file: F, key_file: F}"]
+)
+def test_a_secret_that_is_a_fifo_is_refused_not_waited_on(tmp_path, setting):
+    """A password_file that was a FIFO blocked the start: /healthz was refused for > 15 s."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    text = server_yaml(free_port(), f"    {setting.replace('F', str(fifo))}\n")
+    with pytest.raises(export.ExportError, match=r" is not a regular file$"):
+        start_telemetry(make_config(tmp_path, text))
+
+
+def test_an_otlp_tls_file_that_is_a_fifo_is_refused(tmp_path):
+    fifo = tmp_path / "ca.pem"
+    os.mkfifo(fifo)
+    text = otlp_yaml(free_port(), f"    certificate: {fifo}\n    protocol: http/protobuf\n")
+    with pytest.raises(export.ExportError, match=rf"^OTLP TLS file {fifo} is not a regular file$"):
+        start_telemetry(make_config(tmp_path, text))
 
 
 def basic(user: str, password: str) -> dict[str, str]:

@@ -30,7 +30,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from kubenpu import __version__
 from kubenpu.config import OtlpConfig
-from kubenpu.export.errors import ExportError
+from kubenpu.export.files import read_regular
 from kubenpu.metrics import CRI_BOUNDS, Hist, Metrics, Point, Spec
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,8 @@ def _otlp_exporter(cfg: OtlpConfig) -> MetricExporter:
     """Every setting is passed explicitly, so the exporter reads no environment of its own for
     them: kubenpu.config already applied the OTEL_* variables with their precedence."""
     files = [cfg.certificate, cfg.client_key, cfg.client_certificate]
-    if cfg.protocol == "http/protobuf":
+    contents = [_read(f) for f in files]  # each a regular file, or the start fails
+    if cfg.protocol == "http/protobuf":  # its exporter opens them again, by path
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
         return OTLPMetricExporter(
@@ -144,7 +145,7 @@ def _otlp_exporter(cfg: OtlpConfig) -> MetricExporter:
 
     credentials = None
     if cfg.use_tls():
-        ca, key, cert = (_read(f) for f in files)
+        ca, key, cert = contents
         credentials = grpc.ssl_channel_credentials(ca, key, cert)
     return GrpcExporter(
         endpoint=cfg.url(),
@@ -156,13 +157,7 @@ def _otlp_exporter(cfg: OtlpConfig) -> MetricExporter:
 
 
 def _read(path: str) -> bytes | None:
-    if not path:
-        return None
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError as err:
-        raise ExportError(f"cannot read OTLP TLS file {path}: {err.strerror}") from None
+    return read_regular(path, "OTLP TLS file") if path else None
 
 
 class _LastMessage(logging.Handler):

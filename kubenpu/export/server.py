@@ -24,6 +24,7 @@ from prometheus_client.exposition import choose_encoder, gzip_accepted
 
 from kubenpu.config import AuthConfig, PrometheusConfig, TlsConfig
 from kubenpu.export.errors import ExportError, PortInUseError
+from kubenpu.export.files import read_regular
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +48,7 @@ def _text(status: str, body: str, *headers: tuple[str, str]) -> _Response:
 
 
 def _read_secret(path: str, key: str) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            secret = f.read(4096).strip()
-    except OSError as err:
-        raise ExportError(f"cannot read {key} {path}: {err.strerror}") from None
+    secret = read_regular(path, key, limit=4096).strip()  # longer: an error, not cut short
     if not secret:
         raise ExportError(f"{key} {path} is empty")
     return secret
@@ -91,14 +88,28 @@ def _ssl_context(cfg: TlsConfig) -> ssl.SSLContext | None:
         return None
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    key = "export.prometheus.tls"
+    for path, what in ((cfg.cert_file, "cert_file"), (cfg.key_file, "key_file")):
+        read_regular(path, f"{key}.{what}")
     try:
-        ctx.load_cert_chain(cfg.cert_file, cfg.key_file)
+        # A passphrase-protected key: a clear error, never OpenSSL's prompt on the terminal.
+        ctx.load_cert_chain(cfg.cert_file, cfg.key_file, password=_no_passphrase(cfg.key_file))
     except (OSError, ssl.SSLError) as err:
         raise ExportError(
             f"cannot load export.prometheus.tls cert_file {cfg.cert_file} / key_file "
             f"{cfg.key_file}: {getattr(err, 'strerror', None) or err}"
         ) from None
     return ctx
+
+
+def _no_passphrase(key_file: str) -> Callable[[], bytes]:
+    def refuse() -> bytes:
+        raise ExportError(
+            f"export.prometheus.tls.key_file {key_file} is encrypted: give an unencrypted key "
+            "(openssl pkey -in KEY -out PLAIN)"
+        )
+
+    return refuse
 
 
 class MetricsServer:
