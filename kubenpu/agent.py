@@ -54,6 +54,9 @@ _STALE_READS = 3
 # Stopping the probe, the CRI lookups and the exporters (a final OTLP push) together takes at
 # most this long: within Kubernetes' default 30 s grace period before SIGKILL.
 _STOP_SECONDS = 25.0
+# The workers finish their step within this after the stop signal, or are left behind (daemon
+# threads): with the 1 s the main loop takes to notice and _STOP_SECONDS, exit takes <= 29 s.
+_JOIN_SECONDS = 3.0
 
 
 def select_devices(devices: Iterable[Device], ignore: Iterable[str]) -> list[Device]:
@@ -208,9 +211,16 @@ class Agent:
         while not self.stop.wait(1.0):  # a timeout keeps signal handlers running promptly
             pass
         self._answered.set()  # the attribution thread stops waiting for answers
-        for worker in workers:
-            worker.join()
-        self._guarded("attribution", self._last_cycle)
+        stuck = _join(workers, _JOIN_SECONDS)
+        if "attribution" in stuck:  # a last cycle would race the wedged one
+            log.error(
+                "%s did not stop within %g s of the stop signal: exiting without the last "
+                "count; the exporters still make their final push",
+                ", ".join(stuck),
+                _JOIN_SECONDS,
+            )
+        else:
+            self._guarded("attribution", self._last_cycle)
         return 0
 
     def attach(self) -> None:
@@ -298,6 +308,14 @@ class Agent:
             self.attributor.flush(batch)
         finally:  # what an exception left uncounted is counted at the next flush
             self.tally.put_back(batch.counts)
+
+
+def _join(workers: list[threading.Thread], seconds: float) -> list[str]:
+    """Join the workers within `seconds` in all; the names of those still running."""
+    deadline = time.monotonic() + seconds
+    for worker in workers:
+        worker.join(max(0.0, deadline - time.monotonic()))
+    return [w.name for w in workers if w.is_alive()]
 
 
 def build(

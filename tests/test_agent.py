@@ -618,3 +618,39 @@ def test_fdinfo_is_read_every_interval_with_the_callers_the_probe_saw(cgroups, r
 def test_the_version_is_the_packages():
     pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
     assert __version__ == pyproject["project"]["version"]
+
+
+class _WedgedResolver(FakeResolver):
+    """A resolver whose resolve() never returns until the test releases it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wedged, self.release = threading.Event(), threading.Event()
+
+    def resolve(self, cgroup_id: int) -> Attribution | None:
+        self.wedged.set()
+        self.release.wait()
+        return None
+
+
+def test_stop_with_a_wedged_worker_exits_within_the_bound_after_a_final_push(caplog):
+    """SIGTERM with the attribution thread wedged: no exit within 45 s and no final push, as
+    Agent.run joined its workers without a bound."""
+    kernel, resolver = FakeKernel(aggregate=False), _WedgedResolver()
+    agent, exporters = make_agent(kernel, resolver), Exporters()
+
+    def run() -> None:
+        with services_of(agent, exporters):
+            agent.run()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        kernel.calls(key(9))
+        eventually(resolver.wedged.is_set, "the attribution thread wedged")
+        agent.stop.set()  # what SIGTERM does
+        eventually(lambda: not thread.is_alive(), "run() returned")
+        assert exporters.shut_down  # the final push is the exporters' shutdown
+        assert "attribution did not stop within 3 s of the stop signal" in caplog.text
+    finally:
+        resolver.release.set()
