@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol, TextIO
 
@@ -26,6 +26,8 @@ class Resolve(Protocol):
     """What attribution needs of kubenpu.resolve.resolver.Resolver."""
 
     def resolve(self, cgroup_id: int) -> Attribution | None: ...
+
+    def prefetch(self, cgroup_ids: Iterable[int]) -> None: ...
 
     def settle(self, cgroup_id: int) -> Attribution: ...
 
@@ -99,6 +101,8 @@ class Attributor:
 
     def flush(self, batch: Batch) -> None:
         """Count a batch; the counts it did not get to (an exception) stay in `batch.counts`."""
+        # The batch's cgroups the tree does not know share one walk, not one each.
+        self._resolver.prefetch({*batch.sighted, *(key.cgroup_id for key in batch.counts)})
         # A first sighting is resolved at once, while a short-lived container still exists.
         for cgroup_id in batch.sighted:
             self._resolver.resolve(cgroup_id)

@@ -124,6 +124,9 @@ class FakeResolver:
             raise exc
         return self.answers.get(cgroup_id)
 
+    def prefetch(self, cgroup_ids: Iterable[int]) -> None:
+        pass  # no cgroup tree to walk
+
     def settle(self, cgroup_id: int) -> Attribution:
         return self.answers.get(cgroup_id, self.settled)
 

@@ -30,6 +30,7 @@ from kubenpu.discovery import Device, Node
 from kubenpu.events import Key, Tally
 from kubenpu.metrics import (
     DROPPED,
+    INDEX_REBUILDS,
     IOCTL,
     LATE_SIGHTINGS,
     OVERFLOW_CALLS,
@@ -654,3 +655,26 @@ def test_stop_with_a_wedged_worker_exits_within_the_bound_after_a_final_push(cap
         assert "attribution did not stop within 3 s of the stop signal" in caplog.text
     finally:
         resolver.release.set()
+
+
+def test_misses_in_one_batch_share_one_walk_of_a_big_cgroup_tree(tmp_path):
+    """200 calls from cgroups already removed from a tree of 10,000 directories walked it 201
+    times on the attribution thread: nothing was counted meanwhile and /healthz failed."""
+    root = tmp_path / "cgroup"
+    for i in range(10_000):
+        (root / f"kubepods/burstable/pod{i // 100}/c{i}").mkdir(parents=True)
+    metrics = Metrics("node-1", series_ttl=300, max_series=1000)
+    resolver = Resolver(root, f"unix://{tmp_path / 'none.sock'}", on_rebuild=metrics.index_rebuilt)
+    tally, attributor = Tally(1000), Attributor([VGEM], resolver, metrics)
+    try:
+        gone = [1 << 40 | i for i in range(200)]  # ids no directory has (any more)
+        for cgroup_id in gone:
+            tally.add_event(record(key(cgroup_id)))
+        attributor.flush(tally.drain())
+        assert values(metrics, INDEX_REBUILDS) == {(): 1}
+        assert values(metrics, UNATTRIBUTED) == {("not_indexed",): 200}
+        tally.add_event(record(key(gone[0])))  # asked again: no walk
+        attributor.flush(tally.drain())
+        assert values(metrics, INDEX_REBUILDS) == {(): 1}
+    finally:
+        resolver.close()

@@ -723,8 +723,8 @@ def test_a_counter_past_int64_is_pushed_as_a_double(tmp_path, any_receiver):
         for _ in range(2):
             tel.metrics.add_engine(ENGINE_CYCLES, CYCLES_WHERE, "rcs", 2**63 - 1)
         calls(tel.metrics, "ns", "p", "c", 3)
-        assert tel.flush()
-        assert tel.flush()  # and the next one
+        assert tel.pusher.push()
+        assert tel.pusher.push()  # and the next one
     finally:
         tel.shutdown()
     [cycles] = rx.values("kubenpu.engine.cycles").values()
@@ -761,7 +761,7 @@ def test_a_large_push_is_split_into_requests_the_receiver_takes(tmp_path, any_re
     try:
         for i in range(series):
             calls(tel.metrics, "namespace-0", f"pod-{i:06d}", "container", i + 1)
-        assert tel.flush()
+        assert tel.pusher.push()
     finally:
         tel.shutdown()
     sizes = [r.ByteSize() for r in rx.requests]

@@ -10,7 +10,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +118,18 @@ class CgroupIndex:
             self._paths.pop(cgroup_id, None)
             self._missing.discard(cgroup_id)
             self._unclaimed.pop(cgroup_id, None)
+
+    def index(self, cgroup_ids: Iterable[int]) -> None:
+        """Walk once for all the ids not known yet, found or missing: 200 first sightings from
+        cgroups already removed walked a tree of 10,000 directories 200 times."""
+        with self._lock:
+            unknown = {c for c in cgroup_ids if c not in self._paths and c not in self._missing}
+        if not unknown:
+            return
+        with self._walking:
+            self._rebuild()
+        with self._lock:
+            self._missing.update(unknown - self._paths.keys())
 
     def _find(self, cgroup_id: int) -> str | None:
         """The path, walking once on a miss."""

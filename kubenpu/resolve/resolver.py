@@ -18,7 +18,7 @@ container the list lacks (created since) is looked up alone.
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -113,6 +113,12 @@ class Resolver:
         if answer is not None:
             self._answers[cgroup_id] = answer
         return answer
+
+    def prefetch(self, cgroup_ids: Iterable[int]) -> None:
+        """Index the cgroups about to be resolved with one walk of the tree at most, for all
+        those it does not know: their resolve() then walks no more."""
+        known = self._answers.keys() | self._container_ids.keys()
+        self._index.index(c for c in cgroup_ids if c not in known)
 
     def settle(self, cgroup_id: int) -> Attribution:
         """The best answer now, for a caller that stops waiting: the last failure (cri_error
