@@ -111,6 +111,7 @@ class Health:
         self._workers: list[threading.Thread] = []
         self._attached = False
         self._last_read: float | None = None
+        self._last_poll: float | None = None
 
     def watch(self, worker: threading.Thread) -> None:
         self._workers.append(worker)
@@ -121,14 +122,21 @@ class Health:
     def kernel_read(self) -> None:
         self._last_read = self._clock()
 
+    def polled(self) -> None:
+        """The poll thread is back from a poll: a wedged one, in either mode, stops calling
+        this while the attribution thread still reads the kernel's counters."""
+        self._last_poll = self._clock()
+
     def live(self) -> tuple[bool, str]:
         dead = [w.name for w in self._workers if not w.is_alive()]
         if dead:
             return False, f"worker thread stopped: {', '.join(dead)}"
-        if self._last_read is not None:
-            age = self._clock() - self._last_read
-            if age > self._stale_after:
-                return False, f"kernel counters last read {age:.0f} s ago"
+        for what, last in (
+            ("kernel counters last read", self._last_read),
+            ("ring buffer last polled", self._last_poll),
+        ):
+            if last is not None and (age := self._clock() - last) > self._stale_after:
+                return False, f"{what} {age:.0f} s ago"
         return True, "ok"
 
     def ready(self) -> tuple[bool, str]:
@@ -238,6 +246,7 @@ class Agent:
         while not self.stop.is_set():
             if not self._guarded("poll", self.probe.poll, _POLL_MS):
                 self.stop.wait(_POLL_MS / 1000)  # a poll that fails at once must not spin
+            self.health.polled()
 
     def _attribute_loop(self) -> None:
         # The first cycle at once: an adopted probe's totals are exported without a wait, and

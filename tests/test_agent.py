@@ -678,3 +678,33 @@ def test_misses_in_one_batch_share_one_walk_of_a_big_cgroup_tree(tmp_path):
         assert values(metrics, INDEX_REBUILDS) == {(): 1}
     finally:
         resolver.close()
+
+
+class _WedgingKernel(FakeKernel):
+    """A kernel whose ring-buffer poll never returns once `wedge` is set."""
+
+    def __init__(self) -> None:
+        super().__init__(aggregate=False)
+        self.wedge, self.wedged, self.release = (threading.Event() for _ in range(3))
+
+    def poll(self, timeout_ms: int) -> None:
+        if self.wedge.is_set():
+            self.wedged.set()
+            self.release.wait()
+        super().poll(timeout_ms)
+
+
+def test_a_wedged_poll_thread_fails_liveness(running):
+    """With the poll thread wedged in events mode, /healthz stayed 200 for 40 s while 0 of 100
+    calls were counted: the attribution thread still read the kernel's counters."""
+    kernel, clock = _WedgingKernel(), Clock()
+    agent = make_agent(kernel, FakeResolver(), clock)
+    running(agent)
+    try:
+        kernel.wedge.set()
+        eventually(kernel.wedged.is_set, "the poll thread wedged")
+        clock.now += 16  # the attribution thread's next read makes its counters fresh again
+        stale = (False, "ring buffer last polled 16 s ago")
+        eventually(lambda: agent.health.live() == stale, "liveness fails for the poll thread")
+    finally:
+        kernel.release.set()
