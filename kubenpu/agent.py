@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import resource
 import signal
 import sys
 import threading
@@ -319,6 +320,16 @@ class Agent:
             self.tally.put_back(batch.counts)
 
 
+def raise_nofile() -> int:
+    """Raise the soft descriptor limit to the hard one (a container's soft limit is often
+    1,024); the new soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        log.info("descriptor limit raised from %d to %d", soft, hard)
+    return hard
+
+
 def _join(workers: list[threading.Thread], seconds: float) -> list[str]:
     """Join the workers within `seconds` in all; the names of those still running."""
     deadline = time.monotonic() + seconds
@@ -454,6 +465,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.trace:
             cfg.probe.mode = "events"
+        raise_nofile()  # before the metrics server sizes its connection cap from it
         with Services(_STOP_SECONDS) as services:
             agent = build(cfg, services, args.debug, args.trace)
             for sig in (signal.SIGTERM, signal.SIGINT):

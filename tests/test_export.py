@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import logging
 import os
+import resource
 import socket
 import ssl
 import subprocess
@@ -404,6 +405,12 @@ def test_requests_other_than_get_and_unknown_paths(tmp_path):
         for request, status, body in [
             (b"garbage\r\n\r\n", b"400", b"bad request line\n"),
             (b"GET /metrics HTTP/1.1\r\nX: " + b"x" * 20000, b"431", b"request head too large\n"),
+            # One write holding a whole head past the cap was answered 200.
+            (
+                b"GET /healthz HTTP/1.1\r\nX: " + b"x" * 17500 + b"\r\n\r\n",
+                b"431",
+                b"request head too large\n",
+            ),
             (b"HEAD /healthz HTTP/1.1\r\n\r\n", b"200", b""),
         ]:
             with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
@@ -775,3 +782,21 @@ def test_a_large_push_is_split_into_requests_the_receiver_takes(tmp_path, any_re
                     delivered[attrs(p.attributes)["pod"]] = p.as_int
     assert len(delivered) == series
     assert sum(delivered.values()) == series * (series + 1) // 2
+
+
+def test_the_connection_cap_leaves_descriptors_below_the_limit_after_raising_it():
+    """The server held up to 4,096 connections whatever the limit, and the agent never raised
+    its soft limit: at 1,024 with ~1,100 idle connections a cgroup walk failed with EMFILE."""
+    script = """
+import resource
+from kubenpu.agent import raise_nofile
+from kubenpu.export.server import max_open
+_, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+low = max_open()
+print(low, raise_nofile() == hard == resource.getrlimit(resource.RLIMIT_NOFILE)[0], max_open())
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    low, raised, high = out.stdout.split()
+    assert (int(low), raised) == (512, "True")
+    assert int(high) > 512 or resource.getrlimit(resource.RLIMIT_NOFILE)[1] <= 1024

@@ -11,6 +11,7 @@ import hmac
 import http.client
 import io
 import logging
+import resource
 import socket
 import ssl
 import threading
@@ -39,6 +40,9 @@ class HealthChecks(Protocol):
 
 _BACKLOG = 1024  # connections beyond _MAX_OPEN wait here, in the kernel
 _MAX_OPEN = 4096  # connections held at once: bounds the file descriptors a flood can take
+# Descriptors left to the rest of the agent below the soft limit: BPF maps and links, cgroup
+# walks (one per level), fdinfo reads, gRPC channels to the CRI and the collector.
+_FD_RESERVE = 512
 _MAX_HEAD = 16 * 1024  # request line and headers; a scrape sends a few hundred bytes
 _Response = tuple[str, list[tuple[str, str]], bytes]
 
@@ -116,7 +120,7 @@ class MetricsServer:
     """/metrics (prometheus_client's WSGI app), /healthz and /readyz on one socket.
 
     One event-loop thread accepts connections and reads requests, so an idle or slow client
-    costs a few KiB, not a thread. It holds at most _MAX_OPEN connections; more wait in the
+    costs a few KiB, not a thread. It holds at most max_open() connections; more wait in the
     kernel's listen backlog. Each connection must send its whole request within
     read_timeout_seconds (TLS handshake included) and gets one answer (Connection: close).
     At most max_connections answers are made and sent at once: each is made on a worker thread
@@ -150,7 +154,7 @@ class MetricsServer:
 
     async def _accept_loop(self) -> None:
         loop = asyncio.get_running_loop()
-        held = asyncio.Semaphore(_MAX_OPEN)
+        held = asyncio.Semaphore(max_open())
         answering = asyncio.Semaphore(self._cfg.max_connections)
         self._sock.setblocking(False)
         tasks: set[asyncio.Task[None]] = set()
@@ -328,10 +332,13 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.head.done():
             return  # one request per connection; anything after it is ignored
-        self._buf += data
+        # Only the cap is kept, whatever one read brings: a 250 KB header was held whole, and a
+        # 17.5 KB head that ended in the same write was answered.
+        self._buf += data[: _MAX_HEAD - len(self._buf)]
         end = self._buf.find(b"\r\n\r\n")
-        if end >= 0 or len(self._buf) > _MAX_HEAD:
+        if end >= 0 or len(self._buf) >= _MAX_HEAD:
             self.head.set_result(self._buf[: end + 2] if end >= 0 else b"")
+            self._buf = b""
 
     def eof_received(self) -> bool:
         if not self.head.done():
@@ -361,6 +368,16 @@ class _Connection(asyncio.Protocol):
             self._transport.write(data[i : i + 65536])
         self._transport.close()
         await self._closed
+
+
+def max_open() -> int:
+    """Connections held at once: _MAX_OPEN, or fewer when the descriptor limit would leave the
+    rest of the agent less than _FD_RESERVE (a limit of 1,024 and 1,100 idle connections made
+    a cgroup walk fail with EMFILE)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return _MAX_OPEN
+    return max(16, min(_MAX_OPEN, soft - _FD_RESERVE))
 
 
 def _listen(host: str, port: int) -> socket.socket:
