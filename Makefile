@@ -4,29 +4,34 @@ KERNEL ?= 6.12
 KERNELS ?= 6.1 6.12 7.3 6.12-lockdown
 PYTEST := .venv/bin/pytest
 
-.PHONY: all demo test unit e2e bench lint venv vm image clean
+.PHONY: all demo test unit e2e bench lint venv vm image bpf clean
 all: test
 
 venv:
 	scripts/venv.sh
 
+# The CO-RE objects the agent loads (bpf/build/kubenpu-{aggregate,events}.bpf.o), compiled once
+# with Debian's clang from bpf/kubenpu.bpf.c; the node needs no headers and no LLVM.
+bpf:
+	scripts/bpf.sh
+
 # The main job on a machine without accelerators: a QEMU guest with a virtual GPU, the agent,
 # a sample pod, and the kubenpu_ series it exports.
-demo: venv
+demo: venv bpf
 	tests/vm/run.sh $(KERNEL) /src/tests/vm/demo.sh out/demo
 
 # Lint, unit tests against real receivers and tools, then the real-kernel e2e on every kernel.
-test: venv lint
+test: venv bpf lint
 	KUBENPU_E2E_KERNELS="$(KERNELS)" $(PYTEST) -q -ra
 
-unit: venv
+unit: venv bpf
 	$(PYTEST) -q -ra -m "not vm"
 
-e2e: venv
+e2e: venv bpf
 	KUBENPU_E2E_KERNELS="$(KERNEL)" $(PYTEST) -q -ra tests/test_e2e_vm.py
 
 # Speed figures for both probe modes, measured side by side in one boot (prints a table).
-bench: venv
+bench: venv bpf
 	bench/run.sh $(KERNEL) out/bench
 
 lint: venv
@@ -43,4 +48,4 @@ image:
 	scripts/image.sh
 
 clean:
-	rm -rf out .venv .pytest_cache .ruff_cache
+	rm -rf out .venv .pytest_cache .ruff_cache bpf/build

@@ -18,26 +18,23 @@
  * In both modes a second program, on the cgroup_mkdir tracepoint, sends {new cgroup id, parent id}
  * so user space can index a cgroup before it is removed (a container that makes one call and exits).
  *
- * Python substitutes these before compiling:
- *   the attach line of the ioctl probe below, once per hooked function (MODULE_KFUNC_PROBE,
- *                   KFUNC_PROBE or a kprobe), the probe body repeated after each
- *   RINGBUF_PAGES   ring buffer size in pages (a power of two)
- *   COUNTS_ENTRIES  size of the counts map (aggregate mode)
- * and fills `devices` and `ioctls` before attaching.
+ * One source, two builds (dialect.h): a CO-RE object compiled ahead of time (`make bpf`: one per
+ * probe mode, loaded by kubenpu/kernel/core.py) and BCC text compiled on the node, the fallback
+ * (kubenpu/kernel/bcc.py). Every name and number user space must agree on is mirrored in
+ * kubenpu/kernel/abi.py, and tests/test_abi.py checks the two against each other.
+ *
+ * BCC: Python replaces the marker line below with the attach line of each hooked function
+ * (MODULE_KFUNC_PROBE, KFUNC_PROBE or a kprobe) and repeats that probe; -DKUBENPU_KPROBE makes
+ * the field reads explicit probe reads. CO-RE: the object holds one fentry program per hookable
+ * function, and the loader autoloads only the hook's. User space fills `devices` and `ioctls`
+ * before attaching.
  */
-#include <linux/fs.h>
-#include <linux/cgroup-defs.h>
-#include <linux/kernfs.h>
+#include "dialect.h"
 
 #define DRM_IOCTL_TYPE 'd'
 #define DRM_COMMAND_BASE 0x40
 #define DRM_COMMAND_END 0xA0
 #define VENDOR_CORE 0   /* the DRM core table applies to every vendor */
-
-struct ioctl_key {
-    u32 vendor;
-    u32 nr;
-};
 
 struct event {
     u64 ts_ns;
@@ -57,10 +54,12 @@ struct birth {
 };
 
 /* kernel dev_t (MKDEV: major << 20 | minor) -> vendor id */
-BPF_HASH(devices, u32, u32, 256);
-/* {vendor id, nr} -> kind (1 submit, 2 alloc, 3 wait) */
-BPF_HASH(ioctls, struct ioctl_key, u32, 4096);
-BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
+DECLARE_HASH(devices, u32, u32, 256);
+/* vendor id << 8 | nr -> kind (0 not counted, 1 submit, 2 alloc, 3 wait): an array, which the
+ * verifier inlines, so the hot path has one hash lookup before the count. */
+#define VENDOR_SLOTS 64
+DECLARE_ARRAY(ioctls, u32, VENDOR_SLOTS * 256);
+DECLARE_RINGBUF(events, RINGBUF_PAGES);
 /* What went wrong, by index; user space reads the slots in this order (kubenpu/events.py
  * KERNEL_LOST) and reports increments:
  * [0] ringbuf_full: events mode, the ring buffer had no room: a call is lost;
@@ -70,7 +69,7 @@ BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
  *     instead of at once (a self-metric);
  * [3] handover: a call made while this program took over from a pinned one (gate HANDOVER):
  *     counted once by the retiring program or not at all (docs/pinning.md). */
-BPF_PERCPU_ARRAY(lost, u64, 4);
+DECLARE_PERCPU_ARRAY(lost, u64, 4);
 #define LOST_RINGBUF_FULL 0
 #define LOST_MAP_FULL 1
 #define LOST_LATE_SIGHTING 2
@@ -79,7 +78,7 @@ BPF_PERCPU_ARRAY(lost, u64, 4);
 /* Whether this program counts (docs/pinning.md, hand-over): user space sets it.
  * CLOSED while a pinned program it replaces still counts, HANDOVER while that one is detached,
  * OPEN once it is gone. A program that no pinning hands over is filled OPEN before attach. */
-BPF_ARRAY(gate, u32, 1);
+DECLARE_ARRAY(gate, u32, 1);
 #define GATE_CLOSED 0
 #define GATE_OPEN 1
 #define GATE_HANDOVER 2
@@ -96,19 +95,21 @@ struct count_key {
     u32 rdev;
     u32 kind;
 };
-BPF_PERCPU_HASH(counts, struct count_key, u64, COUNTS_ENTRIES);
+DECLARE_PERCPU_HASH(counts, struct count_key, u64, COUNTS_ENTRIES);
 #endif
+
+#include "map_calls.h"
 
 static __always_inline void count_lost(u32 reason)
 {
-    u64 *n = lost.lookup(&reason);
+    u64 *n = lost_slot(&reason);
     if (n)
         (*n)++;
 }
 
 static __always_inline void emit(u64 cgroup_id, u32 rdev, u32 cmd, u32 kind)
 {
-    struct event *e = events.ringbuf_reserve(sizeof(*e));
+    struct event *e = ring_reserve(sizeof(*e));
     if (!e) {
         count_lost(RINGBUF_FAILURE);
         return;
@@ -121,25 +122,25 @@ static __always_inline void emit(u64 cgroup_id, u32 rdev, u32 cmd, u32 kind)
     e->minor = rdev & 0xfffff;
     e->kind = kind;
     e->_pad = 0;
-    events.ringbuf_submit(e, 0);
+    ring_submit(e);
 }
 
 static __always_inline int handle(u32 rdev, u32 cmd)
 {
     /* The caller has checked the type byte ('d'). */
-    u32 *vendor = devices.lookup(&rdev);
+    u32 *vendor = device_vendor(&rdev);
     if (!vendor)
         return 0;
 
-    struct ioctl_key key = {};
-    key.nr = cmd & 0xff;
-    key.vendor = (key.nr >= DRM_COMMAND_BASE && key.nr < DRM_COMMAND_END) ? *vendor : VENDOR_CORE;
-    u32 *kind = ioctls.lookup(&key);
-    if (!kind)
+    u32 nr = cmd & 0xff;
+    u32 slot = (nr >= DRM_COMMAND_BASE && nr < DRM_COMMAND_END) ? *vendor : VENDOR_CORE;
+    u32 index = (slot << 8) | nr;
+    u32 *kind = ioctl_kind(&index);
+    if (!kind || !*kind)
         return 0;
 
     u32 zero = 0;
-    u32 *open = gate.lookup(&zero);
+    u32 *open = gate_value(&zero);
     if (!open || *open == GATE_CLOSED)
         return 0;
     if (*open == GATE_HANDOVER) {
@@ -150,7 +151,7 @@ static __always_inline int handle(u32 rdev, u32 cmd)
     u64 cgroup_id = bpf_get_current_cgroup_id();
 #ifdef KUBENPU_AGGREGATE
     struct count_key ck = {.cgroup_id = cgroup_id, .rdev = rdev, .kind = *kind};
-    u64 *n = counts.lookup(&ck);
+    u64 *n = count_of(&ck);
     if (n) {
         (*n)++;  /* this CPU's slot: no atomics needed */
         return 0;
@@ -158,8 +159,8 @@ static __always_inline int handle(u32 rdev, u32 cmd)
     u64 one = 1;
     /* First call of this key: only the CPU whose insert wins announces it, so user space
      * hears of each key once. */
-    if (counts.insert(&ck, &one) != 0) {
-        n = counts.lookup(&ck);  /* another CPU inserted it meanwhile */
+    if (count_insert(&ck, &one) != 0) {
+        n = count_of(&ck);  /* another CPU inserted it meanwhile */
         if (n)
             (*n)++;
         else
@@ -171,24 +172,65 @@ static __always_inline int handle(u32 rdev, u32 cmd)
     return 0;
 }
 
-/* The attach line is substituted by the probe; every variant names its arguments filp and cmd.
- * This probe (up to its closing brace) is repeated once per hooked function.
- * The cmd type test comes first, before any memory is read: on the LSM hook nearly every call
- * (TCGETS, socket ioctls, ...) leaves here. The field read stays in the probe body so BCC can
- * rewrite it for the kprobe fallback. */
-KUBENPU_ATTACH
+/* The device of an ioctl's file. fentry (both builds) reads BTF-typed arguments directly; BCC's
+ * kprobe fallback has untyped arguments, so it reads through bpf_probe_read_kernel, which
+ * lockdown=confidentiality refuses. */
+static __always_inline u32 file_rdev(struct file *filp)
+{
+#ifdef KUBENPU_KPROBE
+    struct inode *inode = 0;
+    u32 rdev = 0;
+    bpf_probe_read_kernel(&inode, sizeof(inode), &filp->f_inode);
+    bpf_probe_read_kernel(&rdev, sizeof(rdev), &inode->i_rdev);
+    return rdev;
+#else
+    return filp->f_inode->i_rdev;
+#endif
+}
+
+/* Every hooked function's program. The cmd type test comes first, before any memory is read: on
+ * the LSM hook nearly every call (TCGETS, socket ioctls, ...) leaves here. */
+static __always_inline int on_ioctl(struct file *filp, unsigned int cmd)
 {
     if (((cmd >> 8) & 0xff) != DRM_IOCTL_TYPE)
         return 0;
-    return handle(filp->f_inode->i_rdev, cmd);
+    return handle(file_rdev(filp), cmd);
 }
 
-/* tp_btf/cgroup_mkdir. BCC cannot load a tp_btf program itself, so the probe loads this one from
- * BCC's compiled instructions. Every field is a direct BTF load (no bpf_probe_read), which
+#ifdef KUBENPU_BCC
+/* Repeated by Python once per hooked function, up to its closing brace. */
+KUBENPU_ATTACH
+{
+    return on_ioctl(filp, cmd);
+}
+#else
+SEC("fentry/security_file_ioctl")
+int BPF_PROG(kubenpu_lsm_ioctl, struct file *filp, unsigned int cmd, unsigned long arg)
+{
+    return on_ioctl(filp, cmd);
+}
+
+/* 32-bit callers, since 6.8 and its stable backports; the loader leaves it out where absent. */
+SEC("fentry/security_file_ioctl_compat")
+int BPF_PROG(kubenpu_lsm_compat, struct file *filp, unsigned int cmd, unsigned long arg)
+{
+    return on_ioctl(filp, cmd);
+}
+
+/* In drm.ko on most distributions: libbpf finds it in the module's BTF (CAP_SYS_ADMIN). */
+SEC("fentry/drm_ioctl")
+int BPF_PROG(kubenpu_drm_ioctl, struct file *filp, unsigned int cmd, unsigned long arg)
+{
+    return on_ioctl(filp, cmd);
+}
+#endif
+
+/* tp_btf/cgroup_mkdir. BCC cannot load a tp_btf program itself, so the BCC loader loads this one
+ * from BCC's compiled instructions. Every field is a direct BTF load (no bpf_probe_read), which
  * lockdown=confidentiality allows. The ids are kernfs node ids, i.e. bpf_get_current_cgroup_id()
  * and the directory's inode number; the parent is found through the css, whose layout is the same
  * in 6.1 and 7.3 (kernfs_node's parent field was renamed in 6.15). */
-BPF_PROG(kubenpu_cgroup_mkdir, struct cgroup *cgrp, const char *path)
+TRACING_PROG("tp_btf/cgroup_mkdir", kubenpu_cgroup_mkdir, struct cgroup *cgrp, const char *path)
 {
     /* Only the unified (v2) hierarchy, id 0: v1 hierarchies number their nodes separately. */
     if (cgrp->root->hierarchy_id != 0)
@@ -196,13 +238,13 @@ BPF_PROG(kubenpu_cgroup_mkdir, struct cgroup *cgrp, const char *path)
     struct cgroup_subsys_state *parent = cgrp->self.parent;
     if (!parent)
         return 0;
-    struct birth *b = events.ringbuf_reserve(sizeof(*b));
+    struct birth *b = ring_reserve(sizeof(*b));
     if (!b) {
         count_lost(LOST_LATE_SIGHTING);  /* no call is lost: the cgroup is left to a walk */
         return 0;
     }
     b->cgroup_id = cgrp->kn->id;
     b->parent_id = parent->cgroup->kn->id;
-    events.ringbuf_submit(b, 0);
+    ring_submit(b);
     return 0;
 }

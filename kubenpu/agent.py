@@ -21,8 +21,10 @@ from kubenpu import __version__
 from kubenpu.discovery import Device, discover
 from kubenpu.events import Tally
 from kubenpu.fdinfo import FdinfoReader
-from kubenpu.pin import PinnedProbe, load_in_child, uninstall
-from kubenpu.probe import BccKernel, Kernel, Probe, ProbeError
+from kubenpu.kernel.errors import ProbeError
+from kubenpu.kernel.loader import open_kernel
+from kubenpu.kernel.pinned import uninstall
+from kubenpu.probe import Probe
 from kubenpu.services import Services
 from kubenpu.vendors import Kind, by_name, core
 
@@ -237,7 +239,7 @@ class Agent:
         attach = self.probe.start()
         self.health.attached()
         log.info(
-            "attached to drm_ioctl via %s (probe.mode %s); counting %d device(s)",
+            "probe attached: %s, probe.mode %s; counting %d device(s)",
             attach,
             self.probe.mode,
             self._devices,
@@ -341,7 +343,7 @@ def _join(workers: list[threading.Thread], seconds: float) -> list[str]:
 def build(
     cfg: config.Config, services: Services, debug: bool = False, trace: bool = False
 ) -> Agent:
-    """The agent with its real collaborators: BCC, the CRI resolver, the exporters. Each is
+    """The agent with its real collaborators: the kernel side, the CRI resolver, the exporters. Each is
     registered with `services` as it starts, so a later one that fails stops them."""
     found = discover(cfg.discovery.root)
     devices = select_devices(found, cfg.discovery.ignore_devices)
@@ -384,7 +386,7 @@ def build(
             on_cgroup=attributor.watch,
             clock=time.monotonic,
         )
-    kernel = _kernel(cfg, devices, debug)
+    kernel = open_kernel(cfg.probe, devices, debug)
     # A new cgroup is indexed on the polling thread at once: it may be gone by the next flush.
     probe = Probe(kernel, tally, on_birth=lambda born: resolver.cgroup_born(*born))
     services.add("probe", probe.close)
@@ -400,22 +402,6 @@ def build(
         health=health,
         devices=len(devices),
     )
-
-
-def _kernel(cfg: config.Config, devices: list[Device], debug: bool) -> Kernel:
-    """The kernel side for probe.mode, probe.hook and probe.pin_dir. Raises ProbeError."""
-    kernel: Kernel = BccKernel(
-        devices,
-        mode=cfg.probe.mode,
-        hook=cfg.probe.hook,
-        attach=cfg.probe.attach,
-        ringbuf_pages=cfg.probe.ringbuf_pages,
-        debug=debug,
-    )
-    if cfg.probe.pin_dir:
-        # A child process compiles and loads, so this one never maps BCC/LLVM (docs/pinning.md).
-        kernel = PinnedProbe(Path(cfg.probe.pin_dir), kernel, devices, spawn=load_in_child)
-    return kernel
 
 
 def _uninstall(root: Path) -> int:

@@ -26,6 +26,7 @@ from pydantic import (
     model_validator,
 )
 
+from kubenpu.kernel.hooks import DEFAULT_HOOK
 from kubenpu.resolve import DEFAULT_ENDPOINT
 
 # The agent uses no pydantic plugins. Without this, defining the models below makes pydantic read
@@ -54,8 +55,11 @@ class _Model(BaseModel):
 
 class ProbeConfig(_Model):
     mode: Literal["aggregate", "events"] = "aggregate"
-    hook: Literal["drm_ioctl", "security_file_ioctl"] = "security_file_ioctl"
+    hook: Literal["drm_ioctl", "security_file_ioctl"] = DEFAULT_HOOK
     attach: Literal["auto", "fentry", "kprobe"] = "auto"
+    # core: the compiled-once CO-RE object; bcc: compile on the node (needs kernel headers);
+    # auto: core, and bcc when the kernel refuses the object (docs/core.md)
+    loader: Literal["auto", "core", "bcc"] = "auto"
     ringbuf_pages: int = Field(256, gt=0, le=65536)
     queue_size: int = Field(65536, gt=0, le=16_777_216)
     pin_dir: _Str = ""  # bpffs directory to pin the probe in (docs/pinning.md); "" = off

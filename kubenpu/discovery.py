@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from kubenpu import events
+from kubenpu.kernel import abi
 from kubenpu.vendors import for_driver
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ class Node:
     @property
     def dev_t(self) -> int:
         """The kernel-internal dev_t, which keys the probe's device map."""
-        return events.dev_t(self.major, self.minor)
+        return abi.dev_t(self.major, self.minor)
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,10 @@
-"""Kernel events: the C `struct event` of bpf/kubenpu.bpf.c, decoded, and their aggregation.
-
-Only this module knows the struct layout, the dev_t encoding and the index order of the BPF
-`lost` array. Events are folded at once into counts keyed by (cgroup id, device, kind), so
-everything downstream works per distinct key, not per call.
+"""Kernel events: the ring-buffer records of bpf/kubenpu.bpf.c decoded (their layouts are
+kubenpu/kernel/abi.py's), and their aggregation. Events are folded at once into counts keyed by
+(cgroup id, device, kind), so everything downstream works per distinct key, not per call.
 """
 
 from __future__ import annotations
 
-import struct
 import threading
 from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping
@@ -15,23 +12,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Generic, NamedTuple, TypeVar
 
+from kubenpu.kernel.abi import BIRTH, EVENT, LOST_SLOTS
 from kubenpu.vendors import Kind
 
-# u64 ts_ns, u64 cgroup_id, u32 tgid, u32 cmd, u32 major, u32 minor, u32 kind, u32 pad
-_EVENT = struct.Struct("<QQIIIIII")
-SIZE = _EVENT.size
+SIZE = EVENT.size
 _KINDS = frozenset(Kind)
-_MINOR_BITS = 20  # the kernel-internal dev_t (MKDEV), not the 8/12-bit one of stat(2)
-
-
-def dev_t(major: int, minor: int) -> int:
-    """The kernel-internal dev_t, which keys the BPF `devices` and `counts` maps."""
-    return major << _MINOR_BITS | minor
-
-
-def split_dev_t(rdev: int) -> tuple[int, int]:
-    """(major, minor) of a kernel-internal dev_t."""
-    return rdev >> _MINOR_BITS, rdev & ((1 << _MINOR_BITS) - 1)
 
 
 class Drop(StrEnum):
@@ -47,11 +32,11 @@ class Drop(StrEnum):
     HANDOVER = "handover"
 
 
-# What each slot of the BPF `lost` array counts, by index (LOST_* in bpf/kubenpu.bpf.c). Slot 2
-# loses no call: the ring buffer had no room for an aggregate-mode first sighting, so the new
-# cgroup is resolved at the next map read instead of at once.
+# What each slot of the BPF `lost` array counts, by index (abi.LOST_SLOTS). late_sighting loses
+# no call: the ring buffer had no room for an aggregate-mode first sighting, so the new cgroup is
+# resolved at the next map read instead of at once; every other slot is a Drop.
 LATE_SIGHTING = "late_sighting"
-KERNEL_LOST = (Drop.RINGBUF_FULL, Drop.MAP_FULL, LATE_SIGHTING, Drop.HANDOVER)
+KERNEL_LOST = tuple(name if name == LATE_SIGHTING else Drop(name) for name in LOST_SLOTS)
 
 
 class BadRecord(ValueError):
@@ -78,7 +63,7 @@ class Key(NamedTuple):
 def _fields(data: bytes) -> tuple[int, ...]:
     if len(data) < SIZE:
         raise BadRecord(f"record of {len(data)} bytes, expected {SIZE}")
-    fields = _EVENT.unpack_from(data)
+    fields = EVENT.unpack_from(data)
     if fields[6] not in _KINDS:
         raise BadRecord(f"unknown kind {fields[6]}")
     return fields
@@ -89,19 +74,15 @@ def decode(data: bytes) -> Event:
     return Event(*_fields(data)[:7])
 
 
-# The C `struct birth`: u64 cgroup_id, u64 parent_id. A new cgroup (tp_btf cgroup_mkdir), on the
-# same ring buffer as calls and told apart from them by its size.
-_BIRTH = struct.Struct("<QQ")
-
-
 class Birth(NamedTuple):
     cgroup_id: int
     parent_id: int
 
 
 def birth(data: bytes) -> Birth | None:
-    """The new cgroup a birth record reports; None for any other record."""
-    return Birth(*_BIRTH.unpack(data)) if len(data) == _BIRTH.size else None
+    """The new cgroup a birth record (tp_btf cgroup_mkdir) reports; None for any other record,
+    told apart by its size."""
+    return Birth(*BIRTH.unpack(data)) if len(data) == BIRTH.size else None
 
 
 @dataclass

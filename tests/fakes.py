@@ -1,6 +1,6 @@
 """Fakes for what cannot run on the host.
 
-FakeKernel is the fake probe: it stands in for kubenpu.probe.BccKernel, the BPF program, and
+FakeKernel is the fake probe: it stands in for the kernel side (kubenpu/kernel/), the loaded BPF program, and
 feeds the real Probe recorded ring-buffer records and kernel map snapshots. FakeResolver answers
 as the Resolver does while a CRI lookup is pending (None), for as long as a test says.
 """
@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable, Iterable
 
 from kubenpu.events import KERNEL_LOST, Key
-from kubenpu.probe import ProbeError
+from kubenpu.kernel.errors import ProbeError
 from kubenpu.resolve import Attribution
 
 _RECORD = struct.Struct("<QQIIIIII")  # the C struct event, packed independently of kubenpu

@@ -386,7 +386,7 @@ _MS_REC, _MS_PRIVATE = 0x4000, 0x40000
 def _may_make_maps() -> bool:
     import os
 
-    from kubenpu import bpfsys
+    from kubenpu.kernel import bpfsys
 
     try:
         os.close(bpfsys.map_create(bpfsys.MAP_TYPE_ARRAY, 4, 4, 1, "probe"))

@@ -28,6 +28,7 @@ from kubenpu.agent import Agent, Health, fdinfo_devices, main, select_devices
 from kubenpu.attribution import Attributor
 from kubenpu.discovery import Device, Node
 from kubenpu.events import Key, Tally
+from kubenpu.kernel.errors import ProbeError
 from kubenpu.metrics import (
     DROPPED,
     INDEX_REBUILDS,
@@ -40,7 +41,7 @@ from kubenpu.metrics import (
     UNATTRIBUTED,
     Metrics,
 )
-from kubenpu.probe import Probe, ProbeError
+from kubenpu.probe import Probe
 from kubenpu.resolve import Attribution
 from kubenpu.resolve.resolver import Resolver
 from kubenpu.services import Services

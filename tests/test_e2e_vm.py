@@ -1,6 +1,7 @@
 """The real-kernel end-to-end test: boots Debian kernels under QEMU and runs tests/vm/e2e_guest.py.
 
-Everything in the guest is real: the kernel's drm_ioctl with vgem and virtio-gpu, BCC, the agent,
+Everything in the guest is real: the kernel's drm_ioctl with vgem and virtio-gpu, the CO-RE object
+(BCC on BCC_KERNEL), the agent,
 a CRI v1 gRPC server, the Prometheus endpoint and an OTLP/gRPC receiver. Only kubelet and the
 container runtime are played by the scenario (it makes the cgroups and answers CRI itself).
 Kernels: KUBENPU_E2E_KERNELS (default "6.1 6.12 7.3 6.12-lockdown"); a name of tests/vm/build.sh,
@@ -32,6 +33,9 @@ KERNELS = os.environ.get("KUBENPU_E2E_KERNELS", "6.1 6.12 7.3 6.12-lockdown").sp
 LOCKDOWN = "-lockdown"
 RECORDING_KERNEL = "6.12"  # one kernel is enough for the dashboards: the queries run on the host
 RECORD_ARG = "kubenpu.record_dashboards=1"  # tests/vm/e2e_guest.py
+# The BCC fallback keeps one kernel's e2e (probe.loader: bcc); every other boot runs the CO-RE
+# object under the default `auto`.
+BCC_KERNEL = "6.1"
 
 pytestmark = pytest.mark.vm
 
@@ -43,6 +47,7 @@ class GuestRun(NamedTuple):
     out: Path
     lockdown: bool
     recorded: bool
+    loader: str
 
 
 @pytest.fixture(scope="module", params=KERNELS)
@@ -54,8 +59,10 @@ def guest_run(request, tmp_path_factory) -> GuestRun:
     extra = ["lockdown=confidentiality"] if lockdown else []
     recorded = request.param == RECORDING_KERNEL
     extra += [RECORD_ARG] if recorded else []
+    loader = "bcc" if request.param == BCC_KERNEL else "core"
+    extra += ["kubenpu.loader=bcc"] if loader == "bcc" else []
     out = boot(kernel, script, tmp_path_factory.mktemp(f"e2e-{request.param}"), *extra)
-    return GuestRun(out, lockdown, recorded)
+    return GuestRun(out, lockdown, recorded, loader)
 
 
 @pytest.fixture(params=MODES)
@@ -84,9 +91,14 @@ def test_device_info_lists_both_devices(result):
     )
 
 
-def test_attach_mode_is_fentry(result):
-    # the default probe.hook: fentry on the LSM hook, compat variant included
-    assert "attached to drm_ioctl via fentry on security_file_ioctl+" in result["agent_log"]
+def test_attach_mode_is_fentry(result, guest_run: GuestRun):
+    # the default probe.hook: fentry on the LSM hook, compat variant included; CO-RE under the
+    # default loader, BCC where the boot asks for it
+    functions = "security_file_ioctl+security_file_ioctl_compat"
+    line = f"probe attached: fentry on {functions} ({guest_run.loader}), probe.mode "
+    assert line in result["agent_log"]
+    if guest_run.loader == "core":
+        assert "falling back to BCC" not in result["agent_log"]
 
 
 def test_lockdown_is_as_booted(result, guest_run: GuestRun):

@@ -261,7 +261,9 @@ def test_agent_ran_from_the_chart_image_with_its_args(result, agent_container):
     assert "docker.io/" + agent_container["image"] in result["images"]
     cmdline = result["process"]["cmdline"]
     assert cmdline[-len(agent_container["args"]) :] == agent_container["args"]
-    assert "attached to drm_ioctl" in result["agent_log"]
+    # the chart's default: the CO-RE object, loaded in the agent (no headers, no LLVM)
+    assert "probe attached: fentry on security_file_ioctl+" in result["agent_log"]
+    assert " (core) (" in result["agent_log"]
     assert "Traceback" not in result["agent_log"]
 
 

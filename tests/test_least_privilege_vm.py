@@ -41,9 +41,9 @@ LOCKDOWN = "-lockdown"
 HOOKS = ("security_file_ioctl", "drm_ioctl")
 # The agent's start-up line per hook (every kernel of the matrix has security_file_ioctl_compat).
 ATTACHED = {
-    "security_file_ioctl": "attached to drm_ioctl via fentry on "
-    "security_file_ioctl+security_file_ioctl_compat ",
-    "drm_ioctl": "attached to drm_ioctl via fentry-module ",
+    "security_file_ioctl": "probe attached: fentry on "
+    "security_file_ioctl+security_file_ioctl_compat (core)",
+    "drm_ioctl": "probe attached: fentry-module on drm_ioctl (core)",
 }
 BPF_PERFMON = ["BPF", "PERFMON"]
 
@@ -53,7 +53,7 @@ pytestmark = pytest.mark.vm
 def refused_sets(chart: list[str]) -> dict[str, tuple[list[str], str]]:
     """Sets that must not attach, each with the capability its error must name: one fewer each,
     and BPF + PERFMON while the chart needs more. A set inside another refused set is left out
-    (capabilities only ever allow more), which saves its BCC compile."""
+    (capabilities only ever allow more), which saves a start."""
     sets = {f"without-{c}": ([k for k in chart if k != c], c) for c in chart}
     if chart != BPF_PERFMON:
         sets["bpf-perfmon"] = (BPF_PERFMON, next(c for c in chart if c not in BPF_PERFMON))
@@ -128,7 +128,7 @@ def test_agent_fails_with_fewer_capabilities(guest_out, hook, name):
     _assert_only(result["caps"], caps)
     assert (result["rc"], result["attached"]) == (2, False)
     (error,) = result["errors"]  # one line for the operator
-    assert f"ERROR kubenpu: cannot attach to {hook}: fentry" in error
+    assert f"ERROR kubenpu: cannot attach to {hook}: core: " in error
     assert f"missing CAP_{missing}" in error
 
 

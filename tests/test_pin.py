@@ -1,7 +1,7 @@
-"""kubenpu/pin.py and kubenpu/bpfsys.py against the real bpf(2) syscall and a real bpffs.
+"""kubenpu/kernel/pinned.py, maps.py and bpfsys.py against the real bpf(2) syscall and a real bpffs.
 
 Each check runs in a forked child with its own mount namespace and bpffs (helpers.in_private_bpffs).
-What cannot run here is BCC and an attach to drm_ioctl: `MapLoader` stands in for probe.BccKernel
+What cannot run here is BCC and an attach to drm_ioctl: `MapLoader` stands in for a loader (kernel.bcc.BccKernel, kernel.core.CoreKernel)
 with real maps of the same layout, and pins an array map where BCC's bpf_link would be. The real
 program, link and kernel are tested in tests/test_restart_vm.py.
 """
@@ -15,12 +15,20 @@ from pathlib import Path
 
 from helpers import in_private_bpffs
 
-from kubenpu import bpfsys
 from kubenpu.agent import main
 from kubenpu.discovery import Device, Node
-from kubenpu.events import Key, dev_t
-from kubenpu.pin import BIRTHS_LINK, META, PinnedProbe, load_in_child, pin_objects, uninstall
-from kubenpu.probe import GATE_CLOSED, GATE_HANDOVER, GATE_OPEN, LINK, CountsReader, tables
+from kubenpu.events import Key
+from kubenpu.kernel import abi, bpfsys
+from kubenpu.kernel.abi import GATE_CLOSED, GATE_HANDOVER, GATE_OPEN, LINK, dev_t
+from kubenpu.kernel.maps import CountsReader, tables
+from kubenpu.kernel.pinned import (
+    BIRTHS_LINK,
+    META,
+    PinnedProbe,
+    load_in_child,
+    pin_objects,
+    uninstall,
+)
 
 VGEM = Device(
     "platform:vgem", "vgem", None, None, (Node("/dev/dri/card0", "card0", 226, 0),), "vgem"
@@ -34,12 +42,13 @@ def attached(pinned: list[str]) -> bool:
 
 
 class MapLoader:
-    """probe.BccKernel's part PinnedProbe uses, with real maps and no program. Pickled into a
+    """The loaders' part PinnedProbe uses, with real maps and no program. Pickled into a
     loader child it makes maps of its own there, as BccKernel loads its own."""
 
     def __init__(self, digest: str = "a", aggregate: bool = True, births: bool = True) -> None:
         self.aggregate = aggregate
         self.hook = "drm_ioctl"
+        self.loader = "maps"
         self.gate_open = True
         self.before_attach: Callable[[], None] | None = None
         self._digest = digest
@@ -51,7 +60,7 @@ class MapLoader:
     def _make_maps(self) -> None:
         self.fds = {
             "devices": bpfsys.map_create(bpfsys.MAP_TYPE_HASH, 4, 4, 256, "devices"),
-            "ioctls": bpfsys.map_create(bpfsys.MAP_TYPE_HASH, 8, 4, 4096, "ioctls"),
+            "ioctls": bpfsys.map_create(bpfsys.MAP_TYPE_ARRAY, 4, 4, abi.IOCTL_SLOTS, "ioctls"),
             "lost": bpfsys.map_create(bpfsys.MAP_TYPE_PERCPU_ARRAY, 4, 8, 4, "lost"),
             "events": bpfsys.map_create(bpfsys.MAP_TYPE_RINGBUF, 0, 0, 4096, "events"),
             "gate": bpfsys.map_create(bpfsys.MAP_TYPE_ARRAY, 4, 4, 1, "gate"),
@@ -389,6 +398,7 @@ class InProcessLoader:
 
     aggregate = True
     hook = "security_file_ioctl"
+    loader = "in-process"
     gate_open = True
     before_attach = None
     started = False

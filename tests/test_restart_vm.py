@@ -55,8 +55,8 @@ def test_cold_start_loads_in_a_child_and_keeps_bcc_out_of_the_agent(result):
 
 def test_restart_adopts_and_loses_no_call_across_a_kill(result):
     assert "adopted the pinned probe" in result["logs"]["adopt"]
-    assert "attached to drm_ioctl via fentry on security_file_ioctl" in result["logs"]["adopt"]
-    assert "(adopted from " in result["logs"]["adopt"]
+    functions = "security_file_ioctl+security_file_ioctl_compat"
+    assert f"probe attached: fentry on {functions} (bcc) (adopted from " in result["logs"]["adopt"]
     assert "births unavailable" not in result["logs"]["adopt"]
     assert result["restart"]["counted"] == result["restart"]["issued"]
 
@@ -64,6 +64,9 @@ def test_restart_adopts_and_loses_no_call_across_a_kill(result):
 def test_upgrade_hands_over_and_accounts_for_every_call(result):
     upgrade = result["upgrade"]
     assert "handed over from the pinned probe" in result["logs"]["upgrade"]
+    # from the BCC probe to the CO-RE object, loaded in the agent's process (libbpf, no LLVM)
+    assert "(core) (pinned in " in result["logs"]["upgrade"]
+    assert not result["upgrade"]["libbcc"]
     assert "took over the totals of the retired probe" in result["logs"]["upgrade"]
     (old,) = result["pins"]["after_cold"]
     after = result["pins"]["after_upgrade"]
@@ -81,7 +84,9 @@ def test_a_restart_after_the_upgrade_keeps_the_retired_totals(result):
 
 def test_a_crash_inside_a_hand_over_is_finished_by_the_next_start(result):
     crash = result["after_crash"]
-    assert "attached to drm_ioctl via fentry-module (adopted from " in result["logs"]["after_crash"]
+    # from the CO-RE probe back to a BCC one: the hand-over works both ways
+    line = "probe attached: fentry-module on drm_ioctl (bcc) (adopted from "
+    assert line in result["logs"]["after_crash"]
     after = result["pins"]["after_crash"]
     assert [name for name, pinned in after.items() if attached(pinned)] == [
         result["pins"]["crashed"]

@@ -59,6 +59,7 @@ SETTLE_TIMEOUT = 60
 # calls (RECORD_ROUNDS, RECORD_INTERVAL seconds apart) into OUT/MODE/recording.json, for the host
 # to backfill into a real Prometheus and run every dashboard query on (tests/test_e2e_vm.py).
 RECORD_ARG = "kubenpu.record_dashboards=1"
+LOADER_ARG = "kubenpu.loader="  # + a probe.loader value: the boot's loader (default: the agent's)
 RECORD_ROUNDS = 6
 RECORD_INTERVAL = 5.0  # no shorter than the agent's read of the kernel's counts (aggregate: 5 s)
 # Per recording round, a new process of the render pod holds a client of tests/vm/kmod's test
@@ -117,6 +118,14 @@ def pods(mode: str) -> tuple[dict, dict]:
 class Scenario:
     launcher: tuple[str, ...] = ()  # what the agent runs under (setpriv for least privilege)
     hook: str | None = None  # probe.hook; None: the agent's default
+    loader = next(
+        (
+            a.removeprefix(LOADER_ARG)
+            for a in Path("/proc/cmdline").read_text().split()
+            if a.startswith(LOADER_ARG)
+        ),
+        None,
+    )  # probe.loader; None: the agent's default
 
     def __init__(self, out: Path, mode: str) -> None:
         self.out = out
@@ -171,7 +180,11 @@ class Scenario:
 
     def start_agent(self) -> Agent:
         config = {
-            "probe": {"mode": self.mode, **({"hook": self.hook} if self.hook else {})},
+            "probe": {
+                "mode": self.mode,
+                **({"hook": self.hook} if self.hook else {}),
+                **({"loader": self.loader} if self.loader else {}),
+            },
             "attribution": {"cri": {"endpoint": f"unix://{self.cri_socket}"}},
             "export": {
                 "prometheus": PROMETHEUS,

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 PY = sys.executable
 DRMCALL = "/usr/local/bin/drmcall"  # tests/vm/src/drmcall.c, built into the root by build.sh
-ATTACHED = "attached to drm_ioctl"  # the agent's start-up line once its probe is attached
+ATTACHED = "probe attached: "  # the agent's start-up line once its probe is attached
 ATTACH_TIMEOUT = 300  # BCC's compile under TCG on a shared host
 MODES = ("aggregate", "events")  # probe.mode
 # The Prometheus endpoint every scenario configures and scrapes.

@@ -78,6 +78,8 @@ def process_caps(pid: int) -> dict:
 
 
 class LeastPrivilegeScenario(Scenario):
+    loader = "core"  # what the chart renders by default (no BCC fallback)
+
     def __init__(self, out: Path, caps: list[str], hook: str) -> None:
         super().__init__(out, "aggregate")
         self.launcher = launcher(caps)
@@ -118,8 +120,10 @@ def scenario(out: Path, caps: list[str], hook: str) -> dict:
 
 def attach_check(out: Path, launch: tuple[str, ...], attach: str, hook: str | None = None) -> dict:
     """Start the agent under `launch` (no exporters, no CRI) until it attaches or exits; record
-    which, with its exit code and the capabilities it had. `hook` None: the agent's default."""
+    which, with its exit code and the capabilities it had. `hook` None: the agent's default. The
+    loader is the chart's default (core), but for the kprobe attach, which only BCC has."""
     probe = {"attach": attach, **({"hook": hook} if hook else {})}
+    probe["loader"] = "bcc" if attach == "kprobe" else "core"
     config = {"probe": probe, "export": {"prometheus": {"enabled": False}}}
     agent = Agent(out, config, launcher=launch)
     found = process_caps(agent.pid)

@@ -4,18 +4,19 @@ Run by tests/vm/restart.sh in the QEMU guest; writes /out/result.json for
 tests/test_restart_vm.py. Every agent runs with the chart's capabilities for its hook and the
 chart's probe.pin_dir (/out/plan.json, from the host test). One boot, one paced drmcall load per
 phase, one cgroup:
-1. cold: agent A has its loader child compile, attach and pin; load 1 starts; A is killed with
-   SIGKILL while it runs; agent B (same config) adopts the pins while load 1 goes on. B's
-   counted total must equal every call issued since A attached.
-2. upgrade: load 2 starts; B stops (SIGTERM); agent C has another program (probe.ringbuf_pages),
-   so its child compiles while the pinned probe counts, then C hands over (gate protocol) and
-   takes over the old probe's final totals. C is then killed and D (C's config) adopts: its
-   total must equal C's, the retired probe's totals included.
-3. crash mid-hand-over: load 3 starts; D stops; the loader of agent E (probe.hook drm_ioctl)
-   runs alone and pins E's probe with its gate closed (what a crash of E right after its child
-   leaves), then the hand-over is cut inside its window (E's gate at hand-over, D's device table
-   emptied, D still attached) as a crash there would leave it; calls go on meanwhile, as
-   handover drops. E then starts, adopts and finishes the hand-over.
+1. cold (probe.loader: bcc): agent A has its loader child compile, attach and pin; load 1
+   starts; A is killed with SIGKILL while it runs; agent B (same config) adopts the pins while
+   load 1 goes on. B's counted total must equal every call issued since A attached.
+2. upgrade, BCC to CO-RE: load 2 starts; B stops (SIGTERM); agent C loads the CO-RE object (the
+   default loader, and another probe.ringbuf_pages) while the pinned BCC probe counts, then C
+   hands over (gate protocol) and takes over the old probe's final totals. C is then killed
+   and D (C's config) adopts: its total must equal C's, the retired probe's totals included.
+3. crash mid-hand-over, CO-RE to BCC: load 3 starts; D stops; the loader of agent E
+   (probe.loader bcc, probe.hook drm_ioctl) runs alone and pins E's probe with its gate closed
+   (what a crash of E right after its child leaves), then the hand-over is cut inside its window
+   (E's gate at hand-over, D's device table emptied, D still attached) as a crash there would
+   leave it; calls go on meanwhile, as handover drops. E then starts, adopts and finishes the
+   hand-over.
 4. uninstall: E stops, `kubenpu-agent --uninstall` removes the pins; no program of ours is left.
 Times to the first metric (attach line and /metrics answering) and each agent's RSS are
 recorded for each start, all in this boot.
@@ -26,7 +27,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import struct
 import subprocess
 import sys
 import time
@@ -46,8 +46,8 @@ from guestlib import (
 )
 from least_privilege_guest import launcher
 
-from kubenpu import bpfsys
 from kubenpu.discovery import discover
+from kubenpu.kernel import abi, bpfsys
 
 RATE = 2000  # calls/s of each load
 CGROUP = Path("/sys/fs/cgroup/restart-load")
@@ -59,20 +59,27 @@ import sys
 from pathlib import Path
 from kubenpu import config
 from kubenpu.discovery import discover
-from kubenpu.pin import PinnedProbe, load_in_child
-from kubenpu.probe import BccKernel
+from kubenpu.kernel.loader import loaders
+from kubenpu.kernel.pinned import PinnedProbe, load_in_child
 cfg = config.load(sys.argv[1])
 devices = discover(cfg.discovery.root)
-kernel = BccKernel(devices, hook=cfg.probe.hook, ringbuf_pages=cfg.probe.ringbuf_pages)
+(kernel,) = loaders(cfg.probe, devices)
 probe = PinnedProbe(Path(cfg.probe.pin_dir), kernel, devices)
 kernel.gate_open = False
 print(probe.dir if load_in_child(kernel, probe.dir, probe.meta) else "")
 """
 
 
-def config(ringbuf_pages: int = 256, hook: str = "security_file_ioctl") -> dict:
+def config(
+    ringbuf_pages: int = 256, hook: str = "security_file_ioctl", loader: str = "auto"
+) -> dict:
     return {
-        "probe": {"ringbuf_pages": ringbuf_pages, "pin_dir": PIN_DIR, "hook": hook},
+        "probe": {
+            "ringbuf_pages": ringbuf_pages,
+            "pin_dir": PIN_DIR,
+            "hook": hook,
+            "loader": loader,
+        },
         "export": {"prometheus": PROMETHEUS},
     }
 
@@ -163,10 +170,10 @@ def crash_mid_hand_over(out: Path, cfg: dict, old: str) -> str:
     if done.returncode != 0 or not done.stdout.strip():
         raise SystemExit(f"the loader did not pin; see {out}/crash-loader.log")
     new = Path(done.stdout.strip())
-    gate = bpfsys.obj_get(new / "gate")
-    bpfsys.update(gate, struct.pack("=I", 0), struct.pack("=I", 2))  # GATE_HANDOVER
-    devices = bpfsys.obj_get(Path(PIN_DIR, old, "devices"))  # the old probe stops counting
-    for key in bpfsys.keys(devices, 4):
+    gate = bpfsys.obj_get(new / abi.GATE)
+    bpfsys.update(gate, abi.U32.pack(0), abi.U32.pack(abi.GATE_HANDOVER))
+    devices = bpfsys.obj_get(Path(PIN_DIR, old, abi.DEVICES))  # the old probe stops counting
+    for key in bpfsys.keys(devices, abi.U32.size):
         bpfsys.delete(devices, key)
     return new.name
 
@@ -189,7 +196,7 @@ def main() -> int:
     before = set(bpfsys.program_names())
     result: dict = {"pins": {}}
 
-    a, result["cold"] = start(out, "cold", config())
+    a, result["cold"] = start(out, "cold", config(loader="bcc"))
     result["pins"]["after_cold"] = pins()
     load = start_load(node, 30 * RATE)
     time.sleep(5)
@@ -197,7 +204,7 @@ def main() -> int:
     a.proc.wait()
     result["programs_after_kill"] = ours(before)
     time.sleep(3)  # calls made while no agent runs
-    b, result["adopt"] = start(out, "adopt", config())
+    b, result["adopt"] = start(out, "adopt", config(loader="bcc"))
     load.wait()
     issued = 30 * RATE
     result["restart"] = {"issued": issued, "counted": settled_count(issued)}
@@ -219,7 +226,7 @@ def main() -> int:
     load = start_load(node, 120 * RATE)
     time.sleep(3)
     d.stop()
-    e_cfg = config(hook="drm_ioctl")
+    e_cfg = config(hook="drm_ioctl", loader="bcc")
     result["pins"]["crashed"] = crash_mid_hand_over(out, e_cfg, d_dir)
     time.sleep(3)  # calls made in the cut hand-over window: handover drops
     e, result["after_crash"] = start(out, "after_crash", e_cfg)

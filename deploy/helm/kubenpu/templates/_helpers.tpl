@@ -8,6 +8,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 Secrets filled in (the keys are the agent's own, config/kubenpu.yaml). */}}
 {{- define "kubenpu.config" -}}
 {{- $config := deepCopy .Values.config }}
+{{- if .Values.bccFallback }}
+{{- $_ := set $config.probe "loader" "auto" }}
+{{- end }}
 {{- $prom := $config.export.prometheus }}
 {{- if .Values.metricsTLS.secretName }}
 {{- $_ := set $prom "tls" (dict "cert_file" "/etc/kubenpu/tls/tls.crt" "key_file" "/etc/kubenpu/tls/tls.key") }}
@@ -30,6 +33,6 @@ Secrets filled in (the keys are the agent's own, config/kubenpu.yaml). */}}
 {{/* The agent's image: by digest when one is given. */}}
 {{- define "kubenpu.image" -}}
 {{- with .Values.image -}}
-{{ .repository }}:{{ .tag }}{{ if .digest }}@{{ .digest }}{{ end }}
+{{ .repository }}:{{ .tag }}{{ if $.Values.bccFallback }}-bcc{{ end }}{{ if .digest }}@{{ .digest }}{{ end }}
 {{- end }}
 {{- end }}

@@ -1,4 +1,5 @@
-"""Host-side checks of the probe's plumbing. Loading and attaching run in the VM (test_e2e_vm)."""
+"""Host-side checks of the kernel side's plumbing (kubenpu/kernel/): hooks, the BCC text, the
+loader choice. Loading and attaching run in the VM (test_e2e_vm); the ABI is tests/test_abi.py."""
 
 import re
 from pathlib import Path
@@ -6,15 +7,12 @@ from pathlib import Path
 import pytest
 
 from kubenpu import vendors
-from kubenpu.events import KERNEL_LOST
-from kubenpu.probe import (
-    AttachPlan,
-    attach_plans,
-    effective_capabilities,
-    privileges_hint,
-    source_text,
-    vendor_ids,
-)
+from kubenpu.config import ProbeConfig
+from kubenpu.kernel.bcc import AttachPlan, BccKernel, attach_plans, source_text
+from kubenpu.kernel.core import CoreKernel
+from kubenpu.kernel.hooks import effective_capabilities, privileges_hint
+from kubenpu.kernel.loader import loaders
+from kubenpu.kernel.maps import vendor_ids
 
 KALLSYMS_6_8 = (
     "0000000000000000 T security_file_ioctl\n0000000000000000 T security_file_ioctl_compat\n"
@@ -76,19 +74,21 @@ def test_lsm_hook_without_the_compat_function(tmp_path):
     + attach_plans("auto", "security_file_ioctl", kallsyms=Path("/dev/null")),
 )
 def test_source_has_no_placeholders_left(plan: AttachPlan):
-    text = source_text(plan, ringbuf_pages=64, counts_entries=1024)
+    text = source_text(plan)
     for program in plan.programs:
         assert program.header in text
-    assert not re.search(r"\b(KUBENPU_ATTACH|RINGBUF_PAGES|COUNTS_ENTRIES)\b", text)
+    assert "KUBENPU_ATTACH" not in text
+    assert not re.search(r'^#include "', text, re.M)  # BCC rewrites map calls in one file only
 
 
 def test_each_function_gets_its_own_probe_body(tmp_path, kallsyms):
     (plan,) = attach_plans("fentry", "security_file_ioctl", tmp_path, kallsyms)
-    text = source_text(plan, ringbuf_pages=64, counts_entries=1024)
-    # The type byte is tested first in each copy, before any memory is read.
-    assert text.count("return handle(filp->f_inode->i_rdev, cmd);") == 2
-    assert text.count("if (((cmd >> 8) & 0xff) != DRM_IOCTL_TYPE)") == 2
-    assert text.count("BPF_PROG(kubenpu_cgroup_mkdir,") == 1  # what follows the probe: once
+    text = source_text(plan)
+    bcc_part = text[text.index("#ifdef KUBENPU_BCC\n/* Repeated") : text.index("#else\nSEC(")]
+    assert bcc_part.count("return on_ioctl(filp, cmd);") == 2
+    for program in plan.programs:
+        assert f"{program.header}\n{{\n    return on_ioctl(filp, cmd);\n}}" in bcc_part
+    assert text.count("kubenpu_cgroup_mkdir,") == 1  # what follows the probe: once
 
 
 def test_effective_capabilities_decode_cap_eff(tmp_path):
@@ -127,15 +127,9 @@ def test_vendor_ids_reserve_zero_for_the_core_table():
     assert sorted(ids.values()) == list(range(len(vendors.all_vendors()) + 1))
 
 
-def test_kind_values_match_the_c_side():
-    # bpf/kubenpu.bpf.c documents 1 submit, 2 alloc, 3 wait in the `ioctls` map comment.
-    text = source_text(attach_plans("kprobe")[0], 64, 1024)
-    assert "1 submit, 2 alloc, 3 wait" in text
-    assert [k.value for k in vendors.Kind] == [1, 2, 3]
-
-
-def test_lost_slots_match_the_c_side():
-    text = source_text(attach_plans("kprobe")[0], 64, 1024)
-    slots = {name.lower(): int(i) for name, i in re.findall(r"#define LOST_(\w+) (\d+)", text)}
-    assert slots == {name: i for i, name in enumerate(KERNEL_LOST)}
-    assert f"BPF_PERCPU_ARRAY(lost, u64, {len(KERNEL_LOST)});" in text
+def test_loader_auto_tries_core_then_bcc():
+    assert [type(k) for k in loaders(ProbeConfig(), [])] == [CoreKernel, BccKernel]
+    assert [type(k) for k in loaders(ProbeConfig(loader="core"), [])] == [CoreKernel]
+    assert [type(k) for k in loaders(ProbeConfig(loader="bcc"), [])] == [BccKernel]
+    # the kprobe attach exists only in BCC
+    assert [type(k) for k in loaders(ProbeConfig(attach="kprobe"), [])] == [BccKernel]

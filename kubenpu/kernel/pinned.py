@@ -15,30 +15,31 @@ lists is pinned; an incomplete one, left by a crash while pinning, is set aside 
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import logging
 import os
 import shutil
-import struct
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Protocol
 
-from kubenpu import __version__, bpfsys
+from kubenpu import __version__
 from kubenpu.discovery import Device
-from kubenpu.events import KERNEL_LOST, Key, dev_t
-from kubenpu.probe import GATE_HANDOVER, GATE_OPEN, LINK, CountsReader, ProbeError, tables
+from kubenpu.events import Key
+from kubenpu.kernel import abi, bpfsys
+from kubenpu.kernel.abi import GATE_HANDOVER, GATE_OPEN, LINK
+from kubenpu.kernel.errors import ProbeError
+from kubenpu.kernel.maps import Maps
 
 log = logging.getLogger(__name__)
 
 _RETIRED = "-retired-"  # a set-aside directory's name: <identity>-retired-<ns> (bpffs forbids dots)
 META = "meta"  # pinned last: its presence marks a complete pin directory
 _META_SIZE = 1024
-BIRTHS_LINK = f"{LINK}cgroup_mkdir"
+BIRTHS_LINK = f"{LINK}{abi.BIRTHS_TRACEPOINT}"
 
 
 def uninstall(root: Path) -> int:
@@ -80,11 +81,11 @@ def _device_table(probe_dir: Path) -> tuple[int, list[bytes]] | None:
     """An fd of a probe's `devices` map and its keys, read ahead of the hand-over window; None
     when it cannot be read (then only its detach stops it)."""
     try:
-        fd = bpfsys.obj_get(probe_dir / "devices")
+        fd = bpfsys.obj_get(probe_dir / abi.DEVICES)
     except bpfsys.BpfError as err:
         log.warning("cannot open the devices of %s: %s", probe_dir, err)
         return None
-    return fd, bpfsys.keys(fd, 4)
+    return fd, bpfsys.keys(fd, abi.U32.size)
 
 
 def on_bpffs(path: Path) -> bool:
@@ -107,58 +108,43 @@ class PinnedKernel:
     def __init__(self, probe_dir: Path) -> None:
         self.dir = probe_dir
         self._fds: dict[str, int] = {}
+        self._maps = Maps(self._fds)
         self.meta = _read_meta(probe_dir) if (probe_dir / META).exists() else {}
-        self.aggregate = (probe_dir / "counts").exists()  # what the program was built for
+        self.aggregate = (probe_dir / abi.COUNTS).exists()  # what the program was built for
         self._ring: bpfsys.RingBuffer | None = None
-        self._reader: CountsReader | None = None
-        self._ncpus = bpfsys.possible_cpus()
 
     def complete(self) -> bool:
         """Pinned to the end (`meta`) and still attached (every link `meta` lists)."""
         links = self.meta.get("links", [])
         return bool(links) and all((self.dir / link).exists() for link in links)
 
-    def open(self, names: Iterable[str] = ("devices", "ioctls", "lost", "events", "gate")) -> None:
+    def open(self, names: Iterable[str] = abi.MAPS) -> None:
         """Open the pinned maps `names` (and `counts` in aggregate mode). Raises
         bpfsys.BpfError."""
-        for name in (*names, *(["counts"] if self.aggregate else [])):
+        for name in (*names, *([abi.COUNTS] if self.aggregate else [])):
             self._fds[name] = bpfsys.obj_get(self.dir / name)
 
     def start(self, on_record: Callable[[bytes], None], devices: Iterable[Device]) -> str:
         attach = self.meta["attach"]  # KeyError: not a complete pin directory
         self.open()
-        self.refresh(devices)
-        self._ring = bpfsys.RingBuffer(self._fds["events"], on_record)
+        self._maps.fill(devices)  # what discovery found now (hot-plug, rebinding)
+        self._ring = bpfsys.RingBuffer(self._fds[abi.EVENTS], on_record)
         return attach
 
     def set_gate(self, value: int) -> None:
-        _set_gate(self._fds["gate"], value)
-
-    def refresh(self, devices: Iterable[Device]) -> None:
-        """Make the device and ioctl tables what discovery found now (hot-plug, rebinding)."""
-        by_node, ioctls = tables(devices)
-        _sync(self._fds["devices"], 4, {struct.pack("=I", k): v for k, v in by_node.items()})
-        _sync(self._fds["ioctls"], 8, {struct.pack("=II", *k): v for k, v in ioctls.items()})
+        self._maps.set_gate(value)
 
     def poll(self, timeout_ms: int) -> None:
         self._ring.poll(timeout_ms)
 
     def read_lost(self) -> dict[str, int]:
-        found = {}
-        for i, name in enumerate(KERNEL_LOST):  # a slot an older program lacks reads 0
-            raw = bpfsys.lookup(self._fds["lost"], struct.pack("=I", i), 8 * self._ncpus)
-            found[name] = sum(struct.unpack(f"={self._ncpus}Q", raw)) if raw else 0
-        return found
+        return self._maps.read_lost()
 
     def read_counts(self) -> dict[Key, int]:
-        if self._reader is None:
-            self._reader = CountsReader(self._fds["counts"])
-        return self._reader.read()
+        return self._maps.read_counts()
 
     def forget_counts(self, keys: Iterable[Key]) -> None:
-        for key in keys:
-            packed = struct.pack("=QII", key.cgroup_id, dev_t(key.major, key.minor), key.kind)
-            bpfsys.delete(self._fds["counts"], packed)
+        self._maps.forget_counts(keys)
 
     def close(self) -> None:
         if self._ring is not None:
@@ -169,32 +155,22 @@ class PinnedKernel:
         self._fds.clear()
 
 
-def _set_gate(fd: int, value: int) -> None:
-    bpfsys.update(fd, struct.pack("=I", 0), struct.pack("=I", value))
-
-
-def _sync(fd: int, key_size: int, wanted: dict[bytes, int]) -> None:
-    for key in bpfsys.keys(fd, key_size):
-        if key not in wanted:
-            bpfsys.delete(fd, key)
-    for key, value in wanted.items():
-        bpfsys.update(fd, key, struct.pack("=I", value))
-
-
 def _read_meta(probe_dir: Path) -> dict:
     fd = bpfsys.obj_get(probe_dir / META)
     try:
-        raw = bpfsys.lookup(fd, struct.pack("=I", 0), _META_SIZE) or b""
+        raw = bpfsys.lookup(fd, abi.U32.pack(0), _META_SIZE) or b""
     finally:
         os.close(fd)
     return json.loads(raw.rstrip(b"\0") or b"{}")
 
 
 class Loader(Protocol):
-    """What PinnedProbe needs of probe.BccKernel (tests use one made of plain maps)."""
+    """What PinnedProbe needs of a loader, kernel.bcc.BccKernel or kernel.core.CoreKernel (tests
+    use one made of plain maps)."""
 
     aggregate: bool
     hook: str
+    loader: str
     gate_open: bool
     before_attach: Callable[[], None] | None
 
@@ -303,6 +279,7 @@ class PinnedProbe:
             "kernel": os.uname().release,
             "hook": loader.hook,
             "mode": "aggregate" if loader.aggregate else "events",
+            "loader": loader.loader,
         }
         # The directory's name is the identity: an agent finds its own probe by name.
         ident = hashlib.sha256(json.dumps(self.meta, sort_keys=True).encode()).hexdigest()
@@ -341,11 +318,12 @@ class PinnedProbe:
             if attach is not None:
                 return attach
             self._set_aside(self.dir)
-        attach = self._loader.start(on_record)  # in this process: BCC and LLVM stay mapped
+        # In this process: CO-RE (libbpf only), or BCC without a child (then LLVM stays mapped).
+        attach = self._loader.start(on_record)
         objects = self._loader.objects()
-        pin_objects(objects, self.dir, dict(self.meta, attach=attach))
-        self._hand_over(functools.partial(_set_gate, objects["gate"]))
-        return attach
+        pinned = pin_objects(objects, self.dir, dict(self.meta, attach=attach))
+        self._hand_over(Maps(objects).set_gate)
+        return f"{attach} (pinned in {self.dir})" if pinned else attach
 
     def _adopt(self, on_record: Callable[[bytes], None], loaded: bool = False) -> str | None:
         """The attach of this agent's own pinned probe, now in use; None if there is none."""

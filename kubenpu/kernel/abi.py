@@ -1,0 +1,89 @@
+"""What bpf/kubenpu.bpf.c and Python must agree on, in one place: struct layouts, the dev_t
+encoding, map names and sizes, the ioctl table's index, the gate values, the `lost` slots and
+the program names. tests/test_abi.py reads the C source and checks every value here against it,
+so the two cannot drift. Nothing else in kubenpu packs or unpacks kernel records.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+
+# --- records on the `events` ring buffer ----------------------------------------------------------
+# struct event: u64 ts_ns, u64 cgroup_id, u32 tgid, u32 cmd, u32 major, u32 minor, u32 kind, u32 pad
+EVENT = struct.Struct("<QQIIIIII")
+# struct birth: u64 cgroup_id, u64 parent_id (a new cgroup; told from an event by its size)
+BIRTH = struct.Struct("<QQ")
+
+# --- the kernel-internal dev_t (MKDEV), not the 8/12-bit one of stat(2) ----------------------------
+MINOR_BITS = 20
+
+
+def dev_t(major: int, minor: int) -> int:
+    """The kernel-internal dev_t, which keys the `devices` and `counts` maps."""
+    return major << MINOR_BITS | minor
+
+
+def split_dev_t(rdev: int) -> tuple[int, int]:
+    """(major, minor) of a kernel-internal dev_t."""
+    return rdev >> MINOR_BITS, rdev & ((1 << MINOR_BITS) - 1)
+
+
+# --- maps ----------------------------------------------------------------------------------------
+DEVICES = "devices"  # u32 dev_t -> u32 vendor id (hash)
+IOCTLS = "ioctls"  # u32 ioctl_index(vendor, nr) -> u32 kind, 0 = not counted (array)
+LOST = "lost"  # u64 per CPU, by LOST_SLOTS index (per-CPU array)
+EVENTS = "events"  # ring buffer of EVENT and BIRTH records
+GATE = "gate"  # u32 at index 0: GATE_CLOSED / GATE_OPEN / GATE_HANDOVER (array)
+COUNTS = "counts"  # COUNT_KEY -> u64 per CPU (per-CPU hash, aggregate mode only)
+MAPS = (DEVICES, IOCTLS, LOST, EVENTS, GATE)  # every mode's; COUNTS in aggregate mode
+DEVICES_ENTRIES = 256
+COUNTS_ENTRIES = 16384  # the default size of `counts`
+PAGE = 4096  # the ring buffer is sized in pages
+
+# struct count_key: u64 cgroup_id, u32 rdev, u32 kind
+COUNT_KEY = struct.Struct("=QII")
+
+
+class CountKey(ctypes.Structure):
+    """COUNT_KEY as a ctypes array element, for batch reads."""
+
+    _fields_ = [
+        ("cgroup_id", ctypes.c_uint64),
+        ("rdev", ctypes.c_uint32),
+        ("kind", ctypes.c_uint32),
+    ]
+
+
+U32 = struct.Struct("=I")  # the key of `devices`, `ioctls`, `lost`, `gate`; their u32 values
+U64 = struct.Struct("=Q")  # one CPU's slot of `lost` and `counts`
+
+# --- the ioctl table -----------------------------------------------------------------------------
+DRM_IOCTL_TYPE = ord("d")
+DRM_COMMAND_BASE, DRM_COMMAND_END = 0x40, 0xA0  # driver-specific nrs; outside: the DRM core's
+VENDOR_CORE = 0  # the DRM core table applies to every vendor; plug-ins are numbered from 1
+VENDOR_SLOTS = 64  # vendor ids 0..63
+IOCTL_SLOTS = VENDOR_SLOTS * 256
+
+
+def ioctl_index(vendor: int, nr: int) -> int:
+    """The `ioctls` slot of {vendor id, nr}; the kernel uses VENDOR_CORE for core nrs."""
+    return vendor << 8 | nr
+
+
+# --- the gate: whether a program counts (docs/pinning.md, hand-over) ------------------------------
+GATE_CLOSED, GATE_OPEN, GATE_HANDOVER = 0, 1, 2
+
+# --- the `lost` slots, by index (LOST_* in the C source) ----------------------------------------
+LOST_SLOTS = ("ringbuf_full", "map_full", "late_sighting", "handover")
+
+# --- programs ------------------------------------------------------------------------------------
+BIRTHS = "kubenpu_cgroup_mkdir"  # tp_btf/cgroup_mkdir
+BIRTHS_TRACEPOINT = "cgroup_mkdir"
+# The CO-RE object's ioctl program of each hookable function (fentry/<function>).
+IOCTL_PROGRAMS = {
+    "security_file_ioctl": "kubenpu_lsm_ioctl",
+    "security_file_ioctl_compat": "kubenpu_lsm_compat",
+    "drm_ioctl": "kubenpu_drm_ioctl",
+}
+LINK = "link-"  # the pin name of an attachment (a bpf_link): link-<function>

@@ -1,0 +1,235 @@
+"""The CO-RE loader (`probe.loader: core`, and first under `auto`): open the object that `make
+bpf` compiled ahead of time from bpf/kubenpu.bpf.c, size its maps, fill them, and attach the
+hook's fentry programs and the cgroup_mkdir births program, all with the system libbpf through
+ctypes. libbpf relocates the program's field reads against the running kernel's BTF
+(/sys/kernel/btf/vmlinux), so the node needs neither kernel headers nor LLVM; docs/core.md.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from kubenpu.discovery import Device
+from kubenpu.events import Key
+from kubenpu.kernel import abi, bpfsys, hooks
+from kubenpu.kernel.bcc import bpf_dir
+from kubenpu.kernel.errors import ProbeError
+from kubenpu.kernel.maps import Maps
+
+log = logging.getLogger(__name__)
+
+_LIBBPF_WARN = 0  # enum libbpf_print_level: WARN, INFO, DEBUG
+_PRINT = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+_libc = ctypes.CDLL(None)
+_libc.vsnprintf.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_void_p]
+
+
+def object_path(aggregate: bool) -> Path:
+    """The built object of a probe mode (make bpf)."""
+    return bpf_dir() / "build" / f"kubenpu-{'aggregate' if aggregate else 'events'}.bpf.o"
+
+
+@functools.cache
+def _libbpf() -> _Libbpf:
+    """One per process: libbpf's print callback is process-wide and must outlive every object."""
+    return _Libbpf()
+
+
+class _Libbpf:
+    """The few libbpf calls the loader makes, typed once; libbpf's own messages are kept (the
+    last warnings say why a load failed) instead of printed."""
+
+    def __init__(self) -> None:
+        try:
+            lib = bpfsys.libbpf()
+        except OSError as err:
+            raise ProbeError(f"libbpf (libbpf.so.1) is needed for the CO-RE object: {err}") from err
+        p, c_int = ctypes.c_void_p, ctypes.c_int
+        for name, res, args in (
+            ("bpf_object__open_file", p, [ctypes.c_char_p, p]),
+            ("bpf_object__find_map_by_name", p, [p, ctypes.c_char_p]),
+            ("bpf_object__find_program_by_name", p, [p, ctypes.c_char_p]),
+            ("bpf_object__next_program", p, [p, p]),
+            ("bpf_object__load", c_int, [p]),
+            ("bpf_object__close", None, [p]),
+            ("bpf_map__set_max_entries", c_int, [p, ctypes.c_uint32]),
+            ("bpf_map__fd", c_int, [p]),
+            ("bpf_program__name", ctypes.c_char_p, [p]),
+            ("bpf_program__set_autoload", c_int, [p, ctypes.c_bool]),
+            ("bpf_program__attach", p, [p]),
+            ("bpf_link__fd", c_int, [p]),
+            ("bpf_link__destroy", c_int, [p]),
+            ("libbpf_set_print", p, [_PRINT]),
+        ):
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = res, args
+        self.lib = lib
+        self.messages: collections.deque[str] = collections.deque(maxlen=20)
+        self._print = _PRINT(self._on_print)  # kept: libbpf holds only the pointer
+        lib.libbpf_set_print(self._print)
+
+    def _on_print(self, level: int, fmt: bytes, args: int) -> int:
+        buf = ctypes.create_string_buffer(1024)
+        _libc.vsnprintf(buf, len(buf), fmt, args)
+        line = buf.value.decode(errors="replace").strip()
+        if line:
+            log.debug("libbpf: %s", line)
+            if level == _LIBBPF_WARN:
+                self.messages.append(line)
+        return 0
+
+    def why(self, err: int) -> str:
+        """One line: the errno and libbpf's last warning (the verifier's or relocation's)."""
+        last = self.messages[-1] if self.messages else ""
+        return f"{os.strerror(abs(err))}" + (f" ({last})" if last else "")
+
+
+class CoreKernel:
+    """The probe loaded from the CO-RE object. poll() runs on one thread; the map reads and
+    deletes on one other."""
+
+    loader = "core"
+
+    def __init__(
+        self,
+        devices: Iterable[Device],
+        *,
+        mode: str = "aggregate",
+        hook: str = hooks.DEFAULT_HOOK,
+        attach: str = "auto",
+        ringbuf_pages: int = 256,
+        counts_entries: int = abi.COUNTS_ENTRIES,
+        path: Path | None = None,
+    ) -> None:
+        self._devices = [d for d in devices if d.vendor]
+        self.before_attach: Callable[[], None] | None = None  # runs once the maps are filled
+        self.gate_open = True  # False: attach closed, until a hand-over opens it
+        self.aggregate = mode == "aggregate"
+        self.hook = hook
+        self._attach = attach
+        self._ringbuf_pages = ringbuf_pages
+        self._counts_entries = counts_entries
+        self._path = path
+        self._lib: _Libbpf | None = None
+        self._obj: int | None = None
+        self._maps: Maps | None = None
+        self._links: dict[str, int] = {}  # pin name -> struct bpf_link *
+        self._ring: bpfsys.RingBuffer | None = None
+
+    def _object(self) -> Path:
+        path = self._path or object_path(self.aggregate)
+        if not path.exists():
+            raise ProbeError(f"the CO-RE object {path} is missing (build it with `make bpf`)")
+        return path
+
+    def digest(self) -> str:
+        """sha256 of the object and its sizes; equal digests mean the same program. A missing
+        object has a digest too: its start() says what is missing."""
+        path = self._path or object_path(self.aggregate)
+        h = hashlib.sha256(path.read_bytes() if path.exists() else os.fsencode(path))
+        h.update(f"{self._ringbuf_pages} {self._counts_entries}".encode())
+        return h.hexdigest()
+
+    def start(self, on_record: Callable[[bytes], None]) -> str:
+        if self._attach == "kprobe":
+            raise ProbeError("the CO-RE object has fentry programs only (probe.attach: kprobe)")
+        functions = hooks.functions(self.hook)
+        self._lib = _libbpf()
+        self._lib.messages.clear()
+        try:
+            self._load(functions)
+            self._attach_all(functions)
+            self._ring = bpfsys.RingBuffer(self._maps.fds[abi.EVENTS], on_record)
+        except (ProbeError, bpfsys.BpfError) as err:
+            self.close()
+            hint = hooks.privileges_hint(self.hook, hooks.effective_capabilities())
+            raise ProbeError(f"cannot attach to {self.hook}: core: {err}{hint}") from err
+        attach = "fentry-module" if hooks.in_module(self.hook) else "fentry"
+        return hooks.describe(attach, functions, self.loader)
+
+    def _load(self, functions: list[str]) -> None:
+        lib = self._lib.lib
+        self._obj = lib.bpf_object__open_file(os.fsencode(self._object()), None)
+        if not self._obj:
+            raise ProbeError(f"opening {self._object()}: {self._lib.why(ctypes.get_errno())}")
+        self._map(abi.EVENTS, self._ringbuf_pages * abi.PAGE)
+        if self.aggregate:
+            self._map(abi.COUNTS, self._counts_entries)
+        wanted = {abi.IOCTL_PROGRAMS[f] for f in functions} | {abi.BIRTHS}
+        prog = lib.bpf_object__next_program(self._obj, None)
+        while prog:
+            lib.bpf_program__set_autoload(prog, lib.bpf_program__name(prog).decode() in wanted)
+            prog = lib.bpf_object__next_program(self._obj, prog)
+        if (err := lib.bpf_object__load(self._obj)) < 0:
+            raise ProbeError(f"loading the object: {self._lib.why(err)}")
+        names = (*abi.MAPS, *([abi.COUNTS] if self.aggregate else []))
+        self._maps = Maps({n: lib.bpf_map__fd(self._map(n)) for n in names})
+        self._maps.fill(self._devices)
+        self._maps.set_gate(abi.GATE_OPEN if self.gate_open else abi.GATE_CLOSED)
+
+    def _map(self, name: str, max_entries: int | None = None) -> int:
+        lib = self._lib.lib
+        found = lib.bpf_object__find_map_by_name(self._obj, name.encode())
+        if not found:
+            raise ProbeError(f"the object has no map {name}")
+        if max_entries is not None and lib.bpf_map__set_max_entries(found, max_entries) < 0:
+            raise ProbeError(f"sizing the map {name} to {max_entries}")
+        return found
+
+    def _attach_all(self, functions: list[str]) -> None:
+        if self.before_attach is not None:
+            self.before_attach()
+        for function in functions:
+            self._links[f"{abi.LINK}{function}"] = self._attach_program(
+                abi.IOCTL_PROGRAMS[function]
+            )
+        try:  # optional, as in the BCC loader
+            self._links[f"{abi.LINK}{abi.BIRTHS_TRACEPOINT}"] = self._attach_program(abi.BIRTHS)
+        except ProbeError as err:
+            log.warning(
+                "cgroup births unavailable (%s): short-lived containers may lose their pod", err
+            )
+
+    def _attach_program(self, name: str) -> int:
+        lib = self._lib.lib
+        prog = lib.bpf_object__find_program_by_name(self._obj, name.encode())
+        link = lib.bpf_program__attach(prog) if prog else None
+        if not link:
+            raise ProbeError(f"attaching {name}: {self._lib.why(ctypes.get_errno())}")
+        return link
+
+    def objects(self) -> dict[str, int]:
+        """fds of what can be pinned, by pin name: the maps and every program's bpf_link."""
+        links = {name: self._lib.lib.bpf_link__fd(link) for name, link in self._links.items()}
+        return {**self._maps.fds, **links}
+
+    def poll(self, timeout_ms: int) -> None:
+        self._ring.poll(timeout_ms)
+
+    def read_lost(self) -> dict[str, int]:
+        return self._maps.read_lost()
+
+    def read_counts(self) -> dict[Key, int]:
+        return self._maps.read_counts()
+
+    def forget_counts(self, keys: Iterable[Key]) -> None:
+        self._maps.forget_counts(keys)
+
+    def close(self) -> None:
+        """Detach (a pinned link stays attached: the pin holds it) and free the object."""
+        if self._ring is not None:
+            self._ring.close()
+            self._ring = None
+        for link in self._links.values():
+            self._lib.lib.bpf_link__destroy(link)
+        self._links.clear()
+        if self._obj:
+            self._lib.lib.bpf_object__close(self._obj)
+            self._obj = None

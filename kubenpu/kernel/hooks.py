@@ -1,0 +1,69 @@
+"""The hooks (`probe.hook`), their kernel functions, and the privileges each needs; shared by
+both loaders.
+
+- ``drm_ioctl``: the DRM core's ioctl entry, in drm.ko on most distributions. fentry on a module
+  function needs the module's BTF object, which only CAP_SYS_ADMIN may look up;
+- ``security_file_ioctl``: the LSM hook in vmlinux that every ioctl passes, plus
+  security_file_ioctl_compat (32-bit callers) where the kernel has it; before that function
+  existed, 32-bit calls passed security_file_ioctl itself. CAP_BPF + CAP_PERFMON suffice.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+DEFAULT_HOOK = "security_file_ioctl"
+HOOK_FUNCTIONS = {
+    "drm_ioctl": ("drm_ioctl",),
+    "security_file_ioctl": ("security_file_ioctl", "security_file_ioctl_compat"),
+}
+_OPTIONAL_FUNCTIONS = {"security_file_ioctl_compat"}  # from 6.8 (and stable backports)
+
+# What each hook needs (measured by tests/test_least_privilege_vm.py): fentry on a module function
+# needs the module's BTF object, which the kernel hands out only to CAP_SYS_ADMIN; fentry on a
+# vmlinux function needs CAP_BPF (maps, BTF) and CAP_PERFMON (tracing programs).
+HOOK_CAPABILITIES = {"drm_ioctl": ("SYS_ADMIN",), "security_file_ioctl": ("BPF", "PERFMON")}
+_CAP_BITS = {"SYS_ADMIN": 21, "PERFMON": 38, "BPF": 39}  # include/uapi/linux/capability.h
+
+
+def kernel_has(function: str, kallsyms: Path = Path("/proc/kallsyms")) -> bool:
+    """Whether the running kernel has `function` (names are readable without privileges)."""
+    with kallsyms.open() as f:
+        return any(line.split(maxsplit=3)[2:3] == [function] for line in f)
+
+
+def functions(hook: str, kallsyms: Path = Path("/proc/kallsyms")) -> list[str]:
+    """The hook's functions that this kernel has."""
+    return [
+        f for f in HOOK_FUNCTIONS[hook] if f not in _OPTIONAL_FUNCTIONS or kernel_has(f, kallsyms)
+    ]
+
+
+def in_module(hook: str, btf_dir: Path = Path("/sys/kernel/btf")) -> bool:
+    """Whether the hook's function lives in a module (drm.ko) rather than vmlinux."""
+    return hook == "drm_ioctl" and (btf_dir / "drm").exists()
+
+
+def effective_capabilities(status: Path = Path("/proc/self/status")) -> set[str]:
+    """The capabilities of HOOK_CAPABILITIES that this process holds."""
+    for line in status.read_text().splitlines():
+        if line.startswith("CapEff:"):
+            mask = int(line.split()[1], 16)
+            return {name for name, bit in _CAP_BITS.items() if mask >> bit & 1}
+    return set()
+
+
+def privileges_hint(hook: str, held: set[str]) -> str:
+    """Names the capabilities the hook needs and the agent lacks (the kernel's refusal varies:
+    a map, the BTF or the program may be the first thing refused)."""
+    missing = [c for c in HOOK_CAPABILITIES[hook] if c not in held and "SYS_ADMIN" not in held]
+    if not missing:
+        return ""
+    names = ", ".join(f"CAP_{c}" for c in missing)
+    need = " + ".join(f"CAP_{c}" for c in HOOK_CAPABILITIES[hook])
+    return f"; missing {names}: probe.hook {hook} needs {need} (see docs/deploy.md)"
+
+
+def describe(attach: str, functions: list[str], loader: str) -> str:
+    """How the probe is attached, for the agent's attach line: `fentry on f1+f2 (core)`."""
+    return f"{attach} on {'+'.join(functions)} ({loader})"

@@ -1,0 +1,110 @@
+"""`open_kernel()`: the Kernel the agent uses, from `probe.loader`, `probe.pin_dir` and the rest
+of the probe's config. `auto` loads the CO-RE object and falls back to BCC when the kernel
+refuses it, with one log line that says why.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from kubenpu.discovery import Device
+from kubenpu.events import Key
+from kubenpu.kernel.bcc import BccKernel
+from kubenpu.kernel.core import CoreKernel
+from kubenpu.kernel.errors import ProbeError
+from kubenpu.kernel.pinned import Loader, PinnedProbe, load_in_child
+
+if TYPE_CHECKING:  # pydantic comes with the agent extras, which kubenpuctl does without
+    from kubenpu.config import ProbeConfig
+
+log = logging.getLogger(__name__)
+
+
+class Kernel(Protocol):
+    """The loaded BPF program as the Probe uses it; tests/fakes.py has a fake one."""
+
+    aggregate: bool  # built for probe mode `aggregate` (else `events`)
+
+    def start(self, on_record: Callable[[bytes], None]) -> str:
+        """Load (or adopt) and attach, deliver ring-buffer records to on_record; returns how it
+        is attached (hooks.describe). Raises ProbeError."""
+        ...
+
+    def poll(self, timeout_ms: int) -> None: ...
+
+    def read_lost(self) -> dict[str, int]:
+        """The `lost` slots, cumulative, by abi.LOST_SLOTS name. Raises ProbeError or OSError."""
+        ...
+
+    def read_counts(self) -> dict[Key, int]:
+        """Aggregate mode's counts map, cumulative. Raises ProbeError or OSError."""
+        ...
+
+    def forget_counts(self, keys: Iterable[Key]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Fallback:
+    """`probe.loader: auto`: the first kernel that starts, in order (CO-RE, then BCC)."""
+
+    def __init__(self, kernels: list[Kernel]) -> None:
+        self._kernels = kernels
+        self._active = kernels[0]
+        self.aggregate = kernels[0].aggregate
+
+    def start(self, on_record: Callable[[bytes], None]) -> str:
+        *first, last = self._kernels
+        for kernel in first:
+            try:
+                self._active = kernel
+                return kernel.start(on_record)
+            except ProbeError as err:
+                log.warning("the CO-RE object did not load, falling back to BCC: %s", err)
+        self._active = last
+        return last.start(on_record)
+
+    def poll(self, timeout_ms: int) -> None:
+        self._active.poll(timeout_ms)
+
+    def read_lost(self) -> dict[str, int]:
+        return self._active.read_lost()
+
+    def read_counts(self) -> dict[Key, int]:
+        return self._active.read_counts()
+
+    def forget_counts(self, keys: Iterable[Key]) -> None:
+        self._active.forget_counts(keys)
+
+    def close(self) -> None:
+        self._active.close()
+
+
+def loaders(cfg: ProbeConfig, devices: list[Device], debug: bool = False) -> list[Loader]:
+    """The loaders `probe.loader` allows, in the order tried. The kprobe attach exists only in
+    BCC, so `attach: kprobe` leaves the CO-RE loader out."""
+    sizes = {"mode": cfg.mode, "hook": cfg.hook, "attach": cfg.attach}
+    sizes["ringbuf_pages"] = cfg.ringbuf_pages
+    core = CoreKernel(devices, **sizes)
+    bcc = BccKernel(devices, **sizes, debug=debug)
+    if cfg.loader == "core":
+        return [core]
+    if cfg.loader == "bcc" or cfg.attach == "kprobe":
+        return [bcc]
+    return [core, bcc]
+
+
+def open_kernel(cfg: ProbeConfig, devices: list[Device], debug: bool = False) -> Kernel:
+    """The agent's Kernel: pinned under `probe.pin_dir` when set (BCC then compiles in a child
+    process, so the agent never maps LLVM; CO-RE loads in this process: libbpf only)."""
+    kernels: list[Kernel] = []
+    for loader in loaders(cfg, devices, debug):
+        if cfg.pin_dir:
+            spawn = load_in_child if isinstance(loader, BccKernel) else None
+            kernels.append(PinnedProbe(Path(cfg.pin_dir), loader, devices, spawn=spawn))
+        else:
+            kernels.append(loader)
+    return kernels[0] if len(kernels) == 1 else Fallback(kernels)

@@ -1,0 +1,126 @@
+"""The probe's maps, by fd, for every loader (BCC, CO-RE, pinned): fill the device and ioctl
+tables, set the gate, read the `lost` and `counts` totals and forget counts. One implementation
+over bpf(2), whoever loaded the program.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Iterable, Mapping
+
+from kubenpu.discovery import Device
+from kubenpu.events import Key
+from kubenpu.kernel import abi, bpfsys
+from kubenpu.kernel.errors import ProbeError
+from kubenpu.vendors import all_vendors, core
+
+_BATCH = 4096  # keys per BPF_MAP_LOOKUP_BATCH call
+
+
+def vendor_ids() -> dict[str, int]:
+    """BPF vendor ids: 0 is the DRM core table, plug-ins are numbered from 1."""
+    ids = {core().name: abi.VENDOR_CORE}
+    ids.update({v.name: i for i, v in enumerate(all_vendors(), start=1)})
+    return ids
+
+
+def tables(devices: Iterable[Device]) -> tuple[dict[int, int], dict[int, int]]:
+    """The contents of the `devices` (dev_t -> vendor id) and `ioctls` (slot -> kind) maps for
+    the counted devices; slots not listed hold 0 (not counted)."""
+    ids = vendor_ids()
+    devices = [d for d in devices if d.vendor]
+    by_node = {node.dev_t: ids[d.vendor] for d in devices for node in d.nodes}
+    names = {d.vendor for d in devices}
+    vendors = (core(), *(v for v in all_vendors() if v.name in names))
+    ioctls = {abi.ioctl_index(ids[v.name], i.nr): int(i.kind) for v in vendors for i in v.ioctls}
+    return by_node, ioctls
+
+
+class CountsReader:
+    """Reads the per-CPU counts map with BPF_MAP_LOOKUP_BATCH into buffers allocated once:
+    _BATCH keys a syscall."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._ncpus = bpfsys.possible_cpus()
+        self._keys = (abi.CountKey * _BATCH)()
+        self._values = (ctypes.c_uint64 * (_BATCH * self._ncpus))()  # one u64 per CPU per key
+
+    def read(self) -> dict[Key, int]:
+        found: dict[Key, int] = {}
+        token_in, token_out = ctypes.c_uint32(0), ctypes.c_uint32(0)
+        first = True
+        while True:
+            count = ctypes.c_uint32(_BATCH)
+            try:
+                more = bpfsys.lookup_batch(
+                    self._fd,
+                    None if first else token_in,
+                    token_out,
+                    self._keys,
+                    self._values,
+                    count,
+                )
+            except bpfsys.BpfError as err:
+                raise ProbeError(f"reading the counts map failed: {err}") from err
+            self._decode(count.value, found)
+            if not more or count.value == 0:
+                return found
+            token_in.value, first = token_out.value, False
+
+    def _decode(self, n: int, into: dict[Key, int]) -> None:
+        ncpus, values = self._ncpus, self._values
+        for i in range(n):
+            k = self._keys[i]
+            total = sum(values[i * ncpus : (i + 1) * ncpus])
+            into[Key(k.cgroup_id, *abi.split_dev_t(k.rdev), k.kind)] = total
+
+
+class Maps:
+    """A loaded probe's maps, by name -> fd (abi.MAPS, plus abi.COUNTS in aggregate mode). The
+    caller owns the fds."""
+
+    def __init__(self, fds: Mapping[str, int]) -> None:
+        self.fds = fds
+        self._ncpus = bpfsys.possible_cpus()
+        self._reader: CountsReader | None = None
+
+    def fill(self, devices: Iterable[Device]) -> None:
+        """Make the device and ioctl tables what discovery found (at load, and at adoption:
+        hot-plug, rebinding)."""
+        by_node, ioctls = tables(devices)
+        fd = self.fds[abi.DEVICES]
+        wanted = {abi.U32.pack(k): v for k, v in by_node.items()}
+        for key in bpfsys.keys(fd, abi.U32.size):
+            if key not in wanted:
+                bpfsys.delete(fd, key)
+        for key, value in wanted.items():
+            bpfsys.update(fd, key, abi.U32.pack(value))
+        slots = [ioctls.get(i, 0) for i in range(abi.IOCTL_SLOTS)]
+        bpfsys.update_batch(self.fds[abi.IOCTLS], range(abi.IOCTL_SLOTS), slots)
+
+    def set_gate(self, value: int) -> None:
+        bpfsys.update(self.fds[abi.GATE], abi.U32.pack(0), abi.U32.pack(value))
+
+    def read_lost(self) -> dict[str, int]:
+        """The `lost` slots, cumulative, by abi.LOST_SLOTS name; a slot an older program lacks
+        reads 0."""
+        found = {}
+        for i, name in enumerate(abi.LOST_SLOTS):
+            raw = bpfsys.lookup(self.fds[abi.LOST], abi.U32.pack(i), abi.U64.size * self._ncpus)
+            found[name] = (
+                sum(abi.U64.unpack_from(raw, c * 8)[0] for c in range(self._ncpus)) if raw else 0
+            )
+        return found
+
+    def read_counts(self) -> dict[Key, int]:
+        if self._reader is None:
+            self._reader = CountsReader(self.fds[abi.COUNTS])
+        return self._reader.read()
+
+    def forget_counts(self, keys: Iterable[Key]) -> None:
+        fd = self.fds[abi.COUNTS]
+        for key in keys:
+            bpfsys.delete(
+                fd, abi.COUNT_KEY.pack(key.cgroup_id, abi.dev_t(key.major, key.minor), key.kind)
+            )

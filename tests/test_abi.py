@@ -1,0 +1,161 @@
+"""The kernel ABI (kubenpu/kernel/abi.py) against the C program it mirrors: the source's
+constants, and the compiled CO-RE objects' maps, programs and struct layouts (read with the
+system libbpf, which opens an object without loading it, and with bpftool's BTF dump). A change
+on either side that the other does not follow fails here."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import re
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from kubenpu import vendors
+from kubenpu.events import KERNEL_LOST
+from kubenpu.kernel import abi
+from kubenpu.kernel.core import object_path
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCE = (ROOT / "bpf" / "kubenpu.bpf.c").read_text()
+MAP_TYPES = {"hash": 1, "array": 2, "percpu_hash": 5, "percpu_array": 6, "ringbuf": 27}
+
+
+def defines(prefix: str) -> dict[str, int]:
+    return {n.lower(): int(v, 0) for n, v in re.findall(rf"#define {prefix}(\w+) (\w+)", SOURCE)}
+
+
+def test_constants_match_the_source():
+    assert defines("LOST_") == {name: i for i, name in enumerate(abi.LOST_SLOTS)}
+    assert defines("GATE_") == {"closed": 0, "open": 1, "handover": 2}
+    assert (abi.GATE_CLOSED, abi.GATE_OPEN, abi.GATE_HANDOVER) == (0, 1, 2)
+    assert defines("DRM_COMMAND_") == {
+        "base": abi.DRM_COMMAND_BASE,
+        "end": abi.DRM_COMMAND_END,
+    }
+    assert defines("VENDOR_") == {"core": abi.VENDOR_CORE, "slots": abi.VENDOR_SLOTS}
+    assert "#define DRM_IOCTL_TYPE 'd'" in SOURCE and ord("d") == abi.DRM_IOCTL_TYPE
+    assert "u32 index = (slot << 8) | nr;" in SOURCE and abi.ioctl_index(3, 0x42) == 0x342
+    assert [str(n) for n in KERNEL_LOST] == list(abi.LOST_SLOTS)
+
+
+def test_kinds_match_the_source():
+    # the `ioctls` map comment names each kind's value; vendors.Kind is what user space fills
+    assert "0 not counted, 1 submit, 2 alloc, 3 wait" in SOURCE
+    assert {k.name.lower(): k.value for k in vendors.Kind} == {"submit": 1, "alloc": 2, "wait": 3}
+
+
+def test_every_vendor_fits_the_ioctl_table():
+    assert len(vendors.all_vendors()) < abi.VENDOR_SLOTS  # id 0 is the DRM core's
+
+
+class _Object:
+    """A CO-RE object opened (not loaded) with the system libbpf."""
+
+    def __init__(self, path: Path) -> None:
+        lib = ctypes.CDLL("libbpf.so.1")
+        p = ctypes.c_void_p
+        for name, res, args in (
+            ("bpf_object__open_file", p, [ctypes.c_char_p, p]),
+            ("bpf_object__next_map", p, [p, p]),
+            ("bpf_object__next_program", p, [p, p]),
+            ("bpf_object__close", None, [p]),
+            ("bpf_map__name", ctypes.c_char_p, [p]),
+            ("bpf_map__type", ctypes.c_int, [p]),
+            ("bpf_map__key_size", ctypes.c_uint32, [p]),
+            ("bpf_map__value_size", ctypes.c_uint32, [p]),
+            ("bpf_map__max_entries", ctypes.c_uint32, [p]),
+            ("bpf_program__name", ctypes.c_char_p, [p]),
+            ("bpf_program__section_name", ctypes.c_char_p, [p]),
+        ):
+            getattr(lib, name).restype, getattr(lib, name).argtypes = res, args
+        self.lib = lib
+        self.obj = lib.bpf_object__open_file(str(path).encode(), None)
+        assert self.obj, f"libbpf cannot open {path}"
+
+    def maps(self) -> dict[str, tuple[int, int, int, int]]:
+        found, m, lib = {}, None, self.lib
+        while m := lib.bpf_object__next_map(self.obj, m):
+            found[lib.bpf_map__name(m).decode()] = (
+                lib.bpf_map__type(m),
+                lib.bpf_map__key_size(m),
+                lib.bpf_map__value_size(m),
+                lib.bpf_map__max_entries(m),
+            )
+        return found
+
+    def programs(self) -> dict[str, str]:
+        found, prog, lib = {}, None, self.lib
+        while prog := lib.bpf_object__next_program(self.obj, prog):
+            found[lib.bpf_program__name(prog).decode()] = lib.bpf_program__section_name(
+                prog
+            ).decode()
+        return found
+
+
+@pytest.fixture(params=[True, False], ids=["aggregate", "events"])
+def built(request) -> tuple[bool, Path]:
+    path = object_path(request.param)
+    assert path.exists(), f"{path} is missing: `make bpf` builds it"
+    return request.param, path
+
+
+def test_object_maps_match_the_abi(built):
+    aggregate, path = built
+    maps = _Object(path).maps()
+    u32, u64 = abi.U32.size, abi.U64.size
+    expected = {
+        abi.DEVICES: (MAP_TYPES["hash"], u32, u32, abi.DEVICES_ENTRIES),
+        abi.IOCTLS: (MAP_TYPES["array"], u32, u32, abi.IOCTL_SLOTS),
+        abi.LOST: (MAP_TYPES["percpu_array"], u32, u64, len(abi.LOST_SLOTS)),
+        abi.EVENTS: (MAP_TYPES["ringbuf"], 0, 0, 256 * abi.PAGE),
+        abi.GATE: (MAP_TYPES["array"], u32, u32, 1),
+    }
+    if aggregate:
+        key = abi.COUNT_KEY.size
+        expected[abi.COUNTS] = (MAP_TYPES["percpu_hash"], key, u64, abi.COUNTS_ENTRIES)
+    # libbpf adds the object's .rodata/.bss only when it has globals; it has none
+    assert maps == expected
+
+
+def test_object_programs_match_the_abi(built):
+    programs = _Object(built[1]).programs()
+    expected = {name: f"fentry/{function}" for function, name in abi.IOCTL_PROGRAMS.items()}
+    expected[abi.BIRTHS] = f"tp_btf/{abi.BIRTHS_TRACEPOINT}"
+    assert programs == expected
+
+
+def _source_struct(name: str) -> list[tuple[str, str]]:
+    """(field, type) of a struct of the C source, in order."""
+    body = re.search(rf"struct {name} {{(.*?)}};", SOURCE, re.S)[1]
+    return [(f, t) for t, f in re.findall(r"(u64|u32) (\w+);", body)]
+
+
+@pytest.mark.parametrize(
+    ("name", "packing"),
+    [("event", abi.EVENT), ("birth", abi.BIRTH), ("count_key", abi.COUNT_KEY)],
+)
+def test_struct_layouts_match_the_source(name: str, packing: struct.Struct):
+    fields = _source_struct(name)
+    assert "".join({"u64": "Q", "u32": "I"}[t] for _, t in fields) == packing.format[1:]
+    assert packing.size == 8 * sum(t == "u64" for _, t in fields) + 4 * sum(
+        t == "u32" for _, t in fields
+    )
+
+
+def test_count_key_in_the_object_matches_ctypes():
+    # the compiled object's BTF (the counts map's key type) against the batch reader's layout
+    out = subprocess.run(
+        ["bpftool", "-j", "btf", "dump", "file", str(object_path(True))],
+        capture_output=True,
+        check=True,
+    ).stdout
+    (key,) = [t for t in json.loads(out)["types"] if t.get("name") == "count_key"]
+    members = [(m["name"], m["bits_offset"] // 8) for m in key["members"]]
+    assert (key["size"], members) == (
+        ctypes.sizeof(abi.CountKey),
+        [(n, getattr(abi.CountKey, n).offset) for n, _ in abi.CountKey._fields_],
+    )
