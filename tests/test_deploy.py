@@ -49,10 +49,9 @@ HOST_PATHS = {
     "/sys/fs/cgroup",
     "/dev/dri",
     "/dev/accel",
-    "/lib/modules",
-    "/usr/src",
     "/proc",  # fdinfo
 }
+HEADERS = {"/lib/modules", "/usr/src"}  # only with bccFallback: BCC compiles against them
 # What each probe.hook needs: daemonset.yaml says why; tests/test_least_privilege_vm.py measures
 CAPABILITIES = {"security_file_ioctl": ["BPF", "PERFMON"], "drm_ioctl": ["SYS_ADMIN"]}
 # What config.fdinfo.enabled (the default) adds: tests/test_least_privilege_vm.py measures
@@ -78,6 +77,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "kprobe attach": {"config": {"probe": {"attach": "kprobe"}}},
     "fentry attach": {"config": {"probe": {"attach": "fentry"}}},
     "no pinning": {"config": {"probe": {"pin_dir": ""}}},
+    "bcc fallback": {"bccFallback": True},
     "tls and auth": {
         "metricsTLS": {"secretName": "metrics-tls"},
         "metricsAuth": {"secretName": "metrics-auth", "username": "prom", "bearerToken": True},
@@ -396,7 +396,7 @@ def test_tanka_passes_its_config_to_the_chart_as_values() -> None:
 
 
 def check_agent_daemonset(
-    ds: dict[str, Any], cri_dir: str, hook: str = "security_file_ioctl"
+    ds: dict[str, Any], cri_dir: str, hook: str = "security_file_ioctl", headers: bool = False
 ) -> None:
     pod = ds["spec"]["template"]["spec"]
     (agent,) = pod["containers"]
@@ -407,7 +407,8 @@ def check_agent_daemonset(
     assert sc["capabilities"] == {"drop": ["ALL"], "add": add}
     assert not pod.get("hostPID") and not pod.get("hostNetwork") and not pod.get("hostIPC")
     host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
-    assert set(host.values()) - {BPFFS} == HOST_PATHS | {cri_dir}, "a host path too many or missing"
+    want = HOST_PATHS | {cri_dir} | (HEADERS if headers else set())
+    assert set(host.values()) - {BPFFS} == want, "a host path too many or missing"
     mounts = {m["name"]: m for m in agent["volumeMounts"]}
     for name in host:
         assert (mounts[name].get("readOnly") is True) != (name in WRITABLE), f"{name} is writable"
@@ -419,8 +420,9 @@ def check_agent_daemonset(
 def test_agent_runs_unprivileged_with_read_only_node_mounts(every_render: dict) -> None:
     for name, docs in every_render.items():
         if name != "otel collector":
-            hook = agent_config(docs)["probe"]["hook"]
-            check_agent_daemonset(daemonset(docs), "/run/containerd", hook)
+            probe = agent_config(docs)["probe"]
+            headers = probe["loader"] != "core"  # the BCC fallback compiles against them
+            check_agent_daemonset(daemonset(docs), "/run/containerd", probe["hook"], headers)
 
 
 def test_capabilities_follow_the_hook() -> None:
@@ -803,6 +805,17 @@ def docker_flags(argv: list[str]) -> dict[str, list[str]]:
         value = "" if arg in ("-d", "--read-only") else next(args)
         flags.setdefault(arg, []).append(value)
     return flags
+
+
+def test_the_default_needs_no_headers_and_bcc_fallback_adds_them() -> None:
+    ds = daemonset(render_helm())
+    check_agent_daemonset(ds, "/run/containerd")  # no /lib/modules, no /usr/src
+    assert agent_config(render_helm())["probe"]["loader"] == "core"
+    objects = render_helm({"bccFallback": True})
+    check_agent_daemonset(daemonset(objects), "/run/containerd", headers=True)
+    assert agent_config(objects)["probe"]["loader"] == "auto"
+    (agent,) = daemonset(objects)["spec"]["template"]["spec"]["containers"]
+    assert agent["image"].endswith(":0.1.0-bcc")  # the image variant with BCC and LLVM
 
 
 def test_readme_quick_test_runs_the_agent_as_the_chart_does() -> None:
