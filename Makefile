@@ -10,7 +10,7 @@ all: test
 venv:
 	scripts/venv.sh
 
-# The CO-RE objects the agent loads (bpf/build/kubenpu-{aggregate,events}.bpf.o), compiled once
+# The CO-RE objects the agent loads (kubenpu/kernel/objects/kubenpu-{aggregate,events}.bpf.o), built once
 # with Debian's clang from bpf/kubenpu.bpf.c; the node needs no headers and no LLVM.
 bpf:
 	scripts/bpf.sh
@@ -48,4 +48,4 @@ image:
 	scripts/image.sh
 
 clean:
-	rm -rf out .venv .pytest_cache .ruff_cache bpf/build
+	rm -rf out .venv .pytest_cache .ruff_cache kubenpu/kernel/objects

@@ -2,12 +2,13 @@
 # Compile bpf/kubenpu.bpf.c ahead of time into the CO-RE objects the agent loads (one per probe
 # mode), with Debian's clang and libbpf headers: `clang -target bpf -g` against the minimal
 # bpf/vmlinux.h (docs/core.md). The kernel relocates nothing; libbpf does, at load, from BTF.
-#   scripts/bpf.sh [OUTDIR]    default: bpf/build
+#   scripts/bpf.sh [OUTDIR]    default: kubenpu/kernel/objects (in the wheel, and where the
+#                              agent looks in a source tree)
 # Idempotent: an object newer than every source is kept. CLANG overrides the compiler.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
-out=${1:-$repo/bpf/build}
+out=${1:-$repo/kubenpu/kernel/objects}
 CLANG=${CLANG:-clang-19}
 sources=("$repo"/bpf/kubenpu.bpf.c "$repo"/bpf/*.h "$0")
 

@@ -19,7 +19,6 @@ from pathlib import Path
 from kubenpu.discovery import Device
 from kubenpu.events import Key
 from kubenpu.kernel import abi, bpfsys, hooks
-from kubenpu.kernel.bcc import bpf_dir
 from kubenpu.kernel.errors import ProbeError
 from kubenpu.kernel.maps import Maps
 
@@ -31,9 +30,12 @@ _libc = ctypes.CDLL(None)
 _libc.vsnprintf.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_void_p]
 
 
+_OBJECTS = Path(__file__).parent / "objects"  # make bpf's output, in the wheel when built
+
+
 def object_path(aggregate: bool) -> Path:
     """The built object of a probe mode (make bpf)."""
-    return bpf_dir() / "build" / f"kubenpu-{'aggregate' if aggregate else 'events'}.bpf.o"
+    return _OBJECTS / f"kubenpu-{'aggregate' if aggregate else 'events'}.bpf.o"
 
 
 @functools.cache
