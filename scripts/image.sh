@@ -3,7 +3,7 @@
 # a registry: Debian's buildah (vfs storage, chroot isolation, as root), with the Dockerfile's base
 # image made here (mmdebstrap) and tagged with the exact name its FROM uses. Writes an OCI archive
 # named as the chart names the image, and prints its path on stdout (progress and size on stderr).
-#   scripts/image.sh
+#   scripts/image.sh [bcc]    bcc: the -bcc variant (--build-arg BCC=true: BCC and LLVM added)
 # Cached and idempotent: the base image is built once per mirror/suite, buildah reuses its layers
 # (--layers) while their inputs are unchanged, and the archive is rewritten only for a new image.
 set -euo pipefail
@@ -21,7 +21,11 @@ chart_value() {
   awk -v key="$1" '/^image:/ { on = 1; next } /^[^ #]/ { on = 0 }
     on && $1 == key ":" { gsub(/"/, "", $2); print $2; exit }' "$repo/deploy/helm/kubenpu/values.yaml"
 }
-IMAGE=$(chart_value repository):$(chart_value tag)
+VARIANT=${1:-}
+[[ -z $VARIANT || $VARIANT == bcc ]] || die "usage: $0 [bcc]"
+IMAGE=$(chart_value repository):$(chart_value tag)${VARIANT:+-$VARIANT}
+BUILD_ARGS=()
+[[ $VARIANT == bcc ]] && BUILD_ARGS=(--build-arg BCC=true)
 # containerd (and the kubelet) name an image by its full reference.
 ARCHIVE=$dir/${IMAGE//[\/:]/_}.oci.tar
 REF=docker.io/$IMAGE
@@ -69,7 +73,7 @@ build_base() {
 build_image() {
   local pipconf=$dir/pip.conf
   printf '[global]\ncert = /etc/kubenpu-build-ca.crt\n' >"$pipconf"
-  bh bud --quiet --layers --pull=never --isolation chroot \
+  bh bud --quiet --layers --pull=never --isolation chroot "${BUILD_ARGS[@]}" \
     --volume "/etc/ssl/certs/ca-certificates.crt:/etc/kubenpu-build-ca.crt:ro" \
     --volume "$pipconf:/etc/pip.conf:ro" \
     --tag "$IMAGE" --file "$repo/Dockerfile" "$repo" >&2
@@ -80,11 +84,13 @@ build_image() {
 # skipped.
 inputs_hash() {
   local srcs
-  mapfile -t srcs < <(awk '$1 == "COPY" { for (i = 2; i < NF; i++) print $i }' "$repo/Dockerfile")
+  mapfile -t srcs < <(awk '$1 == "COPY" && $2 !~ /^--from/ { for (i = 2; i < NF; i++) print $i }' \
+    "$repo/Dockerfile")
   {
     cat "$repo/Dockerfile" "$repo/.dockerignore" "${BASH_SOURCE[0]}"
+    echo "${BUILD_ARGS[*]}"
     bh inspect --type image --format '{{.FromImageID}}' "$BASE"
-    (cd "$repo" && find "${srcs[@]}" -type f ! -name '*.pyc' -print0 | sort -z | xargs -0 sha256sum)
+    (cd "$repo" && find "${srcs[@]}" -type f ! -name '*.pyc' ! -path 'kubenpu/kernel/objects/*' -print0 | sort -z | xargs -0 sha256sum)
   } | sha256sum | cut -c1-16
 }
 
@@ -111,10 +117,11 @@ main() {
   build_base
   local inputs
   inputs=$(inputs_hash)
-  if [[ ! -e $ARCHIVE || $(cat "$dir/inputs.stamp" 2>/dev/null) != "$inputs" ]]; then
+  local stamp=$dir/inputs${VARIANT:+-$VARIANT}.stamp
+  if [[ ! -e $ARCHIVE || $(cat "$stamp" 2>/dev/null) != "$inputs" ]]; then
     build_image
     write_archive
-    echo "$inputs" >"$dir/inputs.stamp"
+    echo "$inputs" >"$stamp"
   fi
   log "$REF: $(bh images --format '{{.Size}}' "$IMAGE" | head -n1) unpacked," \
     "$(du -h "$ARCHIVE" | cut -f1) archive ($ARCHIVE)"

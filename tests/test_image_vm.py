@@ -257,6 +257,17 @@ def test_counts_exact_on_metrics_and_otlp(result):
     assert by_reason(result["prometheus"], "kubenpu_events_dropped_total") == {}
 
 
+def test_the_node_has_no_kernel_headers(result):
+    # what the default images of COS, AL2023, Bottlerocket and Talos lack; the counts above and
+    # the attach line below are from this node
+    assert result["headerless"] == {
+        "usr_src": [],
+        "build": False,
+        "kheaders_module": [],
+        "kheaders_loaded": False,
+    }
+
+
 def test_agent_ran_from_the_chart_image_with_its_args(result, agent_container):
     assert "docker.io/" + agent_container["image"] in result["images"]
     cmdline = result["process"]["cmdline"]

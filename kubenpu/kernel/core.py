@@ -109,6 +109,7 @@ class CoreKernel:
         ringbuf_pages: int = 256,
         counts_entries: int = abi.COUNTS_ENTRIES,
         path: Path | None = None,
+        alone: bool = False,
     ) -> None:
         self._devices = [d for d in devices if d.vendor]
         self.before_attach: Callable[[], None] | None = None  # runs once the maps are filled
@@ -119,6 +120,7 @@ class CoreKernel:
         self._ringbuf_pages = ringbuf_pages
         self._counts_entries = counts_entries
         self._path = path
+        self._alone = alone  # no BCC fallback after it: a failure says how to allow one
         self._lib: _Libbpf | None = None
         self._obj: int | None = None
         self._maps: Maps | None = None
@@ -152,6 +154,8 @@ class CoreKernel:
         except (ProbeError, bpfsys.BpfError) as err:
             self.close()
             hint = hooks.privileges_hint(self.hook, hooks.effective_capabilities())
+            if self._alone:
+                hint += "; to fall back to BCC: probe.loader auto (chart value bccFallback: true)"
             raise ProbeError(f"cannot attach to {self.hook}: core: {err}{hint}") from err
         attach = "fentry-module" if hooks.in_module(self.hook) else "fentry"
         return hooks.describe(attach, functions, self.loader)

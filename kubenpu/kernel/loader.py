@@ -88,7 +88,7 @@ def loaders(cfg: ProbeConfig, devices: list[Device], debug: bool = False) -> lis
     BCC, so `attach: kprobe` leaves the CO-RE loader out."""
     sizes = {"mode": cfg.mode, "hook": cfg.hook, "attach": cfg.attach}
     sizes["ringbuf_pages"] = cfg.ringbuf_pages
-    core = CoreKernel(devices, **sizes)
+    core = CoreKernel(devices, **sizes, alone=cfg.loader == "core")
     bcc = BccKernel(devices, **sizes, debug=debug)
     if cfg.loader == "core":
         return [core]

@@ -6,7 +6,8 @@ and translates the DaemonSet's agent container into CRI terms in /out/pod.json: 
 its volumes, the host paths that must exist, and the probes. Here, as root in the QEMU guest, this
 plays kubelet with tests/vm/node_guest.py's containerd and CRI client: it imports the image archive
 from /out, prepares the volumes, runs the agent pod and polls its startup probe, then runs a
-workload pod whose drmcall containers report what they issued. It records /metrics, OTLP, the
+workload pod whose drmcall containers report what they issued. The node is headerless first
+(make_headerless), as the default images of the large managed offerings are. It records /metrics, OTLP, the
 probes, and what the agent process really got (capabilities, uid, seccomp, read-only root, the
 OCI spec containerd made). Writes /out/result.json; tests/test_image_vm.py asserts on it.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -164,8 +166,31 @@ def settle_otlp(receiver: OtlpReceiver, want: float) -> list[dict]:
         time.sleep(1)
 
 
+def make_headerless() -> dict:
+    """The node image of GKE (COS), EKS (AL2023), Bottlerocket or Talos: no kernel headers, no
+    /lib/modules/<release>/build, no kheaders. The guest root is an overlay on tmpfs, so this
+    boot's deletions leave the cached root as it was. Returns what is left to look at."""
+    release = os.uname().release
+    modules = Path("/lib/modules", release)
+    doomed = [*Path("/usr/src").glob("linux-*"), modules / "build", modules / "source"]
+    doomed += modules.rglob("kheaders.ko*")
+    for path in doomed:
+        if path.is_symlink() or path.is_file():
+            path.unlink()
+        elif path.exists():
+            shutil.rmtree(path)
+    subprocess.run(["depmod", "-a", release], check=True)
+    return {
+        "usr_src": sorted(p.name for p in Path("/usr/src").iterdir()),
+        "build": (modules / "build").exists(),
+        "kheaders_module": sorted(str(p) for p in modules.rglob("kheaders.ko*")),
+        "kheaders_loaded": Path("/sys/kernel/kheaders.tar.xz").exists(),
+    }
+
+
 def run(out: Path) -> dict:
     spec = json.loads((out / "pod.json").read_text())
+    headerless = make_headerless()
     node = Node(out)
     containerd = node.start_containerd()
     receiver = OtlpReceiver(port=OTLP_PORT)
@@ -196,6 +221,7 @@ def run(out: Path) -> dict:
         containerd.wait(timeout=30)
     return {
         "kernel": os.uname().release,
+        "headerless": headerless,
         "images": images,
         "startup_seconds": startup_seconds,
         "timings": node.timings,
