@@ -343,8 +343,8 @@ def _join(workers: list[threading.Thread], seconds: float) -> list[str]:
 def build(
     cfg: config.Config, services: Services, debug: bool = False, trace: bool = False
 ) -> Agent:
-    """The agent with its real collaborators: the kernel side, the CRI resolver, the exporters. Each is
-    registered with `services` as it starts, so a later one that fails stops them."""
+    """The agent with its real collaborators: the kernel side, the CRI resolver, the exporters.
+    Each is registered with `services` as it starts, so a later one that fails stops them."""
     found = discover(cfg.discovery.root)
     devices = select_devices(found, cfg.discovery.ignore_devices)
     _log_tables(devices)

@@ -1,9 +1,10 @@
 """kubenpu/kernel/pinned.py, maps.py and bpfsys.py against the real bpf(2) syscall and a real bpffs.
 
 Each check runs in a forked child with its own mount namespace and bpffs (helpers.in_private_bpffs).
-What cannot run here is BCC and an attach to drm_ioctl: `MapLoader` stands in for a loader (kernel.bcc.BccKernel, kernel.core.CoreKernel)
-with real maps of the same layout, and pins an array map where BCC's bpf_link would be. The real
-program, link and kernel are tested in tests/test_restart_vm.py.
+What cannot run here is a program load and an attach: `MapLoader` stands in for a loader
+(kernel.bcc.BccKernel, kernel.core.CoreKernel) with real maps of the same layout, and pins an
+array map where a bpf_link would be. The real programs, links and kernel are tested in
+tests/test_restart_vm.py.
 """
 
 from __future__ import annotations

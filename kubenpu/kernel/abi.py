@@ -15,7 +15,7 @@ EVENT = struct.Struct("<QQIIIIII")
 # struct birth: u64 cgroup_id, u64 parent_id (a new cgroup; told from an event by its size)
 BIRTH = struct.Struct("<QQ")
 
-# --- the kernel-internal dev_t (MKDEV), not the 8/12-bit one of stat(2) ----------------------------
+# --- the kernel-internal dev_t (MKDEV), not the 8/12-bit one of stat(2) --------------------------
 MINOR_BITS = 20
 
 
