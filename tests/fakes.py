@@ -2,7 +2,8 @@
 
 FakeKernel is the fake probe: it stands in for the kernel side (kubenpu/kernel/), the loaded BPF
 program, and feeds the real Probe recorded ring-buffer records and kernel map snapshots.
-FakeResolver answers as the Resolver does while a CRI lookup is pending (None), for as long as a test says.
+FakeResolver answers as the Resolver does while a CRI lookup is pending (None), for as long as a
+test says.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ from /out, prepares the volumes, runs the agent pod and polls its startup probe,
 workload pod whose drmcall containers report what they issued. The node is headerless first
 (make_headerless), as the default images of the large managed offerings are. It records
 /metrics, OTLP, the probes, and what the agent process really got (capabilities, uid, seccomp,
-read-only root, the OCI spec containerd made). Writes /out/result.json; tests/test_image_vm.py asserts on it.
+read-only root, the OCI spec containerd made). Writes /out/result.json; tests/test_image_vm.py
+asserts on it.
 """
 
 from __future__ import annotations
