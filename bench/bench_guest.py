@@ -203,16 +203,25 @@ class Measured(Agent, Usage):
     """One agent process with Prometheus export only (no OTLP push in the measured CPU), and
     its CPU and memory."""
 
-    def __init__(self, out: Path, mode: str, hook: str | None = None, pin_dir: str = "") -> None:
+    def __init__(
+        self,
+        out: Path,
+        mode: str,
+        hook: str | None = None,
+        pin_dir: str = "",
+        loader: str = "auto",
+    ) -> None:
         self.mode = mode
+        probe = {"mode": mode, "pin_dir": pin_dir, "loader": loader}
         config = {
-            "probe": {"mode": mode, "pin_dir": pin_dir, **({"hook": hook} if hook else {})},
+            "probe": {**probe, **({"hook": hook} if hook else {})},
             # The CRI test server shares the guest's emulated CPUs with the agent and the load:
             # give it longer than a real runtime needs.
             "attribution": {"cri": {"endpoint": f"unix://{CRI_SOCKET}", "timeout_seconds": 15}},
             "export": {"prometheus": PROMETHEUS, "otlp": {"enabled": False}},
         }
         parts = ("agent", mode, *([hook] if hook else []), *(["pinned"] if pin_dir else []))
+        parts += (loader,) if loader != "auto" else ()
         super().__init__(out, config, name="-".join(parts))
         self.attach()
 
@@ -525,14 +534,23 @@ class Bench:
         """Restarts with the probe pinned (docs/pinning.md), in aggregate mode with 1,000 pods:
         a cold start (the loader child compiles, attaches and pins; the agent adopts), then a
         paced load across a SIGKILL of the agent and a restart that adopts the pins. The calls
-        lost across it (issued, not counted and not reported dropped) must be 0."""
+        lost across it (issued, not counted and not reported dropped) must be 0. First, for the
+        comparison, a cold start of the BCC fallback (it compiles on the node)."""
+        print("== restart: a cold start of the BCC fallback (no pinning)", flush=True)
+        bcc = Measured(self.out, "aggregate", loader="bcc")
+        try:
+            res = {
+                "bcc_attached_seconds": round(bcc.attach_seconds, 1),
+                "bcc_first_metric_seconds": round(self.first_metric(bcc), 1),
+                "bcc_rss_mib_start": round(bcc.rss_mib(), 1),
+            }
+        finally:
+            bcc.stop(timeout=60)
         print("== restart: a cold start with pinning", flush=True)
         cold = Measured(self.out, "aggregate", pin_dir=PIN_DIR)
         try:
-            res = {
-                "cold_attached_seconds": round(cold.attach_seconds, 1),
-                "cold_first_metric_seconds": round(self.first_metric(cold), 1),
-            }
+            res["cold_attached_seconds"] = round(cold.attach_seconds, 1)
+            res["cold_first_metric_seconds"] = round(self.first_metric(cold), 1)
             res["cold_rss_mib_start"] = round(cold.rss_mib(), 1)
             ledger = Ledger()
             res["tour"] = ledger.settle(tour(self.card, pods, TOUR_CALLS))

@@ -197,7 +197,15 @@ def restart(b: dict) -> str:
     across = r["across"]
     rows = [
         [
-            "cold start, pinning (loader child)",
+            "cold start, BCC fallback (compiles on the node, no pinning)",
+            f"{r['bcc_attached_seconds']:.1f}",
+            f"{r['bcc_first_metric_seconds']:.1f}",
+            f"{r['bcc_rss_mib_start']:.0f}",
+            "",
+            "",
+        ],
+        [
+            "cold start, pinning (CO-RE, loaded in the agent)",
             f"{r['cold_attached_seconds']:.1f}",
             f"{r['cold_first_metric_seconds']:.1f}",
             f"{r['cold_rss_mib_start']:.0f}",
@@ -235,9 +243,10 @@ def restart(b: dict) -> str:
         "calls lost across the restart",
     ]
     return (
-        "### Restarts with the probe pinned (docs/pinning.md)\n\nA cold start whose loader child "
-        "compiles and pins, then a paced load across a SIGKILL of the agent and a restart that "
-        "adopts the pins; lost = issued - counted (drops listed apart).\n\n" + table(head, rows)
+        "### Cold starts and restarts with the probe pinned (docs/pinning.md, docs/core.md)\n\n"
+        "The BCC fallback's cold start (it compiles), the CO-RE object's cold start that pins, "
+        "then a paced load across a SIGKILL of the agent and a restart that adopts the pins; "
+        "lost = issued - counted (drops listed apart).\n\n" + table(head, rows)
     )
 
 
@@ -325,14 +334,29 @@ def render(bench: dict, micro_figures: dict | None) -> str:
     return "\n\n".join(parts) + "\n"
 
 
+def images(text: str) -> str:
+    """scripts/image.sh's size line per variant: `<variant>: <ref>: <size> unpacked, ...`."""
+    rows = [line.split(": ", 2) for line in text.splitlines() if line.count(": ") >= 2]
+    return "\n### The image (docs/core.md)\n\n" + table(
+        ["variant", "image", "size"], [[v, f"`{ref}`", size] for v, ref, size in rows]
+    )
+
+
+def _option(argv: list[str], name: str) -> tuple[Path | None, list[str]]:
+    if name not in argv:
+        return None, argv
+    at = argv.index(name)
+    return Path(argv[at + 1]), argv[:at] + argv[at + 2 :]
+
+
 def main(argv: list[str]) -> int:
-    png = None
-    if "--plot" in argv:
-        at = argv.index("--plot")
-        png, argv = Path(argv[at + 1]), argv[:at] + argv[at + 2 :]
+    png, argv = _option(argv, "--plot")
+    sizes, argv = _option(argv, "--images")
     bench = json.loads(Path(argv[0]).read_text())
     micro_figures = json.loads(Path(argv[1]).read_text()) if len(argv) > 1 else None
     sys.stdout.write(render(bench, micro_figures))
+    if sizes is not None and sizes.exists():
+        sys.stdout.write(images(sizes.read_text()))
     if png:
         plot(bench, png)
     return 0

@@ -21,5 +21,12 @@ echo "bench: guest benchmark on $kernel (several minutes under TCG)" >&2
   echo "bench: the guest run failed; see $out/run.log and $out/console.log" >&2
   exit 1
 }
-"$py" "$repo/bench/report.py" "$out/bench.json" "$out/micro.json" --plot "$out/cpu.png" |
+# The image with and without the BCC fallback (scripts/image.sh prints each size last on stderr).
+echo "bench: the image, default and -bcc (buildah; cached)" >&2
+for variant in default bcc; do
+  "$repo/scripts/image.sh" $([[ $variant == bcc ]] && echo bcc) 2>&1 >/dev/null | tail -n1 |
+    sed "s/^image.sh: /$variant: /"
+done >"$out/images.txt"
+"$py" "$repo/bench/report.py" "$out/bench.json" "$out/micro.json" --plot "$out/cpu.png" \
+  --images "$out/images.txt" |
   tee "$out/table.md"

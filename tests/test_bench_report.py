@@ -89,6 +89,9 @@ RESTART_ONLY = {
     "cpus": 2,
     "pods": 1000,
     "restart": {
+        "bcc_attached_seconds": 50.0,
+        "bcc_first_metric_seconds": 52.5,
+        "bcc_rss_mib_start": 101.0,
         "cold_attached_seconds": 51.0,
         "cold_first_metric_seconds": 52.0,
         "cold_rss_mib_start": 58.0,
@@ -127,7 +130,20 @@ def test_a_run_without_the_floor_arm_still_renders():
 
 def test_restart_rows_show_start_times_memory_and_calls_lost():
     text = report.render(RESTART_ONLY, None)
-    assert "| cold start, pinning (loader child) | 51.0 | 52.0 | 58 | 61 |  |" in text
+    assert (
+        "| cold start, BCC fallback (compiles on the node, no pinning) | 50.0 | 52.5 | 101 |"
+        in text
+    )
+    assert "| cold start, pinning (CO-RE, loaded in the agent) | 51.0 | 52.0 | 58 | 61 |  |" in text
     adopt = "| restart that adopts the pins | 5.0 | 6.5 | 55 | 60 | 0 of 40010 (dropped: 0) |"
     assert adopt in text
-    assert "no pinning" not in text  # a --restart run has no per-mode phases
+    assert "no pinning (in process)" not in text  # a --restart run has no per-mode phases
+
+
+def test_image_rows_give_each_variant_its_size():
+    text = report.images(
+        "default: docker.io/kubenpu/kubenpu-agent:0.1.0: 190 MB unpacked, 70M archive (/c/a)\n"
+        "bcc: docker.io/kubenpu/kubenpu-agent:0.1.0-bcc: 415 MB unpacked, 141M archive (/c/b)\n"
+    )
+    assert "| default | `docker.io/kubenpu/kubenpu-agent:0.1.0` | 190 MB unpacked, 70M" in text
+    assert "| bcc | `docker.io/kubenpu/kubenpu-agent:0.1.0-bcc` | 415 MB unpacked" in text

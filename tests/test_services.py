@@ -11,7 +11,7 @@ import pytest
 from helpers import eventually, free_port
 
 from kubenpu import agent
-from kubenpu.probe import ProbeError
+from kubenpu.kernel.errors import ProbeError
 from kubenpu.services import Services
 
 
@@ -68,7 +68,7 @@ def test_a_kernel_that_cannot_load_stops_the_exporters_already_started(tmp_path,
             serving.append(s.connect_ex(("127.0.0.1", port)) == 0)
         raise ProbeError("cannot attach to security_file_ioctl: no BTF")
 
-    monkeypatch.setattr(agent, "BccKernel", no_kernel)
+    monkeypatch.setattr(agent, "open_kernel", no_kernel)
     assert agent.main(["--config", str(config)]) == 2
     with socket.socket() as s:
         assert serving == [True] and s.connect_ex(("127.0.0.1", port)) != 0
