@@ -53,7 +53,14 @@ struct birth {
     u64 parent_id;
 };
 
-/* kernel dev_t (MKDEV: major << 20 | minor) -> vendor id */
+/* The device table, in two parts. `minors`: the DRM (major 226) and accel (major 261) nodes with a
+ * minor below 256, every node of a usual machine, in an array the verifier inlines: slot
+ * (major == 261) << 8 | minor -> vendor id + 1 (0: not counted). `devices`: any other node,
+ * kernel dev_t (MKDEV: major << 20 | minor) -> vendor id (a hash, looked up only for those). */
+#define DRM_MAJOR 226
+#define ACCEL_MAJOR 261
+#define MINOR_SLOTS 256
+DECLARE_ARRAY(minors, u32, 2 * MINOR_SLOTS);
 DECLARE_HASH(devices, u32, u32, 256);
 /* vendor id << 8 | nr -> kind (0 not counted, 1 submit, 2 alloc, 3 wait): an array, which the
  * verifier inlines, so the hot path has one hash lookup before the count. */
@@ -100,6 +107,25 @@ DECLARE_PERCPU_HASH(counts, struct count_key, u64, COUNTS_ENTRIES);
 
 #include "map_calls.h"
 
+/* The vendor id of a counted device into *vendor; 0 for any other device. */
+static __always_inline int device_vendor(u32 rdev, u32 *vendor)
+{
+    u32 major = rdev >> 20, minor = rdev & 0xfffff;
+    if ((major == DRM_MAJOR || major == ACCEL_MAJOR) && minor < MINOR_SLOTS) {
+        u32 index = (u32)(major == ACCEL_MAJOR) << 8 | minor;
+        u32 *found = minor_vendor(&index);
+        if (!found || !*found)
+            return 0;
+        *vendor = *found - 1;
+        return 1;
+    }
+    u32 *found = other_vendor(&rdev);
+    if (!found)
+        return 0;
+    *vendor = *found;
+    return 1;
+}
+
 static __always_inline void count_lost(u32 reason)
 {
     u64 *n = lost_slot(&reason);
@@ -128,12 +154,12 @@ static __always_inline void emit(u64 cgroup_id, u32 rdev, u32 cmd, u32 kind)
 static __always_inline int handle(u32 rdev, u32 cmd)
 {
     /* The caller has checked the type byte ('d'). */
-    u32 *vendor = device_vendor(&rdev);
-    if (!vendor)
+    u32 vendor;
+    if (!device_vendor(rdev, &vendor))
         return 0;
 
     u32 nr = cmd & 0xff;
-    u32 slot = (nr >= DRM_COMMAND_BASE && nr < DRM_COMMAND_END) ? *vendor : VENDOR_CORE;
+    u32 slot = (nr >= DRM_COMMAND_BASE && nr < DRM_COMMAND_END) ? vendor : VENDOR_CORE;
     u32 index = (slot << 8) | nr;
     u32 *kind = ioctl_kind(&index);
     if (!kind || !*kind)

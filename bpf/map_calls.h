@@ -8,7 +8,8 @@
 #define KUBENPU_MAP_CALLS_H
 
 #ifdef KUBENPU_BCC
-static __always_inline u32 *device_vendor(u32 *rdev) { return devices.lookup(rdev); }
+static __always_inline u32 *minor_vendor(u32 *index) { return minors.lookup(index); }
+static __always_inline u32 *other_vendor(u32 *rdev) { return devices.lookup(rdev); }
 static __always_inline u32 *ioctl_kind(u32 *index) { return ioctls.lookup(index); }
 static __always_inline u32 *gate_value(u32 *zero) { return gate.lookup(zero); }
 static __always_inline u64 *lost_slot(u32 *reason) { return lost.lookup(reason); }
@@ -23,7 +24,8 @@ static __always_inline int count_insert(struct count_key *key, u64 *one)
 #endif
 
 #else /* CO-RE */
-static __always_inline u32 *device_vendor(u32 *rdev) { return bpf_map_lookup_elem(&devices, rdev); }
+static __always_inline u32 *minor_vendor(u32 *index) { return bpf_map_lookup_elem(&minors, index); }
+static __always_inline u32 *other_vendor(u32 *rdev) { return bpf_map_lookup_elem(&devices, rdev); }
 static __always_inline u32 *ioctl_kind(u32 *index) { return bpf_map_lookup_elem(&ioctls, index); }
 static __always_inline u32 *gate_value(u32 *zero) { return bpf_map_lookup_elem(&gate, zero); }
 static __always_inline u64 *lost_slot(u32 *reason) { return bpf_map_lookup_elem(&lost, reason); }

@@ -40,6 +40,15 @@ def test_constants_match_the_source():
     assert "#define DRM_IOCTL_TYPE 'd'" in SOURCE and ord("d") == abi.DRM_IOCTL_TYPE
     assert "u32 index = (slot << 8) | nr;" in SOURCE and abi.ioctl_index(3, 0x42) == 0x342
     assert [str(n) for n in KERNEL_LOST] == list(abi.LOST_SLOTS)
+    majors = dict(re.findall(r"#define (DRM_MAJOR|ACCEL_MAJOR|MINOR_SLOTS) (\d+)", SOURCE))
+    assert majors == {
+        "DRM_MAJOR": str(abi.DRM_MAJOR),
+        "ACCEL_MAJOR": str(abi.ACCEL_MAJOR),
+        "MINOR_SLOTS": str(abi.MINOR_SLOTS),
+    }
+    assert "u32 index = (u32)(major == ACCEL_MAJOR) << 8 | minor;" in SOURCE
+    assert (abi.minor_index(226, 128), abi.minor_index(261, 3)) == (128, 259)
+    assert abi.minor_index(226, 256) is None and abi.minor_index(189, 0) is None
 
 
 def test_kinds_match_the_source():
@@ -108,6 +117,7 @@ def test_object_maps_match_the_abi(built):
     maps = _Object(path).maps()
     u32, u64 = abi.U32.size, abi.U64.size
     expected = {
+        abi.MINORS: (MAP_TYPES["array"], u32, u32, abi.MINORS_ENTRIES),
         abi.DEVICES: (MAP_TYPES["hash"], u32, u32, abi.DEVICES_ENTRIES),
         abi.IOCTLS: (MAP_TYPES["array"], u32, u32, abi.IOCTL_SLOTS),
         abi.LOST: (MAP_TYPES["percpu_array"], u32, u64, len(abi.LOST_SLOTS)),

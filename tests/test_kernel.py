@@ -12,7 +12,8 @@ from kubenpu.kernel.bcc import AttachPlan, BccKernel, attach_plans, source_text
 from kubenpu.kernel.core import CoreKernel
 from kubenpu.kernel.hooks import effective_capabilities, privileges_hint
 from kubenpu.kernel.loader import loaders
-from kubenpu.kernel.maps import vendor_ids
+from kubenpu.kernel.abi import dev_t
+from kubenpu.kernel.maps import device_slots, vendor_ids
 
 KALLSYMS_6_8 = (
     "0000000000000000 T security_file_ioctl\n0000000000000000 T security_file_ioctl_compat\n"
@@ -133,3 +134,11 @@ def test_loader_auto_tries_core_then_bcc():
     assert [type(k) for k in loaders(ProbeConfig(loader="bcc"), [])] == [BccKernel]
     # the kprobe attach exists only in BCC
     assert [type(k) for k in loaders(ProbeConfig(attach="kprobe"), [])] == [BccKernel]
+
+
+def test_device_table_puts_drm_and_accel_nodes_in_the_array_and_others_in_the_hash():
+    by_node = {dev_t(226, 0): 3, dev_t(226, 128): 3, dev_t(261, 1): 7, dev_t(226, 300): 3}
+    by_node[dev_t(189, 4)] = 2  # a node of another major (not DRM, not accel)
+    slots, others = device_slots(by_node)
+    assert {i: v for i, v in enumerate(slots) if v} == {0: 4, 128: 4, 257: 8}  # vendor id + 1
+    assert others == {dev_t(226, 300): 3, dev_t(189, 4): 2}  # minors the array cannot index

@@ -21,7 +21,7 @@ from kubenpu.discovery import Device, Node
 from kubenpu.events import Key
 from kubenpu.kernel import abi, bpfsys
 from kubenpu.kernel.abi import GATE_CLOSED, GATE_HANDOVER, GATE_OPEN, LINK, dev_t
-from kubenpu.kernel.maps import CountsReader, tables
+from kubenpu.kernel.maps import CountsReader, empty_devices, tables, vendor_ids
 from kubenpu.kernel.pinned import (
     BIRTHS_LINK,
     META,
@@ -60,6 +60,7 @@ class MapLoader:
 
     def _make_maps(self) -> None:
         self.fds = {
+            "minors": bpfsys.map_create(bpfsys.MAP_TYPE_ARRAY, 4, 4, abi.MINORS_ENTRIES, "minors"),
             "devices": bpfsys.map_create(bpfsys.MAP_TYPE_HASH, 4, 4, 256, "devices"),
             "ioctls": bpfsys.map_create(bpfsys.MAP_TYPE_ARRAY, 4, 4, abi.IOCTL_SLOTS, "ioctls"),
             "lost": bpfsys.map_create(bpfsys.MAP_TYPE_PERCPU_ARRAY, 4, 8, 4, "lost"),
@@ -121,6 +122,14 @@ def gate(probe_dir: Path) -> int:
     return struct.unpack("=I", bpfsys.lookup(bpfsys.obj_get(probe_dir / "gate"), b"\0" * 4, 4))[0]
 
 
+def device_table(probe_dir: Path) -> dict[int, int]:
+    """The nonzero slots of a probe's `minors` array: slot -> vendor id + 1."""
+    fd = bpfsys.obj_get(probe_dir / "minors")
+    slots = {i: bpfsys.lookup(fd, struct.pack("=I", i), 4) for i in range(abi.MINORS_ENTRIES)}
+    os.close(fd)
+    return {i: v for i, raw in slots.items() if (v := struct.unpack("=I", raw)[0])}
+
+
 def pins(root: Path) -> dict[str, list[str]]:
     return {p.name: sorted(q.name for q in p.iterdir()) for p in root.iterdir()}
 
@@ -150,6 +159,7 @@ def _cold_then_adopt(bpffs: Path) -> dict:
     adopting = PinnedProbe(root, second, [VGEM])
     adopted = adopting.start(lambda _: None)
     devices = {struct.unpack("=I", k)[0] for k in bpfsys.keys(fd, 4)}
+    minors = device_table(cold.dir)
     counts = adopting.read_counts()
     adopting.forget_counts([KEY])
     return {
@@ -160,6 +170,7 @@ def _cold_then_adopt(bpffs: Path) -> dict:
         "counts": counts,
         "after_forget": adopting.read_counts(),
         "devices": devices,
+        "minors": minors,
         "lost": adopting.read_lost(),
         "gate": gate(adopting.dir),
     }
@@ -169,13 +180,19 @@ def test_a_restart_adopts_the_pins_and_reads_on_from_the_kernel_totals():
     found = in_private_bpffs(_cold_then_adopt)
     assert found["attach"].startswith("fentry-module (pinned in ")  # loaded in this process
     assert found["pins"] == sorted(
-        ["counts", "devices", "events", "gate", "ioctls", LINK_DRM, BIRTHS_LINK, "lost", META]
+        [
+            *["counts", "devices", "events", "gate", "ioctls", "minors"],
+            *[LINK_DRM, BIRTHS_LINK, "lost", META],
+        ]
     )
     assert found["adopted"].startswith("fentry-module (adopted from ")
     assert not found["loader_started"], "adopting must not load or attach a program"
     assert found["counts"] == {KEY: 8}  # 5 before the restart, 3 while no agent ran
     assert found["after_forget"] == {}
-    assert found["devices"] == set(tables([VGEM])[0])  # the stale device is gone
+    assert found["devices"] == set()  # the stale device is gone; the hash holds no DRM node
+    # vgem's card0 (226:0) is slot 0 of the array, as vendor id + 1
+    assert found["minors"] == {0: vendor_ids()["vgem"] + 1}
+    assert set(tables([VGEM])[0]) == {dev_t(226, 0)}
     assert found["lost"] == {"ringbuf_full": 0, "map_full": 0, "late_sighting": 0, "handover": 0}
     assert found["gate"] == GATE_OPEN
 
@@ -197,6 +214,7 @@ def _hand_over(bpffs: Path) -> dict:
         "pins": pins(root),
         "gate_at_load": loader.gate_open,
         "old_devices": bpfsys.keys(bpfsys.obj_get(old.dir / "devices"), 4),
+        "old_minors": device_table(old.dir),
         "gate": gate(new.dir),
         "old": old.dir.name,
         "new": new.dir.name,
@@ -220,7 +238,7 @@ def test_a_changed_program_takes_over_the_retired_probe_totals():
     assert not attached(found["pins"][found["old"]]), "the old probe is still attached"
     assert attached(found["pins"][found["new"]])
     assert found["gate_at_load"] is False, "the new probe counted while the old one did"
-    assert found["old_devices"] == [], "the old probe still counts"
+    assert found["old_devices"] == [] and found["old_minors"] == {}, "the old probe still counts"
     assert found["gate"] == GATE_OPEN
     assert found["counts"] == found["counts_after_restart"] == {KEY: 8}
     assert found["lost"]["map_full"] == 2
@@ -358,9 +376,7 @@ def _crash_mid_hand_over(bpffs: Path, gate_value: int, old_counting: bool) -> di
     assert pin_objects(new_loader.objects(), new.dir, dict(new.meta, attach="fentry-module"))
     set_gate(new_loader.fds["gate"], gate_value)
     if not old_counting:  # its device table emptied: it counts nothing
-        devices = bpfsys.obj_get(old.dir / "devices")
-        for key in bpfsys.keys(devices, 4):
-            bpfsys.delete(devices, key)
+        empty_devices({n: bpfsys.obj_get(old.dir / n) for n in ("minors", "devices")})
     new_loader.lose(3, 5)  # calls seen in the hand-over window, all of them after the crash
     new_loader.close()  # the crash
 

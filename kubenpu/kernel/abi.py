@@ -30,13 +30,14 @@ def split_dev_t(rdev: int) -> tuple[int, int]:
 
 
 # --- maps ----------------------------------------------------------------------------------------
-DEVICES = "devices"  # u32 dev_t -> u32 vendor id (hash)
+MINORS = "minors"  # u32 minor_index(major, minor) -> u32 vendor id + 1, 0 = not counted (array)
+DEVICES = "devices"  # u32 dev_t -> u32 vendor id, for nodes MINORS cannot index (hash)
 IOCTLS = "ioctls"  # u32 ioctl_index(vendor, nr) -> u32 kind, 0 = not counted (array)
 LOST = "lost"  # u64 per CPU, by LOST_SLOTS index (per-CPU array)
 EVENTS = "events"  # ring buffer of EVENT and BIRTH records
 GATE = "gate"  # u32 at index 0: GATE_CLOSED / GATE_OPEN / GATE_HANDOVER (array)
 COUNTS = "counts"  # COUNT_KEY -> u64 per CPU (per-CPU hash, aggregate mode only)
-MAPS = (DEVICES, IOCTLS, LOST, EVENTS, GATE)  # every mode's; COUNTS in aggregate mode
+MAPS = (MINORS, DEVICES, IOCTLS, LOST, EVENTS, GATE)  # every mode's; COUNTS in aggregate mode
 DEVICES_ENTRIES = 256
 COUNTS_ENTRIES = 16384  # the default size of `counts`
 PAGE = 4096  # the ring buffer is sized in pages
@@ -57,6 +58,19 @@ class CountKey(ctypes.Structure):
 
 U32 = struct.Struct("=I")  # the key of `devices`, `ioctls`, `lost`, `gate`; their u32 values
 U64 = struct.Struct("=Q")  # one CPU's slot of `lost` and `counts`
+
+# --- the device table: DRM and accel nodes in an array, any other node in a hash -----------------
+DRM_MAJOR, ACCEL_MAJOR = 226, 261  # include/drm/drm.h's DRM_MAJOR, drm_accel.h's ACCEL_MAJOR
+MINOR_SLOTS = 256  # per major
+MINORS_ENTRIES = 2 * MINOR_SLOTS
+
+
+def minor_index(major: int, minor: int) -> int | None:
+    """The `minors` slot of a node; None for a node only the `devices` hash can hold."""
+    if major in (DRM_MAJOR, ACCEL_MAJOR) and minor < MINOR_SLOTS:
+        return (major == ACCEL_MAJOR) << 8 | minor
+    return None
+
 
 # --- the ioctl table -----------------------------------------------------------------------------
 DRM_IOCTL_TYPE = ord("d")

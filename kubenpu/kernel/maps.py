@@ -76,6 +76,29 @@ class CountsReader:
             into[Key(k.cgroup_id, *abi.split_dev_t(k.rdev), k.kind)] = total
 
 
+def device_slots(by_node: dict[int, int]) -> tuple[list[int], dict[int, int]]:
+    """The device table split as the kernel reads it: every `minors` slot (vendor id + 1, or 0)
+    and the `devices` hash of the nodes the array cannot index."""
+    slots = [0] * abi.MINORS_ENTRIES
+    others = {}
+    for rdev, vendor in by_node.items():
+        index = abi.minor_index(*abi.split_dev_t(rdev))
+        if index is None:
+            others[rdev] = vendor
+        else:
+            slots[index] = vendor + 1
+    return slots, others
+
+
+def empty_devices(fds: Mapping[str, int]) -> None:
+    """Make a probe count nothing more (the hand-over): empty its device table. A probe of an
+    older layout has only the `devices` hash."""
+    if abi.MINORS in fds:
+        bpfsys.update_batch(fds[abi.MINORS], range(abi.MINORS_ENTRIES), [0] * abi.MINORS_ENTRIES)
+    for key in bpfsys.keys(fds[abi.DEVICES], abi.U32.size):
+        bpfsys.delete(fds[abi.DEVICES], key)
+
+
 class Maps:
     """A loaded probe's maps, by name -> fd (abi.MAPS, plus abi.COUNTS in aggregate mode). The
     caller owns the fds."""
@@ -89,8 +112,10 @@ class Maps:
         """Make the device and ioctl tables what discovery found (at load, and at adoption:
         hot-plug, rebinding)."""
         by_node, ioctls = tables(devices)
+        slots, others = device_slots(by_node)
+        bpfsys.update_batch(self.fds[abi.MINORS], range(abi.MINORS_ENTRIES), slots)
         fd = self.fds[abi.DEVICES]
-        wanted = {abi.U32.pack(k): v for k, v in by_node.items()}
+        wanted = {abi.U32.pack(k): v for k, v in others.items()}
         for key in bpfsys.keys(fd, abi.U32.size):
             if key not in wanted:
                 bpfsys.delete(fd, key)

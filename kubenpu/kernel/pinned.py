@@ -32,7 +32,7 @@ from kubenpu.events import Key
 from kubenpu.kernel import abi, bpfsys
 from kubenpu.kernel.abi import GATE_HANDOVER, GATE_OPEN, LINK
 from kubenpu.kernel.errors import ProbeError
-from kubenpu.kernel.maps import Maps
+from kubenpu.kernel.maps import Maps, empty_devices
 
 log = logging.getLogger(__name__)
 
@@ -77,15 +77,21 @@ def _detach(probe_dir: Path) -> None:
             os.close(fd)
 
 
-def _device_table(probe_dir: Path) -> tuple[int, list[bytes]] | None:
-    """An fd of a probe's `devices` map and its keys, read ahead of the hand-over window; None
-    when it cannot be read (then only its detach stops it)."""
+def _device_table(probe_dir: Path) -> dict[str, int] | None:
+    """fds of a probe's device table (`minors`, where its layout has it, and `devices`), opened
+    ahead of the hand-over window; None when it cannot be opened (then only its detach stops
+    it)."""
+    fds: dict[str, int] = {}
     try:
-        fd = bpfsys.obj_get(probe_dir / abi.DEVICES)
+        for name in (abi.MINORS, abi.DEVICES):
+            if name == abi.DEVICES or (probe_dir / name).exists():
+                fds[name] = bpfsys.obj_get(probe_dir / name)
     except bpfsys.BpfError as err:
-        log.warning("cannot open the devices of %s: %s", probe_dir, err)
+        log.warning("cannot open the device table of %s: %s", probe_dir, err)
+        for fd in fds.values():
+            os.close(fd)
         return None
-    return fd, bpfsys.keys(fd, abi.U32.size)
+    return fds
 
 
 def on_bpffs(path: Path) -> bool:
@@ -354,20 +360,20 @@ class PinnedProbe:
     def _hand_over(self, set_gate: Callable[[int], None]) -> None:
         """Take over counting from every other attached pinned probe (docs/pinning.md): with
         this probe's gate at hand-over (it counts what it sees as `handover` drops), empty their
-        device tables (they stop counting), open the gate, then detach them. The window is two
+        device tables (they stop counting), open the gate, then detach them. The window is a few
         map updates long; a call in it is counted once, or reported as a handover drop."""
         attached = [other for other in self._others() if _links(other)]
         tables = [t for t in map(_device_table, attached) if t is not None]
         try:
             if attached:
                 set_gate(GATE_HANDOVER)
-                for fd, keys in tables:
-                    for key in keys:
-                        bpfsys.delete(fd, key)
+                for fds in tables:
+                    empty_devices(fds)
             set_gate(GATE_OPEN)
         finally:
-            for fd, _ in tables:
-                os.close(fd)
+            for fds in tables:
+                for fd in fds.values():
+                    os.close(fd)
         for other in attached:
             log.info("handed over from the pinned probe %s", other)
             _detach(other)

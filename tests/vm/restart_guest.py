@@ -48,6 +48,7 @@ from least_privilege_guest import launcher
 
 from kubenpu.discovery import discover
 from kubenpu.kernel import abi, bpfsys
+from kubenpu.kernel.maps import empty_devices
 
 RATE = 2000  # calls/s of each load
 CGROUP = Path("/sys/fs/cgroup/restart-load")
@@ -172,9 +173,8 @@ def crash_mid_hand_over(out: Path, cfg: dict, old: str) -> str:
     new = Path(done.stdout.strip())
     gate = bpfsys.obj_get(new / abi.GATE)
     bpfsys.update(gate, abi.U32.pack(0), abi.U32.pack(abi.GATE_HANDOVER))
-    devices = bpfsys.obj_get(Path(PIN_DIR, old, abi.DEVICES))  # the old probe stops counting
-    for key in bpfsys.keys(devices, abi.U32.size):
-        bpfsys.delete(devices, key)
+    old_dir = Path(PIN_DIR, old)  # the old probe stops counting
+    empty_devices({name: bpfsys.obj_get(old_dir / name) for name in (abi.MINORS, abi.DEVICES)})
     return new.name
 
 
