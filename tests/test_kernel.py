@@ -8,11 +8,11 @@ import pytest
 
 from kubenpu import vendors
 from kubenpu.config import ProbeConfig
+from kubenpu.kernel.abi import dev_t
 from kubenpu.kernel.bcc import AttachPlan, BccKernel, attach_plans, source_text
 from kubenpu.kernel.core import CoreKernel
 from kubenpu.kernel.hooks import effective_capabilities, privileges_hint
 from kubenpu.kernel.loader import loaders
-from kubenpu.kernel.abi import dev_t
 from kubenpu.kernel.maps import device_slots, vendor_ids
 
 KALLSYMS_6_8 = (
