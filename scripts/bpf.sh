@@ -12,9 +12,15 @@ out=${1:-$repo/kubenpu/kernel/objects}
 CLANG=${CLANG:-clang-19}
 sources=("$repo"/bpf/kubenpu.bpf.c "$repo"/bpf/*.h "$0")
 
-if ! command -v "$CLANG" >/dev/null || ! command -v bpftool >/dev/null || [[ ! -e /usr/include/bpf/bpf_helpers.h ]]; then
+need=()
+command -v "$CLANG" >/dev/null || need+=(clang-19)
+[[ -e /usr/include/bpf/bpf_helpers.h ]] || need+=(libbpf-dev)
+# Into the source tree (make bpf, make test): also bpftool, which tests/test_abi.py reads the
+# objects' BTF with. The image's build stage names its own OUTDIR and installs its own compiler.
+[[ -z ${1:-} ]] && ! command -v bpftool >/dev/null && need+=(bpftool)
+if ((${#need[@]})); then
   . "$here/env.sh"
-  host_install clang-19 libbpf-dev bpftool
+  host_install "${need[@]}"
 fi
 mkdir -p "$out"
 arch=$(uname -m)
