@@ -228,8 +228,9 @@ def agent_config(docs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def comparable(docs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
     """Objects keyed by kind and name, without the Namespace object (Helm and Tanka take it from
-    the command or the environment), with the config text parsed and the pod's volumes in name
-    order (a Kustomize patch moves the volume it patches to the front; the order means nothing)."""
+    the command or the environment), with the config text parsed and the pod's volumes and the
+    containers' mounts in name order (a Kustomize patch moves what it patches or adds to the
+    front; the order means nothing)."""
     out = {}
     for doc in docs:
         if doc["kind"] == "Namespace":
@@ -238,7 +239,10 @@ def comparable(docs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, An
         if doc["kind"] == "ConfigMap":
             doc["data"] = {k: yaml.safe_load(v) for k, v in doc["data"].items()}
         if doc["kind"] == "DaemonSet":
-            doc["spec"]["template"]["spec"]["volumes"].sort(key=lambda v: v["name"])
+            pod = doc["spec"]["template"]["spec"]
+            pod["volumes"].sort(key=lambda v: v["name"])
+            for container in pod["containers"]:
+                container["volumeMounts"].sort(key=lambda m: m["name"])
         out[doc["kind"], doc["metadata"]["name"]] = doc
     return out
 
@@ -362,6 +366,7 @@ def test_kubernetes_schema_check_can_fail() -> None:
         (("servicemonitor",), MONITORING),
         (("accel",), VALUE_SETS["accel"]),
         (("drm-ioctl-hook",), DRM_IOCTL_HOOK),
+        (("bcc-fallback",), VALUE_SETS["bcc fallback"]),
     ],
 )
 def test_kustomize_renders_the_charts_objects(
