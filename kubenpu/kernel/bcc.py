@@ -23,10 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kubenpu.discovery import Device
-from kubenpu.events import Key
 from kubenpu.kernel import abi, bpfsys, hooks
+from kubenpu.kernel.base import LoaderBase
 from kubenpu.kernel.errors import ProbeError
-from kubenpu.kernel.maps import Maps
 
 log = logging.getLogger(__name__)
 
@@ -189,37 +188,17 @@ def attach_tp_btf(insns: bytes, tracepoint: str) -> tuple[int, int]:
     return prog, link
 
 
-class BccKernel:
+class BccKernel(LoaderBase):
     """One BPF program compiled and loaded with BCC. poll() runs on one thread; the map reads
     and deletes (independent syscalls) on one other."""
 
     loader = "bcc"
 
-    def __init__(
-        self,
-        devices: Iterable[Device],
-        *,
-        mode: str = "aggregate",
-        hook: str = hooks.DEFAULT_HOOK,
-        attach: str = "auto",
-        ringbuf_pages: int = 256,
-        counts_entries: int = abi.COUNTS_ENTRIES,
-        debug: bool = False,
-    ) -> None:
-        self._devices = [d for d in devices if d.vendor]
-        self.before_attach: Callable[[], None] | None = None  # runs once the maps are filled
-        # False: attach with the gate closed, counting nothing until a hand-over opens it
-        # (docs/pinning.md); True: count from the attach on.
-        self.gate_open = True
-        self.aggregate = mode == "aggregate"
-        self.hook = hook
-        self._attach = attach
-        self._ringbuf_pages = ringbuf_pages
-        self._counts_entries = counts_entries
+    def __init__(self, devices: Iterable[Device], *, debug: bool = False, **settings) -> None:
+        super().__init__(devices, **settings)
         self._debug = debug
         self._bpf = None
         self._plan: AttachPlan | None = None
-        self._maps: Maps | None = None
         self._birth_fds: tuple[int, ...] = ()  # the cgroup_mkdir program and its link
 
     def start(self, on_record: Callable[[bytes], None]) -> str:
@@ -253,9 +232,7 @@ class BccKernel:
 
         flags = bcc.DEBUG_BPF_REGISTER_STATE if self._debug else 0
         bpf = _Deferred(text=source_text(plan), cflags=self._cflags(plan), debug=flags)
-        self._maps = Maps(self._map_fds(bpf))
-        self._maps.fill(self._devices)
-        self._maps.set_gate(abi.GATE_OPEN if self.gate_open else abi.GATE_CLOSED)
+        self._fill(self._map_fds(bpf))
         if self.before_attach is not None:
             self.before_attach()
         for program in plan.programs:
@@ -323,15 +300,6 @@ class BccKernel:
 
     def poll(self, timeout_ms: int) -> None:
         self._bpf.ring_buffer_poll(timeout_ms)
-
-    def read_lost(self) -> dict[str, int]:
-        return self._maps.read_lost()
-
-    def read_counts(self) -> dict[Key, int]:
-        return self._maps.read_counts()
-
-    def forget_counts(self, keys: Iterable[Key]) -> None:
-        self._maps.forget_counts(keys)
 
     def close(self) -> None:
         for fd in self._birth_fds:

@@ -17,10 +17,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from kubenpu.discovery import Device
-from kubenpu.events import Key
 from kubenpu.kernel import abi, bpfsys, hooks
+from kubenpu.kernel.base import LoaderBase
 from kubenpu.kernel.errors import ProbeError
-from kubenpu.kernel.maps import Maps
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +92,7 @@ class _Libbpf:
         return f"{os.strerror(abs(err))}" + (f" ({last})" if last else "")
 
 
-class CoreKernel:
+class CoreKernel(LoaderBase):
     """The probe loaded from the CO-RE object. poll() runs on one thread; the map reads and
     deletes on one other."""
 
@@ -103,27 +102,15 @@ class CoreKernel:
         self,
         devices: Iterable[Device],
         *,
-        mode: str = "aggregate",
-        hook: str = hooks.DEFAULT_HOOK,
-        attach: str = "auto",
-        ringbuf_pages: int = 256,
-        counts_entries: int = abi.COUNTS_ENTRIES,
         path: Path | None = None,
         alone: bool = False,
+        **settings,
     ) -> None:
-        self._devices = [d for d in devices if d.vendor]
-        self.before_attach: Callable[[], None] | None = None  # runs once the maps are filled
-        self.gate_open = True  # False: attach closed, until a hand-over opens it
-        self.aggregate = mode == "aggregate"
-        self.hook = hook
-        self._attach = attach
-        self._ringbuf_pages = ringbuf_pages
-        self._counts_entries = counts_entries
+        super().__init__(devices, **settings)
         self._path = path
         self._alone = alone  # no BCC fallback after it: a failure says how to allow one
         self._lib: _Libbpf | None = None
         self._obj: int | None = None
-        self._maps: Maps | None = None
         self._links: dict[str, int] = {}  # pin name -> struct bpf_link *
         self._ring: bpfsys.RingBuffer | None = None
 
@@ -176,9 +163,7 @@ class CoreKernel:
         if (err := lib.bpf_object__load(self._obj)) < 0:
             raise ProbeError(f"loading the object: {self._lib.why(err)}")
         names = (*abi.MAPS, *([abi.COUNTS] if self.aggregate else []))
-        self._maps = Maps({n: lib.bpf_map__fd(self._map(n)) for n in names})
-        self._maps.fill(self._devices)
-        self._maps.set_gate(abi.GATE_OPEN if self.gate_open else abi.GATE_CLOSED)
+        self._fill({n: lib.bpf_map__fd(self._map(n)) for n in names})
 
     def _map(self, name: str, max_entries: int | None = None) -> int:
         lib = self._lib.lib
@@ -218,15 +203,6 @@ class CoreKernel:
 
     def poll(self, timeout_ms: int) -> None:
         self._ring.poll(timeout_ms)
-
-    def read_lost(self) -> dict[str, int]:
-        return self._maps.read_lost()
-
-    def read_counts(self) -> dict[Key, int]:
-        return self._maps.read_counts()
-
-    def forget_counts(self, keys: Iterable[Key]) -> None:
-        self._maps.forget_counts(keys)
 
     def close(self) -> None:
         """Detach (a pinned link stays attached: the pin holds it) and free the object."""

@@ -32,7 +32,7 @@ from kubenpu.events import Key
 from kubenpu.kernel import abi, bpfsys
 from kubenpu.kernel.abi import GATE_HANDOVER, GATE_OPEN, LINK
 from kubenpu.kernel.errors import ProbeError
-from kubenpu.kernel.maps import Maps, empty_devices
+from kubenpu.kernel.maps import MapReads, Maps, empty_devices
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ def on_bpffs(path: Path) -> bool:
     return fstype == "bpf"
 
 
-class PinnedKernel:
+class PinnedKernel(MapReads):
     """A probe pinned in bpffs, used through bpf(2) and libbpf only (no BCC)."""
 
     def __init__(self, probe_dir: Path) -> None:
@@ -142,15 +142,6 @@ class PinnedKernel:
 
     def poll(self, timeout_ms: int) -> None:
         self._ring.poll(timeout_ms)
-
-    def read_lost(self) -> dict[str, int]:
-        return self._maps.read_lost()
-
-    def read_counts(self) -> dict[Key, int]:
-        return self._maps.read_counts()
-
-    def forget_counts(self, keys: Iterable[Key]) -> None:
-        self._maps.forget_counts(keys)
 
     def close(self) -> None:
         if self._ring is not None:
