@@ -43,7 +43,7 @@ def attached(pinned: list[str]) -> bool:
 
 def test_probe_outlives_a_killed_agent(result):
     (pinned,) = result["pins"]["after_cold"].values()
-    maps = ["counts", "devices", "events", "gate", "ioctls", "lost", "meta"]
+    maps = ["counts", "devices", "events", "gate", "ioctls", "lost", "meta", "minors"]
     assert pinned == sorted(maps + LINKS)
     assert result["programs_after_kill"], "nothing of ours attached once the agent was killed"
 
