@@ -327,6 +327,18 @@ def test_exit_reads_the_kernel_a_last_time_and_closes_everything(cgroups, resolv
     assert kernel.closed and exporters.shut_down
 
 
+def test_exit_counts_what_the_last_read_finds(cgroups, resolver):
+    """Calls made after the last regular read of the counts map are counted before exit."""
+    kernel, clock = FakeKernel(aggregate=True), Clock()
+    agent = make_agent(kernel, resolver, clock)
+    agent._last_counts = clock.now  # the regular cycles are not due to read the counts map
+    kernel.counts[key(os.stat(cgroups / POD_DIR).st_ino)] = 3
+    agent.stop.set()
+    with services_of(agent, Exporters()):
+        assert agent.run() == 0
+    assert values(agent.metrics, IOCTL) == {(*POD, "alloc"): 3}
+
+
 def test_failed_attach_still_closes_the_resolver_and_the_exporters():
     kernel, resolver, exporters = FakeKernel(), FakeResolver(), Exporters()
     kernel.start_raises = ProbeError("cannot attach to drm_ioctl: fentry-module: no BTF")
