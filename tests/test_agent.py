@@ -61,18 +61,15 @@ def cgroups(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def resolver(tmp_path: Path, cgroups: Path) -> Iterator[Resolver]:
-    server = CriTestServer()
-    server.start(str(tmp_path / "cri.sock"))
-    server.add_container(CID, "ml", "trainer-0", "worker", pod_uid=UID)
-    resolver = Resolver(cgroups, f"unix://{tmp_path / 'cri.sock'}", cri_timeout=2.0)
+def resolver(cri: CriTestServer, cri_socket: str, cgroups: Path) -> Iterator[Resolver]:
+    cri.add_container(CID, "ml", "trainer-0", "worker", pod_uid=UID)
+    resolver = Resolver(cgroups, f"unix://{cri_socket}", cri_timeout=2.0)
     # The CRI answers are in before the calls come; calls held for a pending answer are tested
     # with FakeResolver below.
     for cgroup in (POD_DIR, "system.slice/sshd.service"):
         resolved(resolver, os.stat(cgroups / cgroup).st_ino)
     yield resolver
     resolver.close()
-    server.stop()
 
 
 def test_pod_and_host_calls_are_counted_with_a_reason_for_the_partial_ones(cgroups, resolver):

@@ -3,7 +3,6 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -35,17 +34,14 @@ class Requests:
 
 
 @pytest.fixture
-def sock(tmp_path: Path) -> str:
-    return str(tmp_path / "cri.sock")
+def sock(cri_socket: str) -> str:
+    return cri_socket
 
 
 @pytest.fixture
-def server(sock: str) -> Iterator[CriTestServer]:
-    server = CriTestServer()
-    server.start(sock)
-    server.add_container(CID, "ml", "trainer-0", "worker", pod_uid="u-1")
-    yield server
-    server.stop()
+def server(cri: CriTestServer) -> CriTestServer:
+    cri.add_container(CID, "ml", "trainer-0", "worker", pod_uid="u-1")
+    return cri
 
 
 def client(sock: str, **kw: Any) -> CriClient:

@@ -56,17 +56,15 @@ def tree(request: pytest.FixtureRequest, tmp_path: Path) -> Tree:
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[CriTestServer]:
-    server = CriTestServer()
-    server.start(str(tmp_path / "cri.sock"))
+def server(cri: CriTestServer) -> CriTestServer:
+    server = cri
     server.add_container(WORKER, "ml", "trainer-0", "worker", pod_uid=UID)
     server.add_container(SIDECAR, "ml", "trainer-0", "sidecar", pod_uid=UID)
     server.add_container(BARRIER, "ml", "trainer-0", "barrier", pod_uid=UID)
     # The tests below are about single lookups: a runtime without ListContainers, so every
     # container is looked up alone (the list has its own tests at the end).
     server.listed = False
-    yield server
-    server.stop()
+    return server
 
 
 @pytest.fixture
@@ -75,10 +73,10 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-def resolver(tree: Tree, tmp_path: Path, clock: Clock) -> Iterator[Resolver]:
+def resolver(tree: Tree, cri_socket: str, clock: Clock) -> Iterator[Resolver]:
     # One lookup at a time, so barrier() can tell that no other lookup was started.
     resolver = Resolver(
-        str(tree.root), f"unix://{tmp_path}/cri.sock", 5.0, 30.0, concurrency=1, clock=clock
+        str(tree.root), f"unix://{cri_socket}", 5.0, 30.0, concurrency=1, clock=clock
     )
     yield resolver
     resolver.close()
