@@ -69,6 +69,7 @@ def test_a_kernel_that_cannot_load_stops_the_exporters_already_started(tmp_path,
         raise ProbeError("cannot attach to security_file_ioctl: no BTF")
 
     monkeypatch.setattr(agent, "open_kernel", no_kernel)
+    monkeypatch.setattr(logging, "basicConfig", lambda **_: None)  # the root logger stays as is
     assert agent.main(["--config", str(config)]) == 2
     with socket.socket() as s:
         assert serving == [True] and s.connect_ex(("127.0.0.1", port)) != 0
