@@ -51,19 +51,24 @@ class CriTestServer(api_pb2_grpc.RuntimeServiceServicer):
         self.max_in_flight = 0
         self._server: grpc.Server | None = None
         self._socket = ""
+        self._starts = 0
         self._file: str | None = None
         self._file_stamp: tuple[int, int, int] | None = None
 
     def start(self, socket_path: str) -> None:
+        """Listen on socket_path. Each start binds a name of its own and renames it into place:
+        gRPC unlinks the name a server bound when it destroys the server, which may come after
+        stop() returns, and would then remove a restarted server's socket (a flaky test)."""
         os.makedirs(os.path.dirname(os.path.abspath(socket_path)), exist_ok=True)
-        if os.path.exists(socket_path):
-            os.unlink(socket_path)
+        self._starts += 1
+        bound = f"{socket_path}.{self._starts}"
         self._release.clear()
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
         api_pb2_grpc.add_RuntimeServiceServicer_to_server(self, self._server)
-        if not self._server.add_insecure_port(f"unix:{socket_path}"):
-            raise RuntimeError(f"cannot listen on unix:{socket_path}")
+        if not self._server.add_insecure_port(f"unix:{bound}"):
+            raise RuntimeError(f"cannot listen on unix:{bound}")
         self._server.start()
+        os.replace(bound, socket_path)  # a bound socket answers under its new name
         self._socket = socket_path
 
     def stop(self) -> None:
