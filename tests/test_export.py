@@ -800,3 +800,21 @@ print(low, raise_nofile() == hard == resource.getrlimit(resource.RLIMIT_NOFILE)[
     low, raised, high = out.stdout.split()
     assert (int(low), raised) == (512, "True")
     assert int(high) > 512 or resource.getrlimit(resource.RLIMIT_NOFILE)[1] <= 1024
+
+
+def test_probes_are_answered_while_idle_connections_fill_the_cap(tmp_path, monkeypatch):
+    """6,000 idle connections held for 60 s made 8 of 17 /healthz probes time out: a probe
+    waited in the backlog until an idle connection's read timeout freed a slot."""
+    monkeypatch.setattr(export.server, "max_open", lambda: 8)
+    port = free_port()
+    extra = "    read_timeout_seconds: 300\n"  # idle ones are not dropped by their timeout
+    tel = start_telemetry(make_config(tmp_path, server_yaml(port, extra)))
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(50)]
+    try:
+        for _ in range(3):
+            assert get(port, "/healthz")[:2] == (200, "ok\n")
+        assert "kubenpu_events_received_total" in scrape(port)
+    finally:
+        for s in idle:
+            s.close()
+        tel.shutdown()

@@ -121,7 +121,8 @@ class MetricsServer:
 
     One event-loop thread accepts connections and reads requests, so an idle or slow client
     costs a few KiB, not a thread. It holds at most max_open() connections; more wait in the
-    kernel's listen backlog. Each connection must send its whole request within
+    kernel's listen backlog, and when one comes while all are held, the oldest connection still
+    sending its request is dropped to make room. Each connection must send its whole request within
     read_timeout_seconds (TLS handshake included) and gets one answer (Connection: close).
     At most max_connections answers are made and sent at once: each is made on a worker thread
     and sent from the event loop."""
@@ -158,27 +159,41 @@ class MetricsServer:
         answering = asyncio.Semaphore(self._cfg.max_connections)
         self._sock.setblocking(False)
         tasks: set[asyncio.Task[None]] = set()
+        waiting: dict[asyncio.Task[None], None] = {}  # no whole request yet, oldest first
+        failing = False
         try:
             while True:
-                await held.acquire()
                 try:
                     conn, _ = await loop.sock_accept(self._sock)
-                except OSError:
-                    held.release()
-                    await asyncio.sleep(0.1)  # EMFILE and friends: back off rather than spin
+                except OSError as err:
+                    if not failing:  # EMFILE and friends: once a streak, and back off
+                        log.warning("metrics server cannot accept: %s; retrying", err.strerror)
+                    failing = True
+                    await asyncio.sleep(0.1)
                     continue
-                task = loop.create_task(self._connection(conn, held, answering))
+                failing = False
+                await _slot(held, waiting)
+                task = loop.create_task(self._connection(conn, held, answering, waiting))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
+                task.add_done_callback(lambda t: waiting.pop(t, None))
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _connection(
-        self, conn: socket.socket, held: asyncio.Semaphore, answering: asyncio.Semaphore
+        self,
+        conn: socket.socket,
+        held: asyncio.Semaphore,
+        answering: asyncio.Semaphore,
+        waiting: dict[asyncio.Task[None], None],
     ) -> None:
         loop = asyncio.get_running_loop()
+        me = asyncio.current_task()
+        assert me is not None
+        # Evictable once running: a task cancelled before it starts would never release `held`.
+        waiting[me] = None
         timeout = self._cfg.read_timeout_seconds
         conn_protocol = _Connection(loop)
         transport: asyncio.BaseTransport | None = None
@@ -189,6 +204,7 @@ class MetricsServer:
                     lambda: conn_protocol, conn, ssl=self._tls
                 )
                 head = await conn_protocol.head
+            waiting.pop(me, None)  # answering it: not to be evicted
             async with answering:
                 response = await loop.run_in_executor(self._pool, self._answer, head)
                 async with asyncio.timeout(timeout):
@@ -196,6 +212,7 @@ class MetricsServer:
         except OSError:  # incl. TimeoutError and ssl.SSLError
             pass  # the client went away, was too slow, or spoke no HTTP (or no TLS)
         finally:
+            conn_protocol.head.cancel()  # an evicted one's: no exception left unretrieved
             if transport is None:
                 conn.close()
             else:
@@ -368,6 +385,18 @@ class _Connection(asyncio.Protocol):
             self._transport.write(data[i : i + 65536])
         self._transport.close()
         await self._closed
+
+
+async def _slot(held: asyncio.Semaphore, waiting: dict[asyncio.Task[None], None]) -> None:
+    """A connection slot. When all are held, the oldest connection still sending its request
+    makes room, so a kubelet probe is answered under a flood of idle connections."""
+    if held.locked():
+        await asyncio.sleep(0)  # the connections accepted last start, and become evictable
+        if waiting:
+            oldest = next(iter(waiting))
+            del waiting[oldest]
+            oldest.cancel()
+    await held.acquire()
 
 
 def max_open() -> int:
