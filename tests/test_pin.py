@@ -439,3 +439,19 @@ def test_without_a_bpffs_the_probe_loads_in_process_and_says_so(tmp_path, caplog
     assert loader.started
     (line,) = [r.getMessage() for r in caplog.records if "bpffs" in r.getMessage()]
     assert line.startswith(f"no bpffs at {tmp_path}/kubenpu: loading the probe in this process")
+
+
+def test_the_identity_is_computed_at_start_not_at_construction(tmp_path):
+    # under probe.loader auto the BCC fallback's PinnedProbe is built beside the CO-RE one; its
+    # digest (source texts, a kallsyms scan) must cost nothing unless it is started
+    digests = []
+
+    class Counting(InProcessLoader):
+        def digest(self) -> str:
+            digests.append(1)
+            return "d"
+
+    probe = PinnedProbe(tmp_path / "pins", Counting(), [VGEM])
+    assert digests == []
+    assert probe.dir == probe.dir and probe.dir.parent == tmp_path / "pins"
+    assert digests == [1]  # once, then kept

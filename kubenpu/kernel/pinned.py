@@ -15,6 +15,7 @@ lists is pinned; an incomplete one, left by a crash while pinning, is set aside 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -270,21 +271,30 @@ class PinnedProbe:
         self._loader = loader
         self._spawn = spawn
         self.aggregate = loader.aggregate
-        self.meta = {
-            "version": __version__,
-            "program": loader.digest(),
-            "kernel": os.uname().release,
-            "hook": loader.hook,
-            "mode": "aggregate" if loader.aggregate else "events",
-            "loader": loader.loader,
-        }
-        # The directory's name is the identity: an agent finds its own probe by name.
-        ident = hashlib.sha256(json.dumps(self.meta, sort_keys=True).encode()).hexdigest()
-        self.dir = root / ident[:16]
         self._active: PinnedKernel | Loader = self._loader
         self._inherited_counts: Counter[Key] = Counter()
         self._inherited_lost: Counter[str] = Counter()
         self._retired: list[PinnedKernel] = []  # kept open: their keys are forgotten too
+
+    @functools.cached_property
+    def meta(self) -> dict:
+        """The identity's fields, known before loading. Computed when first needed, not at
+        construction: under `probe.loader: auto` the BCC fallback's digest (its source texts and
+        a scan of kallsyms) is computed only if the CO-RE object is refused."""
+        return {
+            "version": __version__,
+            "program": self._loader.digest(),
+            "kernel": os.uname().release,
+            "hook": self._loader.hook,
+            "mode": "aggregate" if self._loader.aggregate else "events",
+            "loader": self._loader.loader,
+        }
+
+    @functools.cached_property
+    def dir(self) -> Path:
+        """The directory's name is the identity: an agent finds its own probe by name."""
+        ident = hashlib.sha256(json.dumps(self.meta, sort_keys=True).encode()).hexdigest()
+        return self._root / ident[:16]
 
     def start(self, on_record: Callable[[bytes], None]) -> str:
         if not self.aggregate:
