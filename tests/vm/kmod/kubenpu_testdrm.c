@@ -12,9 +12,17 @@
  *                               deprecated drm-memory-vram (resident)
  *
  * Constants (engine-capacity-render 2, maxfreq-compute 1000 MHz) are printed too. Argument
- * structs are ignored. Built in the VM harness against the guest kernel's headers
+ * structs are ignored.
+ *
+ * A hwmon device (issue 22; Documentation/hwmon/sysfs-interface.rst) hangs off the platform
+ * device, so it is /sys/class/drm/cardN/device/hwmon/hwmonM like a PCI GPU's: power1_input and
+ * power1_cap (µW), energy1_input (µJ), temp1_input (m°C). The test sets them through the module's
+ * parameters (/sys/module/kubenpu_testdrm/parameters/): energy1_input is energy_uj plus
+ * ENERGY_UJ_PER_SUBMIT for every SUBMIT since load, so the device's energy follows its busy
+ * time as a real one's does, and the test still adds idle energy by writing energy_uj. Built in the VM harness against the guest kernel's headers
  * (tests/vm/build.sh); never meant for a real machine.
  */
+#include <linux/hwmon.h>
 #include <linux/module.h>
 #include <linux/platform_device.h>
 #include <linux/slab.h>
@@ -30,6 +38,22 @@
 #define TOTAL_CYCLES_PER_SUBMIT 10000ULL
 #define KIB_PER_ALLOC 64ULL
 #define VRAM_MIB_PER_ALLOC 1ULL
+#define ENERGY_UJ_PER_SUBMIT 2000000LL /* 2 J */
+
+static long energy_uj;
+module_param(energy_uj, long, 0644);
+MODULE_PARM_DESC(energy_uj, "energy1_input's base in µJ (SUBMITs add to it)");
+static long power_uw = 25000000;
+module_param(power_uw, long, 0644);
+MODULE_PARM_DESC(power_uw, "power1_input in µW");
+static long power_cap_uw = 150000000;
+module_param(power_cap_uw, long, 0644);
+MODULE_PARM_DESC(power_cap_uw, "power1_cap in µW");
+static long temp_mc = 45000;
+module_param(temp_mc, long, 0644);
+MODULE_PARM_DESC(temp_mc, "temp1_input in m°C");
+
+static atomic64_t submit_energy_uj = ATOMIC64_INIT(0);
 
 struct testdrm_arg {
 	__u64 unused;
@@ -64,6 +88,7 @@ static void testdrm_postclose(struct drm_device *dev, struct drm_file *file)
 static int testdrm_submit(struct drm_device *dev, void *data, struct drm_file *file)
 {
 	atomic64_inc(&((struct testdrm_file *)file->driver_priv)->submits);
+	atomic64_add(ENERGY_UJ_PER_SUBMIT, &submit_energy_uj);
 	return 0;
 }
 
@@ -130,9 +155,52 @@ static const struct drm_driver testdrm_driver = {
 	.minor = 0,
 };
 
+static umode_t testdrm_hwmon_visible(const void *data, enum hwmon_sensor_types type, u32 attr,
+				     int channel)
+{
+	return 0444;
+}
+
+static int testdrm_hwmon_read(struct device *dev, enum hwmon_sensor_types type, u32 attr,
+			      int channel, long *val)
+{
+	switch (type) {
+	case hwmon_power:
+		*val = attr == hwmon_power_cap ? READ_ONCE(power_cap_uw) : READ_ONCE(power_uw);
+		return 0;
+	case hwmon_energy:
+		*val = READ_ONCE(energy_uj) + atomic64_read(&submit_energy_uj);
+		return 0;
+	case hwmon_temp:
+		*val = READ_ONCE(temp_mc);
+		return 0;
+	default:
+		return -EOPNOTSUPP;
+	}
+}
+
+static const struct hwmon_ops testdrm_hwmon_ops = {
+	.is_visible = testdrm_hwmon_visible,
+	.read = testdrm_hwmon_read,
+};
+
+/* No `* const`: 6.1's hwmon_chip_info.info is `const struct hwmon_channel_info **`. */
+static const struct hwmon_channel_info *testdrm_hwmon_info[] = {
+	HWMON_CHANNEL_INFO(power, HWMON_P_INPUT | HWMON_P_CAP),
+	HWMON_CHANNEL_INFO(energy, HWMON_E_INPUT),
+	HWMON_CHANNEL_INFO(temp, HWMON_T_INPUT),
+	NULL
+};
+
+static const struct hwmon_chip_info testdrm_hwmon_chip = {
+	.ops = &testdrm_hwmon_ops,
+	.info = testdrm_hwmon_info,
+};
+
 /* As vgem does it (before the faux bus): a bare platform device holding a devres group. */
 static int __init testdrm_init(void)
 {
+	struct device *hwmon;
 	int ret;
 
 	testdrm_pdev = platform_device_register_simple("kubenpu_testdrm", -1, NULL, 0);
@@ -146,6 +214,12 @@ static int __init testdrm_init(void)
 				     drm);
 	if (IS_ERR(testdrm)) {
 		ret = PTR_ERR(testdrm);
+		goto out_devres;
+	}
+	hwmon = devm_hwmon_device_register_with_info(&testdrm_pdev->dev, "kubenpu_testdrm", NULL,
+						     &testdrm_hwmon_chip, NULL);
+	if (IS_ERR(hwmon)) {
+		ret = PTR_ERR(hwmon);
 		goto out_devres;
 	}
 	ret = drm_dev_register(&testdrm->drm, 0);
