@@ -21,8 +21,10 @@ demo: venv bpf
 	tests/vm/run.sh $(KERNEL) /src/tests/vm/demo.sh out/demo
 
 # Lint, unit tests against real receivers and tools, then the real-kernel e2e on every kernel.
+# Two workers: a boot's QEMU (TCG, one thread) keeps one core busy, so two boots, or a boot and
+# the unit tests, run side by side; --dist loadscope keeps a module (its boots) on one worker.
 test: venv bpf lint
-	KUBENPU_E2E_KERNELS="$(KERNELS)" $(PYTEST) -q -ra
+	KUBENPU_E2E_KERNELS="$(KERNELS)" $(PYTEST) -q -ra -n 2 --dist loadscope --durations=25
 
 unit: venv bpf
 	$(PYTEST) -q -ra -m "not vm"

@@ -7,6 +7,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/env.sh"
 dest=$1; shift
+install_lock
 apt_private_update
 mkdir -p "$dest" "$KUBENPU_CACHE/debs"
 for pkg in "$@"; do

@@ -6,6 +6,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/env.sh"
 dest=$KUBENPU_CACHE/tools
+install_lock
 # kustomize 5.8 and promtool 3.x from sid are static Go binaries (libc6 >= 2.34 only).
 # jsonnet comes from bookworm: sid's build needs glibc 2.38 and libstdc++ 13, which the
 # bookworm host lacks; 0.18 covers everything deploy/ uses.

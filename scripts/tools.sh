@@ -8,6 +8,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/env.sh"
 dest=$KUBENPU_CACHE/tools
+install_lock
 "$here/debfetch.sh" "$dest" prometheus promtool victoria-metrics >&2
 host_install openssl >&2
 bin=$dest/usr/bin

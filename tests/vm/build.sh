@@ -315,6 +315,7 @@ main() {
   # One build at a time: parallel test runs share the cache.
   exec 9>"$vm/lock"
   flock 9
+  install_lock # and no fetch script's APT update meanwhile (env.sh)
   host_tools
   build_root
   build_venv
