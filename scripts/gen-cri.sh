@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Regenerate kubenpu/resolve/cri/api_pb2.py and api_pb2_grpc.py from api.proto.
+# Regenerate the vendored gRPC APIs' api_pb2.py and api_pb2_grpc.py from their api.proto: the
+# CRI (kubenpu/resolve/cri) and the kubelet's PodResources (kubenpu/resolve/podresources).
 # grpcio-tools is pinned to 1.62.x on purpose: newer releases emit runtime version checks that
 # would force protobuf>=<their own version> and grpcio>=<their own version>; 1.62 emits code that
 # imports cleanly with protobuf 4.25 up to the current major and any grpcio>=1.60.
@@ -14,4 +15,4 @@ if [[ ! -x $tools/bin/python ]] || ! "$tools/bin/python" -c 'import grpc_tools' 
 fi
 # -I . makes the generated grpc module import api_pb2 by its package path.
 "$tools/bin/python" -m grpc_tools.protoc -I . --python_out=. --grpc_python_out=. \
-  kubenpu/resolve/cri/api.proto
+  kubenpu/resolve/cri/api.proto kubenpu/resolve/podresources/api.proto
