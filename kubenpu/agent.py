@@ -386,6 +386,8 @@ def build(
             on_cgroup=attributor.watch,
             clock=time.monotonic,
         )
+    if cfg.attribution.pod_resources.enabled:
+        _start_allocations(cfg, found, metrics, services)
     kernel = open_kernel(cfg.probe, devices, debug)
     # A new cgroup is indexed on the polling thread at once: it may be gone by the next flush.
     probe = Probe(kernel, tally, on_birth=lambda born: resolver.cgroup_born(*born))
@@ -402,6 +404,26 @@ def build(
         health=health,
         devices=len(devices),
     )
+
+
+def _start_allocations(
+    cfg: config.Config, found: list[Device], metrics: Metrics, services: Services
+) -> None:
+    """The kubelet's allocations, refreshed on their own thread: a dead kubelet never stalls
+    counting. Imported here: only an agent with pod_resources enabled needs the module."""
+    from kubenpu.allocations import Allocations
+    from kubenpu.resolve.podresources.client import PodResourcesClient
+    from kubenpu.resolve.podresources.mapping import Mapper
+
+    pr = cfg.attribution.pod_resources
+    allocations = Allocations(
+        PodResourcesClient(pr.socket, pr.timeout_seconds),
+        Mapper(fdinfo_devices(found, cfg.discovery.ignore_devices), cfg.discovery.root),
+        metrics,
+        pr.interval_seconds,
+    )
+    services.add("allocations", allocations.close)
+    allocations.start()
 
 
 def _uninstall(root: Path) -> int:

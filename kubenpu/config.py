@@ -28,6 +28,7 @@ from pydantic import (
 
 from kubenpu.kernel.hooks import DEFAULT_HOOK
 from kubenpu.resolve import DEFAULT_ENDPOINT
+from kubenpu.resolve.podresources import DEFAULT_SOCKET
 
 # The agent uses no pydantic plugins. Without this, defining the models below makes pydantic read
 # every installed distribution's entry points (importlib.metadata) to look for plugins, a scan of
@@ -84,10 +85,27 @@ class CriConfig(_Model):
     concurrency: int = Field(4, ge=1, le=64)
 
 
+class PodResourcesConfig(_Model):
+    """The kubelet's PodResources API: which pods were allocated which devices."""
+
+    enabled: bool = False
+    socket: _Str = DEFAULT_SOCKET
+    interval_seconds: float = Field(10, gt=0, le=3600)
+    timeout_seconds: float = Field(5, gt=0, le=60)
+
+    @field_validator("socket")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        if not v.removeprefix("unix://").startswith("/"):
+            raise ValueError(f"{short(v)} is not an absolute socket path")
+        return v
+
+
 class AttributionConfig(_Model):
     cgroup_root: _Str = "/sys/fs/cgroup"
     pending_seconds: float = Field(120, ge=0, le=DAY)
     cri: CriConfig = CriConfig()
+    pod_resources: PodResourcesConfig = PodResourcesConfig()
 
 
 class MetricsConfig(_Model):

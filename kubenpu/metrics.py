@@ -208,6 +208,47 @@ FDINFO_SKIPPED = Spec(
     "whose driver prints no usage stats), unknown_device.",
     ("reason",),
 )
+ALLOCATED = Spec(
+    "kubenpu.device.allocated",
+    "gauge",
+    "{share}",
+    "Shares of the device the container was allocated, from the kubelet's PodResources API "
+    "(device-plugin ids and DRA devices; docs/allocations.md).",
+    ("namespace", "pod", "container", "device", "resource"),
+)
+ALLOCATED_IDLE = Spec(
+    "kubenpu.device.allocated.idle",
+    "counter",
+    "s",
+    "Time the container held the allocation with no submit-class call on the device and no "
+    "engine busy time (or cycles) on it (docs/metrics.md, Idle allocations).",
+    ("namespace", "pod", "container", "device", "resource"),
+)
+UNALLOCATED_USE = Spec(
+    "kubenpu.device.unallocated_use",
+    "gauge",
+    "{container}",
+    "1 for a container that used (submit calls or engine time) a device some allocation on the "
+    "node names, during the last allocations refresh, without being allocated it. Its calls "
+    "are counted in kubenpu_ioctl_total all the same.",
+    ("namespace", "pod", "container", "device"),
+)
+ALLOCATIONS_UNMAPPED = Spec(
+    "kubenpu.allocations.unmapped",
+    "gauge",
+    "{id}",
+    "Allocated ids held now that map to no discovered device, by resource and reason: empty_id, "
+    "unknown_format (no known id format and no PCI address or node name in it), no_device (it "
+    "names a device discovery did not find), empty_pod (an entry without a pod or container "
+    "name).",
+    ("resource", "reason"),
+)
+PODRESOURCES_ERRORS = Spec(
+    "kubenpu.podresources.errors",
+    "counter",
+    "{request}",
+    "PodResources requests to the kubelet that failed or timed out; retried at the next refresh.",
+)
 SPECS = (
     IOCTL,
     DEVICE_INFO,
@@ -229,6 +270,11 @@ SPECS = (
     ENGINE_CAPACITY,
     MEMORY,
     FDINFO_SKIPPED,
+    ALLOCATED,
+    ALLOCATED_IDLE,
+    UNALLOCATED_USE,
+    ALLOCATIONS_UNMAPPED,
+    PODRESOURCES_ERRORS,
 )
 # The engine counters a Usage carries, by Spec, in the order of Usage.counters.
 ENGINE_COUNTERS = (ENGINE_BUSY, ENGINE_CYCLES, ENGINE_TOTAL_CYCLES)
@@ -246,6 +292,27 @@ class Point(NamedTuple):
     attrs: Attrs
     value: float | Hist
     start_ns: int
+
+
+class Held(NamedTuple):
+    """One container's allocation of one device."""
+
+    namespace: str
+    pod: str
+    container: str
+    device: str
+    resource: str
+
+
+@dataclass
+class AllocationState:
+    """What the allocations refresh last found: shares and idle seconds per Held (with the
+    time each was first held), unallocated users, unmapped ids by (resource, reason)."""
+
+    shares: dict[Held, int] = field(default_factory=dict)
+    idle: dict[Held, tuple[float, int]] = field(default_factory=dict)
+    unallocated: set[tuple[str, str, str, str]] = field(default_factory=set)
+    unmapped: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 class DeviceRow(NamedTuple):
@@ -342,6 +409,8 @@ class Metrics:
         self._skipped = dict.fromkeys(SKIP_REASONS, 0)
         self._capacity: dict[tuple[Where, str], int] = {}
         self._memory: dict[tuple[Where, str, str], int] = {}
+        self._allocations = AllocationState()
+        self._podresources_errors = 0
 
     # --- called from the agent's event loop -------------------------------------------------
 
@@ -404,6 +473,30 @@ class Metrics:
         with self._lock:
             for reason, n in reasons.items():
                 self._skipped[reason] = self._skipped.get(reason, 0) + n
+
+    def activity(self) -> dict[tuple[str, str, str, str], tuple[int, float]]:
+        """Per (namespace, pod, container, device): the submit-class calls and the engine busy
+        seconds plus cycles counted so far, the signals of use an idle allocation lacks."""
+        use: dict[tuple[str, str, str, str], tuple[int, float]] = {}
+        with self._lock:
+            for (ns, pod, _), rec in self._pods.items():
+                for (c, d, _v, k), n in rec.series.items():
+                    if k == "submit":
+                        calls, busy = use.get((ns, pod, c, d), (0, 0.0))
+                        use[(ns, pod, c, d)] = (calls + n, busy)
+                for spec in (ENGINE_BUSY, ENGINE_CYCLES):
+                    for (c, d, _v, _e), value in rec.engines.get(spec, {}).items():
+                        calls, busy = use.get((ns, pod, c, d), (0, 0.0))
+                        use[(ns, pod, c, d)] = (calls, busy + value)
+        return use
+
+    def set_allocations(self, state: AllocationState) -> None:
+        with self._lock:
+            self._allocations = state
+
+    def podresources_error(self) -> None:
+        with self._lock:
+            self._podresources_errors += 1
 
     def container_gone(self, namespace: str, pod: str, container: str) -> None:
         """The container's cgroup is gone. Unknown containers are ignored."""
@@ -507,7 +600,28 @@ class Metrics:
                 (ENGINE_CAPACITY, self._gauge_points(self._capacity, ("engine",))),
                 (MEMORY, self._gauge_points(self._memory, ("region", "state"))),
                 (FDINFO_SKIPPED, self._by_reason(self._skipped)),
+                *self._allocation_points(),
             ]
+
+    def _allocation_points(self) -> list[tuple[Spec, list[Point]]]:
+        a, start = self._allocations, self._start_ns
+        users = ("namespace", "pod", "container", "device")
+        return [
+            (ALLOCATED, [Point(h._asdict(), n, start) for h, n in a.shares.items()]),
+            (ALLOCATED_IDLE, [Point(h._asdict(), s, t) for h, (s, t) in a.idle.items()]),
+            (
+                UNALLOCATED_USE,
+                [Point(dict(zip(users, u, strict=True)), 1, start) for u in a.unallocated],
+            ),
+            (
+                ALLOCATIONS_UNMAPPED,
+                [
+                    Point({"resource": r, "reason": why}, n, start)
+                    for (r, why), n in a.unmapped.items()
+                ],
+            ),
+            (PODRESOURCES_ERRORS, [Point({}, self._podresources_errors, start)]),
+        ]
 
     def _engine_points(self, spec: Spec) -> list[Point]:
         return [

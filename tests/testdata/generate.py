@@ -139,9 +139,14 @@ def intel_npu(m: Machine) -> None:
 def gaudi(m: Machine) -> None:
     # Gaudi2 cards sit behind PCIe switches; discovery must take the card, not a bridge.
     switch = "pci0000:b0/0000:b0:02.0/0000:b1:00.0/0000:b2:00.0"
-    m.node(m.pci(f"{switch}/0000:b3:00.0", "1da3", "1020", "habanalabs", numa=1), "accel1", 1)
+    # habanalabs prints each card's serial_number (the id its device plugin allocates).
+    card = m.pci(f"{switch}/0000:b3:00.0", "1da3", "1020", "habanalabs", numa=1)
+    m.node(card, "accel1", 1)
+    m.file(f"{card}/serial_number", "AN12345678\n")
     switch = "pci0000:30/0000:30:02.0/0000:31:00.0/0000:32:00.0"
-    m.node(m.pci(f"{switch}/0000:33:00.0", "1da3", "1020", "habanalabs", numa=0), "accel0", 0)
+    card = m.pci(f"{switch}/0000:33:00.0", "1da3", "1020", "habanalabs", numa=0)
+    m.node(card, "accel0", 0)
+    m.file(f"{card}/serial_number", "AN87654321\n")
 
 
 def qualcomm_ai100(m: Machine) -> None:

@@ -1,0 +1,139 @@
+"""Who holds each device: the kubelet's allocations, refreshed on their own thread, and which
+of them are idle.
+
+Every `interval` seconds the `allocations` thread asks the kubelet (PodResources List), maps
+each id to a device (kubenpu.resolve.podresources.mapping) and compares each held allocation's
+use signals (Metrics.activity(): submit-class calls and engine busy time, of that container on
+that device) with the previous refresh: unchanged means the whole interval was idle. A kubelet
+that does not answer is a counted error and a retry at the next refresh; the last allocations
+stay exported meanwhile. Counting never waits on this thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+
+from kubenpu.metrics import AllocationState, Held, Metrics
+from kubenpu.resolve.podresources.client import Allocated, PodResourcesClient, PodResourcesError
+from kubenpu.resolve.podresources.mapping import Mapper, Unmapped
+
+log = logging.getLogger(__name__)
+
+_Use = tuple[int, float]
+_User = tuple[str, str, str, str]  # namespace, pod, container, device
+
+
+def held(
+    allocated: list[Allocated], mapper: Mapper
+) -> tuple[dict[Held, int], dict[tuple[str, str], int]]:
+    """Shares per Held, and the ids that map to no device by (resource, reason)."""
+    shares: Counter[Held] = Counter()
+    unmapped: Counter[tuple[str, str]] = Counter()
+    for a in allocated:
+        device = mapper.device(a.resource, a.id)
+        for cdi in a.cdi if isinstance(device, Unmapped) else ():
+            device = mapper.fallback(cdi) if isinstance(device, Unmapped) else device
+        if isinstance(device, Unmapped):
+            unmapped[(a.resource, device.value)] += 1
+        else:
+            shares[Held(a.namespace, a.pod, a.container, device, a.resource)] += 1
+    return dict(shares), dict(unmapped)
+
+
+class Allocations:
+    """Refreshes the allocation series. `refresh()` is one step; `start()` runs it every
+    `interval` seconds on a daemon thread until `close()`."""
+
+    def __init__(
+        self,
+        client: PodResourcesClient,
+        mapper: Mapper,
+        metrics: Metrics,
+        interval: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._client = client
+        self._mapper = mapper
+        self._metrics = metrics
+        self._interval = interval
+        self._clock = clock
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last: dict[Held, tuple[_Use, float]] = {}  # use signals at the last refresh
+        self._idle: dict[Held, tuple[float, int]] = {}
+        self._seen: dict[_User, _Use] = {}
+        self._failing = False
+
+    def refresh(self) -> bool:
+        """One refresh; False when the kubelet did not answer (counted, logged once a streak)."""
+        try:
+            allocated, skipped = self._client.list()
+            self._client.allocatable()  # asked so an old kubelet's UNIMPLEMENTED is learned once
+        except PodResourcesError as err:
+            self._metrics.podresources_error()
+            if not self._failing:
+                log.warning("PodResources: %s; keeping the last allocations, retrying", err)
+            self._failing = True
+            return False
+        if self._failing:
+            log.info("PodResources answers again")
+        self._failing = False
+        shares, unmapped = held(allocated, self._mapper)
+        for reason, n in skipped.items():
+            unmapped[("", reason)] = unmapped.get(("", reason), 0) + n
+        use = self._metrics.activity()
+        self._account_idle(shares, use)
+        self._metrics.set_allocations(
+            AllocationState(shares, dict(self._idle), self._unallocated(shares, use), unmapped)
+        )
+        return True
+
+    def _account_idle(self, shares: dict[Held, int], use: dict[_User, _Use]) -> None:
+        now = self._clock()
+        last, self._last = self._last, {}
+        for h in shares:
+            signals = use.get((h.namespace, h.pod, h.container, h.device), (0, 0.0))
+            seconds, start = self._idle.get(h, (0.0, time.time_ns()))
+            if h in last and last[h][0] == signals:
+                seconds += now - last[h][1]
+            self._idle[h] = (seconds, start)
+            self._last[h] = (signals, now)
+        for h in self._idle.keys() - shares.keys():  # released: its series retires
+            del self._idle[h]
+
+    def _unallocated(self, shares: dict[Held, int], use: dict[_User, _Use]) -> set[_User]:
+        """Containers whose use of an allocatable device grew since the last refresh while they
+        held none of it."""
+        allocated = {(h.namespace, h.pod, h.container, h.device) for h in shares}
+        managed = {h.device for h in shares}
+        seen, self._seen = self._seen, use
+        return {
+            u
+            for u, signals in use.items()
+            if u[3] in managed and u not in allocated and signals != seen.get(u, (0, 0.0))
+        }
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="allocations", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self._interval + 1)
+        self._client.close()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.refresh()
+            except (
+                Exception
+            ):  # no bad answer may stop the refreshes; counting never depends on them
+                log.exception("allocations refresh failed")
+                self._metrics.podresources_error()
+            self._stop.wait(self._interval)
