@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -311,3 +312,33 @@ def test_server_runs_standalone_and_rereads_its_state(tmp_path: Path, sock: str)
     finally:
         server.terminate()
         assert server.wait(10) == 0
+
+
+# The chart's capability set: uid 0 with only BPF and PERFMON (no DAC_OVERRIDE). connect() on a
+# unix socket needs write permission on its file: the kubelet's (root-owned, mode 0755 under its
+# umask 022, or tighter) grants it to its owner, uid 0, with no capability. The same socket owned
+# by another uid is refused, which shows the measurement can fail.
+_CHART_CAPS = ["setpriv", "--bounding-set=-all,+bpf,+perfmon", "--inh-caps=-all", "--"]
+_ASK = (
+    "import sys\n"
+    "from kubenpu.resolve.podresources.client import PodResourcesClient, PodResourcesError\n"
+    "try:\n    print(len(PodResourcesClient(sys.argv[1], timeout=2).list()[0]))\n"
+    "except PodResourcesError as e:\n    print(e)\n"
+)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root, setpriv")
+@pytest.mark.parametrize(
+    ("mode", "owner", "answer"),
+    [(0o755, 0, "7"), (0o600, 0, "7"), (0o755, 65534, "Permission denied")],
+)
+def test_chart_capabilities_can_use_a_root_owned_socket(
+    kubelet: PodResourcesTestServer, sock: str, mode: int, owner: int, answer: str
+) -> None:
+    os.chmod(sock, mode)
+    os.chown(sock, owner, owner)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    out = subprocess.run(
+        [*_CHART_CAPS, sys.executable, "-c", _ASK, sock], capture_output=True, text=True, env=env
+    )
+    assert answer in out.stdout, out.stderr

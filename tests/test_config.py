@@ -473,3 +473,19 @@ def test_node_name_has_a_length_bound(tmp_path: Path, where: str) -> None:
     assert "node_name" in problem or "K8S_NODE_NAME" in problem
     assert len(problem) < 300
     config.load(write(tmp_path, "node_name: " + "n" * 253 + "\n"), {})  # the limit itself
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "problem"),
+    [
+        ("attribution:\n  pod_resources:\n    socket: kubelet.sock\n", "absolute socket path"),
+        ("attribution:\n  pod_resources:\n    interval_seconds: 0\n", "greater than 0"),
+        ("attribution:\n  pod_resources:\n    enabled: 'yes'\n", "valid boolean"),
+    ],
+)
+def test_pod_resources_validated(tmp_path: Path, yaml_text: str, problem: str) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml_text)
+    with pytest.raises(config.ConfigError) as err:
+        config.load(path)
+    assert problem in " ".join(err.value.problems)
