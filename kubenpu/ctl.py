@@ -79,7 +79,20 @@ def _parser() -> argparse.ArgumentParser:
     ioctls.add_argument("--output", "-o", choices=("table", "tsv", "json"), default="table")
     ioctls.set_defaults(run=_ioctls)
     _top_parser(commands)
+    _allocations_parser(commands)
     return parser
+
+
+def _allocations_parser(commands: argparse._SubParsersAction) -> None:
+    from kubenpu.resolve.podresources import DEFAULT_SOCKET
+
+    alloc = commands.add_parser(
+        "allocations", help="each pod's allocated devices, from the kubelet's PodResources API"
+    )
+    alloc.add_argument("--socket", default=DEFAULT_SOCKET, help="the kubelet's PodResources socket")
+    alloc.add_argument("--root", default="/", help="read DIR/sys instead of /sys for the mapping")
+    alloc.add_argument("--output", "-o", choices=("table", "json"), default="table")
+    alloc.set_defaults(run=_allocations)
 
 
 def _top_parser(commands: argparse._SubParsersAction) -> None:
@@ -267,6 +280,62 @@ def _selected(name: str | None) -> tuple[Vendor, ...]:
         known = ", ".join(v.name for v in (core(), *all_vendors()))
         raise UsageError(f"unknown vendor {name!r} (known: {known})")
     return (vendor,)
+
+
+def _allocations(args: argparse.Namespace) -> str:
+    try:  # gRPC is an agent extra: a plain `pip install kubenpu` lacks it
+        from kubenpu.resolve.podresources.client import PodResourcesClient, PodResourcesError
+    except ImportError as e:
+        raise UsageError(
+            f"allocations needs the agent extras ({e.name}): pip install 'kubenpu[agent]'"
+        ) from None
+    from kubenpu.resolve.podresources.mapping import Mapper, Unmapped
+
+    mapper = Mapper(discover(args.root), args.root)
+    client = PodResourcesClient(args.socket)
+    try:
+        found, skipped = client.list()
+    except PodResourcesError as e:
+        raise UsageError(str(e)) from None
+    finally:
+        client.close()
+    rows = []
+    for a in found:
+        device = mapper.device(a.resource, a.id)
+        for cdi in a.cdi if isinstance(device, Unmapped) else ():
+            device = mapper.fallback(cdi) if isinstance(device, Unmapped) else device
+        mapped = isinstance(device, Unmapped)
+        rows.append(
+            {
+                "namespace": a.namespace,
+                "pod": a.pod,
+                "container": a.container,
+                "resource": a.resource,
+                "id": a.id,
+                "pool": a.pool,
+                "claim": a.claim,
+                "device": None if mapped else device,
+                "unmapped": device.value if mapped else None,
+            }
+        )
+    for reason, n in skipped.items():
+        logging.warning("%d PodResources entries skipped: %s", n, reason)
+    if args.output == "json":
+        return json.dumps(rows, indent=2)
+    return _table(
+        ["NAMESPACE", "POD", "CONTAINER", "RESOURCE", "ID", "DEVICE"],
+        [
+            [
+                r["namespace"],
+                r["pod"],
+                r["container"],
+                r["resource"],
+                r["id"] or '""',
+                r["device"] or f"- ({r['unmapped']})",
+            ]
+            for r in rows
+        ],
+    )
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:

@@ -171,3 +171,63 @@ def test_needs_only_the_standard_library() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == "OUTSIDE []"
+
+
+def test_allocations_without_the_agent_extras_is_one_line_and_exit_2() -> None:
+    code = textwrap.dedent(
+        """
+        import importlib.abc, sys
+
+        class Block(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] == "grpc":
+                    raise ModuleNotFoundError("No module named " + name, name=name)
+
+        sys.meta_path.insert(0, Block())
+        from kubenpu.ctl import main
+        sys.exit(main(["allocations"]))
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "kubenpuctl: error: allocations needs the agent extras (grpc): pip install 'kubenpu[agent]'"
+    ]
+
+
+def test_allocations_lists_each_id_its_device_or_why_none(tmp_path: Path) -> None:
+    from podresources_server import PodResourcesTestServer, container, pod
+
+    sock = str(tmp_path / "kubelet.sock")
+    server = PodResourcesTestServer(
+        {
+            "pods": [
+                pod("ml", "a", [container("main", {"gpu.intel.com/i915": ["card1-0", "card7-0"]})]),
+                pod("ml", "b", [container("main", {"example.com/x": ["uuid-1"]})]),
+            ]
+        }
+    )
+    server.start(sock)
+    try:
+        args = ["allocations", "--socket", sock, "--root", str(TESTDATA / "hybrid-two-gpu")]
+        table, rows = run(*args).stdout, json.loads(run(*args, "-o", "json").stdout)
+    finally:
+        server.stop()
+    assert table.splitlines() == [
+        "NAMESPACE  POD  CONTAINER  RESOURCE            ID       DEVICE",
+        "ml         a    main       gpu.intel.com/i915  card1-0  0000:00:02.0",
+        "ml         a    main       gpu.intel.com/i915  card7-0  - (no_device)",
+        "ml         b    main       example.com/x       uuid-1   - (unknown_format)",
+    ]
+    assert [(r["id"], r["device"], r["unmapped"]) for r in rows] == [
+        ("card1-0", "0000:00:02.0", None),
+        ("card7-0", None, "no_device"),
+        ("uuid-1", None, "unknown_format"),
+    ]
+
+
+def test_allocations_kubelet_down_is_one_line(tmp_path: Path, capsys) -> None:
+    assert main(["allocations", "--socket", str(tmp_path / "none.sock")]) == 2
+    assert len(capsys.readouterr().err.splitlines()) == 1
