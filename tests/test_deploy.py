@@ -58,6 +58,8 @@ CAPABILITIES = {"security_file_ioctl": ["BPF", "PERFMON"], "drm_ioctl": ["SYS_AD
 FDINFO_CAPABILITIES = ["SYS_PTRACE", "DAC_READ_SEARCH"]
 DRM_IOCTL_HOOK = {"config": {"probe": {"hook": "drm_ioctl"}}}
 BPFFS = "/sys/fs/bpf"  # mounted only with probe.pin_dir set (the default, docs/pinning.md)
+# Mounted only with attribution.pod_resources enabled (the default, docs/allocations.md).
+POD_RESOURCES = "/var/lib/kubelet/pod-resources"
 WRITABLE = {"bpffs"}  # the probe is pinned there; every other node mount is ro
 CR_KINDS = {"ServiceMonitor", "PrometheusRule"}  # CRDs: no bundled schema
 DIGEST = "sha256:" + "ab" * 32
@@ -413,7 +415,7 @@ def check_agent_daemonset(
     assert not pod.get("hostPID") and not pod.get("hostNetwork") and not pod.get("hostIPC")
     host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     want = HOST_PATHS | {cri_dir} | (HEADERS if headers else set())
-    assert set(host.values()) - {BPFFS} == want, "a host path too many or missing"
+    assert set(host.values()) - {BPFFS, POD_RESOURCES} == want, "a host path too many or missing"
     mounts = {m["name"]: m for m in agent["volumeMounts"]}
     for name in host:
         assert (mounts[name].get("readOnly") is True) != (name in WRITABLE), f"{name} is writable"
@@ -475,6 +477,21 @@ def test_without_fdinfo_the_agent_gets_what_it_got_before() -> None:
 def host_path_types(docs: list[dict[str, Any]]) -> dict[str, str]:
     volumes = daemonset(docs)["spec"]["template"]["spec"]["volumes"]
     return {v["hostPath"]["path"]: v["hostPath"]["type"] for v in volumes if "hostPath" in v}
+
+
+def test_pod_resources_directory_is_mounted_read_only_when_enabled(every_render: dict) -> None:
+    """The directory, not the socket (a restarted kubelet makes a new socket file), read-only,
+    and only when the agent asks the kubelet; the config names a socket inside it."""
+    for name, docs in every_render.items():
+        if name != "otel collector":
+            cfg = agent_config(docs)["attribution"]["pod_resources"]
+            assert (POD_RESOURCES in host_path_types(docs)) == cfg["enabled"], name
+            if cfg["enabled"]:
+                assert host_path_types(docs)[POD_RESOURCES] == "DirectoryOrCreate"
+                assert cfg["socket"].startswith(POD_RESOURCES + "/")
+    off = helm_values()
+    off["config"]["attribution"]["pod_resources"]["enabled"] = False
+    assert POD_RESOURCES not in host_path_types(render_helm(off))
 
 
 def test_device_directories_need_not_exist_unless_accel_is_required() -> None:
@@ -649,7 +666,7 @@ def test_promtool_checks_the_prometheusrule(
     rule = by_kind(every_render["helm all options"])["PrometheusRule"]
     rules = tmp_path / "rules.yaml"
     rules.write_text(yaml.safe_dump(rule["spec"]))
-    assert "SUCCESS: 4 rules found" in run(tools / "promtool", "check", "rules", rules)
+    assert "SUCCESS: 5 rules found" in run(tools / "promtool", "check", "rules", rules)
 
 
 def test_promtool_unit_tests_of_the_alerts(tools: Path) -> None:

@@ -73,5 +73,18 @@ g.dashboard(
       g.pos(12, 38, 12, 10),
       'unreadable: no ptrace-read access (see the chart value fdinfo.enabled). no_client_id: drivers without usage stats (vgem, virtio_gpu).',
     ),
+    g.table(
+      'Allocated vs used by pod and device',
+      [
+        g.target('sum by (node, namespace, pod, container, device, resource) (kubenpu_device_allocated{%s})' % sel,
+                 instant=true, refId='A'),
+        g.target('sum by (node, namespace, pod, container, device) (rate(kubenpu_ioctl_total{%s, kind="submit"}[$__rate_interval]))' % sel,
+                 instant=true, refId='B'),
+        g.target('sum by (node, namespace, pod, container, device, resource) (rate(kubenpu_device_allocated_idle_seconds_total{%s}[$__rate_interval]))' % sel,
+                 instant=true, refId='C'),
+      ],
+      g.pos(0, 48, 24, 10),
+      description='From the kubelet (attribution.pod_resources): A = shares allocated, B = submit calls per second, C = fraction of the time idle (1: held and unused, docs/metrics.md). A row with B but no A: calls on a device not allocated to the pod.',
+    ),
   ],
 )
