@@ -65,6 +65,7 @@ class Allocations:
         self._thread: threading.Thread | None = None
         self._last: dict[Held, tuple[_Use, float]] = {}  # use signals at the last refresh
         self._idle: dict[Held, tuple[float, int]] = {}
+        self._idle_for: dict[Held, float] = {}  # the current streak
         self._seen: dict[_User, _Use] = {}
         self._failing = False
 
@@ -88,7 +89,13 @@ class Allocations:
         use = self._metrics.activity()
         self._account_idle(shares, use)
         self._metrics.set_allocations(
-            AllocationState(shares, dict(self._idle), self._unallocated(shares, use), unmapped)
+            AllocationState(
+                shares,
+                dict(self._idle),
+                dict(self._idle_for),
+                self._unallocated(shares, use),
+                unmapped,
+            )
         )
         return True
 
@@ -98,12 +105,15 @@ class Allocations:
         for h in shares:
             signals = use.get((h.namespace, h.pod, h.container, h.device), (0, 0.0))
             seconds, start = self._idle.get(h, (0.0, time.time_ns()))
+            streak = 0.0
             if h in last and last[h][0] == signals:
                 seconds += now - last[h][1]
+                streak = self._idle_for.get(h, 0.0) + now - last[h][1]
             self._idle[h] = (seconds, start)
+            self._idle_for[h] = streak
             self._last[h] = (signals, now)
         for h in self._idle.keys() - shares.keys():  # released: its series retires
-            del self._idle[h]
+            del self._idle[h], self._idle_for[h]
 
     def _unallocated(self, shares: dict[Held, int], use: dict[_User, _Use]) -> set[_User]:
         """Containers whose use of an allocatable device grew since the last refresh while they

@@ -224,6 +224,13 @@ ALLOCATED_IDLE = Spec(
     "engine busy time (or cycles) on it (docs/metrics.md, Idle allocations).",
     ("namespace", "pod", "container", "device", "resource"),
 )
+ALLOCATED_IDLE_FOR = Spec(
+    "kubenpu.device.allocated.idle_for",
+    "gauge",
+    "s",
+    "How long the allocation has been idle without a break, at the last refresh (0 while used).",
+    ("namespace", "pod", "container", "device", "resource"),
+)
 UNALLOCATED_USE = Spec(
     "kubenpu.device.unallocated_use",
     "gauge",
@@ -272,6 +279,7 @@ SPECS = (
     FDINFO_SKIPPED,
     ALLOCATED,
     ALLOCATED_IDLE,
+    ALLOCATED_IDLE_FOR,
     UNALLOCATED_USE,
     ALLOCATIONS_UNMAPPED,
     PODRESOURCES_ERRORS,
@@ -306,11 +314,13 @@ class Held(NamedTuple):
 
 @dataclass
 class AllocationState:
-    """What the allocations refresh last found: shares and idle seconds per Held (with the
-    time each was first held), unallocated users, unmapped ids by (resource, reason)."""
+    """What the allocations refresh last found: shares, idle seconds (with the time each was
+    first held) and the current idle streak per Held, unallocated users, unmapped ids by
+    (resource, reason)."""
 
     shares: dict[Held, int] = field(default_factory=dict)
     idle: dict[Held, tuple[float, int]] = field(default_factory=dict)
+    idle_for: dict[Held, float] = field(default_factory=dict)
     unallocated: set[tuple[str, str, str, str]] = field(default_factory=set)
     unmapped: dict[tuple[str, str], int] = field(default_factory=dict)
 
@@ -609,6 +619,7 @@ class Metrics:
         return [
             (ALLOCATED, [Point(h._asdict(), n, start) for h, n in a.shares.items()]),
             (ALLOCATED_IDLE, [Point(h._asdict(), s, t) for h, (s, t) in a.idle.items()]),
+            (ALLOCATED_IDLE_FOR, [Point(h._asdict(), s, start) for h, s in a.idle_for.items()]),
             (
                 UNALLOCATED_USE,
                 [Point(dict(zip(users, u, strict=True)), 1, start) for u in a.unallocated],

@@ -35,6 +35,9 @@ TARGET_INFO = "target_info"  # the OTel resource: service_version, k8s_node_name
 # The fdinfo families; top shows them when they appear.
 BUSY = metrics.ENGINE_BUSY.prometheus_name  # counter per ...,engine
 MEMORY = metrics.MEMORY.prometheus_name  # gauge per ...,region,state
+# The allocation families (attribution.pod_resources); top shows them when they appear.
+ALLOCATED = metrics.ALLOCATED.prometheus_name  # gauge per ...,resource: shares held
+IDLE_FOR = metrics.ALLOCATED_IDLE_FOR.prometheus_name  # gauge: the current idle streak
 KINDS = ("submit", "alloc", "wait")
 POD_LABELS = ("namespace", "pod", "container", "device", "vendor")
 RATED = (IOCTL, BUSY, DROPPED, UNATTRIBUTED)
@@ -217,6 +220,8 @@ class Row:
     rates: dict[str, float] = field(default_factory=lambda: dict.fromkeys(KINDS, 0.0))
     busy: dict[str, float] = field(default_factory=dict)  # engine -> % of one engine
     memory: dict[str, dict[str, float]] = field(default_factory=dict)  # region -> state -> B
+    shares: float | None = None  # allocated by the kubelet; None: not allocated
+    idle_for: float | None = None
 
     @property
     def total(self) -> float:
@@ -240,7 +245,8 @@ class Frame:
     devices: list[tuple[str, str, str]]  # (node, device, vendor)
     engines: list[str]  # busy columns; empty when the family is not exported
     has_memory: bool
-    measuring: bool  # no rates yet (the first scrape)
+    measuring: bool
+    has_allocations: bool = False  # no rates yet (the first scrape)
     calls: float = 0.0
     dropped: float = 0.0
     dropped_rate: float = 0.0
@@ -283,6 +289,7 @@ def build_frame(reading: Reading, multi_node: bool) -> Frame:
         states = row(s).memory.setdefault(s.labels.get("region", ""), {})
         state = s.labels.get("state", "")
         states[state] = states.get(state, 0.0) + s.value
+    _allocations(rows, by_name, multi_node)
     info = by_name[DEVICE_INFO]
     return Frame(
         rows=list(rows.values()),
@@ -296,6 +303,7 @@ def build_frame(reading: Reading, multi_node: bool) -> Frame:
         ),
         engines=sorted({s.labels.get("engine", "") for s in by_name[BUSY]}),
         has_memory=bool(by_name[MEMORY]),
+        has_allocations=bool(by_name[ALLOCATED]),
         measuring=reading.rates is None,
         calls=sum(s.value for s in rated[IOCTL]),
         dropped=_sum(by_name[DROPPED]),
@@ -305,6 +313,32 @@ def build_frame(reading: Reading, multi_node: bool) -> Frame:
         overflow=_sum(by_name[OVERFLOW]),
         malformed=reading.malformed,
     )
+
+
+def _allocations(
+    rows: dict[RowKey, Row], by_name: dict[str, list[Series]], multi_node: bool
+) -> None:
+    """Shares and idle streaks onto the rows of the same container and device (allocation
+    series carry no vendor); an allocation without calls gets a row of its own."""
+    by_place = {k._replace(vendor=""): r for k, r in rows.items()}
+    for s in by_name[ALLOCATED] + by_name[IDLE_FOR]:
+        key = _key(s, multi_node)._replace(vendor="")
+        r = by_place.get(key) or rows.setdefault(key, Row(key))
+        by_place[key] = r
+        if s.name == ALLOCATED:
+            r.shares = (r.shares or 0.0) + s.value
+        else:
+            r.idle_for = max(r.idle_for or 0.0, s.value)
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    if seconds < 3600:
+        return f"{seconds // 60:.0f}m"
+    return f"{seconds // 3600:.0f}h{seconds % 3600 // 60:02.0f}m"
 
 
 def _distinct(values: Iterable[str]) -> list[str]:
@@ -325,6 +359,8 @@ SORTS: dict[str, tuple[str, Callable[[Row], float | str]]] = {
     "wait": ("w", lambda r: r.rates["wait"]),
     "busy": ("b", lambda r: r.max_busy),
     "memory": ("m", lambda r: r.mem),
+    "shares": ("h", lambda r: r.shares or 0.0),
+    "idle": ("i", lambda r: r.idle_for or 0.0),
     "node": ("o", lambda r: r.key.node),
     "namespace": ("n", lambda r: r.key.namespace),
     "pod": ("p", lambda r: r.key.pod),
@@ -333,7 +369,7 @@ SORTS: dict[str, tuple[str, Callable[[Row], float | str]]] = {
     "vendor": ("v", lambda r: r.key.vendor),
 }
 SORT_KEYS = {key: name for name, (key, _) in SORTS.items()}
-NUMERIC = ("total", "submit", "alloc", "wait", "busy", "memory")
+NUMERIC = ("total", "submit", "alloc", "wait", "busy", "memory", "shares", "idle")
 
 
 def sort_rows(rows: list[Row], by: str, reverse: bool = False) -> list[Row]:
@@ -405,6 +441,9 @@ def columns(frame: Frame, multi_node: bool) -> list[Column]:
     cols += [busy(e) for e in frame.engines]
     if frame.has_memory:
         cols.append(Column("MEM", "memory", lambda r: fmt_bytes(r.mem) if r.memory else "-", 45))
+    if frame.has_allocations:  # SHARES, not ALLOC: ALLOC is the alloc-class call rate
+        cols.append(Column("SHARES", "shares", lambda r: f"{r.shares or 0:g}", 65))
+        cols.append(Column("IDLE FOR", "idle", lambda r: fmt_duration(r.idle_for), 64))
     return cols
 
 
@@ -489,6 +528,8 @@ def rows_json(frame: Frame, sort: str, multi_node: bool) -> list[dict[str, objec
                 region: {state: int(b) for state, b in states.items()}
                 for region, states in sorted(r.memory.items())
             }
+        if frame.has_allocations:
+            row["allocated"] = {"shares": r.shares or 0, "idle_for_seconds": r.idle_for}
         out.append(row)
     return out
 

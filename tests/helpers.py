@@ -345,12 +345,17 @@ def dashboard_problems(boards: list[Any], record: dict) -> list[str]:
 # Shows series only in a recording of an agent with attribution.pod_resources (a kubelet's
 # allocations): tests/test_allocations_alert.py checks it on one.
 ALLOCATIONS_PANEL = "Allocated vs used by pod and device"
+NEED_ALLOCATIONS = (
+    ALLOCATIONS_PANEL,
+    "Calls on devices not allocated",
+    "Allocations: unmapped ids and kubelet errors",
+)
 
 
 def query_problems(board: Any, record: dict) -> Iterator[tuple[str, str]]:
     allocations = any("kubenpu_device_allocated{" in s["text"] for s in record["scrapes"])
     for q in board.queries:
-        if q.panel == ALLOCATIONS_PANEL and not allocations:
+        if q.panel in NEED_ALLOCATIONS and not allocations:
             continue
         where = f"{board.name}: {q.panel} {q.ref}"
         values = query_values(q)

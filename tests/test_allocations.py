@@ -22,6 +22,7 @@ from kubenpu.discovery import discover
 from kubenpu.metrics import (
     ALLOCATED,
     ALLOCATED_IDLE,
+    ALLOCATED_IDLE_FOR,
     ALLOCATIONS_UNMAPPED,
     ENGINE_BUSY,
     PODRESOURCES_ERRORS,
@@ -228,6 +229,9 @@ def test_idle_allocation_accumulates_and_use_stops_it(
     assert value(metrics, ALLOCATED_IDLE, **hold("ml", "idle")) == 20
     assert value(metrics, ALLOCATED_IDLE, **hold("ml", "b")) == 10  # engine time is use
     assert value(metrics, ALLOCATED_IDLE, **hold("ml", "a")) == 10  # no submit since
+    # The current streak: idle all along, broken by engine time, idle since the submit.
+    streaks = {p: value(metrics, ALLOCATED_IDLE_FOR, **hold("ml", p)) for p in ("idle", "a", "b")}
+    assert streaks == {"idle": 20, "a": 10, "b": 0}
 
 
 def test_calls_on_a_device_not_allocated_are_flagged(

@@ -471,7 +471,7 @@ def test_without_fdinfo_the_agent_gets_what_it_got_before() -> None:
         (agent,) = pod["spec"]["containers"]
         assert agent["securityContext"]["capabilities"]["add"] == CAPABILITIES[hook]
         host = {v["hostPath"]["path"] for v in pod["spec"]["volumes"] if "hostPath" in v}
-        assert host - {BPFFS} == HOST_PATHS - {"/proc"} | {"/run/containerd"}
+        assert host - {BPFFS, POD_RESOURCES} == HOST_PATHS - {"/proc"} | {"/run/containerd"}
 
 
 def host_path_types(docs: list[dict[str, Any]]) -> dict[str, str]:

@@ -722,3 +722,38 @@ def test_live_view_of_a_real_agents_recording(serve, terminal, width, height):
     shown_rows(lines, table_rows(lines)[1], by_pod)
     term.press("q")
     term.wait_for(lambda _: term.dead())
+
+
+def test_allocation_columns_from_a_real_agent(serve, tmp_path):
+    """SHARES and IDLE FOR, from the real Agent with a PodResources server (the series of
+    tests/test_allocations_alert.py): the pod that holds the device and never calls gets a row
+    of its own, idle for the whole recording; the one that submits shows 0 s."""
+    from test_allocations_alert import STEP, STEPS
+    from test_allocations_alert import record as record_agent
+
+    scrapes = record_agent(tmp_path)["scrapes"]
+    server = serve(sequence(scrapes[-2]["text"], scrapes[-1]["text"]))
+    result = ctl("--once", "--interval", "1", "--url", server.url, "--sort", "idle")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    head = lines.index(next(line for line in lines if line.startswith("NAMESPACE")))
+    assert lines[head].split()[-3:] == ["SHARES", "IDLE", "FOR*"]
+    rows = [line.split() for line in lines[head + 1 :]]
+    assert [(r[1], r[-2], r[-1]) for r in rows] == [
+        ("idle-0", "1", top.fmt_duration((STEPS - 1) * STEP)),
+        ("trainer-0", "1", "0s"),
+    ]
+    result = ctl("--once", "--interval", "1", "-o", "json", "--url", server.url)
+    alloc = {r["pod"]: r["allocated"] for r in json.loads(result.stdout)}
+    assert alloc == {
+        "idle-0": {"shares": 1, "idle_for_seconds": (STEPS - 1) * STEP},
+        "trainer-0": {"shares": 1, "idle_for_seconds": 0},
+    }
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(None, "-"), (0, "0s"), (59, "59s"), (60, "1m"), (3599, "59m"), (3660, "1h01m")],
+)
+def test_idle_for_format(seconds, text):
+    assert top.fmt_duration(seconds) == text

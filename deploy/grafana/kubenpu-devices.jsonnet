@@ -102,5 +102,17 @@ g.dashboard(
       g.pos(0, 41, 24, 8),
       'Nothing here loses a call: failed reads are retried, late sightings resolve at the next map read, expired pending calls are counted without pod labels.',
     ),
+    g.timeseries(
+      'Allocations: unmapped ids and kubelet errors',
+      [
+        g.target('sum by (node, resource, reason) (kubenpu_allocations_unmapped{%s})' % node,
+                 '{{node}} {{resource}} {{reason}}'),
+        g.target('sum by (node) (increase(kubenpu_podresources_errors_total{%s}[$__rate_interval]))' % node,
+                 '{{node}} PodResources errors', refId='B'),
+      ],
+      'short',
+      g.pos(0, 49, 24, 8),
+      'Allocated ids that map to no device, by reason (kubenpuctl allocations lists them), and failed requests to the kubelet (attribution.pod_resources; docs/allocations.md).',
+    ),
   ],
 )
