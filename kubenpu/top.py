@@ -557,7 +557,7 @@ def once(source: Source, interval: float, output: str, sort: str, width: int = 1
 
 HELP = (
     "keys: t total s submit a alloc w wait p pod n namespace c container d device v vendor"
-    " b busy m memory o node r reverse q quit"
+    " b busy m memory h shares i idle o node r reverse q quit"
 )
 
 

@@ -231,3 +231,20 @@ def test_the_export_snapshot_is_spec_and_point():
     assert "`collect()` gives export plain `(Spec, [Point])` snapshots" in ARCHITECTURE
     assert "Spec" in Metrics.collect.__annotations__["return"]
     assert "Point" in Metrics.collect.__annotations__["return"]
+
+
+def test_the_allocations_doc_says_what_the_chart_and_code_do():
+    """docs/allocations.md: the chart turns pod_resources on, the refresh interval is the
+    default, and its id table names every plugin format's resource."""
+    from kubenpu.config import PodResourcesConfig
+    from kubenpu.resolve.podresources.mapping import PLUGINS
+
+    text = _doc("docs/allocations.md")
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert "(`config.attribution.pod_resources.enabled: true`)" in text
+    assert values["config"]["attribution"]["pod_resources"]["enabled"] is True
+    found = re.search(r"every `attribution\.pod_resources\.interval_seconds` \(([\d.]+) s\)", text)
+    assert found and float(found.group(1)) == PodResourcesConfig().interval_seconds
+    for fmt in PLUGINS:
+        example = fmt.resource.pattern.replace("\\", "").split("(")[0].rstrip("/.+")
+        assert example in text, fmt.plugin
