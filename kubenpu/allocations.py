@@ -34,9 +34,7 @@ def held(
     shares: Counter[Held] = Counter()
     unmapped: Counter[tuple[str, str]] = Counter()
     for a in allocated:
-        device = mapper.device(a.resource, a.id)
-        for cdi in a.cdi if isinstance(device, Unmapped) else ():
-            device = mapper.fallback(cdi) if isinstance(device, Unmapped) else device
+        device = mapper.device(a.resource, a.id, a.cdi)
         if isinstance(device, Unmapped):
             unmapped[(a.resource, device.value)] += 1
         else:

@@ -301,9 +301,7 @@ def _allocations(args: argparse.Namespace) -> str:
         client.close()
     rows = []
     for a in found:
-        device = mapper.device(a.resource, a.id)
-        for cdi in a.cdi if isinstance(device, Unmapped) else ():
-            device = mapper.fallback(cdi) if isinstance(device, Unmapped) else device
+        device = mapper.device(a.resource, a.id, a.cdi)
         mapped = isinstance(device, Unmapped)
         rows.append(
             {

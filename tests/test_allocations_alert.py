@@ -26,15 +26,11 @@ from fakes import Clock, FakeKernel
 from helpers import StubHealth, free_port, make_config, resolved, scrape
 from podresources_server import PodResourcesTestServer, container, pod
 from prometheus_client.parser import text_string_to_metric_families
+from test_agent import VGEM, make_agent
 
 from kubenpu import export
-from kubenpu.agent import Agent, Health
 from kubenpu.allocations import Allocations
-from kubenpu.attribution import Attributor
-from kubenpu.discovery import Device, Node
-from kubenpu.events import Key, Tally
-from kubenpu.metrics import Metrics
-from kubenpu.probe import Probe
+from kubenpu.events import Key
 from kubenpu.resolve.podresources.client import PodResourcesClient
 from kubenpu.resolve.podresources.mapping import Mapper
 from kubenpu.resolve.resolver import Resolver
@@ -42,7 +38,6 @@ from kubenpu.resolve.resolver import Resolver
 ROOT = Path(__file__).parents[1]
 NODE = "kubenpu-node"
 UID, CID = "5d0c2a9e-7f3b-4e61-9a8d-2c4b6e8f0a1c", "d" * 64
-VGEM = Device("platform:vgem", None, None, None, (Node("/dev/dri/card0", "card0", 226, 0),), "vgem")
 RESOURCE = "example.com/vgem"  # a plugin without a known format: card0 is found in the id
 STEPS, STEP = 40, 60.0
 SERIES = ("kubenpu_device_allocated", "kubenpu_device_allocated_idle_seconds_total")
@@ -68,21 +63,12 @@ def record(work: Path) -> dict[str, Any]:
     resolver = Resolver(cgroups, f"unix://{work / 'cri.sock'}", cri_timeout=2.0)
     cgroup_id = os.stat(cgroups / f"kubepods/pod{UID}/{CID}").st_ino
     resolved(resolver, cgroup_id)
-    clock, kernel, tally = Clock(), FakeKernel(), Tally(100)
-    metrics = Metrics(NODE, 300, 1000, clock=clock)
+    clock, kernel = Clock(), FakeKernel()
+    agent = make_agent(kernel, resolver, clock)
+    metrics = agent.metrics
     port = free_port()
     cfg = make_config(work, f"node_name: {NODE}\nexport:\n  prometheus:\n    port: {port}\n")
     exporters = export.start(cfg, metrics, StubHealth())
-    agent = Agent(
-        probe=Probe(kernel, tally),
-        tally=tally,
-        attributor=Attributor([VGEM], resolver, metrics, clock=clock),
-        metrics=metrics,
-        resolver=resolver,
-        health=Health(stale_after=15, clock=clock),
-        devices=1,
-        clock=clock,
-    )
     client = PodResourcesClient(str(work / "pod-resources" / "kubelet.sock"))
     allocations = Allocations(client, Mapper([VGEM]), metrics, STEP, clock=clock)
     start = time.time() - STEPS * STEP

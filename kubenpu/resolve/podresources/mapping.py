@@ -69,8 +69,16 @@ class Mapper:
         self._nodes = {n.name: d.id for d in devices for n in d.nodes}
         self._serials = _serials(devices, Path(root))
 
-    def device(self, resource: str, ident: str) -> str | Unmapped:
-        """The device id, or why there is none."""
+    def device(self, resource: str, ident: str, cdi: Iterable[str] = ()) -> str | Unmapped:
+        """The device id, or why there is none. `cdi`: a DRA device's CDI names, tried when
+        its name maps to none."""
+        found = self._device(resource, ident)
+        for name in cdi if isinstance(found, Unmapped) else ():
+            if not isinstance(by_cdi := self.fallback(name), Unmapped):
+                return by_cdi
+        return found
+
+    def _device(self, resource: str, ident: str) -> str | Unmapped:
         if not ident:
             return Unmapped.EMPTY_ID
         for fmt in PLUGINS:
