@@ -65,6 +65,7 @@ class Allocations:
         self._idle: dict[Held, tuple[float, int]] = {}
         self._idle_for: dict[Held, float] = {}  # the current streak
         self._seen: dict[_User, _Use] = {}
+        self._unallocated: dict[_User, tuple[int, int]] = {}  # calls, first seen (ns)
         self._failing = False
 
     def refresh(self) -> bool:
@@ -91,7 +92,7 @@ class Allocations:
                 shares,
                 dict(self._idle),
                 dict(self._idle_for),
-                self._unallocated(shares, use),
+                self._count_unallocated(shares, use),
                 unmapped,
             )
         )
@@ -113,17 +114,23 @@ class Allocations:
         for h in self._idle.keys() - shares.keys():  # released: its series retires
             del self._idle[h], self._idle_for[h]
 
-    def _unallocated(self, shares: dict[Held, int], use: dict[_User, _Use]) -> set[_User]:
-        """Containers whose use of an allocatable device grew since the last refresh while they
-        held none of it."""
+    def _count_unallocated(
+        self, shares: dict[Held, int], use: dict[_User, _Use]
+    ) -> dict[_User, tuple[int, int]]:
+        """Adds the submit-class calls each container made since the last refresh on a device
+        that allocations name while it held none of it. A container gone from the counts
+        (retired) leaves with its series."""
         allocated = {(h.namespace, h.pod, h.container, h.device) for h in shares}
         managed = {h.device for h in shares}
         seen, self._seen = self._seen, use
-        return {
-            u
-            for u, signals in use.items()
-            if u[3] in managed and u not in allocated and signals != seen.get(u, (0, 0.0))
-        }
+        for u in self._unallocated.keys() - use.keys():
+            del self._unallocated[u]
+        for u, (calls, _busy) in use.items():
+            new = calls - seen.get(u, (0, 0.0))[0]
+            if u[3] in managed and u not in allocated and new > 0:
+                n, first = self._unallocated.get(u, (0, time.time_ns()))
+                self._unallocated[u] = (n + new, first)
+        return dict(self._unallocated)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="allocations", daemon=True)

@@ -231,13 +231,13 @@ ALLOCATED_IDLE_FOR = Spec(
     "How long the allocation has been idle without a break, at the last refresh (0 while used).",
     ("namespace", "pod", "container", "device", "resource"),
 )
-UNALLOCATED_USE = Spec(
-    "kubenpu.device.unallocated_use",
-    "gauge",
-    "{container}",
-    "1 for a container that used (submit calls or engine time) a device some allocation on the "
-    "node names, during the last allocations refresh, without being allocated it. Its calls "
-    "are counted in kubenpu_ioctl_total all the same.",
+UNALLOCATED_CALLS = Spec(
+    "kubenpu.device.unallocated_calls",
+    "counter",
+    "{call}",
+    "Submit-class calls a container made on a device that some allocation on the node names, "
+    "while the container was allocated none of it (seen at each allocations refresh). The "
+    "calls are counted in kubenpu_ioctl_total all the same.",
     ("namespace", "pod", "container", "device"),
 )
 ALLOCATIONS_UNMAPPED = Spec(
@@ -280,7 +280,7 @@ SPECS = (
     ALLOCATED,
     ALLOCATED_IDLE,
     ALLOCATED_IDLE_FOR,
-    UNALLOCATED_USE,
+    UNALLOCATED_CALLS,
     ALLOCATIONS_UNMAPPED,
     PODRESOURCES_ERRORS,
 )
@@ -315,13 +315,14 @@ class Held(NamedTuple):
 @dataclass
 class AllocationState:
     """What the allocations refresh last found: shares, idle seconds (with the time each was
-    first held) and the current idle streak per Held, unallocated users, unmapped ids by
+    first held) and the current idle streak per Held, unallocated calls per user (with the time
+    first seen), unmapped ids by
     (resource, reason)."""
 
     shares: dict[Held, int] = field(default_factory=dict)
     idle: dict[Held, tuple[float, int]] = field(default_factory=dict)
     idle_for: dict[Held, float] = field(default_factory=dict)
-    unallocated: set[tuple[str, str, str, str]] = field(default_factory=set)
+    unallocated: dict[tuple[str, str, str, str], tuple[int, int]] = field(default_factory=dict)
     unmapped: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
@@ -621,8 +622,11 @@ class Metrics:
             (ALLOCATED_IDLE, [Point(h._asdict(), s, t) for h, (s, t) in a.idle.items()]),
             (ALLOCATED_IDLE_FOR, [Point(h._asdict(), s, start) for h, s in a.idle_for.items()]),
             (
-                UNALLOCATED_USE,
-                [Point(dict(zip(users, u, strict=True)), 1, start) for u in a.unallocated],
+                UNALLOCATED_CALLS,
+                [
+                    Point(dict(zip(users, u, strict=True)), n, t)
+                    for u, (n, t) in a.unallocated.items()
+                ],
             ),
             (
                 ALLOCATIONS_UNMAPPED,

@@ -26,7 +26,7 @@ from kubenpu.metrics import (
     ALLOCATIONS_UNMAPPED,
     ENGINE_BUSY,
     PODRESOURCES_ERRORS,
-    UNALLOCATED_USE,
+    UNALLOCATED_CALLS,
     Held,
     Metrics,
     Where,
@@ -239,18 +239,24 @@ def test_calls_on_a_device_not_allocated_are_flagged(
 ) -> None:
     allocations, metrics, clock = tracked
     allocations.refresh()
-    submit(metrics, "dra")  # dra holds the dGPU, calls the iGPU
+    submit(metrics, "dra", n=3)  # dra holds the dGPU, calls the iGPU
     submit(metrics, "stranger", DGPU)  # holds nothing
     clock.now += 10
     allocations.refresh()
-    flagged = points(metrics, UNALLOCATED_USE)
-    assert set(flagged) == {
-        tuple(sorted({"namespace": "ml", "pod": p, "container": "main", "device": d}.items()))
-        for p, d in (("dra", IGPU), ("stranger", DGPU))
-    }
+
+    def user(p: str, d: str) -> tuple:
+        return tuple(
+            sorted({"namespace": "ml", "pod": p, "container": "main", "device": d}.items())
+        )
+
+    want = {user("dra", IGPU): 3, user("stranger", DGPU): 1}
+    assert points(metrics, UNALLOCATED_CALLS) == want
     clock.now += 10
-    allocations.refresh()  # no use since: the flag clears; the calls stay counted
-    assert points(metrics, UNALLOCATED_USE) == {}
+    allocations.refresh()  # no calls since: the counter holds
+    assert points(metrics, UNALLOCATED_CALLS) == want
+    submit(metrics, "dra", n=2)
+    allocations.refresh()
+    assert points(metrics, UNALLOCATED_CALLS) == {**want, user("dra", IGPU): 5}
 
 
 def test_released_allocation_retires(

@@ -86,7 +86,7 @@ def fill(tel: export.Exporters) -> None:
         m.add_engine(spec, where, "render", 2.5)
     m.set_usage_gauges({(where, "render"): 1}, {(where, "vram0", "resident"): 4096})
     held = Held("ns", "p", "c", "0000:03:00.0", "gpu.intel.com/i915")
-    unallocated = {("ns", "q", "c", "0000:03:00.0")}
+    unallocated = {("ns", "q", "c", "0000:03:00.0"): (4, 1)}
     unmapped = {("example.com/x", "unknown_format"): 1}
     m.set_allocations(
         AllocationState({held: 2}, {held: (120.0, 1)}, {held: 60.0}, unallocated, unmapped)
@@ -128,7 +128,7 @@ def check_series(prom: Prometheus) -> None:
     allocated = prom.query('kubenpu_device_allocated{pod="p",resource="gpu.intel.com/i915"}')
     assert allocated[0]["value"][1] == "2"
     assert prom.query("kubenpu_device_allocated_idle_seconds_total")[0]["value"][1] == "120"
-    assert prom.query('kubenpu_device_unallocated_use{pod="q"}')[0]["value"][1] == "1"
+    assert prom.query('kubenpu_device_unallocated_calls_total{pod="q"}')[0]["value"][1] == "4"
     names = {r["metric"]["__name__"] for r in prom.query('{__name__=~"kubenpu_.*"}')}
     histogram = {n for n in names if n.startswith("kubenpu_cri_request_duration_seconds_")}
     assert names - histogram == expected_names() - {"kubenpu_cri_request_duration_seconds"}

@@ -90,10 +90,10 @@ g.dashboard(
     ),
     g.table(
       'Calls on devices not allocated',
-      [g.target('max by (node, namespace, pod, container, device) (kubenpu_device_unallocated_use{%s})' % sel,
+      [g.target('sum by (node, namespace, pod, container, device) (kubenpu_device_unallocated_calls_total{%s})' % sel,
                 instant=true)],
       g.pos(0, 58, 24, 8),
-      description='Containers that used a device some allocation on the node names without being allocated it (their calls are counted all the same).',
+      description='Submit calls of containers on a device some allocation on the node names, made without being allocated it (counted in the call series all the same).',
     ),
   ],
 )
