@@ -302,7 +302,7 @@ def _allocations(args: argparse.Namespace) -> str:
     rows = []
     for a in found:
         device = mapper.device(a.resource, a.id, a.cdi)
-        mapped = isinstance(device, Unmapped)
+        unmapped = isinstance(device, Unmapped)
         rows.append(
             {
                 "namespace": a.namespace,
@@ -312,8 +312,8 @@ def _allocations(args: argparse.Namespace) -> str:
                 "id": a.id,
                 "pool": a.pool,
                 "claim": a.claim,
-                "device": None if mapped else device,
-                "unmapped": device.value if mapped else None,
+                "device": None if unmapped else device,
+                "unmapped": device.value if unmapped else None,
             }
         )
     for reason, n in skipped.items():

@@ -3,7 +3,8 @@
 Real in the guest: the kernel, containerd 1.7 with its CRI plugin and runc (Debian trixie), images
 built from local files, BCC and the agent, which asks containerd's own socket for labels. The test
 plays kubelet (CRI calls, labels, cgroupfs-driver cgroup parents) and nothing else. With
-tests/vm/kmod's test driver loaded it also checks the agent's fdinfo series (issue 10).
+tests/vm/kmod's test driver loaded it also checks the agent's fdinfo series (issue 10), and the
+allocations a PodResources test server on the kubelet's socket path hands out (issue 21).
 Kernel: KUBENPU_NODE_KERNEL (default 6.12).
 """
 
@@ -196,3 +197,86 @@ def test_deleted_pods_fdinfo_series_retire_with_its_counts(testdrm):
     assert after == pytest.approx(
         {k: v for k, v in usage_series(testdrm["usage"]).items() if k[1] == "team-a"}
     )
+
+
+# --- allocations (issue 21) -------------------------------------------------------------------
+
+ALLOCATION_KEYS = ("namespace", "pod", "container", "device", "resource")
+
+
+def _by_holder(scrape: dict, metric: str) -> dict[tuple[str, ...], float]:
+    return {
+        tuple(s["labels"][k] for k in ALLOCATION_KEYS): s["value"] for s in scrape.get(metric, [])
+    }
+
+
+def _holders(result: dict) -> dict[tuple[str, ...], float]:
+    """What the server hands out, by the device each id names (test driver, or vgem without it)."""
+    shared = TESTDRM if not result["testdrm_skipped"] else "platform:vgem"
+    virtio = next(c["device"] for c in result["clients"] if c["driver"] == "virtio_gpu")
+    return {
+        ("team-a", "trainer-0", "gpu", shared, "gpu.intel.com/i915"): 1,
+        ("team-b", "infer-0", "gpu", shared, "gpu.intel.com/i915"): 1,
+        ("team-c", "idle-0", "idle", virtio, "kubenpu.test/gpu"): 1,
+    }
+
+
+def test_allocations_map_to_devices_and_a_shared_device_is_one_share_each(result):
+    """Intel's cardN-<share> ids of one card are one device held by two pods; a PCI address id
+    maps to virtio-gpu; the unknown id is counted, not dropped."""
+    scrape = result["allocations"]
+    assert _by_holder(scrape, "kubenpu_device_allocated") == _holders(result)
+    unmapped = {
+        (s["labels"]["resource"], s["labels"]["reason"]): s["value"]
+        for s in scrape["kubenpu_allocations_unmapped"]
+    }
+    assert unmapped == {("kubenpu.test/gpu", "unknown_format"): 1}
+    assert _value(scrape, "kubenpu_podresources_errors_total") == 0
+
+
+def test_a_pod_allocated_a_device_it_never_calls_is_idle(result):
+    scrape = result["allocations"]
+    idle = ("team-c", "idle-0", "idle", *list(_holders(result))[2][3:])
+    total = _by_holder(scrape, "kubenpu_device_allocated_idle_seconds_total")[idle]
+    streak = _by_holder(scrape, "kubenpu_device_allocated_idle_for_seconds")[idle]
+    assert total > 0 and streak == total  # idle since the agent first saw it, never broken
+    assert not [s for s in scrape["kubenpu_ioctl_total"] if s["labels"]["pod"] == "idle-0"]
+
+
+def test_use_of_a_shared_device_breaks_only_the_users_idle_streak(result):
+    """B's holder submitted on the shared device after its allocation was first seen idle: its
+    streak restarted, so it is shorter than its idle total."""
+    if result["testdrm_skipped"]:
+        pytest.skip("the test driver is not loaded: nothing submits on the shared device")
+    scrape = result["allocations"]
+    b = list(_holders(result))[1]
+    total = _by_holder(scrape, "kubenpu_device_allocated_idle_seconds_total")[b]
+    streak = _by_holder(scrape, "kubenpu_device_allocated_idle_for_seconds")[b]
+    assert 0 <= streak < total
+
+
+def test_calls_on_a_device_not_allocated_are_counted_and_flagged(result):
+    """A's sidecar and B's server submit on virtio-gpu, allocated to C only: their calls are in
+    kubenpu_ioctl_total like any others, and counted again as unallocated."""
+    scrape = result["allocations"]
+    want = {tuple(e["labels"]): e["value"] for e in result["unallocated_expected"]}
+    assert len(want) == 2
+    got = {
+        tuple(s["labels"][k] for k in ALLOCATION_KEYS[:4]): s["value"]
+        for s in scrape["kubenpu_device_unallocated_calls_total"]
+    }
+    assert got == want
+    calls = ioctl_counts(scrape)
+    for (ns, pod, container, device), n in want.items():
+        assert calls[(ns, pod, container, device, "virtio_gpu", "submit")] == n
+
+
+def test_kubenpuctl_allocations_names_each_id_and_why_one_maps_to_none(result):
+    rows = {(r["pod"], r["id"]): (r["device"], r["unmapped"]) for r in result["ctl_allocations"]}
+    holders = list(_holders(result))
+    virtio = holders[2][3]
+    assert rows[("idle-0", virtio)] == (virtio, None)
+    assert rows[("idle-0", "slot-7")] == (None, "unknown_format")
+    assert {device for (pod, _), (device, _) in rows.items() if pod != "idle-0"} == {
+        holders[0][3]
+    }

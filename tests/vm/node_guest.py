@@ -22,6 +22,12 @@ B's after it, with one counted vgem call (found through the probe). With every c
 memory series must equal what it lists; B's leave with its call counts. Without the test driver
 (lockdown, or a kernel it is not built for) the holders hold vgem and virtio-gpu only.
 
+Allocations (issue 21): tests/podresources_server.py plays the kubelet's PodResources API on its
+real socket path, from before the agent starts. A's and B's gpu containers are allocated one
+share each of the test driver (Intel GPU plugin ids cardN-0, cardN-1 of its card: a shared
+device), pod C (team-c/idle-0) one virtio-gpu by its PCI address and never calls it (idle), plus
+an id of no known format (unmapped). A's sidecar and B's server call virtio-gpu unallocated.
+
 Writes /out/result.json; tests/test_node_vm.py asserts on it.
 """
 
@@ -109,6 +115,13 @@ class Pod:
 
 POD_A = Pod("team-a", "trainer-0", "0b8f1a52-6c5e-4d0e-9a11-3f5a0c2b7e01")
 POD_B = Pod("team-b", "infer-0", "5c2d0e7a-1b3f-4a66-8f0e-2d9c4b1a6e02")
+POD_C = Pod("team-c", "idle-0", "7a4e2c19-3d5b-4f08-b6a1-9c0d2e4f6a03")
+
+PODRESOURCES = Path("/var/lib/kubelet/pod-resources/kubelet.sock")  # the kubelet's own path
+ALLOCATIONS_INTERVAL = 2  # attribution.pod_resources.interval_seconds: short for the run
+INTEL_GPU = "gpu.intel.com/i915"  # ids cardN-<share> (Intel's GPU plugin)
+TEST_GPU = "kubenpu.test/gpu"  # a plugin of no known format: its ids are PCI addresses
+UNMAPPED_ID = "slot-7"
 
 
 @dataclass(frozen=True)
@@ -414,6 +427,67 @@ class Node:
         status["pod_uid"] = pod.uid
         self.containers[container_key(pod, name, attempt)] = status
 
+    # --- allocations: the kubelet's PodResources API, played ------------------------------------
+
+    def allocation_state(self) -> dict:
+        shared = Path(device_node(self.testdrm or self.devices["vgem"], "card")).name
+
+        def pod(p: Pod, container: str, *devices: tuple[str, list[str]]) -> dict:
+            held = [{"resource": r, "ids": ids} for r, ids in devices]
+            return {
+                "namespace": p.namespace,
+                "name": p.name,
+                "containers": [{"name": container, "devices": held}],
+            }
+
+        virtio = self.devices["virtio_gpu"].id
+        return {
+            "pods": [
+                pod(POD_A, "gpu", (INTEL_GPU, [f"{shared}-0"])),
+                pod(POD_B, "gpu", (INTEL_GPU, [f"{shared}-1"])),
+                pod(POD_C, "idle", (TEST_GPU, [virtio, UNMAPPED_ID])),
+            ],
+            "allocatable": [{"resource": INTEL_GPU, "ids": [f"{shared}-0", f"{shared}-1"]}],
+        }
+
+    def start_podresources(self) -> subprocess.Popen:
+        state = self.out / "podresources.json"
+        state.write_text(json.dumps(self.allocation_state()))
+        PODRESOURCES.parent.mkdir(parents=True, exist_ok=True)
+        server = HERE.parent / "podresources_server.py"
+        argv = [sys.executable, str(server), "--socket", str(PODRESOURCES), "--state", str(state)]
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+        line = proc.stdout.readline() if proc.stdout else ""
+        if not line.startswith("listening on"):
+            raise SystemExit(f"the PodResources test server did not start (said {line!r})")
+        return proc
+
+    def settle_allocations(self, want: dict[tuple[str, ...], int]) -> Samples:
+        """The first scrape whose unallocated-call counts equal `want` (the calls are added at
+        an allocations refresh), or the last one before the deadline."""
+        name = "kubenpu_device_unallocated_calls_total"
+        deadline = time.monotonic() + SETTLE_TIMEOUT
+        while True:
+            prom = scrape()
+            got = {
+                tuple(s["labels"][k] for k in ("namespace", "pod", "container", "device")): s[
+                    "value"
+                ]
+                for s in prom.get(name, [])
+            }
+            if got == want or time.monotonic() > deadline:
+                return prom
+            time.sleep(1)
+
+    def unallocated_expected(self) -> dict[tuple[str, ...], int]:
+        """Submit calls on virtio-gpu (allocated to C only) by containers that hold none of it."""
+        virtio = self.devices["virtio_gpu"].id
+        return {
+            key[:3] + (virtio,): n
+            for key, n in self.expected.items()
+            if key[3] == virtio and key[5] == "submit"
+        }
+
     # --- containerd, images, agent -----------------------------------------------------------
 
     def start_containerd(self) -> subprocess.Popen:
@@ -453,7 +527,17 @@ class Node:
 
     def start_agent(self) -> Agent:
         # attribution.cri.endpoint: the default, containerd's.
-        config = {"metrics": {"series_ttl_seconds": TTL}, "export": {"prometheus": PROMETHEUS}}
+        config = {
+            "metrics": {"series_ttl_seconds": TTL},
+            "export": {"prometheus": PROMETHEUS},
+            "attribution": {
+                "pod_resources": {
+                    "enabled": True,
+                    "socket": str(PODRESOURCES),
+                    "interval_seconds": ALLOCATIONS_INTERVAL,
+                }
+            },
+        }
         agent = Agent(self.out, config)
         agent.attach(ATTACH_TIMEOUT)
         return agent
@@ -477,6 +561,7 @@ class Node:
         version = self.kubelet.version()
         self.mark("containerd ready")
         agent = None
+        podresources = self.start_podresources()
         try:
             self.import_images()
             self.mark("images imported")
@@ -487,7 +572,10 @@ class Node:
             self.record(POD_A, "main", 0, main0)
             self.record(POD_A, "sidecar", 0, sidecar)
             self.run_holder(POD_A, [], *HOLD_A)
-            self.mark("pod A running")
+            self.kubelet.run_pod(POD_C)
+            idle = self.kubelet.start_container(POD_C, "idle", 0, sleep)
+            self.record(POD_C, "idle", 0, idle)
+            self.mark("pods A and C running")
             agent = self.start_agent()
             self.mark("agent attached")
             self.run_exec(POD_A, "main", main0, MAIN_0)
@@ -505,6 +593,15 @@ class Node:
             self.mark("counts settled")
             clients, usage = self.settle_usage()
             self.mark("fdinfo settled")
+            allocations = self.settle_allocations(self.unallocated_expected())
+            ctl_allocations = json.loads(
+                subprocess.run(
+                    ["kubenpuctl", "allocations", "--socket", str(PODRESOURCES), "-o", "json"],
+                    check=True,
+                    capture_output=True,
+                ).stdout
+            )
+            self.mark("allocations settled")
             pod_b = (POD_B.namespace, POD_B.name)
             self.kubelet.delete_pod(POD_B, [server, gpu_b])
             deleted = time.monotonic()
@@ -518,6 +615,8 @@ class Node:
                 agent.stop()
             containerd.terminate()
             containerd.wait(timeout=30)
+            podresources.terminate()
+            podresources.wait(timeout=30)
         return {
             "kernel": os.uname().release,
             "runtime": {
@@ -543,6 +642,12 @@ class Node:
             "clients": clients,
             "pods_by_cgroup": self.pods_by_cgroup(),
             "usage": usage,
+            "allocation_state": self.allocation_state(),
+            "allocations": allocations,
+            "unallocated_expected": [
+                {"labels": list(k), "value": v} for k, v in self.unallocated_expected().items()
+            ],
+            "ctl_allocations": ctl_allocations,
             "agent_log": agent.log(),
         }
 

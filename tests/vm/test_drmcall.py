@@ -6,6 +6,7 @@ a DRM driver may; drmcall counts calls made, not accepted). The guests run the s
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -69,3 +70,29 @@ def test_reports_must_match_what_was_asked():
     for wrong in (line % 4, "", f"{line % 5}\n{line % 5}"):
         with pytest.raises(SystemExit, match="drmcall did not do what was asked"):
             reports(wrong, calls)
+
+
+def test_wait_signal_holds_the_steps_after_it_until_sigusr1(drmcall):
+    """--wait-signal: the steps before it run, it says it waits, and the rest follow SIGUSR1."""
+    argv = [
+        drmcall,
+        "/dev/null",
+        "0xb2",
+        "32",
+        "1",
+        "--wait-signal",
+        "/dev/null",
+        "0xb2",
+        "32",
+        "2",
+    ]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    first = proc.stdout.readline()
+    assert '"calls": 1' in first
+    assert proc.stdout.readline().strip() == '{"waiting": true}'
+    assert proc.poll() is None  # waiting, not done
+    proc.send_signal(signal.SIGUSR1)
+    rest, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    assert '"calls": 2' in rest

@@ -4,7 +4,7 @@
  * (built static, so it runs in a bare container image and in tight benchmark loops). It is the
  * one workload generator of the VM tests and the benchmark.
  *
- *   drmcall [--hold] [--rate CALLS_PER_SEC] [--cgroup DIR] [--raw] DEVICE NR SIZE COUNT ...
+ *   drmcall [--hold] [--rate CALLS_PER_SEC] [--cgroup DIR] [--wait-signal] [--raw] DEVICE NR SIZE COUNT ...
  *
  * Arguments are read in order. A step `DEVICE NR SIZE COUNT` opens DEVICE and issues
  * DRM_IOWR(NR, SIZE) COUNT times; with --raw before it, NR is a whole ioctl request issued as is
@@ -14,9 +14,12 @@
  * one process can make calls from many cgroups); --rate paces the steps that follow, in batches,
  * to about that many calls per second. One JSON line per step reports what was done.
  * --hold keeps the fd of every step open (each one DRM client, for fdinfo) and, after the last
- * step, sleeps until killed.
+ * step, sleeps until killed. --wait-signal prints {"waiting": true} and waits for SIGUSR1 before
+ * the steps that follow, so a test starts several processes' calls at one moment (SIGUSR1 is
+ * blocked from the start: one sent before the wait is not lost).
  */
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,16 +88,34 @@ static int run_step(const char *path, unsigned long cmd, unsigned size, long cou
 static int usage(const char *argv0)
 {
     fprintf(stderr,
-            "usage: %s [--hold] [--rate N] [--cgroup DIR] [--raw] DEVICE NR SIZE COUNT ...\n",
+            "usage: %s [--hold] [--rate N] [--cgroup DIR] [--wait-signal] [--raw] DEVICE NR SIZE "
+            "COUNT ...\n",
             argv0);
     return 2;
+}
+
+static void wait_signal(const sigset_t *usr1)
+{
+    int sig;
+    printf("{\"waiting\": true}\n");
+    fflush(stdout);
+    sigwait(usr1, &sig);
 }
 
 int main(int argc, char **argv)
 {
     double rate = 0;
     int steps = 0;
+    sigset_t usr1;
+    sigemptyset(&usr1);
+    sigaddset(&usr1, SIGUSR1);
+    sigprocmask(SIG_BLOCK, &usr1, NULL);
     for (int i = 1; i < argc;) {
+        if (strcmp(argv[i], "--wait-signal") == 0) {
+            wait_signal(&usr1);
+            i++;
+            continue;
+        }
         if (strcmp(argv[i], "--hold") == 0) {
             hold = 1;
             i++;
