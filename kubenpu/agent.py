@@ -33,6 +33,7 @@ try:  # `pip install kubenpu` (kubenpuctl only) lacks these: main() says so in o
     from kubenpu.attribution import Attributor
     from kubenpu.metrics import DeviceRow, Metrics
     from kubenpu.resolve.resolver import Resolver
+    from kubenpu.telemetry import Telemetry
     from kubenpu.usage import Usage
 except ModuleNotFoundError as exc:
     if (exc.name or "").startswith("kubenpu"):
@@ -183,6 +184,7 @@ class Agent:
         devices: int,
         usage: Usage | None = None,
         usage_interval: float = 5.0,
+        telemetry: Telemetry | None = None,
         answered: threading.Event | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -195,6 +197,7 @@ class Agent:
         self._devices = devices
         self.usage = usage
         self._usage_interval = usage_interval
+        self.telemetry = telemetry
         self._clock = clock
         self.stop = threading.Event()
         self._answered = answered or threading.Event()  # set by the resolver's on_answer
@@ -204,6 +207,7 @@ class Agent:
             "poll": _Streak("poll"),
             "attribution": _Streak("attribution"),
             "fdinfo": _Streak("reading fdinfo"),
+            "telemetry": _Streak("reading device telemetry"),
         }
 
     def run(self) -> int:
@@ -261,7 +265,7 @@ class Agent:
             if self.stop.wait(_ANSWERS_EVERY_SECONDS):
                 return
 
-    def _guarded(self, worker: str, step: Callable[..., object], *args: int) -> bool:
+    def _guarded(self, worker: str, step: Callable[..., object], *args: object) -> bool:
         try:
             step(*args)
         except Exception as exc:  # no exception may stop counting; it is logged instead
@@ -279,9 +283,13 @@ class Agent:
         if self._read(counts_due) and counts_due:
             self._last_counts = now
         self._flush()
-        if self.usage is not None and now - self._last_usage >= self._usage_interval:
+        if now - self._last_usage >= self._usage_interval:
             self._last_usage = now
-            self._guarded("fdinfo", self.usage.read)
+            if self.usage is not None:
+                self._guarded("fdinfo", self.usage.read)
+            if self.telemetry is not None:  # right after fdinfo: energy splits by its busy time
+                busy = self.usage.interval_busy() if self.usage is not None else {}
+                self._guarded("telemetry", self.telemetry.read, busy)
         if now - self._last_reap >= _REAP_SECONDS:
             self._reap()
             self._last_reap = now
@@ -386,6 +394,11 @@ def build(
             on_cgroup=attributor.watch,
             clock=time.monotonic,
         )
+    telemetry = None
+    if cfg.telemetry.enabled:
+        telemetry = Telemetry(
+            fdinfo_devices(found, cfg.discovery.ignore_devices), metrics, cfg.discovery.root
+        )
     if cfg.attribution.pod_resources.enabled:
         _start_allocations(cfg, found, metrics, services)
     kernel = open_kernel(cfg.probe, devices, debug)
@@ -398,6 +411,7 @@ def build(
         attributor=attributor,
         usage=usage,
         usage_interval=cfg.fdinfo.interval_seconds,
+        telemetry=telemetry,
         answered=answered,
         metrics=metrics,
         resolver=resolver,

@@ -149,6 +149,10 @@ class FdinfoConfig(_Model):
     interval_seconds: float = Field(5, gt=0, le=3600)
 
 
+class TelemetryConfig(_Model):
+    enabled: bool = True  # device power, energy, clocks from sysfs/hwmon, on the fdinfo interval
+
+
 class PrometheusConfig(_Model):
     enabled: bool = True
     host: _Str = "0.0.0.0"
@@ -245,6 +249,7 @@ class Config(_Model):
     attribution: AttributionConfig = AttributionConfig()
     metrics: MetricsConfig = MetricsConfig()
     fdinfo: FdinfoConfig = FdinfoConfig()
+    telemetry: TelemetryConfig = TelemetryConfig()
     export: ExportConfig = ExportConfig()
 
 

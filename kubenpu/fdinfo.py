@@ -78,7 +78,7 @@ _KEYS: tuple[tuple[str, str, str, dict[str, int]], ...] = (
 )
 _LEGACY_MEMORY = "drm-memory-"  # deprecated alias of drm-resident-
 # A u64 has 20 digits; a longer number is malformed (and int() raises past 4,300 digits).
-_VALUE = re.compile(r"(\d{1,20})\s*([A-Za-z]*)")
+_VALUE = re.compile(r"(-?\d{1,20})\s*([A-Za-z]*)")
 MAX_VALUE = 2**63 - 1  # OTLP's int64 data points; a Prometheus float holds it too
 # A DRM fdinfo file is a few hundred bytes; what is past this is cut at a line and counted.
 _MAX_FDINFO = 64 * 1024
@@ -151,16 +151,18 @@ def _parse_line(info: Fdinfo, legacy: Stats, key: str, value: str) -> Skip | Non
         info.pdev = value.lower() if valid else info.pdev
         return None if valid else Skip.MALFORMED
     if key == "drm-client-id":
-        number = _number(value, _COUNT)
+        number = parse_number(value, _COUNT)
         if isinstance(number, Skip):
             return number
         info.client_id = number
         return None
     if key.startswith(_LEGACY_MEMORY):
-        return _store(legacy, key.removeprefix(_LEGACY_MEMORY), "resident", _number(value, _SIZE))
+        return _store(
+            legacy, key.removeprefix(_LEGACY_MEMORY), "resident", parse_number(value, _SIZE)
+        )
     for prefix, table, name, units in _KEYS:
         if key.startswith(prefix):
-            number = _number(value, units)
+            number = parse_number(value, units)
             if name == "capacity" and number == 0:
                 number = Skip.MALFORMED  # "Zero capacity is not allowed"
             stats = info.engines if table == _ENGINES else info.memory
@@ -177,13 +179,14 @@ def _store(stats: Stats, name: str, what: str, number: int | Skip) -> Skip | Non
     return None
 
 
-def _number(value: str, units: dict[str, int]) -> int | Skip:
-    """<uint> with an optional unit from units, in the base unit; else why it is skipped."""
+def parse_number(value: str, units: dict[str, int], signed: bool = False) -> int | Skip:
+    """<uint> (an <int> when signed) with an optional unit from units, in the base unit; else
+    why it is skipped. The one bounded parser of kernel numbers: sysfs telemetry uses it too."""
     match = _VALUE.fullmatch(value)
-    if match is None or match[2] not in units:
+    if match is None or match[2] not in units or (match[1][0] == "-" and not signed):
         return Skip.MALFORMED
     number = int(match[1]) * units[match[2]]
-    return number if number <= MAX_VALUE else Skip.OUT_OF_RANGE
+    return number if abs(number) <= MAX_VALUE else Skip.OUT_OF_RANGE
 
 
 class FdinfoReader:

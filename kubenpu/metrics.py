@@ -29,7 +29,16 @@ OVERFLOW_ATTRS: Attrs = {"otel.metric.overflow": True}
 DROP_REASONS = tuple(r.value for r in Drop)
 UNATTRIBUTED_REASONS = tuple(r.value for r in Unattributed)
 SKIP_REASONS = tuple(r.value for r in Skip)
-_PROM_UNITS = {"s": "seconds", "By": "bytes"}
+_PROM_UNITS = {
+    "s": "seconds",
+    "By": "bytes",
+    "W": "watts",
+    "J": "joules",
+    "Cel": "celsius",
+    "Hz": "hertz",
+    "V": "volts",
+    "1": "ratio",
+}
 CRI_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -43,11 +52,14 @@ class Spec:
     unit: str
     description: str
     labels: tuple[str, ...] = ()
+    # The Prometheus name where it differs from the translation of `name` (semconv's hw.* names
+    # become kubenpu_device_*: docs/metrics.md lists each).
+    prometheus: str = ""
 
     @property
     def prometheus_name(self) -> str:
         """The name Prometheus gives the metric (dots to underscores, unit suffix, _total)."""
-        name = self.name.replace(".", "_")
+        name = (self.prometheus or self.name).replace(".", "_")
         unit = "" if self.unit.startswith("{") else _PROM_UNITS.get(self.unit, self.unit)
         if unit and not name.endswith("_" + unit):
             name += "_" + unit
@@ -256,6 +268,149 @@ PODRESOURCES_ERRORS = Spec(
     "{request}",
     "PodResources requests to the kubelet that failed or timed out; retried at the next refresh.",
 )
+# Device telemetry from sysfs and hwmon (kubenpu/telemetry.py): OTel hardware semantic
+# conventions' names where they have one. Every point carries these, plus the kind's own labels.
+_HW = ("device", "vendor", "hw.id", "hw.type", "hw.vendor")
+POWER = Spec(
+    "hw.power",
+    "gauge",
+    "W",
+    "Device power now, per sensor: hwmon powerN_input or powerN_average; source=derived when "
+    "the driver has only an energy counter (i915, xe): its increase over the last interval.",
+    (*_HW, "sensor", "chip", "source"),
+    "kubenpu.device.power",
+)
+POWER_LIMIT = Spec(
+    "kubenpu.device.power.limit",
+    "gauge",
+    "W",
+    "Device power limits, per sensor and limit (hwmon powerN_cap, _max, _crit, _rated_max; "
+    "habanalabs max_power).",
+    (*_HW, "sensor", "chip", "limit"),
+)
+ENERGY = Spec(
+    "hw.energy",
+    "counter",
+    "J",
+    "Device energy since the agent started: the driver's counter (hwmon energyN_input, "
+    "source=driver; wraps and resets handled), else power integrated over time "
+    "(source=integrated). The counter kubenpu_energy_joules_total splits.",
+    (*_HW, "source"),
+    "kubenpu.device.energy",
+)
+TEMPERATURE = Spec(
+    "hw.temperature",
+    "gauge",
+    "Cel",
+    "Device temperature per sensor (hwmon tempN_input; sensor is tempN_label where the driver "
+    "names it: edge, junction, mem).",
+    (*_HW, "sensor", "chip"),
+    "kubenpu.device.temperature",
+)
+VOLTAGE = Spec(
+    "hw.voltage",
+    "gauge",
+    "V",
+    "Device voltage per sensor (hwmon inN_input).",
+    (*_HW, "sensor", "chip"),
+    "kubenpu.device.voltage",
+)
+FREQUENCY = Spec(
+    "kubenpu.device.frequency",
+    "gauge",
+    "Hz",
+    "Device clock per domain and state (actual, requested, max, min, rp0): hwmon freqN_input "
+    "and the drivers' own frequency files (i915 gt, xe freq0, ivpu, habanalabs).",
+    (*_HW, "domain", "state"),
+)
+THROTTLE = Spec(
+    "kubenpu.device.throttle",
+    "gauge",
+    "",
+    "1 while the driver reports the device throttled for reason (i915 throttle_reason_*, xe "
+    "throttle/reason_*; status is any reason), else 0.",
+    (*_HW, "domain", "reason"),
+)
+MEMORY_USED = Spec(
+    "hw.gpu.memory.usage",
+    "gauge",
+    "By",
+    "Device memory in use (amdgpu mem_info_vram_used, ivpu npu_memory_utilization).",
+    (*_HW, "region"),
+    "kubenpu.device.memory.used",
+)
+MEMORY_LIMIT = Spec(
+    "hw.gpu.memory.limit",
+    "gauge",
+    "By",
+    "Device memory size (amdgpu mem_info_vram_total).",
+    (*_HW, "region"),
+    "kubenpu.device.memory.limit",
+)
+UTILIZATION = Spec(
+    "hw.gpu.utilization",
+    "gauge",
+    "1",
+    "Device busy fraction as the driver reports it (amdgpu gpu_busy_percent, mem_busy_percent).",
+    (*_HW, "task"),
+    "kubenpu.device.utilization",
+)
+DEVICE_BUSY = Spec(
+    "kubenpu.device.busy",
+    "counter",
+    "s",
+    "Device busy time as the driver counts it (ivpu npu_busy_time_us), since it loaded.",
+    _HW,
+)
+TELEMETRY_SKIPPED = Spec(
+    "kubenpu.telemetry.skipped",
+    "counter",
+    "{item}",
+    "Device telemetry files not used, by reason: missing (a listed driver file absent), "
+    "unreadable (a read error: hwmon returns EIO/ENODATA for sensors off), malformed, "
+    "out_of_range (past 2^63-1), counter_reset (the energy counter went down, not by a 32-bit "
+    "wrap: the increment since is its new value).",
+    ("reason",),
+)
+POD_ENERGY = Spec(
+    "kubenpu.energy",
+    "counter",
+    "J",
+    "Device energy split among pods by their share of the device's engine busy time in each "
+    "fdinfo interval (docs/metrics.md#energy-per-pod). With the device's idle and unattributed "
+    "shares it sums to kubenpu_device_energy_joules_total exactly (in whole microjoules).",
+    _POD,
+)
+ENERGY_IDLE = Spec(
+    "kubenpu.device.energy.idle",
+    "counter",
+    "J",
+    "The device energy share of the time no DRM client kept an engine busy.",
+    ("device", "vendor"),
+)
+ENERGY_UNATTRIBUTED = Spec(
+    "kubenpu.device.energy.unattributed",
+    "counter",
+    "J",
+    "The device energy share of busy time whose pod is not known (host processes, clients "
+    "waiting for the CRI).",
+    ("device", "vendor"),
+)
+TELEMETRY_SPECS = (
+    POWER,
+    POWER_LIMIT,
+    ENERGY,
+    TEMPERATURE,
+    VOLTAGE,
+    FREQUENCY,
+    THROTTLE,
+    MEMORY_USED,
+    MEMORY_LIMIT,
+    UTILIZATION,
+    DEVICE_BUSY,
+    ENERGY_IDLE,
+    ENERGY_UNATTRIBUTED,
+)
 SPECS = (
     IOCTL,
     DEVICE_INFO,
@@ -283,6 +438,9 @@ SPECS = (
     UNALLOCATED_CALLS,
     ALLOCATIONS_UNMAPPED,
     PODRESOURCES_ERRORS,
+    *TELEMETRY_SPECS,
+    TELEMETRY_SKIPPED,
+    POD_ENERGY,
 )
 # The engine counters a Usage carries, by Spec, in the order of Usage.counters.
 ENGINE_COUNTERS = (ENGINE_BUSY, ENGINE_CYCLES, ENGINE_TOTAL_CYCLES)
@@ -422,6 +580,8 @@ class Metrics:
         self._memory: dict[tuple[Where, str, str], int] = {}
         self._allocations = AllocationState()
         self._podresources_errors = 0
+        self._telemetry: dict[str, list[tuple[Spec, Attrs, float]]] = {}  # device -> points
+        self._telemetry_skipped: dict[str, int] = {}
 
     # --- called from the agent's event loop -------------------------------------------------
 
@@ -508,6 +668,29 @@ class Metrics:
     def podresources_error(self) -> None:
         with self._lock:
             self._podresources_errors += 1
+
+    def add_energy(self, where: Where, microjoules: int) -> None:
+        """A pod's share of its device's energy, in whole µJ (sums stay exact). Its series
+        retire with the pod's calls."""
+        unit = _unit(where.namespace, where.pod, where.container)
+        with self._lock:
+            rec = self._pods.get(unit)
+            if rec is None:
+                rec = self._pods[unit] = _Pod(time.time_ns())
+            series = rec.engines.setdefault(POD_ENERGY, {})
+            key = (where.container, where.device, where.vendor, "")
+            series[key] = series.get(key, 0) + microjoules
+            self._live(rec, unit, where.container)
+
+    def set_telemetry(self, device: str, points: list[tuple[Spec, Attrs, float]]) -> None:
+        """The device's telemetry of the last read (counters cumulative), replacing the last."""
+        with self._lock:
+            self._telemetry[device] = list(points)
+
+    def telemetry_skipped(self, reasons: dict[str, int]) -> None:
+        with self._lock:
+            for reason, n in reasons.items():
+                self._telemetry_skipped[reason] = self._telemetry_skipped.get(reason, 0) + n
 
     def container_gone(self, namespace: str, pod: str, container: str) -> None:
         """The container's cgroup is gone. Unknown containers are ignored."""
@@ -612,6 +795,9 @@ class Metrics:
                 (MEMORY, self._gauge_points(self._memory, ("region", "state"))),
                 (FDINFO_SKIPPED, self._by_reason(self._skipped)),
                 *self._allocation_points(),
+                *((spec, self._telemetry_points(spec)) for spec in TELEMETRY_SPECS),
+                (TELEMETRY_SKIPPED, self._by_reason(self._telemetry_skipped)),
+                (POD_ENERGY, self._energy_points()),
             ]
 
     def _allocation_points(self) -> list[tuple[Spec, list[Point]]]:
@@ -636,6 +822,21 @@ class Metrics:
                 ],
             ),
             (PODRESOURCES_ERRORS, [Point({}, self._podresources_errors, start)]),
+        ]
+
+    def _telemetry_points(self, spec: Spec) -> list[Point]:
+        return [
+            Point(attrs, value, self._start_ns)
+            for points in self._telemetry.values()
+            for s, attrs, value in points
+            if s is spec
+        ]
+
+    def _energy_points(self) -> list[Point]:
+        return [
+            Point(Where(ns, pod, c, d, v)._asdict(), uj / 1e6, rec.start_ns)
+            for (ns, pod, _), rec in self._pods.items()
+            for (c, d, v, _), uj in rec.engines.get(POD_ENERGY, {}).items()
         ]
 
     def _engine_points(self, spec: Spec) -> list[Point]:

@@ -89,6 +89,14 @@ class Usage:
         self._pids: set[int] = set()  # to scan at the next read
         self._active: set[int] = set()  # cgroup ids with calls since the last read
         self._full = True
+        # The last read's busy ns, busy cycles and elapsed cycles per device and pod (None: pod
+        # not known yet, or no pod): what device energy is split by.
+        self._interval: dict[str, dict[Where | None, list[int]]] = {}
+        self._baseline = True
+
+    def interval_busy(self) -> dict[str, dict[Where | None, list[int]]]:
+        """Per device, what each pod's clients used between the last two reads."""
+        return self._interval
 
     def saw(self, tgids: Iterable[int], cgroup_ids: Iterable[int]) -> None:
         """What the probe saw since the last call: calling processes and their cgroups."""
@@ -97,11 +105,15 @@ class Usage:
 
     def read(self) -> Scan:
         """One read: scan, count increments, replace the gauges. Returns the scan."""
+        # The first read is the baseline of the clients open before the agent started; a client
+        # found later was opened since the read before, so all its time is of this interval.
+        self._baseline = self._full
         if self._full:
             scan = self._reader.scan()
             self._full = False
         else:
             scan = self._reader.scan(sorted(self._pids | self._procs()))
+        self._interval = {}
         self._metrics.fdinfo_skipped({str(r): n for r, n in scan.skipped.items()})
         seen = {(c.device, c.client_id): c for c in scan.clients}
         for key, client in seen.items():
@@ -133,14 +145,27 @@ class Usage:
         if tracked is None:
             tracked = self._clients[key] = self._reopened(key, client)
         tracked.client = client
+        rose = [0, 0, 0]  # per _COUNTERS field, summed over engines (elapsed: the largest)
         for engine, stats in client.engines.items():
-            for name, _ in _COUNTERS:
+            for i, (name, _) in enumerate(_COUNTERS):
                 if name in stats:
-                    tracked.high.update((engine, name), stats[name])
+                    before = tracked.high.get((engine, name))
+                    up = tracked.high.update((engine, name), stats[name]) - before
+                    rose[i] = max(rose[i], up) if i == 2 else rose[i] + up
         if tracked.who is None:
             tracked.who = self._attribute(tracked, settle=False)
+        self._busy(tracked, rose)
         if tracked.who is not None:
             self._count(tracked)
+
+    def _busy(self, tracked: _Tracked, rose: list[int]) -> None:
+        if self._baseline:
+            return
+        who = tracked.who
+        known = who is not None and bool(who.pod or who.container)
+        pods = self._interval.setdefault(tracked.client.device, {})
+        busy = pods.setdefault(self._where(tracked) if known else None, [0, 0, 0])
+        busy[0], busy[1], busy[2] = busy[0] + rose[0], busy[1] + rose[1], max(busy[2], rose[2])
 
     def _reopened(self, key: _ClientKey, client: Client) -> _Tracked:
         """A client seen again after it was taken as closed continues from what was counted of

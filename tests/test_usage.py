@@ -32,10 +32,11 @@ POD_B = Attribution("ns", "b", "main")
 class Machine:
     """A /proc and cgroup tree the test edits between reads."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, sysfs: Path = I915, driver: str = "i915") -> None:
         self.root = root
+        self.driver, self.node = driver, "renderD128"
         (root / "proc").mkdir()
-        shutil.copytree(I915 / "sys", root / "sys", symlinks=True)
+        shutil.copytree(sysfs / "sys", root / "sys", symlinks=True)
         self.cgroups = root / "cgroup"
         self.resolver = FakeResolver()
         self.clock = Clock()
@@ -43,6 +44,7 @@ class Machine:
         self.watched: list[int] = []
         devices = discover(root)
         self.reader = Reader(devices, root)
+        self.devices = devices
         self.usage = Usage(
             self.reader,
             self.resolver,
@@ -75,8 +77,10 @@ class Machine:
         procs.write_text("".join(f"{p}\n" for p in {*self.procs(cgroup), pid}))
         (proc / "fd" / "0").symlink_to("/dev/null")
         for fd, (client_id, lines) in enumerate(clients.items(), start=3):
-            (proc / "fd" / str(fd)).symlink_to("/dev/dri/renderD128")
-            text = f"pos:\t0\ndrm-driver:\ti915\ndrm-pdev:\t{DEVICE}\ndrm-client-id:\t{client_id}\n"
+            (proc / "fd" / str(fd)).symlink_to(f"/dev/dri/{self.node}")
+            pdev = self.devices[-1].id
+            text = f"pos:\t0\ndrm-driver:\t{self.driver}\ndrm-pdev:\t{pdev}\n"
+            text += f"drm-client-id:\t{client_id}\n"
             (proc / "fdinfo" / str(fd)).write_text(text + lines)
 
     def procs(self, cgroup: str) -> list[int]:

@@ -83,11 +83,44 @@ class Machine:
         if cls == "drm":
             self.file("sys/class/drm/version", "drm 1.1.0 20060810\n")
 
+    def files(self, folder: str, values: dict[str, object]) -> None:
+        """sysfs attributes: one value a file, newline-terminated as sysfs_emit writes them."""
+        for name, value in values.items():
+            self.file(f"{folder}/{name}", f"{value}\n")
+
+    def hwmon(self, dev: str, number: int, name: str, values: dict[str, object]) -> None:
+        """A hwmon device whose parent is dev (hwmon_device_register_with_info(dev, ...)):
+        dev/hwmon/hwmonN with `name`, its attributes, a `device` link, and its class link."""
+        hw = f"{dev}/hwmon/hwmon{number}"
+        self.files(hw, {"name": name, **values})
+        self.link(f"{hw}/device", dev)
+        self.link(f"sys/class/hwmon/hwmon{number}", hw)
+
     def connector(self, dev: str, card: str, connector: str) -> None:
         name = f"{card}-{connector}"
         conn = f"{dev}/drm/{card}/{name}"
         self.file(f"{conn}/status", "connected\n")
         self.link(f"sys/class/drm/{name}", conn)
+
+
+# i915's GT files on the card node (gt/intel_gt_sysfs_pm.c): an integrated GPU has no hwmon
+# (i915_hwmon_register returns early unless IS_DGFX).
+I915_GT = {
+    "rps_act_freq_mhz": 300,
+    "rps_cur_freq_mhz": 350,
+    "rps_max_freq_mhz": 1100,
+    "rps_min_freq_mhz": 300,
+    "rps_RP0_freq_mhz": 1100,
+    "throttle_reason_status": 1,
+    "throttle_reason_pl1": 1,
+    "throttle_reason_pl2": 0,
+    "throttle_reason_pl4": 0,
+    "throttle_reason_thermal": 0,
+    "throttle_reason_prochot": 0,
+    "throttle_reason_ratl": 0,
+    "throttle_reason_vr_thermalert": 0,
+    "throttle_reason_vr_tdc": 0,
+}
 
 
 def intel_i915(m: Machine) -> None:
@@ -96,6 +129,8 @@ def intel_i915(m: Machine) -> None:
     m.node(gpu, "renderD128", 128)
     m.connector(gpu, "card1", "eDP-1")
     m.connector(gpu, "card1", "HDMI-A-1")
+    m.files(f"{gpu}/drm/card1/gt/gt0", I915_GT)
+    m.files(f"{gpu}/drm/card1", {"gt_act_freq_mhz": 300, "gt_cur_freq_mhz": 350})
 
 
 def intel_arc_xe(m: Machine) -> None:
@@ -104,6 +139,19 @@ def intel_arc_xe(m: Machine) -> None:
     m.node(gpu, "card0", 0)
     m.node(gpu, "renderD128", 128)
     m.connector(gpu, "card0", "DP-1")
+    # xe_hwmon.c (Documentation/ABI/testing/sysfs-driver-intel-xe-hwmon): channel 1 is the
+    # card, 2 the package; no power input, energy in µJ.
+    hwmon = {"power1_max": 0, "power1_rated_max": 190000000, "power1_crit": 400000000}
+    hwmon |= {"power1_cap": 0, "energy1_input": 123456789012, "power2_max": 150000000}
+    hwmon |= {"power2_rated_max": 150000000, "energy2_input": 98765432109, "in1_input": 850}
+    hwmon |= {"temp2_input": 45000, "temp3_input": 52000, "fan1_input": 1200}
+    m.hwmon(gpu, 2, "xe", hwmon)
+    # xe_gt_freq.c and xe_gt_throttle.c: MHz, and 0/1 throttle reasons.
+    freq = f"{gpu}/tile0/gt0/freq0"
+    m.files(freq, {"act_freq": 2850, "cur_freq": 2850, "max_freq": 2850, "min_freq": 400})
+    m.files(freq, {"rp0_freq": 2850, "rpe_freq": 1700, "rpn_freq": 400})
+    reasons = ("pl1", "pl2", "pl4", "thermal", "prochot", "ratl", "vr_thermalert", "vr_tdc")
+    m.files(f"{freq}/throttle", {"status": 0, **{f"reason_{r}": 0 for r in reasons}})
 
 
 def amd_server(m: Machine) -> None:
@@ -116,6 +164,17 @@ def amd_server(m: Machine) -> None:
     m.node(gpu, "card1", 1)
     m.node(gpu, "renderD128", 128)
     m.connector(gpu, "card1", "DP-1")
+    # amdgpu_pm.c (Documentation/gpu/amdgpu/thermal.rst): power in µW (power1_average: no
+    # energy counter, so energy is integrated), temperatures labelled, clocks in Hz.
+    hwmon = {"power1_average": 63000000, "power1_cap": 327000000, "power1_label": "PPT"}
+    hwmon |= {"temp1_input": 41000, "temp1_label": "edge", "temp1_crit": 100000}
+    hwmon |= {"temp2_input": 47000, "temp2_label": "junction", "temp3_input": 56000}
+    hwmon |= {"temp3_label": "mem", "freq1_input": 1200000000, "freq1_label": "sclk"}
+    hwmon |= {"freq2_input": 456000000, "freq2_label": "mclk", "in0_input": 736}
+    hwmon |= {"in0_label": "vddgfx", "fan1_input": 0}
+    m.hwmon(gpu, 4, "amdgpu", hwmon)
+    m.files(gpu, {"gpu_busy_percent": 37, "mem_busy_percent": 5})
+    m.files(gpu, {"mem_info_vram_used": 1073741824, "mem_info_vram_total": 25753026560})
 
 
 def hybrid_two_gpu(m: Machine) -> None:
@@ -134,19 +193,29 @@ def intel_npu(m: Machine) -> None:
     m.node(gpu, "renderD128", 128)
     npu = m.pci("pci0000:00/0000:00:0b.0", "8086", "7d1d", "intel_vpu")
     m.node(npu, "accel0", 0)
+    m.files(f"{gpu}/drm/card0/gt/gt0", I915_GT)
+    # ivpu_sysfs.c: busy time in µs, frequencies in MHz, memory in bytes.
+    m.files(npu, {"npu_busy_time_us": 81234567, "npu_current_frequency_mhz": 1850})
+    m.files(npu, {"npu_max_frequency_mhz": 1850, "npu_memory_utilization": 67108864})
 
 
 def gaudi(m: Machine) -> None:
     # Gaudi2 cards sit behind PCIe switches; discovery must take the card, not a bridge.
     switch = "pci0000:b0/0000:b0:02.0/0000:b1:00.0/0000:b2:00.0"
     # habanalabs prints each card's serial_number (the id its device plugin allocates).
-    card = m.pci(f"{switch}/0000:b3:00.0", "1da3", "1020", "habanalabs", numa=1)
-    m.node(card, "accel1", 1)
-    m.file(f"{card}/serial_number", "AN12345678\n")
+    second = m.pci(f"{switch}/0000:b3:00.0", "1da3", "1020", "habanalabs", numa=1)
+    m.node(second, "accel1", 1)
+    m.file(f"{second}/serial_number", "AN12345678\n")
     switch = "pci0000:30/0000:30:02.0/0000:31:00.0/0000:32:00.0"
-    card = m.pci(f"{switch}/0000:33:00.0", "1da3", "1020", "habanalabs", numa=0)
-    m.node(card, "accel0", 0)
-    m.file(f"{card}/serial_number", "AN87654321\n")
+    first = m.pci(f"{switch}/0000:33:00.0", "1da3", "1020", "habanalabs", numa=0)
+    m.node(first, "accel0", 0)
+    m.file(f"{first}/serial_number", "AN87654321\n")
+    # common/sysfs.c (clk_*_freq_mhz in MHz, max_power in mW) and common/hwmon.c (channels
+    # the firmware reports, standard hwmon units).
+    for number, dev in enumerate((first, second)):
+        m.files(dev, {"clk_cur_freq_mhz": 1600, "clk_max_freq_mhz": 1800, "max_power": 600000})
+        hwmon = {"temp1_input": 38000 + number * 1000, "power1_input": 95000000 + number}
+        m.hwmon(dev, number, "habanalabs", {**hwmon, "in1_input": 800, "curr1_input": 110})
 
 
 def qualcomm_ai100(m: Machine) -> None:

@@ -1,0 +1,405 @@
+"""Device telemetry from sysfs and hwmon: power, energy, temperature, clocks, memory, throttling.
+
+Sources, per discovered device, all readable without privileges:
+- the generic hwmon ABI (Documentation/hwmon/sysfs-interface.rst) of every hwmon device whose
+  parent is the DRM device: ``device/hwmon/hwmon*/`` with ``powerN_{input,average}`` (µW),
+  ``powerN_{cap,max,crit,rated_max}`` (µW), ``energyN_input`` (µJ), ``tempN_input`` (m°C),
+  ``freqN_input`` (Hz), ``inN_input`` (mV), ``<type>N_label`` and ``name``;
+- each driver's own files, listed as data in DRIVER_FILES (paths checked in the driver sources,
+  docs/metrics.md names them).
+
+Every number goes through fdinfo's bounded parser. A listed file that is absent, a read error
+(hwmon answers EIO or ENODATA for a sensor that is off), a malformed or out-of-range value is
+counted by reason in ``Reading.skipped`` and read as nothing; nothing here raises on sysfs.
+
+``Telemetry`` reads every device on the fdinfo interval (the agent's attribution thread, not the
+event path), keeps the device's energy counter across wraps and resets, integrates power where
+a driver has no energy counter, and splits each increment among pods (kubenpu.energy).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from fractions import Fraction
+from pathlib import Path
+
+from kubenpu import energy
+from kubenpu.discovery import Device
+from kubenpu.fdinfo import Skip, parse_number
+from kubenpu.metrics import (
+    DEVICE_BUSY,
+    ENERGY,
+    ENERGY_IDLE,
+    ENERGY_UNATTRIBUTED,
+    FREQUENCY,
+    MEMORY_LIMIT,
+    MEMORY_USED,
+    POWER,
+    POWER_LIMIT,
+    TEMPERATURE,
+    THROTTLE,
+    UTILIZATION,
+    VOLTAGE,
+    Attrs,
+    Metrics,
+    Spec,
+    Where,
+)
+
+MISSING = "missing"
+COUNTER_RESET = "counter_reset"
+_UNITLESS = {"": 1}
+_MAX_FILE = 4096  # a sysfs attribute is at most a page
+_HWMON = re.compile(r"(power|energy|temp|freq|in)(\d+)_(input|average|cap|max|crit|rated_max)")
+_LABEL_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
+_WRAP_32 = 1 << 32
+# PCI vendor ids to hw.vendor.
+_HW_VENDOR = {
+    "8086": "Intel",
+    "1002": "AMD",
+    "1da3": "Habana",
+    "10de": "NVIDIA",
+    "17cb": "Qualcomm",
+}
+
+
+class Base(Enum):
+    """The directory a driver file is under."""
+
+    DEVICE = "device"  # the device's sysfs directory (a DRM node's `device` link)
+    CARD = "card"  # the DRM card node's directory (/sys/class/drm/cardN): i915's gt files
+
+
+@dataclass(frozen=True)
+class DriverFile:
+    """One value a driver publishes in its own sysfs files."""
+
+    paths: tuple[str, ...]  # alternatives, newest first; one ending in * lists many (reason=)
+    spec: Spec
+    attrs: tuple[tuple[str, str], ...] = ()
+    multiplier: int = 1  # raw * multiplier / divisor is in spec's unit
+    divisor: int = 1
+    base: Base = Base.DEVICE
+
+
+def _freq(paths: tuple[str, ...], domain: str, state: str, base: Base) -> DriverFile:
+    return DriverFile(paths, FREQUENCY, (("domain", domain), ("state", state)), 1_000_000, 1, base)
+
+
+_I915_GT = "gt/gt0/"
+_XE_FREQ = "tile0/gt0/freq0/"
+# Driver -> its own files. i915: gt/intel_gt_sysfs_pm.c (rps_*_freq_mhz, throttle_reason_*;
+# gt_*_freq_mhz on the card are the legacy names); xe: xe_gt_freq.c, xe_gt_throttle.c;
+# amdgpu: amdgpu_pm.c, amdgpu_vram_mgr.c; ivpu (sysfs name intel_vpu): ivpu_sysfs.c;
+# habanalabs: common/sysfs.c (max_power in mW).
+DRIVER_FILES: dict[str, tuple[DriverFile, ...]] = {
+    "i915": (
+        _freq((_I915_GT + "rps_act_freq_mhz", "gt_act_freq_mhz"), "gt0", "actual", Base.CARD),
+        _freq((_I915_GT + "rps_cur_freq_mhz", "gt_cur_freq_mhz"), "gt0", "requested", Base.CARD),
+        _freq((_I915_GT + "rps_max_freq_mhz", "gt_max_freq_mhz"), "gt0", "max", Base.CARD),
+        DriverFile(
+            (_I915_GT + "throttle_reason_*",), THROTTLE, (("domain", "gt0"),), base=Base.CARD
+        ),
+    ),
+    "xe": (
+        _freq((_XE_FREQ + "act_freq",), "gt0", "actual", Base.DEVICE),
+        _freq((_XE_FREQ + "cur_freq",), "gt0", "requested", Base.DEVICE),
+        _freq((_XE_FREQ + "max_freq",), "gt0", "max", Base.DEVICE),
+        _freq((_XE_FREQ + "min_freq",), "gt0", "min", Base.DEVICE),
+        _freq((_XE_FREQ + "rp0_freq",), "gt0", "rp0", Base.DEVICE),
+        DriverFile((_XE_FREQ + "throttle/reason_*",), THROTTLE, (("domain", "gt0"),)),
+    ),
+    "amdgpu": (
+        DriverFile(("gpu_busy_percent",), UTILIZATION, (("task", "gpu"),), divisor=100),
+        DriverFile(("mem_busy_percent",), UTILIZATION, (("task", "memory"),), divisor=100),
+        DriverFile(("mem_info_vram_used",), MEMORY_USED, (("region", "vram"),)),
+        DriverFile(("mem_info_vram_total",), MEMORY_LIMIT, (("region", "vram"),)),
+    ),
+    "intel_vpu": (
+        DriverFile(("npu_busy_time_us",), DEVICE_BUSY, divisor=1_000_000),
+        _freq(("npu_current_frequency_mhz",), "npu", "actual", Base.DEVICE),
+        _freq(("npu_max_frequency_mhz",), "npu", "max", Base.DEVICE),
+        DriverFile(("npu_memory_utilization",), MEMORY_USED, (("region", "device"),)),
+    ),
+    "habanalabs": (
+        _freq(("clk_cur_freq_mhz",), "pll", "actual", Base.DEVICE),
+        _freq(("clk_max_freq_mhz",), "pll", "max", Base.DEVICE),
+        DriverFile(
+            ("max_power",),
+            POWER_LIMIT,
+            (("sensor", "max_power"), ("chip", ""), ("limit", "max")),
+            divisor=1000,
+        ),
+    ),
+}
+
+
+@dataclass
+class Reading:
+    """One read of one device's files."""
+
+    values: list[tuple[Spec, Attrs, float]] = field(default_factory=list)
+    energy_uj: int | None = None  # the device's energy counter: first hwmon, lowest channel
+    power_uw: int | None = None  # its power now: first hwmon, lowest channel
+    skipped: Counter[str] = field(default_factory=Counter)
+
+
+def read_device(device: Device, root: str | Path = "/") -> Reading:
+    """The telemetry of one device now."""
+    reading = Reading()
+    dirs = _dirs(device, Path(root))
+    if dirs is None:
+        return reading
+    device_dir, card_dir = dirs
+    for hwmon in _hwmon_dirs(device_dir):
+        _read_hwmon(hwmon, reading)
+    for item in DRIVER_FILES.get(device.driver or "", ()):
+        base = device_dir if item.base is Base.DEVICE else card_dir
+        if base is not None:
+            _read_driver_file(base, item, reading)
+    return reading
+
+
+def _dirs(device: Device, root: Path) -> tuple[Path, Path | None] | None:
+    """The device's sysfs directory and its DRM card node's, through its first node's link."""
+    if not device.nodes:
+        return None
+    first = device.nodes[0]
+    cls = "accel" if first.name.startswith("accel") else "drm"
+    device_dir = root / "sys/class" / cls / first.name / "device"
+    card = next((n.name for n in device.nodes if n.name.startswith("card")), None)
+    return device_dir, None if card is None else root / "sys/class/drm" / card
+
+
+def _hwmon_dirs(device_dir: Path) -> list[Path]:
+    try:
+        names = os.listdir(device_dir / "hwmon")
+    except OSError:
+        return []  # no hwmon device: many drivers register none
+    numbered = [(int(n[5:]), n) for n in names if n.startswith("hwmon") and n[5:].isdigit()]
+    return [device_dir / "hwmon" / n for _, n in sorted(numbered)]
+
+
+def _read_hwmon(hwmon: Path, reading: Reading) -> None:
+    try:
+        names = sorted(os.listdir(hwmon))
+    except OSError:
+        reading.skipped[str(Skip.UNREADABLE)] += 1
+        return
+    chip = _text(hwmon / "name") or hwmon.name
+    channels = sorted(
+        (m[1], int(m[2]), m[3], name) for name in names if (m := _HWMON.fullmatch(name))
+    )
+    for kind, channel, what, name in channels:
+        raw = _value(hwmon / name, reading, signed=kind == "temp")
+        if raw is None:
+            continue
+        label = _label(hwmon / f"{kind}{channel}_label") or f"{kind}{channel}"
+        attrs = {"sensor": label, "chip": chip}
+        if kind == "power" and what in ("input", "average"):
+            if reading.power_uw is None:
+                reading.power_uw = raw
+            reading.values.append((POWER, {**attrs, "source": "driver"}, raw / 1e6))
+        elif kind == "power":
+            reading.values.append((POWER_LIMIT, {**attrs, "limit": what}, raw / 1e6))
+        elif kind == "energy" and what == "input" and reading.energy_uj is None:
+            reading.energy_uj = raw  # the other channels (xe's package) are not split
+        elif kind == "temp" and what == "input":
+            reading.values.append((TEMPERATURE, attrs, raw / 1e3))
+        elif kind == "in" and what == "input":
+            reading.values.append((VOLTAGE, attrs, raw / 1e3))
+        elif kind == "freq" and what == "input":
+            reading.values.append((FREQUENCY, {"domain": label, "state": "actual"}, float(raw)))
+
+
+def _read_driver_file(base: Path, item: DriverFile, reading: Reading) -> None:
+    for path in item.paths:
+        if path.endswith("*"):
+            _read_glob(base, path, item, reading)
+            return
+        raw = _value(base / path, reading, missing_ok=True)
+        if raw is not None:
+            scaled = raw * item.multiplier / item.divisor
+            reading.values.append((item.spec, dict(item.attrs), scaled))
+            return
+        if (base / path).exists():
+            return  # present but not used: _value counted why
+    reading.skipped[MISSING] += 1
+
+
+def _read_glob(base: Path, pattern: str, item: DriverFile, reading: Reading) -> None:
+    folder, _, prefix = pattern.removesuffix("*").rpartition("/")
+    try:
+        names = sorted(n for n in os.listdir(base / folder) if n.startswith(prefix))
+    except OSError:
+        reading.skipped[MISSING] += 1
+        return
+    for name in names:
+        raw = _value(base / folder / name, reading)
+        if raw is not None:
+            reason = name.removeprefix(prefix)
+            reading.values.append((item.spec, {**dict(item.attrs), "reason": reason}, raw))
+
+
+def _value(
+    path: Path, reading: Reading, signed: bool = False, missing_ok: bool = False
+) -> int | None:
+    text = _text(path, reading, missing_ok)
+    if text is None:
+        return None
+    number = parse_number(text, _UNITLESS, signed=signed)
+    if isinstance(number, Skip):
+        reading.skipped[str(number)] += 1
+        return None
+    return number
+
+
+def _text(path: Path, reading: Reading | None = None, missing_ok: bool = True) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read(_MAX_FILE).decode("ascii").strip()
+    except FileNotFoundError:
+        if reading is not None and not missing_ok:
+            reading.skipped[MISSING] += 1
+    except (OSError, UnicodeDecodeError):
+        if reading is not None:
+            reading.skipped[str(Skip.UNREADABLE)] += 1
+    return None
+
+
+def _label(path: Path) -> str | None:
+    text = _text(path)
+    return _LABEL_CHARS.sub("_", text)[:64] if text else None
+
+
+# Busy per recipient in one interval: [busy ns, busy cycles, elapsed cycles].
+Busy = Mapping[str, Mapping[Where | None, list[int]]]
+
+
+@dataclass
+class _State:
+    """One device's counters across reads."""
+
+    hw: Attrs
+    counter: int | None = None  # the driver's last energy counter value
+    at_ns: int | None = None  # when the last read was
+    source: str = ""  # driver or integrated, once known
+    total_uj: int = 0  # energy since the agent started: what the shares sum to
+    integrated_rem: int = 0  # µW·ns not yet a whole µJ
+    idle_uj: int = 0
+    unattributed_uj: int = 0
+    carry: dict[Where | str, Fraction] = field(default_factory=dict)
+
+
+class Telemetry:
+    """Reads every device's telemetry and turns energy increments into per-pod energy."""
+
+    def __init__(
+        self,
+        devices: Iterable[Device],
+        metrics: Metrics,
+        root: str | Path = "/",
+        clock: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
+        self._devices = list(devices)
+        self._metrics = metrics
+        self._root = Path(root)
+        self._clock = clock
+        self._state = {d.id: _State(_hw_attrs(d)) for d in self._devices}
+
+    def read(self, busy: Busy) -> None:
+        """One read of every device; busy is Usage.interval_busy() of the same interval."""
+        skipped: Counter[str] = Counter()
+        for device in self._devices:
+            reading = read_device(device, self._root)
+            skipped.update(reading.skipped)
+            state = self._state[device.id]
+            now = self._clock()
+            delta, reset = self._energy_delta(state, reading, now)
+            skipped[COUNTER_RESET] += reset
+            if delta is not None and state.at_ns is not None:
+                self._split(device.id, state, delta, now - state.at_ns, busy.get(device.id, {}))
+                if reading.power_uw is None and now > state.at_ns:  # i915, xe: no power file
+                    power = delta * 1e3 / (now - state.at_ns)
+                    attrs = {"sensor": "energy", "chip": "", "source": "derived"}
+                    reading.values.append((POWER, attrs, power))
+            state.at_ns = now
+            self._metrics.set_telemetry(device.id, self._points(state, reading))
+        self._metrics.telemetry_skipped({r: n for r, n in skipped.items() if n})
+
+    @staticmethod
+    def _energy_delta(state: _State, reading: Reading, now: int) -> tuple[int | None, int]:
+        """The µJ used since the last read (None: no energy source), and 1 on a counter reset."""
+        if reading.energy_uj is not None:
+            state.source = "driver"
+            last, state.counter = state.counter, reading.energy_uj
+            if last is None:
+                return 0, 0  # the first reading is the baseline
+            delta = reading.energy_uj - last
+            if delta >= 0:
+                return delta, 0
+            if last < _WRAP_32 <= last * 2:  # fell from the top half of 32 bits: a wrap
+                return delta + _WRAP_32, 0
+            return reading.energy_uj, 1  # a reset (module reload): the counter since
+        if reading.power_uw is not None and state.at_ns is not None:
+            state.source = "integrated"
+            work = reading.power_uw * (now - state.at_ns) + state.integrated_rem
+            delta, state.integrated_rem = divmod(work, 1_000_000_000)
+            return delta, 0
+        return None, 0
+
+    def _split(
+        self,
+        device: str,
+        state: _State,
+        delta: int,
+        interval_ns: int,
+        busy: Mapping[Where | None, list[int]],
+    ) -> None:
+        state.total_uj += delta
+        weights, interval = _weights(busy, interval_ns)
+        for key, share in energy.split(delta, interval, weights, state.carry).items():
+            if key == energy.IDLE:
+                state.idle_uj += share
+            elif key == energy.UNATTRIBUTED:
+                state.unattributed_uj += share
+            elif isinstance(key, Where):
+                self._metrics.add_energy(key, share)
+
+    @staticmethod
+    def _points(state: _State, reading: Reading) -> list[tuple[Spec, Attrs, float]]:
+        points = [(spec, {**state.hw, **attrs}, value) for spec, attrs, value in reading.values]
+        if state.source:
+            points.append((ENERGY, {**state.hw, "source": state.source}, state.total_uj / 1e6))
+            own = {"device": state.hw["device"], "vendor": state.hw["vendor"]}
+            points.append((ENERGY_IDLE, own, state.idle_uj / 1e6))
+            points.append((ENERGY_UNATTRIBUTED, own, state.unattributed_uj / 1e6))
+        return points
+
+
+def _weights(
+    busy: Mapping[Where | None, list[int]], interval_ns: int
+) -> tuple[dict[Where | None, int], int]:
+    """Each recipient's weight and the interval, in one unit: busy ns against the interval's ns
+    when the driver prints engine time, else busy cycles against the elapsed cycles."""
+    if any(b[0] for b in busy.values()) or not any(b[1] for b in busy.values()):
+        return {k: b[0] for k, b in busy.items()}, interval_ns
+    return {k: b[1] for k, b in busy.items()}, max(b[2] for b in busy.values())
+
+
+def _hw_attrs(device: Device) -> Attrs:
+    vendor_id = (device.pci_id or "").partition(":")[0]
+    accel = any(n.name.startswith("accel") for n in device.nodes)
+    return {
+        "device": device.id,
+        "vendor": device.vendor or "",
+        "hw.id": device.id,
+        "hw.type": "npu" if accel else "gpu",
+        "hw.vendor": _HW_VENDOR.get(vendor_id, vendor_id),
+    }

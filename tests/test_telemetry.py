@@ -1,0 +1,318 @@
+"""Device telemetry (kubenpu.telemetry) on the fixture machines, and energy per pod
+(kubenpu.energy) from real fdinfo reads (tests/test_usage.py's Machine) on them.
+
+The clock is the test's: intervals are exact numbers of ns, so every split is known exactly.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+from helpers import make_config, scrape, start_telemetry, values
+from otlp_receiver import OtlpReceiver
+from prometheus_client.parser import text_string_to_metric_families
+from test_usage import POD_A, POD_B, Machine
+
+from kubenpu import energy
+from kubenpu.discovery import discover
+from kubenpu.metrics import (
+    DEVICE_BUSY,
+    ENERGY,
+    ENERGY_IDLE,
+    ENERGY_UNATTRIBUTED,
+    FREQUENCY,
+    MEMORY_LIMIT,
+    MEMORY_USED,
+    POD_ENERGY,
+    POWER,
+    POWER_LIMIT,
+    TELEMETRY_SKIPPED,
+    TEMPERATURE,
+    THROTTLE,
+    UTILIZATION,
+    Metrics,
+    Spec,
+    Where,
+)
+from kubenpu.telemetry import Telemetry, read_device
+
+TESTDATA = Path(__file__).parent / "testdata"
+SECOND = 1_000_000_000
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.ns = 1_000 * SECOND
+
+    def __call__(self) -> int:
+        return self.ns
+
+
+def reading(machine: str, device: str):  # type: ignore[no-untyped-def]
+    root = TESTDATA / machine
+    [dev] = [d for d in discover(root) if d.id == device]
+    return read_device(dev, root)
+
+
+def find(machine: str, device: str, spec: Spec, **attrs: str) -> float:
+    found = [
+        v for s, a, v in reading(machine, device).values if s is spec and attrs.items() <= a.items()
+    ]
+    assert len(found) == 1, (spec.name, attrs, found)
+    return found[0]
+
+
+# Every fixture driver, one value per kind it publishes, converted exactly.
+@pytest.mark.parametrize(
+    ("machine", "device", "spec", "attrs", "value"),
+    [
+        ("intel-i915", "0000:00:02.0", FREQUENCY, {"state": "actual"}, 300e6),
+        ("intel-i915", "0000:00:02.0", FREQUENCY, {"state": "max"}, 1100e6),
+        ("intel-i915", "0000:00:02.0", THROTTLE, {"reason": "pl1"}, 1),
+        ("intel-arc-xe", "0000:03:00.0", POWER_LIMIT, {"sensor": "power1", "limit": "crit"}, 400),
+        ("intel-arc-xe", "0000:03:00.0", TEMPERATURE, {"sensor": "temp3"}, 52),
+        ("intel-arc-xe", "0000:03:00.0", FREQUENCY, {"state": "rp0"}, 2850e6),
+        ("intel-arc-xe", "0000:03:00.0", THROTTLE, {"reason": "thermal"}, 0),
+        ("amd-server", "0000:c3:00.0", POWER, {"sensor": "PPT"}, 63),
+        ("amd-server", "0000:c3:00.0", POWER_LIMIT, {"limit": "cap"}, 327),
+        ("amd-server", "0000:c3:00.0", TEMPERATURE, {"sensor": "junction"}, 47),
+        ("amd-server", "0000:c3:00.0", FREQUENCY, {"domain": "mclk"}, 456e6),
+        ("amd-server", "0000:c3:00.0", UTILIZATION, {"task": "gpu"}, 0.37),
+        ("amd-server", "0000:c3:00.0", MEMORY_USED, {"region": "vram"}, 1 << 30),
+        ("amd-server", "0000:c3:00.0", MEMORY_LIMIT, {"region": "vram"}, 25753026560),
+        ("intel-npu", "0000:00:0b.0", DEVICE_BUSY, {}, 81.234567),
+        ("intel-npu", "0000:00:0b.0", FREQUENCY, {"domain": "npu", "state": "max"}, 1850e6),
+        ("intel-npu", "0000:00:0b.0", MEMORY_USED, {}, 64 << 20),
+        ("gaudi", "0000:33:00.0", POWER, {"chip": "habanalabs"}, 95),
+        ("gaudi", "0000:33:00.0", POWER_LIMIT, {"sensor": "max_power"}, 600),
+        ("gaudi", "0000:b3:00.0", TEMPERATURE, {}, 39),
+        ("gaudi", "0000:b3:00.0", FREQUENCY, {"state": "actual"}, 1600e6),
+    ],
+)
+def test_every_fixture_driver_reads_in_exact_units(machine, device, spec, attrs, value) -> None:
+    assert find(machine, device, spec, **attrs) == value
+    assert not reading(machine, device).skipped
+
+
+def test_the_energy_counter_is_the_first_hwmon_first_channel() -> None:
+    # xe: energy1 is the card, energy2 the package; the card's is split.
+    assert reading("intel-arc-xe", "0000:03:00.0").energy_uj == 123456789012
+    assert reading("amd-server", "0000:c3:00.0").energy_uj is None  # amdgpu: power only
+
+
+def test_bad_files_are_counted_skips_by_reason(tmp_path: Path) -> None:
+    shutil.copytree(TESTDATA / "amd-server", tmp_path, symlinks=True, dirs_exist_ok=True)
+    gpu = next(tmp_path.glob("sys/devices/*/*/0000:c3:00.0"))
+    hwmon = gpu / "hwmon/hwmon4"
+    (hwmon / "temp1_input").write_text("hot\n")  # malformed
+    (hwmon / "temp2_input").write_text("-5000\n")  # below 0 °C is a temperature
+    (hwmon / "freq1_input").write_text("99999999999999999999\n")  # past 2^63-1
+    (hwmon / "power1_cap").unlink()
+    (hwmon / "power1_cap").mkdir()  # a read error (EISDIR), like EIO from a sensor that is off
+    (gpu / "gpu_busy_percent").write_text("-3\n")  # a percentage is never negative
+    (gpu / "mem_info_vram_used").unlink()  # missing
+    [dev] = [d for d in discover(tmp_path) if d.driver == "amdgpu"]
+    got = read_device(dev, tmp_path)
+    assert dict(got.skipped) == {"malformed": 2, "out_of_range": 1, "unreadable": 1, "missing": 1}
+    temperatures = {a["sensor"]: v for s, a, v in got.values if s is TEMPERATURE}
+    assert temperatures == {"junction": -5.0, "mem": 56.0}
+    assert got.power_uw == 63000000  # the rest is still read
+
+
+def telemetry(machine: str, tmp_path: Path) -> tuple[Telemetry, Metrics, Clock, Path]:
+    shutil.copytree(TESTDATA / machine, tmp_path, symlinks=True, dirs_exist_ok=True)
+    clock, metrics = Clock(), Metrics("node", 60, 1000)
+    return Telemetry(discover(tmp_path), metrics, tmp_path, clock), metrics, clock, tmp_path
+
+
+def xe_energy(root: Path) -> Path:
+    return next(root.glob("sys/devices/**/hwmon2/energy1_input"))
+
+
+def device_energy(metrics: Metrics) -> float:
+    [(_, value)] = values(metrics, ENERGY).items()
+    return value
+
+
+def test_driver_energy_across_a_reset_and_a_32_bit_wrap(tmp_path: Path) -> None:
+    tel, metrics, clock, root = telemetry("intel-arc-xe", tmp_path)
+    counter = xe_energy(root)
+    for raw, step in ((1_000, 0), (4_000, 5), (500, 5), ((1 << 32) - 100, 5), (400, 5)):
+        counter.write_text(f"{raw}\n")
+        clock.ns += step * SECOND
+        tel.read({})
+    # 3000, then a reset (the 500 since), 4294966796 up to the top, 500 past the wrap.
+    assert device_energy(metrics) == (3_000 + 500 + (1 << 32) - 600 + 500) / 1e6
+    assert values(metrics, TELEMETRY_SKIPPED) == {("counter_reset",): 1}
+    # The derived power of the last interval: 500 µJ in 5 s.
+    [(_, power)] = [(k, v) for k, v in values(metrics, POWER).items() if "derived" in k]
+    assert power == 500 / 5 / 1e6
+
+
+def test_power_is_integrated_where_the_driver_has_no_energy_counter(tmp_path: Path) -> None:
+    tel, metrics, clock, _ = telemetry("amd-server", tmp_path)
+    for _ in range(4):
+        tel.read({})
+        clock.ns += 5 * SECOND + 7  # 63 W * 5.000000007 s, remainders carried
+    [(key, joules)] = values(metrics, ENERGY).items()
+    assert "integrated" in key
+    assert joules == 63_000_000 * 3 * (5 * SECOND + 7) // SECOND / 1e6
+
+
+def test_split_sums_exactly_over_many_random_intervals() -> None:
+    rng = random.Random(22)
+    carry: dict = {}
+    given: dict = {}
+    total = 0
+    for _ in range(2_000):
+        interval = rng.choice((0, 1, 5 * SECOND))
+        busy = {pod: rng.choice((0, 1, rng.randrange(10 * SECOND))) for pod in "abc"}
+        busy[None] = rng.choice((0, rng.randrange(SECOND)))  # pod unknown
+        delta = rng.choice((0, 1, 7, rng.randrange(10**9)))
+        shares = energy.split(delta, interval, busy, carry)
+        assert sum(shares.values()) == delta and min(shares.values(), default=0) >= 0
+        total += delta
+        for key, share in shares.items():
+            given[key] = given.get(key, 0) + share
+    assert sum(given.values()) == total
+    assert all(0 <= c < len("abc") + 2 for c in carry.values())
+
+
+def test_split_zero_busy_is_idle_and_busy_past_the_interval_leaves_none_idle() -> None:
+    assert energy.split(1000, 5, {"a": 0}, {}) == {energy.IDLE: 1000}
+    assert energy.split(1000, 5, {"a": 9, "b": 1}, {}) == {"a": 900, "b": 100}
+    assert energy.split(1000, 10, {"a": 2, None: 3}, {}) == {
+        "a": 200,
+        energy.UNATTRIBUTED: 300,
+        energy.IDLE: 500,
+    }
+    assert energy.split(1000, 0, {}, {}) == {energy.IDLE: 1000}
+
+
+def test_carried_remainders_favour_no_one() -> None:
+    carry: dict = {}
+    given = {"a": 0, "b": 0, "c": 0}
+    for _ in range(300):
+        for key, share in energy.split(1, 0, {"a": 1, "b": 1, "c": 1}, carry).items():
+            given[key] += share
+    assert given == {"a": 100, "b": 100, "c": 100}
+    carry = {}
+    assert energy.apportion(10, {"a": 1, "b": 2}, carry) == {"a": 3, "b": 7}
+    assert carry == {"a": Fraction(1, 3)}
+
+
+def cycles(busy: int, elapsed: int) -> str:
+    return f"drm-cycles-rcs:\t{busy}\ndrm-total-cycles-rcs:\t{elapsed}\n"
+
+
+def test_energy_per_pod_from_fdinfo_sums_to_the_device_counter(tmp_path: Path) -> None:
+    """Two pods on an xe card (busy cycles, as xe prints them) and a host process."""
+    m = Machine(tmp_path, TESTDATA / "intel-arc-xe", driver="xe")
+    clock = Clock()
+    tel = Telemetry(m.devices, m.metrics, tmp_path, clock)
+    counter = xe_energy(tmp_path)
+    m.cgroup("pod-a", POD_A)
+    m.cgroup("pod-b", POD_B)
+    m.cgroup("host", None)
+    states = [
+        # (pod a busy, pod b busy, host busy, elapsed cycles, energy counter µJ)
+        (0, 0, 0, 0, 10_000_000),  # the baseline read
+        (300, 100, 0, 1000, 11_000_000),  # 1 J: a 3/10, b 1/10, idle 6/10
+        (300, 100, 0, 2000, 12_000_000),  # nothing busy: all idle
+        (1300, 1100, 100, 3000, 14_100_000),  # busy 2100 > 1000 elapsed: none idle
+        (1300, 1100, 100, 4000, 500_000),  # counter reset: 0.5 J since, all idle
+    ]
+    for a, b, host, elapsed, counter_uj in states:
+        m.process(10, "pod-a", {1: cycles(a, elapsed)})
+        m.process(11, "pod-b", {2: cycles(b, elapsed)})
+        m.process(12, "host", {3: cycles(host, elapsed)})
+        counter.write_text(f"{counter_uj}\n")
+        m.usage.saw([10, 11, 12], [])
+        m.read()
+        clock.ns += 5 * SECOND
+        tel.read(m.usage.interval_busy())
+    pods = values(m.metrics, POD_ENERGY, ("namespace", "container", "device", "vendor"))
+    idle = values(m.metrics, ENERGY_IDLE)[("0000:03:00.0", "xe")]
+    unattributed = values(m.metrics, ENERGY_UNATTRIBUTED)[("0000:03:00.0", "xe")]
+    total = device_energy(m.metrics)
+    micro = {k: round(v * 1e6) for k, v in pods.items()}
+    assert micro == {("a",): 300_000 + 1_000_000, ("b",): 100_000 + 1_000_000}
+    assert round(unattributed * 1e6) == 100_000  # the host process waits for the CRI: pending
+    assert round(idle * 1e6) == 600_000 + 1_000_000 + 500_000
+    assert round(total * 1e6) == 1_000_000 + 1_000_000 + 2_100_000 + 500_000
+    assert sum(micro.values()) + round(idle * 1e6) + round(unattributed * 1e6) == round(total * 1e6)
+
+
+def test_metrics_and_otlp_carry_every_fixture_drivers_telemetry(tmp_path: Path) -> None:
+    machines = ("intel-i915", "intel-arc-xe", "amd-server", "intel-npu", "gaudi")
+    with OtlpReceiver() as rx:
+        cfg = make_config(
+            tmp_path,
+            f"export:\n  otlp: {{enabled: true, endpoint: 'http://127.0.0.1:{rx.port}', "
+            "interval_seconds: 3600, timeout_seconds: 5}\n",
+        )
+        exporters = start_telemetry(cfg)
+        try:
+            for machine in machines:
+                root = TESTDATA / machine
+                Telemetry(discover(root), exporters.metrics, root).read({})
+            assert exporters.pusher.push()
+            text = scrape(cfg.export.prometheus.port)
+        finally:
+            exporters.shutdown()
+        samples = {
+            (s.name, s.labels["device"], s.labels.get("hw_vendor"))
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name.startswith("kubenpu_device_") and "device" in s.labels
+        }
+        assert {
+            ("kubenpu_device_frequency_hertz", "0000:00:02.0", "Intel"),  # i915
+            ("kubenpu_device_temperature_celsius", "0000:03:00.0", "Intel"),  # xe
+            ("kubenpu_device_power_watts", "0000:c3:00.0", "AMD"),  # amdgpu
+            ("kubenpu_device_busy_seconds_total", "0000:00:0b.0", "Intel"),  # ivpu
+            ("kubenpu_device_power_watts", "0000:33:00.0", "Habana"),  # habanalabs
+        } <= samples
+        power = rx.metric("hw.power")
+        assert power.unit == "W"
+        points = {
+            (a["device"], a["hw.type"], a["hw.vendor"], a["sensor"])
+            for a in (
+                dict((kv.key, kv.value.string_value) for kv in p.attributes)
+                for p in power.gauge.data_points
+            )
+        }
+        assert points == {
+            ("0000:c3:00.0", "gpu", "AMD", "PPT"),
+            ("0000:33:00.0", "npu", "Habana", "power1"),
+            ("0000:b3:00.0", "npu", "Habana", "power1"),
+        }
+        assert rx.metric("hw.temperature").unit == "Cel"
+        assert rx.metric("hw.gpu.memory.limit").unit == "By"
+        assert rx.metric("kubenpu.device.busy").sum.is_monotonic
+
+
+def test_pod_energy_is_exported_under_its_prometheus_and_otlp_names(tmp_path: Path) -> None:
+    with OtlpReceiver() as rx:
+        cfg = make_config(
+            tmp_path,
+            f"export:\n  otlp: {{enabled: true, endpoint: 'http://127.0.0.1:{rx.port}', "
+            "interval_seconds: 3600, timeout_seconds: 5}\n",
+        )
+        exporters = start_telemetry(cfg)
+        try:
+            where = Where("ns", "a", "main", "platform:kubenpu_testdrm", "kubenpu_testdrm")
+            exporters.metrics.add_energy(where, 1_500_001)
+            assert exporters.pusher.push()
+            text = scrape(cfg.export.prometheus.port)
+        finally:
+            exporters.shutdown()
+        assert (
+            'kubenpu_energy_joules_total{container="main",device="platform:kubenpu_testdrm"' in text
+        )
+        [(attrs, joules)] = rx.values("kubenpu.energy").items()
+        assert joules == 1.500001 and ("pod", "a") in attrs
