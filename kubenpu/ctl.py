@@ -20,6 +20,7 @@ from kubenpu import __version__
 from kubenpu import top as kubenpu_top
 from kubenpu.discovery import Device, discover
 from kubenpu.fdinfo import Client, FdinfoReader
+from kubenpu.telemetry import Summary, read_device
 from kubenpu.vendors import Vendor, all_vendors, by_name, core
 
 PROG = "kubenpuctl"
@@ -166,8 +167,9 @@ def _devices(args: argparse.Namespace) -> str:
     if not (Path(args.root) / "sys").is_dir():
         raise UsageError(f"{args.root}: no sys directory to read")
     devices = discover(args.root)
+    now = {d.id: Summary.of(read_device(d, args.root)) for d in devices}
     if args.output == "json":
-        return json.dumps([_device_json(d) for d in devices], indent=2)
+        return json.dumps([_device_json(d, now[d.id]) for d in devices], indent=2)
     rows = [
         [
             d.driver or "-",
@@ -175,14 +177,25 @@ def _devices(args: argparse.Namespace) -> str:
             d.id,
             ",".join(f"{n.major}:{n.minor}" for n in d.nodes),
             d.vendor or "-",
+            _unit(now[d.id].power_watts, "W"),
+            _unit(now[d.id].temperature_celsius, "C"),
+            _unit(now[d.id].frequency_mhz, "MHz"),
         ]
         for d in devices
     ]
-    return _table(["DRIVER", "PCI ID", "ADDRESS", "NODES", "VENDOR"], rows)
+    header = ["DRIVER", "PCI ID", "ADDRESS", "NODES", "VENDOR", "POWER", "TEMP", "FREQ"]
+    return _table(header, rows)
 
 
-def _device_json(d: Device) -> dict[str, object]:
+def _unit(value: float | None, unit: str) -> str:
+    return "-" if value is None else f"{value:.0f} {unit}"
+
+
+def _device_json(d: Device, now: Summary) -> dict[str, object]:
     return {
+        "power_watts": now.power_watts,
+        "temperature_celsius": now.temperature_celsius,
+        "frequency_mhz": now.frequency_mhz,
         "driver": d.driver,
         "pci_id": d.pci_id,
         "address": d.id,

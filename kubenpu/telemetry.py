@@ -150,6 +150,24 @@ class Reading:
     skipped: Counter[str] = field(default_factory=Counter)
 
 
+@dataclass(frozen=True)
+class Summary:
+    """What `kubenpuctl devices` shows of a reading: the first sensor of each kind."""
+
+    power_watts: float | None
+    temperature_celsius: float | None
+    frequency_mhz: float | None
+
+    @classmethod
+    def of(cls, reading: Reading) -> Summary:
+        def first(spec: Spec, **attrs: str) -> float | None:
+            found = (v for s, a, v in reading.values if s is spec and attrs.items() <= a.items())
+            return next(found, None)
+
+        freq = first(FREQUENCY, state="actual")
+        return cls(first(POWER), first(TEMPERATURE), None if freq is None else freq / 1e6)
+
+
 def read_device(device: Device, root: str | Path = "/") -> Reading:
     """The telemetry of one device now."""
     reading = Reading()

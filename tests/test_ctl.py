@@ -29,17 +29,23 @@ def test_devices_table_i915() -> None:
     result = run("devices", "--root", "tests/testdata/intel-i915")
     assert (result.returncode, result.stderr) == (0, "")
     assert result.stdout == (
-        "DRIVER  PCI ID     ADDRESS       NODES          VENDOR\n"
-        "i915    8086:5917  0000:00:02.0  226:1,226:128  i915\n"
+        "DRIVER  PCI ID     ADDRESS       NODES          VENDOR  POWER  TEMP  FREQ\n"
+        "i915    8086:5917  0000:00:02.0  226:1,226:128  i915    -      -     300 MHz\n"
     )
+
+
+def test_devices_table_shows_power_temperature_and_clock_from_sysfs() -> None:
+    result = run("devices", "--root", "tests/testdata/amd-server")
+    assert result.stdout.splitlines()[2].split()[-6:] == ["63", "W", "41", "C", "1200", "MHz"]
 
 
 def test_devices_table_marks_missing_values(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["devices", "--root", str(TESTDATA / "arm-panfrost")]) == 0
     assert capsys.readouterr().out.splitlines() == [
-        "DRIVER        PCI ID  ADDRESS                     NODES          VENDOR",
-        "rockchip-drm  -       platform:display-subsystem  226:0          -",
-        "panfrost      -       platform:fde60000.gpu       226:1,226:128  panfrost",
+        "DRIVER        PCI ID  ADDRESS                     NODES          VENDOR    POWER  TEMP"
+        "  FREQ",
+        "rockchip-drm  -       platform:display-subsystem  226:0          -         -      -     -",
+        "panfrost      -       platform:fde60000.gpu       226:1,226:128  panfrost  -      -     -",
     ]
 
 
@@ -47,8 +53,8 @@ def test_devices_on_a_broken_tree_warns_and_lists_the_rest() -> None:
     result = run("devices", "--root", "tests/testdata/broken")
     assert result.returncode == 0
     assert result.stdout.splitlines()[1:] == [
-        "-          -       0000:00:02.0  226:0,226:128  -",
-        "intel_vpu  -       0000:00:0b.0  261:0          ivpu",
+        "-          -       0000:00:02.0  226:0,226:128  -       -      -     -",
+        "intel_vpu  -       0000:00:0b.0  261:0          ivpu    -      -     -",
     ]
     warnings = result.stderr.splitlines()
     assert warnings and all(w.startswith("kubenpuctl: warning: ") for w in warnings)
@@ -65,6 +71,9 @@ def test_devices_json(capsys: pytest.CaptureFixture[str]) -> None:
             "vendor": "i915",
             "numa_node": None,
             "paths": ["/dev/dri/card0", "/dev/dri/renderD128"],
+            "power_watts": None,
+            "temperature_celsius": None,
+            "frequency_mhz": 300.0,
         },
         {
             "driver": "intel_vpu",
@@ -74,6 +83,9 @@ def test_devices_json(capsys: pytest.CaptureFixture[str]) -> None:
             "vendor": "ivpu",
             "numa_node": None,
             "paths": ["/dev/accel/accel0"],
+            "power_watts": None,
+            "temperature_celsius": None,
+            "frequency_mhz": 1850.0,
         },
     ]
 
