@@ -38,9 +38,10 @@ MEMORY = metrics.MEMORY.prometheus_name  # gauge per ...,region,state
 # The allocation families (attribution.pod_resources); top shows them when they appear.
 ALLOCATED = metrics.ALLOCATED.prometheus_name  # gauge per ...,resource: shares held
 IDLE_FOR = metrics.ALLOCATED_IDLE_FOR.prometheus_name  # gauge: the current idle streak
+ENERGY = metrics.POD_ENERGY.prometheus_name  # counter per pod and device: its rate is W
 KINDS = ("submit", "alloc", "wait")
 POD_LABELS = ("namespace", "pod", "container", "device", "vendor")
-RATED = (IOCTL, BUSY, DROPPED, UNATTRIBUTED)
+RATED = (IOCTL, BUSY, DROPPED, UNATTRIBUTED, ENERGY)
 
 
 class TopError(Exception):
@@ -222,6 +223,7 @@ class Row:
     memory: dict[str, dict[str, float]] = field(default_factory=dict)  # region -> state -> B
     shares: float | None = None  # allocated by the kubelet; None: not allocated
     idle_for: float | None = None
+    watts: float | None = None  # the pod's share of the device's power (energy per pod)
 
     @property
     def total(self) -> float:
@@ -247,6 +249,7 @@ class Frame:
     has_memory: bool
     measuring: bool
     has_allocations: bool = False  # no rates yet (the first scrape)
+    has_energy: bool = False  # no rates yet (the first scrape)
     calls: float = 0.0
     dropped: float = 0.0
     dropped_rate: float = 0.0
@@ -285,6 +288,9 @@ def build_frame(reading: Reading, multi_node: bool) -> Frame:
         busy = row(s).busy
         engine = s.labels.get("engine", "")
         busy[engine] = busy.get(engine, 0.0) + 100 * s.value
+    for s in rated[ENERGY]:
+        r = row(s)
+        r.watts = (r.watts or 0.0) + s.value
     for s in by_name[MEMORY]:
         states = row(s).memory.setdefault(s.labels.get("region", ""), {})
         state = s.labels.get("state", "")
@@ -304,6 +310,7 @@ def build_frame(reading: Reading, multi_node: bool) -> Frame:
         engines=sorted({s.labels.get("engine", "") for s in by_name[BUSY]}),
         has_memory=bool(by_name[MEMORY]),
         has_allocations=bool(by_name[ALLOCATED]),
+        has_energy=bool(by_name[ENERGY]),
         measuring=reading.rates is None,
         calls=sum(s.value for s in rated[IOCTL]),
         dropped=_sum(by_name[DROPPED]),
@@ -361,6 +368,7 @@ SORTS: dict[str, tuple[str, Callable[[Row], float | str]]] = {
     "memory": ("m", lambda r: r.mem),
     "shares": ("h", lambda r: r.shares or 0.0),
     "idle": ("i", lambda r: r.idle_for or 0.0),
+    "power": ("e", lambda r: r.watts or 0.0),
     "node": ("o", lambda r: r.key.node),
     "namespace": ("n", lambda r: r.key.namespace),
     "pod": ("p", lambda r: r.key.pod),
@@ -369,7 +377,7 @@ SORTS: dict[str, tuple[str, Callable[[Row], float | str]]] = {
     "vendor": ("v", lambda r: r.key.vendor),
 }
 SORT_KEYS = {key: name for name, (key, _) in SORTS.items()}
-NUMERIC = ("total", "submit", "alloc", "wait", "busy", "memory", "shares", "idle")
+NUMERIC = ("total", "submit", "alloc", "wait", "busy", "memory", "shares", "idle", "power")
 
 
 def sort_rows(rows: list[Row], by: str, reverse: bool = False) -> list[Row]:
@@ -444,6 +452,9 @@ def columns(frame: Frame, multi_node: bool) -> list[Column]:
     if frame.has_allocations:  # SHARES, not ALLOC: ALLOC is the alloc-class call rate
         cols.append(Column("SHARES", "shares", lambda r: f"{r.shares or 0:g}", 65))
         cols.append(Column("IDLE FOR", "idle", lambda r: fmt_duration(r.idle_for), 64))
+    if frame.has_energy:
+        watts = Column("W", "power", lambda r: "-" if r.watts is None else fmt_rate(r.watts), 42)
+        cols.append(watts)
     return cols
 
 
@@ -530,6 +541,8 @@ def rows_json(frame: Frame, sort: str, multi_node: bool) -> list[dict[str, objec
             }
         if frame.has_allocations:
             row["allocated"] = {"shares": r.shares or 0, "idle_for_seconds": r.idle_for}
+        if frame.has_energy:
+            row["watts"] = None if r.watts is None else round(r.watts, 3)
         out.append(row)
     return out
 

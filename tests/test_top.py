@@ -217,6 +217,31 @@ def test_fdinfo_columns_appear_when_exported(serve):
     assert rows[("etl-0", "worker")]["busy"] == {}
 
 
+def with_energy(text: str, joules: float) -> str:
+    """An fdinfo snapshot whose trainer-0 holds `joules` of its device's energy."""
+    labels = 'container="main",device="0000:00:02.0",namespace="ml",pod="trainer-0",vendor="i915"'
+    return (
+        text
+        + "# TYPE kubenpu_energy_joules counter\n"
+        + f"kubenpu_energy_joules_total{{{labels}}} {joules}\n"
+    )
+
+
+def test_power_column_is_the_rate_of_each_pods_energy(serve):
+    before, after = fixture("fdinfo-0.prom"), fixture("fdinfo-1.prom")
+    server = serve(
+        sequence(with_energy(before, 100.0), with_energy(after, 100.0 + 30 * record.SECONDS))
+    )
+    result = ctl("--once", "--interval", "1", "-o", "json", "--url", server.url)
+    assert result.returncode == 0, result.stderr
+    rows = {(r["pod"], r["container"]): r for r in json.loads(result.stdout)}
+    scale = rows[("trainer-0", "main")]["rates"]["submit"] / 400  # 400 submits/s were recorded
+    assert rows[("trainer-0", "main")]["watts"] == pytest.approx(30 * scale, rel=1e-3)
+    assert rows[("etl-0", "worker")]["watts"] is None  # no energy series: not 0 W
+    table = ctl("--once", "--interval", "1", "--url", server.url).stdout.splitlines()
+    assert next(line for line in table if line.startswith("NAMESPACE")).split()[-1] == "W"
+
+
 def test_once_table(serve):
     server = serve(sequence(fixture("fdinfo-0.prom"), fixture("fdinfo-1.prom")))
     result = ctl("--once", "--interval", "1", "--url", server.url, "--sort", "pod")
