@@ -95,5 +95,17 @@ g.dashboard(
       g.pos(0, 58, 24, 8),
       description='Submit calls of containers on a device some allocation on the node names, made without being allocated it (counted in the call series all the same).',
     ),
+    g.timeseries(
+      'Energy and power per pod',
+      [g.target('sum by (namespace, pod, device) (rate(kubenpu_energy_joules_total{%s}[$__rate_interval]))' % sel,
+                '{{namespace}}/{{pod}} {{device}}'),
+       g.target('sum by (node, device) (rate(kubenpu_device_energy_idle_joules_total{node=~"$node"}[$__rate_interval]))',
+                '{{node}} {{device}} idle', refId='B'),
+       g.target('sum by (node, device) (rate(kubenpu_device_energy_unattributed_joules_total{node=~"$node"}[$__rate_interval]))',
+                '{{node}} {{device}} unattributed', refId='C')],
+      'watt',
+      g.pos(0, 66, 24, 10),
+      "Each pod's share of its device's measured energy, split by engine busy time every fdinfo interval (docs/metrics.md#energy-per-pod); J/s is W. Pods, idle and unattributed add up to the device's power.",
+    ),
   ],
 )
