@@ -8,7 +8,10 @@ deltas, attribute and count), with the real Resolver over a kubelet-style cgroup
 temporary directory, a real CRI gRPC server (tests/cri_server.py) and the real Metrics.
 The fdinfo figures read a synthetic /proc tree of 1,000 DRM clients (one per pod, in a process
 of FDS_PER_PROCESS fds) among 50,000 fds in all: the full scan the agent makes at start, and one
-steady-state read of kubenpu.usage.Usage (the holders only, attributed and counted).
+steady-state read of kubenpu.usage.Usage (the holders only, attributed and counted). The
+telemetry figure is one kubenpu.telemetry read of every device of the sysfs fixture machines
+shaped like i915, xe, amdgpu, ivpu and habanalabs (tests/testdata): all their hwmon and driver
+files, on tmpfs-like disk pages rather than sysfs, so a floor of the real cost.
 Prints one line per figure: the best of REPEATS runs (as timeit does: slower runs measure
 the noise of other processes, not this code).
 """
@@ -31,11 +34,12 @@ from cri_server import CriTestServer
 from helpers import resolved
 
 from kubenpu.attribution import Attributor
-from kubenpu.discovery import Device, Node
+from kubenpu.discovery import Device, Node, discover
 from kubenpu.events import SIZE, Deltas, Event, Key, Tally, decode
 from kubenpu.fdinfo import FdinfoReader
 from kubenpu.metrics import Metrics
 from kubenpu.resolve.resolver import Resolver
+from kubenpu.telemetry import Telemetry
 from kubenpu.usage import Usage
 
 REPEATS = 5
@@ -45,6 +49,8 @@ EVENTS = 200_000
 PODS = 1000
 KINDS = (1, 2, 3)  # submit, alloc, wait
 MAJOR, MINOR = 226, 0
+TESTDATA = Path(__file__).resolve().parents[1] / "tests" / "testdata"
+TELEMETRY_MACHINES = ("intel-i915", "intel-arc-xe", "amd-server", "intel-npu", "gaudi")
 # Synthetic records are packed here and checked against events.decode(), so a change to the
 # C struct's layout fails this benchmark instead of measuring the wrong thing.
 _RECORD = struct.Struct("<QQIIIIII")
@@ -158,7 +164,23 @@ def measure(setup: Setup) -> dict[str, float]:
         "events_path_ns_per_event": best_ns(event_path),
         "aggregate_ns_per_key": aggregate_per_key(setup),
         **fdinfo_read(setup),
+        "telemetry_read_ms": telemetry_read(),
     }
+
+
+def telemetry_read() -> float:
+    """ms of one telemetry read of every fixture machine's devices (energy split included)."""
+    metrics = Metrics("node", 300, 100_000)
+    readers = [Telemetry(discover(TESTDATA / m), metrics, TESTDATA / m) for m in TELEMETRY_MACHINES]
+
+    def once() -> tuple[int, int]:
+        t0 = time.perf_counter_ns()
+        for reader in readers:
+            reader.read({})
+        return time.perf_counter_ns() - t0, 1_000_000
+
+    once()  # the first read is the energy baseline
+    return best_ns(once)
 
 
 def fdinfo_read(setup: Setup) -> dict[str, float]:

@@ -282,6 +282,9 @@ def micro(m: dict) -> str:
         ["full /proc scan at start: 1,000 DRM clients among 50,000 fds", m["fdinfo_full_scan_ms"]],
         ["one fdinfo read (every fdinfo.interval_seconds): the 1,000 holders", m["fdinfo_read_ms"]],
     ]
+    if "telemetry_read_ms" in m:  # figures measured before device telemetry lack it
+        what = "one telemetry read, every device of the 5 fixture machines (sysfs/hwmon)"
+        fdinfo.append([what, m["telemetry_read_ms"]])
     return (
         f"### Host micro-benchmark (Python {m['python']}, no VM)\n\n"
         + table(["user-space path", "ns"], rows)

@@ -147,3 +147,20 @@ def test_image_rows_give_each_variant_its_size():
     )
     assert "| default | `docker.io/kubenpu/kubenpu-agent:0.1.0` | 190 MB unpacked, 70M" in text
     assert "| bcc | `docker.io/kubenpu/kubenpu-agent:0.1.0-bcc` | 415 MB unpacked" in text
+
+
+MICRO = {
+    "python": "3.11.7",
+    "decode_ns_per_event": 1.0,
+    "tally_ns_per_event": 2.0,
+    "events_path_ns_per_event": 3.0,
+    "aggregate_ns_per_key": 4.0,
+    "fdinfo_full_scan_ms": 600.0,
+    "fdinfo_read_ms": 280.0,
+}
+
+
+def test_the_telemetry_row_sits_beside_the_fdinfo_read_when_measured():
+    row = "| one telemetry read, every device of the 5 fixture machines (sysfs/hwmon) | 5.5 |"
+    assert row in report.micro({**MICRO, "telemetry_read_ms": 5.5})
+    assert "telemetry" not in report.micro(MICRO)  # figures from before it still render
