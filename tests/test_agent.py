@@ -201,9 +201,30 @@ class Usage:
     def read(self) -> None:
         self.reads += 1
 
+    def interval_busy(self) -> dict:
+        return {"dev": {None: [self.reads, 0, 0]}}
+
+
+class Telemetry:
+    """Stands in for kubenpu.telemetry.Telemetry (tests/test_telemetry.py tests it)."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.busy: list[dict] = []
+        self.fail = fail
+
+    def read(self, busy: dict) -> None:
+        self.busy.append(busy)
+        if self.fail:
+            raise OSError("sysfs went away")
+
 
 def make_agent(
-    kernel: FakeKernel, resolver, clock: Clock | None = None, ttl: float = 300, usage=None
+    kernel: FakeKernel,
+    resolver,
+    clock: Clock | None = None,
+    ttl: float = 300,
+    usage=None,
+    telemetry=None,
 ) -> Agent:
     clock = clock or Clock()
     tally, metrics = Tally(100), Metrics("node-1", series_ttl=ttl, max_series=100)
@@ -217,6 +238,7 @@ def make_agent(
         devices=1,
         usage=usage,
         usage_interval=5,
+        telemetry=telemetry,
         clock=clock,
     )
 
@@ -624,6 +646,23 @@ def test_fdinfo_is_read_every_interval_with_the_callers_the_probe_saw(cgroups, r
     clock.now += 5
     agent.cycle()
     assert usage.reads == 2
+
+
+def test_telemetry_is_read_right_after_fdinfo_with_its_busy_time(cgroups, resolver):
+    kernel, clock, usage = FakeKernel(aggregate=False), Clock(), Usage()
+    failing = Telemetry(fail=True)
+    agent = make_agent(kernel, resolver, clock, usage=usage, telemetry=failing)
+    agent.attach()
+    agent.cycle()
+    agent.cycle()  # within the interval: no read
+    clock.now += 5
+    agent.cycle()  # a failing telemetry read stops neither fdinfo nor the next read
+    assert failing.busy == [{"dev": {None: [1, 0, 0]}}, {"dev": {None: [2, 0, 0]}}]
+    assert usage.reads == 2
+    alone = Telemetry()
+    agent = make_agent(kernel, resolver, clock, telemetry=alone)  # fdinfo.enabled: false
+    agent.cycle()
+    assert alone.busy == [{}]
 
 
 def test_the_version_is_the_packages():
