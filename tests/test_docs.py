@@ -248,3 +248,21 @@ def test_the_allocations_doc_says_what_the_chart_and_code_do():
     for fmt in PLUGINS:
         example = fmt.resource.pattern.replace("\\", "").split("(")[0].rstrip("/.+")
         assert example in text, fmt.plugin
+
+
+def test_the_metrics_doc_names_every_drivers_telemetry_file():
+    """docs/metrics.md's sources table lists each driver file kubenpu/telemetry.py reads."""
+    from kubenpu.telemetry import DRIVER_FILES
+
+    doc = (ROOT / "docs" / "metrics.md").read_text()
+    section = doc[doc.index("Sources per driver") : doc.index("### Energy per pod")]
+    rows = {
+        line.split("|")[1].strip().split()[0]: line
+        for line in section.splitlines()[4:]
+        if line.startswith("| ")
+    }
+    for driver, files in DRIVER_FILES.items():
+        row = rows["ivpu" if driver == "intel_vpu" else driver]
+        for path in (p for item in files for p in item.paths):
+            name = path.rpartition("/")[2].removesuffix("*")
+            assert name in row, (driver, path)
