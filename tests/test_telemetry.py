@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import shutil
+from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
 
@@ -247,8 +248,8 @@ def test_energy_per_pod_from_fdinfo_sums_to_the_device_counter(tmp_path: Path) -
     assert sum(micro.values()) + round(idle * 1e6) + round(unattributed * 1e6) == round(total * 1e6)
 
 
-def test_metrics_and_otlp_carry_every_fixture_drivers_telemetry(tmp_path: Path) -> None:
-    machines = ("intel-i915", "intel-arc-xe", "amd-server", "intel-npu", "gaudi")
+def push_and_scrape(tmp_path: Path, fill: Callable[[Metrics], None]) -> tuple[OtlpReceiver, str]:
+    """fill the agent's Metrics, push them to a real OTLP receiver and scrape /metrics."""
     with OtlpReceiver() as rx:
         cfg = make_config(
             tmp_path,
@@ -257,62 +258,55 @@ def test_metrics_and_otlp_carry_every_fixture_drivers_telemetry(tmp_path: Path) 
         )
         exporters = start_telemetry(cfg)
         try:
-            for machine in machines:
-                root = TESTDATA / machine
-                Telemetry(discover(root), exporters.metrics, root).read({})
+            fill(exporters.metrics)
             assert exporters.pusher.push()
             text = scrape(cfg.export.prometheus.port)
         finally:
             exporters.shutdown()
-        samples = {
-            (s.name, s.labels["device"], s.labels.get("hw_vendor"))
-            for family in text_string_to_metric_families(text)
-            for s in family.samples
-            if s.name.startswith("kubenpu_device_") and "device" in s.labels
-        }
-        assert {
-            ("kubenpu_device_frequency_hertz", "0000:00:02.0", "Intel"),  # i915
-            ("kubenpu_device_temperature_celsius", "0000:03:00.0", "Intel"),  # xe
-            ("kubenpu_device_power_watts", "0000:c3:00.0", "AMD"),  # amdgpu
-            ("kubenpu_device_busy_seconds_total", "0000:00:0b.0", "Intel"),  # ivpu
-            ("kubenpu_device_power_watts", "0000:33:00.0", "Habana"),  # habanalabs
-        } <= samples
-        power = rx.metric("hw.power")
-        assert power.unit == "W"
-        points = {
-            (a["device"], a["hw.type"], a["hw.vendor"], a["sensor"])
-            for a in (
-                dict((kv.key, kv.value.string_value) for kv in p.attributes)
-                for p in power.gauge.data_points
-            )
-        }
-        assert points == {
-            ("0000:c3:00.0", "gpu", "AMD", "PPT"),
-            ("0000:33:00.0", "npu", "Habana", "power1"),
-            ("0000:b3:00.0", "npu", "Habana", "power1"),
-        }
-        assert rx.metric("hw.temperature").unit == "Cel"
-        assert rx.metric("hw.gpu.memory.limit").unit == "By"
-        assert rx.metric("kubenpu.device.busy").sum.is_monotonic
+    return rx, text
+
+
+def test_metrics_and_otlp_carry_every_fixture_drivers_telemetry(tmp_path: Path) -> None:
+    def fill(metrics: Metrics) -> None:
+        for machine in ("intel-i915", "intel-arc-xe", "amd-server", "intel-npu", "gaudi"):
+            root = TESTDATA / machine
+            Telemetry(discover(root), metrics, root).read({})
+
+    rx, text = push_and_scrape(tmp_path, fill)
+    samples = {
+        (s.name, s.labels["device"], s.labels.get("hw_vendor"))
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name.startswith("kubenpu_device_") and "device" in s.labels
+    }
+    assert {
+        ("kubenpu_device_frequency_hertz", "0000:00:02.0", "Intel"),  # i915
+        ("kubenpu_device_temperature_celsius", "0000:03:00.0", "Intel"),  # xe
+        ("kubenpu_device_power_watts", "0000:c3:00.0", "AMD"),  # amdgpu
+        ("kubenpu_device_busy_seconds_total", "0000:00:0b.0", "Intel"),  # ivpu
+        ("kubenpu_device_power_watts", "0000:33:00.0", "Habana"),  # habanalabs
+    } <= samples
+    power = rx.metric("hw.power")
+    assert power.unit == "W"
+    points = {
+        (a["device"], a["hw.type"], a["hw.vendor"], a["sensor"])
+        for a in (
+            {kv.key: kv.value.string_value for kv in p.attributes} for p in power.gauge.data_points
+        )
+    }
+    assert points == {
+        ("0000:c3:00.0", "gpu", "AMD", "PPT"),
+        ("0000:33:00.0", "npu", "Habana", "power1"),
+        ("0000:b3:00.0", "npu", "Habana", "power1"),
+    }
+    assert rx.metric("hw.temperature").unit == "Cel"
+    assert rx.metric("hw.gpu.memory.limit").unit == "By"
+    assert rx.metric("kubenpu.device.busy").sum.is_monotonic
 
 
 def test_pod_energy_is_exported_under_its_prometheus_and_otlp_names(tmp_path: Path) -> None:
-    with OtlpReceiver() as rx:
-        cfg = make_config(
-            tmp_path,
-            f"export:\n  otlp: {{enabled: true, endpoint: 'http://127.0.0.1:{rx.port}', "
-            "interval_seconds: 3600, timeout_seconds: 5}\n",
-        )
-        exporters = start_telemetry(cfg)
-        try:
-            where = Where("ns", "a", "main", "platform:kubenpu_testdrm", "kubenpu_testdrm")
-            exporters.metrics.add_energy(where, 1_500_001)
-            assert exporters.pusher.push()
-            text = scrape(cfg.export.prometheus.port)
-        finally:
-            exporters.shutdown()
-        assert (
-            'kubenpu_energy_joules_total{container="main",device="platform:kubenpu_testdrm"' in text
-        )
-        [(attrs, joules)] = rx.values("kubenpu.energy").items()
-        assert joules == 1.500001 and ("pod", "a") in attrs
+    where = Where("ns", "a", "main", "platform:kubenpu_testdrm", "kubenpu_testdrm")
+    rx, text = push_and_scrape(tmp_path, lambda metrics: metrics.add_energy(where, 1_500_001))
+    assert 'kubenpu_energy_joules_total{container="main",device="platform:kubenpu_testdrm"' in text
+    [(attrs, joules)] = rx.values("kubenpu.energy").items()
+    assert joules == 1.500001 and ("pod", "a") in attrs
