@@ -58,8 +58,18 @@ class Spec:
 
     @property
     def prometheus_name(self) -> str:
-        """The name Prometheus gives the metric (dots to underscores, unit suffix, _total)."""
-        name = (self.prometheus or self.name).replace(".", "_")
+        """The name /metrics gives the metric: Prometheus' translation of `prometheus`, else of
+        `name`."""
+        return self._translated(self.prometheus or self.name)
+
+    @property
+    def translated_name(self) -> str:
+        """The name Prometheus' own OTLP translation gives the pushed metric (dots to
+        underscores, unit suffix, _total): prometheus_name unless `prometheus` is set."""
+        return self._translated(self.name)
+
+    def _translated(self, name: str) -> str:
+        name = name.replace(".", "_")
         unit = "" if self.unit.startswith("{") else _PROM_UNITS.get(self.unit, self.unit)
         if unit and not name.endswith("_" + unit):
             name += "_" + unit

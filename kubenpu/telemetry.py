@@ -214,7 +214,11 @@ def _read_hwmon(hwmon: Path, reading: Reading) -> None:
     channels = sorted(
         (m[1], int(m[2]), m[3], name) for name in names if (m := _HWMON.fullmatch(name))
     )
+    # A driver with both (amdgpu on some kernels) gives the same channel twice: input wins.
+    inputs = {(kind, channel) for kind, channel, what, _ in channels if what == "input"}
     for kind, channel, what, name in channels:
+        if what == "average" and (kind, channel) in inputs:
+            continue
         raw = _value(hwmon / name, reading, signed=kind == "temp")
         if raw is None:
             continue

@@ -22,7 +22,15 @@ from helpers import (
 )
 
 from kubenpu import export
-from kubenpu.metrics import ENGINE_COUNTERS, SPECS, AllocationState, DeviceRow, Held, Where
+from kubenpu.metrics import (
+    ENGINE_COUNTERS,
+    SPECS,
+    TELEMETRY_SPECS,
+    AllocationState,
+    DeviceRow,
+    Held,
+    Where,
+)
 
 pytestmark = pytest.mark.tools
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,13 +99,19 @@ def fill(tel: export.Exporters) -> None:
     m.set_allocations(
         AllocationState({held: 2}, {held: (120.0, 1)}, {held: 60.0}, unallocated, unmapped)
     )
+    hw = {"device": "0000:03:00.0", "vendor": "vgem", "hw.id": "0000:03:00.0", "hw.type": "gpu"}
+    m.set_telemetry("0000:03:00.0", [(spec, hw, 1.5) for spec in TELEMETRY_SPECS])
+    m.telemetry_skipped({"missing": 1})
+    m.add_energy(where, 2_000_000)
 
 
-def expected_names() -> set[str]:
-    return {s.prometheus_name for s in SPECS}
+def expected_names(pushed: bool = False) -> set[str]:
+    """/metrics' names; a push is named by the receiver's own translation of the OTel names
+    (hw.power is hw_power_watts there, kubenpu_device_power_watts here: docs/metrics.md)."""
+    return {s.translated_name if pushed else s.prometheus_name for s in SPECS}
 
 
-def check_series(prom: Prometheus) -> None:
+def check_series(prom: Prometheus, pushed: bool = False) -> None:
     [ioctl] = prom.wait_for('kubenpu_ioctl_total{pod="p"}')
     # job/instance come from the scrape, scope_* from VictoriaMetrics' OTLP translation.
     added = ("job", "instance", "scope_name", "scope_version")
@@ -129,9 +143,10 @@ def check_series(prom: Prometheus) -> None:
     assert allocated[0]["value"][1] == "2"
     assert prom.query("kubenpu_device_allocated_idle_seconds_total")[0]["value"][1] == "120"
     assert prom.query('kubenpu_device_unallocated_calls_total{pod="q"}')[0]["value"][1] == "4"
-    names = {r["metric"]["__name__"] for r in prom.query('{__name__=~"kubenpu_.*"}')}
+    names = {r["metric"]["__name__"] for r in prom.query('{__name__=~"(kubenpu|hw)_.*"}')}
     histogram = {n for n in names if n.startswith("kubenpu_cri_request_duration_seconds_")}
-    assert names - histogram == expected_names() - {"kubenpu_cri_request_duration_seconds"}
+    want = expected_names(pushed) - {"kubenpu_cri_request_duration_seconds"}
+    assert names - histogram == want
     assert histogram == {
         f"kubenpu_cri_request_duration_seconds_{s}" for s in ("bucket", "count", "sum")
     }
@@ -152,7 +167,7 @@ def test_otlp_http_push_into_a_prometheus_api(tools, tmp_path):
             assert tel.pusher.push()
         finally:
             tel.shutdown()
-        check_series(vm)
+        check_series(vm, pushed=True)
 
 
 def test_prometheus_scrapes_metrics_and_promtool_is_clean(tools, tmp_path):

@@ -124,6 +124,16 @@ def test_bad_files_are_counted_skips_by_reason(tmp_path: Path) -> None:
     assert got.power_uw == 63000000  # the rest is still read
 
 
+def test_power_input_wins_over_average_of_the_same_channel(tmp_path: Path) -> None:
+    shutil.copytree(TESTDATA / "amd-server", tmp_path, symlinks=True, dirs_exist_ok=True)
+    hwmon = next(tmp_path.glob("sys/devices/*/*/0000:c3:00.0/hwmon/hwmon4"))
+    (hwmon / "power1_input").write_text("71000000\n")
+    [dev] = [d for d in discover(tmp_path) if d.driver == "amdgpu"]
+    got = read_device(dev, tmp_path)
+    assert [v for s, _, v in got.values if s is POWER] == [71.0]
+    assert got.power_uw == 71000000
+
+
 def telemetry(machine: str, tmp_path: Path) -> tuple[Telemetry, Metrics, Clock, Path]:
     shutil.copytree(TESTDATA / machine, tmp_path, symlinks=True, dirs_exist_ok=True)
     clock, metrics = Clock(), Metrics("node", 60, 1000)
