@@ -277,6 +277,4 @@ def test_kubenpuctl_allocations_names_each_id_and_why_one_maps_to_none(result):
     virtio = holders[2][3]
     assert rows[("idle-0", virtio)] == (virtio, None)
     assert rows[("idle-0", "slot-7")] == (None, "unknown_format")
-    assert {device for (pod, _), (device, _) in rows.items() if pod != "idle-0"} == {
-        holders[0][3]
-    }
+    assert {device for (pod, _), (device, _) in rows.items() if pod != "idle-0"} == {holders[0][3]}

@@ -483,7 +483,7 @@ class Node:
         """Submit calls on virtio-gpu (allocated to C only) by containers that hold none of it."""
         virtio = self.devices["virtio_gpu"].id
         return {
-            key[:3] + (virtio,): n
+            (*key[:3], virtio): n
             for key, n in self.expected.items()
             if key[3] == virtio and key[5] == "submit"
         }
