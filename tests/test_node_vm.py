@@ -278,3 +278,88 @@ def test_kubenpuctl_allocations_names_each_id_and_why_one_maps_to_none(result):
     assert rows[("idle-0", virtio)] == (virtio, None)
     assert rows[("idle-0", "slot-7")] == (None, "unknown_format")
     assert {device for (pod, _), (device, _) in rows.items() if pod != "idle-0"} == {holders[0][3]}
+
+
+# --- device telemetry and energy per pod (issue 22) ---------------------------------------------
+
+
+def _testdrm(scrape: dict, metric: str, **labels: str) -> dict[tuple, float]:
+    return {
+        tuple(sorted(s["labels"].items())): s["value"]
+        for s in scrape.get(metric, [])
+        if s["labels"].get("device") == TESTDRM
+        and all(s["labels"].get(k) == v for k, v in labels.items())
+    }
+
+
+def _uj(value: float) -> int:
+    return round(value * 1e6)
+
+
+@pytest.fixture
+def energy(result) -> dict:
+    if result["testdrm_skipped"] or not result["energy"]:
+        pytest.skip("the test driver is not loaded")
+    return result["energy"]
+
+
+def test_the_test_drivers_hwmon_reaches_metrics_with_exact_units(result, energy):
+    """power1_input 25,000,000 µW, power1_cap 150,000,000 µW, temp1_input 45,000 m°C."""
+    scrape = energy["after"]
+    assert list(_testdrm(scrape, "kubenpu_device_power_watts", sensor="power1").values()) == [25.0]
+    limits = _testdrm(scrape, "kubenpu_device_power_limit_watts", limit="cap")
+    assert list(limits.values()) == [150.0]
+    temps = _testdrm(scrape, "kubenpu_device_temperature_celsius", sensor="temp1")
+    assert list(temps.values()) == [45.0]
+    (source,) = [dict(k)["source"] for k in _testdrm(scrape, "kubenpu_device_energy_joules_total")]
+    assert source == "driver"
+    skipped = {s["labels"]["reason"]: s["value"] for s in scrape["kubenpu_telemetry_skipped_total"]}
+    assert skipped.get("unreadable", 0) == 0
+
+
+def test_the_test_drivers_telemetry_reaches_otlp_by_semantic_convention_names(result, energy):
+    otlp = result["otlp_telemetry"]
+    power = [p for p in otlp["hw.power"] if p["attributes"].get("device") == TESTDRM]
+    assert [p["value"] for p in power] == [25.0]
+    assert {"hw.id", "hw.type", "hw.vendor"} <= power[0]["attributes"].keys()
+    assert power[0]["attributes"]["hw.id"] == TESTDRM
+    temps = [p["value"] for p in otlp["hw.temperature"] if p["attributes"].get("device") == TESTDRM]
+    assert temps == [45.0]
+    assert any(p["attributes"].get("device") == TESTDRM for p in otlp["hw.energy"])
+
+
+def _pod_energy(scrape: dict) -> dict[tuple[str, str, str], int]:
+    return {
+        (s["labels"]["namespace"], s["labels"]["pod"], s["labels"]["container"]): _uj(s["value"])
+        for s in scrape.get("kubenpu_energy_joules_total", [])
+        if s["labels"]["device"] == TESTDRM
+    }
+
+
+def _device_share(scrape: dict, metric: str) -> int:
+    return sum(_uj(v) for v in _testdrm(scrape, metric).values())
+
+
+def test_two_pods_split_the_devices_energy_exactly_by_busy_time(energy):
+    """One read saw 36,000 and 12,000 SUBMITs (45 s and 15 s busy, past the 10 s interval, so
+    nothing idle): the 96,000 J the counter rose split 3:1, to the µJ."""
+    assert not energy["read_between"], "a read fell between the marker and the submits' end"
+    before, after = _pod_energy(energy["before"]), _pod_energy(energy["after"])
+    rise = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+    per = energy["uj_per_submit"]
+    assert rise == {
+        ("team-a", "trainer-0", "energy"): energy["submits"]["trainer-0"] * per,
+        ("team-b", "infer-0", "energy"): energy["submits"]["infer-0"] * per,
+    }
+    for share in ("idle", "unattributed"):
+        metric = f"kubenpu_device_energy_{share}_joules_total"
+        assert _device_share(energy["after"], metric) == _device_share(energy["before"], metric)
+
+
+def test_pod_idle_and_unattributed_shares_add_up_to_the_device_counter(energy):
+    for scrape in (energy["before"], energy["after"]):
+        parts = sum(_pod_energy(scrape).values()) + sum(
+            _device_share(scrape, f"kubenpu_device_energy_{share}_joules_total")
+            for share in ("idle", "unattributed")
+        )
+        assert parts == _device_share(scrape, "kubenpu_device_energy_joules_total")

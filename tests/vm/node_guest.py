@@ -28,6 +28,13 @@ share each of the test driver (Intel GPU plugin ids cardN-0, cardN-1 of its card
 device), pod C (team-c/idle-0) one virtio-gpu by its PCI address and never calls it (idle), plus
 an id of no known format (unmapped). A's sidecar and B's server call virtio-gpu unallocated.
 
+Device telemetry and energy per pod (issue 22): the test driver's hwmon (power1_input 25 W,
+power1_cap 150 W, temp1_input 45 °C; energy1_input +2 J per SUBMIT) on /metrics and over OTLP
+(a receiver in the guest). Then container "energy" in pods A and B opens a client each, waits
+(drmcall --wait-signal), and both make 36,000 and 12,000 SUBMITs at one signal, sent just after
+an fdinfo read: the next read's energy increase, 96,000 J, must split 72,000 / 24,000 exactly,
+with no idle share (60 s of busy time in a 10 s interval) and nothing unattributed.
+
 Writes /out/result.json; tests/test_node_vm.py asserts on it.
 """
 
@@ -35,6 +42,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -77,6 +85,7 @@ from guestlib import (
     scrape,
     usage_series,
 )
+from otlp_receiver import OtlpReceiver, attrs
 
 from kubenpu.discovery import Device, discover
 from kubenpu.resolve.cri import LABEL_CONTAINER, LABEL_NAMESPACE, LABEL_POD, LABEL_POD_UID
@@ -122,6 +131,13 @@ ALLOCATIONS_INTERVAL = 2  # attribution.pod_resources.interval_seconds: short fo
 INTEL_GPU = "gpu.intel.com/i915"  # ids cardN-<share> (Intel's GPU plugin)
 TEST_GPU = "kubenpu.test/gpu"  # a plugin of no known format: its ids are PCI addresses
 UNMAPPED_ID = "slot-7"
+
+FDINFO_INTERVAL = 10  # fdinfo.interval_seconds (telemetry and the energy split read with it)
+OTLP_PORT = 4317
+ENERGY_SUBMITS = {POD_A: 36_000, POD_B: 12_000}  # 1.25 ms busy each: 45 s and 15 s
+TESTDRM_PARAMS = Path("/sys/module/kubenpu_testdrm/parameters")
+UJ_PER_SUBMIT = 2_000_000  # the test driver's ENERGY_UJ_PER_SUBMIT
+DEVICE_ENERGY = "kubenpu_device_energy_joules_total"
 
 
 @dataclass(frozen=True)
@@ -171,6 +187,16 @@ def wait_for(what: str, check: Callable[[], T], timeout: float = STEP_TIMEOUT) -
             raise SystemExit(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.5)
     return result
+
+
+def scrape_until(what: str, ok: Callable[[Samples], bool]) -> Samples:
+    """The first scrape that `ok` accepts; fails the run after SETTLE_TIMEOUT seconds."""
+
+    def check() -> Samples | None:
+        prom = scrape()
+        return prom if ok(prom) else None
+
+    return wait_for(what, check, timeout=SETTLE_TIMEOUT)
 
 
 class Kubelet:
@@ -488,6 +514,80 @@ class Node:
             if key[3] == virtio and key[5] == "submit"
         }
 
+    # --- device telemetry and energy per pod (the test driver's hwmon) -------------------------
+
+    def start_waiting(self, pod: Pod) -> tuple[str, list[Step]]:
+        """Container "energy": one counted vgem call (the probe names its process), then waits
+        for SIGUSR1 before opening the test driver and submitting ENERGY_SUBMITS[pod] times."""
+        assert self.testdrm
+        counted = [vgem(CREATE_DUMB, "alloc", 1)]
+        submit = Call.drm(device_node(self.testdrm, "renderD"), TESTDRM_SUBMIT, ENERGY_SUBMITS[pod])
+        first = drmcall_argv(self.calls(counted))
+        argv = [first[0], "--hold", *first[1:], "--wait-signal", *drmcall_argv([submit])[1:]]
+        cid = self.kubelet.start_container(pod, "energy", 0, argv)
+        out = container_log(pod, "energy", 0, 2)  # the counted step, then {"waiting": true}
+        self.tally(pod, "energy", 0, counted, out.splitlines()[0])
+        self.record(pod, "energy", 0, cid)
+        return cid, counted
+
+    @staticmethod
+    def device_energy(prom: Samples) -> float | None:
+        found = [
+            s["value"] for s in prom.get(DEVICE_ENERGY, []) if s["labels"]["device"] == TESTDRM
+        ]
+        return found[0] if found else None
+
+    def after_a_read(self) -> Samples:
+        """A scrape taken just after an fdinfo read: 1 µJ more on the counter shows when."""
+        before = self.device_energy(scrape())
+        base = int((TESTDRM_PARAMS / "energy_uj").read_text())
+        (TESTDRM_PARAMS / "energy_uj").write_text(f"{base + 1}\n")
+        return scrape_until(
+            "an fdinfo read after the 1 µJ marker", lambda p: self.device_energy(p) != before
+        )
+
+    def run_energy(self) -> dict:
+        """Both holders submit at one signal right after a read; the scrapes around the next."""
+        cids = {pod: self.start_waiting(pod)[0] for pod in ENERGY_SUBMITS}
+        self.settle(dict(self.expected))  # both containers known: their pods resolved
+        self.mark("energy holders waiting")
+        before = self.after_a_read()
+        signalled = time.monotonic()
+        for cid in cids.values():
+            os.kill(self.kubelet.status(cid)["pid"], signal.SIGUSR1)
+        for pod in cids:
+            container_log(pod, "energy", 0, 3)
+        submitted = time.monotonic() - signalled
+        mid = scrape()  # no read may have come between the marker's and the submits' end
+        rise = sum(ENERGY_SUBMITS.values()) * UJ_PER_SUBMIT / 1e6
+        start = self.device_energy(before) or 0.0
+        after = scrape_until(
+            "the read after the submits", lambda p: (self.device_energy(p) or 0) >= start + rise
+        )
+        self.mark("energy split")
+        return {
+            "cids": {pod.name: cid for pod, cid in cids.items()},
+            "submits": {pod.name: n for pod, n in ENERGY_SUBMITS.items()},
+            "uj_per_submit": UJ_PER_SUBMIT,
+            "submitted_seconds": round(submitted, 2),
+            "read_between": self.device_energy(mid) != self.device_energy(before),
+            "before": before,
+            "after": after,
+        }
+
+    @staticmethod
+    def otlp_telemetry(receiver: OtlpReceiver) -> dict[str, list[dict]]:
+        """The hw.* points of the last push."""
+        found: dict[str, list[dict]] = {}
+        for _, m in receiver.metrics():
+            if m.name.startswith("hw."):
+                points = getattr(m, m.WhichOneof("data")).data_points
+                found[m.name] = [
+                    {"attributes": attrs(p.attributes), "value": getattr(p, p.WhichOneof("value"))}
+                    for p in points
+                ]
+        return found
+
     # --- containerd, images, agent -----------------------------------------------------------
 
     def start_containerd(self) -> subprocess.Popen:
@@ -529,7 +629,16 @@ class Node:
         # attribution.cri.endpoint: the default, containerd's.
         config = {
             "metrics": {"series_ttl_seconds": TTL},
-            "export": {"prometheus": PROMETHEUS},
+            "export": {
+                "prometheus": PROMETHEUS,
+                "otlp": {
+                    "enabled": True,
+                    "endpoint": f"http://127.0.0.1:{OTLP_PORT}",
+                    "protocol": "grpc",
+                    "interval_seconds": 1,
+                },
+            },
+            "fdinfo": {"interval_seconds": FDINFO_INTERVAL},
             "attribution": {
                 "pod_resources": {
                     "enabled": True,
@@ -562,6 +671,8 @@ class Node:
         self.mark("containerd ready")
         agent = None
         podresources = self.start_podresources()
+        receiver = OtlpReceiver(port=OTLP_PORT)
+        energy: dict = {}
         try:
             self.import_images()
             self.mark("images imported")
@@ -602,8 +713,12 @@ class Node:
                 ).stdout
             )
             self.mark("allocations settled")
+            if self.testdrm:
+                energy = self.run_energy()
+            otlp = self.otlp_telemetry(receiver)
             pod_b = (POD_B.namespace, POD_B.name)
-            self.kubelet.delete_pod(POD_B, [server, gpu_b])
+            energy_b = [energy["cids"][POD_B.name]] if energy else []
+            self.kubelet.delete_pod(POD_B, [server, gpu_b, *energy_b])
             deleted = time.monotonic()
             self.mark("pod B deleted")
             after_expected = {k: v for k, v in self.expected.items() if k[:2] != pod_b}
@@ -617,6 +732,7 @@ class Node:
             containerd.wait(timeout=30)
             podresources.terminate()
             podresources.wait(timeout=30)
+            receiver.stop()
         return {
             "kernel": os.uname().release,
             "runtime": {
@@ -648,6 +764,8 @@ class Node:
                 {"labels": list(k), "value": v} for k, v in self.unallocated_expected().items()
             ],
             "ctl_allocations": ctl_allocations,
+            "energy": energy,
+            "otlp_telemetry": otlp,
             "agent_log": agent.log(),
         }
 
