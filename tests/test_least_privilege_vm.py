@@ -147,6 +147,18 @@ def test_the_charts_capabilities_read_every_fdinfo_holder(guest_out):
         assert "unreadable" not in result[who]["skipped"], result
 
 
+def test_the_charts_capabilities_read_the_test_drivers_telemetry(guest_out):
+    """sysfs and hwmon are world-readable: the chart's set reads the test driver's hwmon whole
+    (power1_input 25 W, energy1_input, temp1_input, power1_cap), with nothing unreadable."""
+    result = _fdinfo_read(guest_out, "fdinfo-chart")
+    if result["testdrm_skipped"]:
+        pytest.skip(f"no test driver: {result['testdrm_skipped']}")
+    device = result["telemetry"]["platform:kubenpu_testdrm"]
+    assert device["power_uw"] == 25_000_000
+    assert device["energy_uj"] is not None and device["values"] >= 4
+    assert "unreadable" not in device["skipped"], device
+
+
 @pytest.mark.parametrize("name", [n for n in FDINFO_PLAN if n != "fdinfo-chart"])
 def test_one_fdinfo_capability_fewer_cannot_read_them_all(guest_out, name):
     result = _fdinfo_read(guest_out, name)

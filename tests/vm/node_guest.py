@@ -52,6 +52,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the OTLP receiver
+
 import cri_test_pb2 as pb
 import grpc
 import oci_image
