@@ -373,6 +373,7 @@ def build(
         on_rebuild=metrics.index_rebuilt,
         on_cri_request=metrics.cri_request,
         on_answer=answered.set,
+        on_exhausted=metrics.descriptors_exhausted,
         concurrency=cri.concurrency,
     )
     services.add("resolver", resolver.close)
@@ -392,6 +393,7 @@ def build(
             cfg.attribution.cgroup_root,
             pending_seconds=pending,
             on_cgroup=attributor.watch,
+            on_exhausted=metrics.descriptors_exhausted,
             clock=time.monotonic,
         )
     telemetry = None

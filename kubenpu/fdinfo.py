@@ -31,6 +31,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Generic, TypeVar
 
+from kubenpu.descriptors import exhausted
 from kubenpu.discovery import Device
 
 # Node directories (discovery's drm_devnode/accel_devnode names), as fd links spell them.
@@ -45,6 +46,8 @@ class Skip(StrEnum):
 
     VANISHED = "vanished"  # the process or fd went away between listing and reading
     UNREADABLE = "unreadable"  # no ptrace-read access (EACCES/EPERM) or another read error
+    # EMFILE/ENFILE: the agent had no descriptor left; what the process holds is unknown.
+    NO_DESCRIPTORS = "no_descriptors"
     MALFORMED = "malformed"  # one drm- line whose value breaks the spec; the rest is kept
     # A value past what the wire formats carry (OTLP int64): a u64 -1 that a driver prints for
     # "unknown", or a KiB size that scales past 2^63. The rest of the file is kept.
@@ -274,10 +277,15 @@ class FdinfoReader:
         return self._by_path.get(target)
 
     def cgroup(self, pid: int) -> str | None:
-        """The cgroup v2 path ("0::" line) of pid; None when gone or v1-only."""
+        """The cgroup v2 path ("0::" line) of pid; None when gone or v1-only. Raises OSError
+        when no descriptor is left (the pid's cgroup is unknown, not none)."""
         try:
             text = (self._proc / str(pid) / "cgroup").read_text()
-        except (OSError, UnicodeDecodeError):
+        except OSError as e:
+            if exhausted(e):
+                raise
+            return None
+        except UnicodeDecodeError:
             return None
         return next((line[3:] for line in text.splitlines() if line.startswith("0::")), None)
 
@@ -286,7 +294,11 @@ def _reason(error: OSError) -> Skip:
     # ENOENT: the fd was closed; ESRCH: the process exited while we read its directory.
     if isinstance(error, FileNotFoundError | ProcessLookupError):
         return Skip.VANISHED
-    return Skip.UNREADABLE
+    return Skip.NO_DESCRIPTORS if exhausted(error) else Skip.UNREADABLE
+
+
+# Skips after which what a pid holds is unknown: its clients are not taken as closed.
+_UNKNOWN = (Skip.UNREADABLE, Skip.NO_DESCRIPTORS)
 
 
 class _Builder:
@@ -301,7 +313,7 @@ class _Builder:
     def skip(self, reason: Skip, count: int = 1, pid: int | None = None) -> None:
         if count:
             self.skipped[reason] += count
-        if reason is Skip.UNREADABLE and pid is not None:
+        if reason in _UNKNOWN and pid is not None:
             self.unreadable.add(pid)  # what it holds is unknown, not closed
 
     def add(self, device: str, pid: int, info: Fdinfo) -> None:
@@ -309,18 +321,25 @@ class _Builder:
         self._clients.setdefault((device, info.client_id), (info, set()))[1].add(pid)
 
     def result(self, cgroup_of: Callable[[int], str | None]) -> Scan:
-        clients = [
-            Client(
-                device=device,
-                driver=info.driver or "",
-                client_id=client_id,
-                pids=sorted(pids),
-                cgroup=cgroup_of(min(pids)),
-                engines=info.engines,
-                memory=info.memory,
+        clients = []
+        for (device, client_id), (info, pids) in sorted(self._clients.items()):
+            try:
+                cgroup = cgroup_of(min(pids))
+            except OSError:  # out of descriptors: left for the next read, not taken as closed
+                self.skip(Skip.NO_DESCRIPTORS)
+                self.unreadable.update(pids)
+                continue
+            clients.append(
+                Client(
+                    device=device,
+                    driver=info.driver or "",
+                    client_id=client_id,
+                    pids=sorted(pids),
+                    cgroup=cgroup,
+                    engines=info.engines,
+                    memory=info.memory,
+                )
             )
-            for (device, client_id), (info, pids) in sorted(self._clients.items())
-        ]
         return Scan(clients, self.skipped, self.drm_fds, self.unreadable)
 
 

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
+from kubenpu.descriptors import WHERE
 from kubenpu.events import Drop
 from kubenpu.fdinfo import Skip
 from kubenpu.resolve import Unattributed
@@ -225,7 +226,8 @@ FDINFO_SKIPPED = Spec(
     "counter",
     "{item}",
     "Processes, fds or lines found while reading fdinfo and not used, by reason: vanished (went "
-    "away mid-read), unreadable (no ptrace-read access), malformed (a drm- line breaking the "
+    "away mid-read), unreadable (no ptrace-read access), no_descriptors (EMFILE/ENFILE: read "
+    "again next time), malformed (a drm- line breaking the "
     "spec), out_of_range (a value past 2^63-1, which OTLP cannot carry), no_client_id (a DRM fd "
     "whose driver prints no usage stats), unknown_device.",
     ("reason",),
@@ -421,6 +423,15 @@ TELEMETRY_SPECS = (
     ENERGY_IDLE,
     ENERGY_UNATTRIBUTED,
 )
+DESCRIPTORS_EXHAUSTED = Spec(
+    "kubenpu.descriptors.exhausted",
+    "counter",
+    "{failure}",
+    "Opens that failed with EMFILE or ENFILE (no file descriptor left), by where: cgroup_walk "
+    "(a cgroup directory; its ids are looked for again), fdinfo (a process's fds, fdinfo or "
+    "cgroup; its clients are read again), metrics_server (an accept).",
+    ("where",),
+)
 SPECS = (
     IOCTL,
     DEVICE_INFO,
@@ -451,6 +462,7 @@ SPECS = (
     *TELEMETRY_SPECS,
     TELEMETRY_SKIPPED,
     POD_ENERGY,
+    DESCRIPTORS_EXHAUSTED,
 )
 # The engine counters a Usage carries, by Spec, in the order of Usage.counters.
 ENGINE_COUNTERS = (ENGINE_BUSY, ENGINE_CYCLES, ENGINE_TOTAL_CYCLES)
@@ -586,6 +598,7 @@ class Metrics:
         self._read_errors = 0
         self._pending_expired = 0
         self._skipped = dict.fromkeys(SKIP_REASONS, 0)
+        self._exhausted = dict.fromkeys(WHERE, 0)
         self._capacity: dict[tuple[Where, str], int] = {}
         self._memory: dict[tuple[Where, str, str], int] = {}
         self._allocations = AllocationState()
@@ -701,6 +714,9 @@ class Metrics:
         with self._lock:
             for reason, n in reasons.items():
                 self._telemetry_skipped[reason] = self._telemetry_skipped.get(reason, 0) + n
+    def descriptors_exhausted(self, where: str, n: int = 1) -> None:
+        with self._lock:
+            self._exhausted[where] = self._exhausted.get(where, 0) + n
 
     def container_gone(self, namespace: str, pod: str, container: str) -> None:
         """The container's cgroup is gone. Unknown containers are ignored."""
@@ -808,6 +824,10 @@ class Metrics:
                 *((spec, self._telemetry_points(spec)) for spec in TELEMETRY_SPECS),
                 (TELEMETRY_SKIPPED, self._by_reason(self._telemetry_skipped)),
                 (POD_ENERGY, self._energy_points()),
+                (
+                    DESCRIPTORS_EXHAUSTED,
+                    [Point({"where": w}, n, self._start_ns) for w, n in self._exhausted.items()],
+                ),
             ]
 
     def _allocation_points(self) -> list[tuple[Spec, list[Point]]]:

@@ -32,8 +32,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from kubenpu.attribution import Hold, Resolve
+from kubenpu.descriptors import FDINFO, Exhaustion, exhausted
 from kubenpu.discovery import Device
-from kubenpu.fdinfo import Client, FdinfoReader, HighWater, Scan
+from kubenpu.fdinfo import Client, FdinfoReader, HighWater, Scan, Skip
 from kubenpu.metrics import ENGINE_COUNTERS, Metrics, Where
 from kubenpu.resolve import Attribution
 
@@ -72,9 +73,11 @@ class Usage:
         pending_seconds: float,
         on_cgroup: Callable[[int], None] = lambda _: None,
         own_cgroup: str = "/sys/fs/cgroup",
+        on_exhausted: Callable[[str, int], None] | None = None,
         clock: Callable[[], float],
     ) -> None:
         self._reader = reader
+        self._exhaustion = Exhaustion(FDINFO, on_exhausted)
         self._metrics = metrics
         self._vendor = {d.id: d.vendor or "" for d in devices}
         self._cgroup_root = cgroup_root
@@ -115,6 +118,10 @@ class Usage:
             scan = self._reader.scan(sorted(self._pids | self._procs()))
         self._interval = {}
         self._metrics.fdinfo_skipped({str(r): n for r, n in scan.skipped.items()})
+        if scan.skipped[Skip.NO_DESCRIPTORS]:
+            self._exhaustion.failed(scan.skipped[Skip.NO_DESCRIPTORS])
+        else:
+            self._exhaustion.ok()
         seen = {(c.device, c.client_id): c for c in scan.clients}
         for key, client in seen.items():
             self._observe(key, client)
@@ -136,8 +143,13 @@ class Usage:
             try:
                 with open(os.path.join(self._dirs[cgroup_id], "cgroup.procs")) as f:
                     pids.update(int(line) for line in f if line.strip())
-            except (OSError, ValueError):
-                del self._dirs[cgroup_id]  # removed: its processes are gone
+            except OSError as e:
+                if exhausted(e):  # the cgroup may well exist: look again at the next read
+                    self._exhaustion.failed()
+                else:
+                    del self._dirs[cgroup_id]  # removed: its processes are gone
+            except ValueError:
+                del self._dirs[cgroup_id]
         return pids
 
     def _observe(self, key: _ClientKey, client: Client) -> None:

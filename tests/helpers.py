@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import json
 import math
+import os
 import re
+import resource
 import socket
 import subprocess
 import sys
@@ -464,3 +467,21 @@ def in_private_bpffs(check: Callable[[Path], T]) -> T:
     if kind == "error":
         raise AssertionError(value)
     return value
+
+
+@contextlib.contextmanager
+def out_of_descriptors() -> Iterator[None]:
+    """Every open in the block fails with EMFILE, as under a real descriptor flood: the soft
+    RLIMIT_NOFILE is lowered to 64 and every free descriptor below it held (restored after)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
+    held: list[int] = []
+    try:
+        with contextlib.suppress(OSError):
+            while True:
+                held.append(os.open(os.devnull, os.O_RDONLY))
+        yield
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

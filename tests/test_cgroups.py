@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from fakes import Clock
+from helpers import out_of_descriptors
 
 from kubenpu.resolve.cgroups import CgroupIndex
 
@@ -241,3 +242,25 @@ def test_births_on_another_thread_while_walking(root: Path, tmp_path: Path) -> N
         assert index.path(missing_id(tmp_path, f"m{misses}")) is None  # a walk each
     thread.join()
     assert {cgroup_id: index.path(cgroup_id) for cgroup_id in ids} == ids
+
+
+def test_a_walk_out_of_descriptors_is_counted_logged_and_retried(
+    root: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A limit of 1,024 and 1,100 idle connections: a new pod's walk failed with EMFILE, no log
+    line, and its cgroup was taken as missing for good (7 of 7 calls not_indexed)."""
+    counted: list[tuple[str, int]] = []
+    index = CgroupIndex(str(root), on_exhausted=lambda where, n: counted.append((where, n)))
+    known = ino(root / CONTAINER)
+    assert index.path(known) == CONTAINER
+    new = root / "kubepods.slice" / "new.scope"
+    new.mkdir()
+    with caplog.at_level(logging.WARNING), out_of_descriptors():
+        index.index([ino(new)])
+        index.index([ino(new)])
+    assert counted and {where for where, _ in counted} == {"cgroup_walk"}
+    assert [r.message for r in caplog.records].count(caplog.records[0].message) == 1
+    assert "out of file descriptors" in caplog.records[0].message
+    assert index.path(known) == CONTAINER  # what the partial walk could not open is kept
+    index.index([ino(new)])  # descriptors back: the next batch walks again and finds it
+    assert index.path(ino(new)) == "kubepods.slice/new.scope"

@@ -8,18 +8,26 @@ CRI here); the reader, the Usage and the Metrics are the real ones.
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 
 import pytest
 from fakes import Clock, FakeResolver
-from helpers import values
+from helpers import out_of_descriptors, values
 
 from kubenpu import top
 from kubenpu.attribution import Attributor
 from kubenpu.discovery import discover
 from kubenpu.fdinfo import FdinfoReader, Scan
-from kubenpu.metrics import ENGINE_BUSY, ENGINE_CAPACITY, FDINFO_SKIPPED, MEMORY, Metrics
+from kubenpu.metrics import (
+    DESCRIPTORS_EXHAUSTED,
+    ENGINE_BUSY,
+    ENGINE_CAPACITY,
+    FDINFO_SKIPPED,
+    MEMORY,
+    Metrics,
+)
 from kubenpu.resolve import Attribution
 from kubenpu.usage import Usage
 
@@ -54,6 +62,7 @@ class Machine:
             pending_seconds=120,
             on_cgroup=self.watched.append,
             own_cgroup=str(self.cgroups / "kubepods" / "agent"),
+            on_exhausted=self.metrics.descriptors_exhausted,
             clock=self.clock,
         )
 
@@ -344,3 +353,23 @@ def test_a_gone_pods_busy_series_retire_after_the_ttl(machine: Machine) -> None:
     assert values(machine.metrics, ENGINE_BUSY, WHERE) == {("a", "main", "render"): 2.0}
     machine.clock.now += 60
     assert values(machine.metrics, ENGINE_BUSY, WHERE) == {}
+
+
+def test_fdinfo_out_of_descriptors_is_counted_logged_and_loses_nothing(
+    machine: Machine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """EMFILE while reading fdinfo was logged as 80 unreadable reads and never counted as what
+    it was; a client whose holder could not be read must not be taken as closed."""
+    machine.cgroup("pod-a", POD_A)
+    machine.process(10, "pod-a", {1: busy(3e9)})
+    machine.read()
+    machine.process(10, "pod-a", {1: busy(5e9)})
+    machine.usage.saw([10], [])
+    with caplog.at_level(logging.WARNING), out_of_descriptors():
+        machine.read()
+        machine.read()
+    assert values(machine.metrics, FDINFO_SKIPPED)[("no_descriptors",)] == 2
+    assert values(machine.metrics, DESCRIPTORS_EXHAUSTED)[("fdinfo",)] == 2
+    assert sum("out of file descriptors" in r.message for r in caplog.records) == 1
+    machine.read()  # descriptors back: the client continues, neither lost nor counted again
+    assert values(machine.metrics, ENGINE_BUSY, WHERE) == {("a", "main", "render"): 5.0}

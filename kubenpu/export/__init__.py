@@ -63,7 +63,7 @@ def start(cfg: Config, metrics: Metrics, health: HealthChecks) -> Exporters:
     tel = Exporters(metrics, build_resource(cfg))
     prom = cfg.export.prometheus
     app = wsgi_app(metrics, tel.resource) if prom.enabled else None  # else only the probes
-    tel.server = MetricsServer(prom, app, health)
+    tel.server = MetricsServer(prom, app, health, metrics.descriptors_exhausted)
     if cfg.export.otlp.enabled:
         from kubenpu.export.otlp import OtlpPusher  # the OTel SDK's metrics modules: only for OTLP
 

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 
 from kubenpu.config import AuthConfig, PrometheusConfig, TlsConfig
+from kubenpu.descriptors import METRICS_SERVER, Exhaustion, exhausted
 from kubenpu.export.errors import ExportError, PortInUseError
 from kubenpu.export.files import read_regular
 
@@ -132,8 +133,10 @@ class MetricsServer:
         cfg: PrometheusConfig,
         metrics_app: Callable[..., Iterable[bytes]] | None,
         health: HealthChecks,
+        on_exhausted: Callable[[str, int], None] | None = None,
     ) -> None:
         self._cfg = cfg
+        self._exhaustion = Exhaustion(METRICS_SERVER, on_exhausted)
         self._app = metrics_app
         self._health = health
         self._auth = _Auth(cfg.auth)
@@ -166,11 +169,15 @@ class MetricsServer:
                 try:
                     conn, _ = await loop.sock_accept(self._sock)
                 except OSError as err:
-                    if not failing:  # EMFILE and friends: once a streak, and back off
+                    if exhausted(err):  # counted, and logged once a streak
+                        self._exhaustion.failed()
+                    elif not failing:  # other errors: once a streak
                         log.warning("metrics server cannot accept: %s; retrying", err.strerror)
                     failing = True
                     await asyncio.sleep(0.1)
                     continue
+                if failing:
+                    self._exhaustion.ok()
                 failing = False
                 await _slot(held, waiting)
                 task = loop.create_task(self._connection(conn, held, answering, waiting))

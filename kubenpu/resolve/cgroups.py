@@ -12,6 +12,8 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
+from kubenpu.descriptors import CGROUP_WALK, Exhaustion, exhausted
+
 log = logging.getLogger(__name__)
 
 # Cgroups indexed at birth that nobody asked about are dropped once gone for this long (most new
@@ -33,8 +35,13 @@ class CgroupIndex:
         root: str = "/sys/fs/cgroup",
         on_rebuild: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        on_exhausted: Callable[[str, int], None] | None = None,
     ) -> None:
         self._root = root
+        self._exhaustion = Exhaustion(CGROUP_WALK, on_exhausted)
+        # The last walk ran out of descriptors: the ids it missed may exist, so they are
+        # looked for again (once per index() batch), not taken as gone.
+        self._partial = False
         self._on_rebuild = on_rebuild
         self._clock = clock
         self._lock = threading.Lock()  # guards the fields below; never held during a walk
@@ -79,7 +86,7 @@ class CgroupIndex:
                         del self._unborn[next(iter(self._unborn))]
 
     def _index_child(self, cgroup_id: int, parent: str, dev: int) -> bool:
-        found = _subdirs(self._root, parent, dev, inode=cgroup_id)
+        found = _subdirs(self._root, parent, dev, self._exhaustion, inode=cgroup_id)
         if found:  # else not visible yet, or already gone: nothing left to name it by
             self._claim_born(cgroup_id, found[0][1])
         return bool(found)
@@ -123,6 +130,8 @@ class CgroupIndex:
         """Walk once for all the ids not known yet, found or missing: 200 first sightings from
         cgroups already removed walked a tree of 10,000 directories 200 times."""
         with self._lock:
+            if self._partial:
+                self._missing.clear()
             unknown = {c for c in cgroup_ids if c not in self._paths and c not in self._missing}
         if not unknown:
             return
@@ -148,8 +157,9 @@ class CgroupIndex:
             return path
 
     def _rebuild(self) -> None:
+        failures = self._exhaustion.total
         try:
-            dev, walked = _walk(self._root)
+            dev, walked = _walk(self._root, self._exhaustion)
             self._root_error = None
         except OSError as e:
             if self._root_error != e.strerror:  # once, not on every miss
@@ -158,12 +168,17 @@ class CgroupIndex:
                 )
             self._root_error = e.strerror
             dev, walked = None, {}
+        partial = self._exhaustion.total != failures
         with self._lock:
-            for cgroup_id in self._unclaimed:
+            # A partial walk keeps every path known before: what it could not open is unknown.
+            for cgroup_id in self._paths if partial else self._unclaimed:
                 walked.setdefault(cgroup_id, self._paths[cgroup_id])
             self._paths, self._dev = walked, dev
             self._missing.clear()
+            self._partial = partial
             self.rebuilds += 1
+        if not partial:
+            self._exhaustion.ok()
         if self._on_rebuild is not None:
             self._on_rebuild()
 
@@ -190,21 +205,25 @@ def _exists(root: str, path: str, cgroup_id: int) -> bool:
         return False
 
 
-def _walk(root: str) -> tuple[int, dict[int, str]]:
-    """The root's device and every cgroup under it by id; OSError if root is unreadable."""
+def _walk(root: str, exhaustion: Exhaustion) -> tuple[int, dict[int, str]]:
+    """The root's device and every cgroup under it by id; OSError if root is unreadable.
+    A directory that cannot be opened for want of a descriptor is counted in exhaustion."""
     top = os.stat(root)
     paths = {top.st_ino: ""}
     stack = [""]
     while stack:
-        for ino, child in _subdirs(root, stack.pop(), top.st_dev):
+        for ino, child in _subdirs(root, stack.pop(), top.st_dev, exhaustion):
             paths[ino] = child
             stack.append(child)
     return top.st_dev, paths
 
 
-def _subdirs(root: str, rel: str, dev: int, inode: int | None = None) -> list[tuple[int, str]]:
+def _subdirs(
+    root: str, rel: str, dev: int, exhaustion: Exhaustion, inode: int | None = None
+) -> list[tuple[int, str]]:
     """(id, path) of rel's child directories on file system dev (only the one with id `inode`
-    if given)."""
+    if given). A directory removed meanwhile has none; one that cannot be opened for want of a
+    descriptor is counted in exhaustion (EMFILE made a new pod's walk find nothing, unlogged)."""
     found = []
     try:
         with os.scandir(os.path.join(root, rel)) as entries:
@@ -225,6 +244,7 @@ def _subdirs(root: str, rel: str, dev: int, inode: int | None = None) -> list[tu
                 # (cgroup v1 and hybrid layouts mount other hierarchies below it).
                 if st.st_dev == dev and (inode is None or st.st_ino == inode):
                     found.append((st.st_ino, os.path.join(rel, entry.name)))
-    except OSError:
-        pass
+    except OSError as e:
+        if exhausted(e):
+            exhaustion.failed()
     return found

@@ -68,11 +68,12 @@ class Resolver:
         on_rebuild: Callable[[], None] | None = None,
         on_cri_request: RequestObserver | None = None,
         on_answer: Callable[[], None] | None = None,
+        on_exhausted: Callable[[str, int], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """on_answer: called (on a pool thread) whenever a CRI lookup has finished, so a caller
         holding counts for it can take the answer at once."""
-        self._index = CgroupIndex(cgroup_root, on_rebuild, clock)
+        self._index = CgroupIndex(cgroup_root, on_rebuild, clock, on_exhausted)
         self._cri = CriClient(cri_endpoint, cri_timeout, cri_retry_after, on_cri_request, clock)
         self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="kubenpu-cri")
         self._closed = False
