@@ -13,6 +13,7 @@ Thread safety: one lock; event-loop calls hold it for a few dict operations, and
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -228,7 +229,8 @@ FDINFO_SKIPPED = Spec(
     "Processes, fds or lines found while reading fdinfo and not used, by reason: vanished (went "
     "away mid-read), unreadable (no ptrace-read access), no_descriptors (EMFILE/ENFILE: read "
     "again next time), malformed (a drm- line breaking the "
-    "spec), out_of_range (a value past 2^63-1, which OTLP cannot carry), no_client_id (a DRM fd "
+    "spec), out_of_range (a value past 2^63-1, which OTLP cannot carry, or an increment taking "
+    "a counter past a double's range), no_client_id (a DRM fd "
     "whose driver prints no usage stats), unknown_device.",
     ("reason",),
 )
@@ -531,6 +533,14 @@ _EngineKey = tuple[str, str, str, str]
 _Unit = tuple[str, str, str]
 
 
+def _finite(value: float) -> bool:
+    """Whether value is a finite double, as Prometheus and OTLP's as_double carry it."""
+    try:
+        return math.isfinite(value)  # an int past ~1.8e308 raises: no double holds it
+    except OverflowError:
+        return False
+
+
 def _unit(namespace: str, pod: str, container: str) -> _Unit:
     return (namespace, pod, "") if pod else (namespace, "", container)
 
@@ -643,15 +653,20 @@ class Metrics:
             self._gone.pop(unit, None)
 
     def add_engine(self, spec: Spec, where: Where, engine: str, amount: float) -> None:
-        """An increment of one of ENGINE_COUNTERS. Its series retire with the pod's calls."""
+        """An increment of one of ENGINE_COUNTERS. Its series retire with the pod's calls.
+        One that would take the counter past what a double holds is skipped (out_of_range):
+        a value no exporter can encode failed every push and scrape while the pod lived."""
         unit = _unit(where.namespace, where.pod, where.container)
         with self._lock:
             rec = self._pods.get(unit)
+            key = (where.container, where.device, where.vendor, engine)
+            total = (0 if rec is None else rec.engines.get(spec, {}).get(key, 0)) + amount
+            if not _finite(total):
+                self._skipped[Skip.OUT_OF_RANGE] += 1
+                return
             if rec is None:
                 rec = self._pods[unit] = _Pod(time.time_ns())
-            series = rec.engines.setdefault(spec, {})
-            key = (where.container, where.device, where.vendor, engine)
-            series[key] = series.get(key, 0) + amount
+            rec.engines.setdefault(spec, {})[key] = total
             self._live(rec, unit, where.container)
 
     def set_usage_gauges(

@@ -21,22 +21,25 @@ from fakes import Clock
 from helpers import (
     StubHealth,
     calls,
-    eventually,
     free_port,
     ioctl,
     make_config,
     scrape,
     start_telemetry,
+    values,
 )
 from otlp_receiver import OtlpHttpReceiver, OtlpReceiver, attrs
 
 from kubenpu import __version__, config, export
 from kubenpu.metrics import (
+    ENGINE_BUSY,
     ENGINE_CYCLES,
     EXPORT_ERRORS,
+    FDINFO_SKIPPED,
     OVERFLOW_ATTRS,
     DeviceRow,
     Metrics,
+    Point,
     Spec,
     Where,
 )
@@ -740,17 +743,52 @@ def test_a_counter_past_int64_is_pushed_as_a_double(tmp_path, any_receiver):
     assert rx.values("kubenpu.otlp.export.errors") == {frozenset(): 0}
 
 
-def test_a_value_nothing_can_carry_fails_one_push_counted_and_logged(tmp_path, root_log):
-    with OtlpReceiver() as rx:
-        cfg = make_config(tmp_path, otlp_yaml(rx.port))
-        cfg.export.otlp.interval_seconds = 0.01
-        tel = start_telemetry(cfg)
-        try:
-            tel.metrics.add_engine(ENGINE_CYCLES, CYCLES_WHERE, "rcs", 10**400)  # > any double
-            # The push thread goes on pushing (and failing): the errors keep being counted.
-            eventually(lambda: values_of(tel.metrics, EXPORT_ERRORS) >= 3, "three failed pushes")
-        finally:
-            tel.shutdown()
+def test_an_increment_past_a_double_is_skipped_at_the_edge_and_pushes_go_on(tmp_path, any_receiver):
+    """A counter above ~1e308 (an int no double holds, or a float sum that became inf) failed
+    every push and every scrape while the pod lived."""
+    protocol, rx = any_receiver
+    cfg = make_config(tmp_path, otlp_yaml(rx.port, f"    protocol: {protocol}\n"))
+    cfg.export.prometheus.enabled = True
+    tel = start_telemetry(cfg)
+    try:
+        tel.metrics.add_engine(ENGINE_CYCLES, CYCLES_WHERE, "rcs", 10**400)  # > any double
+        tel.metrics.add_engine(ENGINE_BUSY, CYCLES_WHERE, "rcs", 1e308)
+        tel.metrics.add_engine(ENGINE_BUSY, CYCLES_WHERE, "rcs", 1e308)  # the sum: inf
+        calls(tel.metrics, "ns", "p", "c", 3)
+        assert tel.pusher.push()
+        assert 'kubenpu_engine_busy_seconds_total{container="c"' in scrape(tel.server.port)
+    finally:
+        tel.shutdown()
+    assert values(tel.metrics, FDINFO_SKIPPED)[("out_of_range",)] == 2
+    assert list(rx.values("kubenpu.engine.busy").values()) == [1e308]
+    assert rx.values("kubenpu.ioctl") == {ioctl("ns", "p", "c"): 3}
+    assert rx.values("kubenpu.otlp.export.errors") == {frozenset(): 0}
+
+
+def test_an_encoding_failure_is_a_counted_export_error_and_the_next_push_goes_out(
+    tmp_path, any_receiver, root_log, monkeypatch
+):
+    """The edge keeps such values out (above); planted past it, an encoding failure must fail
+    one push, counted and logged, while that push's other requests and the next push go out.
+    (Planted by wrapping Metrics.collect: nothing real can make such a value any more.)"""
+    protocol, rx = any_receiver
+    tel = start_pushing(tmp_path, protocol, rx.port, "    max_request_bytes: 65536\n", 60)
+    for i in range(1000):
+        calls(tel.metrics, "ns", f"p{i}", "c", 1)
+    collect = tel.metrics.collect
+    planted = [Point(dict(CYCLES_WHERE._asdict(), engine="rcs"), 10**400, 0)]
+    poisoned = iter([[(ENGINE_CYCLES, planted), *collect()]])  # in the first request
+    monkeypatch.setattr(tel.metrics, "collect", lambda: next(poisoned, None) or collect())
+    try:
+        assert not tel.pusher.push()
+        assert len(rx.requests) > 1  # the batches without the value went out
+        assert len(rx.values("kubenpu.ioctl", 0)) > 0
+        sent = len(rx.requests)
+        assert tel.pusher.push()
+        assert len(rx.requests) > sent
+    finally:
+        tel.shutdown()
+    assert values_of(tel.metrics, EXPORT_ERRORS) == 1
     lines = [r.getMessage() for r in root_log.records if r.name == "kubenpu.export.otlp"]
     assert "failed (1 in a row): cannot encode the push: OverflowError" in lines[0]
 

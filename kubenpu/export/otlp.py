@@ -54,7 +54,8 @@ _REQUEST_BYTES = 8 * 5  # resource and scope metrics, resource, scope, its name 
 
 def _wire(value: float) -> float:
     """OTLP's as_int is an int64: a larger int (a sum of clients' cycle counters) goes as a
-    double, as Prometheus would hold it; float() raises only past 1e308, caught by push()."""
+    double, as Prometheus would hold it; float() raises only past 1e308 (Metrics refuses
+    such increments), caught by _send()."""
     return value if not isinstance(value, int) or value in _INT64 else float(value)
 
 
@@ -225,18 +226,24 @@ class OtlpPusher:
         return False
 
     def _send(self, snapshot: _Snapshot) -> str | None:
-        """Export the snapshot's batches; why not, at the first that fails (the rest would
-        most likely fail alike, each costing a timeout)."""
+        """Export the snapshot's batches; why not, at the first the receiver refuses (the rest
+        would most likely fail alike, each costing a timeout). A batch that cannot be encoded
+        fails the push, but the other batches still go out."""
         deadline = time.monotonic() + self._cfg.timeout_seconds
+        failed = None
         for batch in batches(snapshot, self._resource, self._cfg.max_request_bytes):
             left = deadline - time.monotonic()
             if left <= 0:
                 return f"the push took longer than {self._cfg.timeout_seconds}s"
-            data = metrics_data(batch, self._resource)
+            try:
+                data = metrics_data(batch, self._resource)
+            except Exception as err:  # a value the encoder refuses: this batch, not the push
+                failed = failed or f"cannot encode the push: {type(err).__name__}: {err}"
+                continue
             result = self._exporter.export(data, timeout_millis=left * 1000)
             if result is not MetricExportResult.SUCCESS:
                 return self._last.text or "unknown error"
-        return None
+        return failed
 
     def shutdown(self) -> bool:
         """Push the final counts within one OTLP timeout, close the connection; True if they
