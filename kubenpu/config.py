@@ -215,8 +215,8 @@ _METADATA_VALUE = re.compile(r"[\x20-\x7e]*")
 
 def _header_key(key: str) -> str:
     key = key.strip().lower()
-    if not _METADATA_KEY.fullmatch(key) or key.startswith("grpc-"):
-        raise ValueError(f"header {short(key)} is not a valid header name")
+    if not _METADATA_KEY.fullmatch(key) or key.startswith("grpc-") or len(key) > 256:
+        raise ValueError(f"header {short(key)} is not a valid header name (<= 256 characters)")
     return key
 
 

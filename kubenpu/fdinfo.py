@@ -85,7 +85,10 @@ _VALUE = re.compile(r"(-?\d{1,20})\s*([A-Za-z]*)")
 MAX_VALUE = 2**63 - 1  # OTLP's int64 data points; a Prometheus float holds it too
 # A DRM fdinfo file is a few hundred bytes; what is past this is cut at a line and counted.
 _MAX_FDINFO = 64 * 1024
-_PDEV = re.compile(r"[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+_PDEV = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+# Engine and region names become labels, the driver's name a column: the kernel's are a few
+# characters ("render", "vram0"); a longer one is malformed, not a label of any length.
+_MAX_NAME = 64
 
 # {name: {field: value}}: only the fields the driver printed.
 Stats = dict[str, dict[str, int]]
@@ -147,8 +150,9 @@ def _parse_line(info: Fdinfo, legacy: Stats, key: str, value: str) -> Skip | Non
     """Store one drm- key; why not when its value is not used."""
     # A skipped value never overwrites a good one printed earlier.
     if key == "drm-driver":
-        info.driver = value or info.driver
-        return None if value else Skip.MALFORMED
+        valid = 0 < len(value) <= _MAX_NAME
+        info.driver = value if valid else info.driver
+        return None if valid else Skip.MALFORMED
     if key == "drm-pdev":
         valid = _PDEV.fullmatch(value.lower()) is not None
         info.pdev = value.lower() if valid else info.pdev
@@ -174,7 +178,7 @@ def _parse_line(info: Fdinfo, legacy: Stats, key: str, value: str) -> Skip | Non
 
 
 def _store(stats: Stats, name: str, what: str, number: int | Skip) -> Skip | None:
-    if not name:
+    if not name or len(name) > _MAX_NAME:
         return Skip.MALFORMED
     if isinstance(number, Skip):
         return number

@@ -125,7 +125,8 @@ UNATTRIBUTED = Spec(
     "Calls counted in kubenpu_ioctl_total with empty namespace/pod/container, by reason: "
     "not_indexed (no cgroup found), not_pod (host process outside any pod), "
     "container_not_found (cgroup not known to the CRI), cri_error (CRI request failed), "
-    "pending_full (held for a pod the CRI could not name yet, but the pending table was full).",
+    "pending_full (held for a pod the CRI could not name yet, but the pending table was full), "
+    "label_too_long (the CRI's labels break Kubernetes' length limits).",
     ("reason",),
 )
 CRI_DURATION = Spec(

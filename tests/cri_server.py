@@ -41,6 +41,7 @@ class CriTestServer(api_pb2_grpc.RuntimeServiceServicer):
         self.requests: Counter[str] = Counter()  # ContainerStatus requests per container id
         self.lists = 0  # ListContainers requests
         self.listed = True  # False: ListContainers answers UNIMPLEMENTED
+        self.version = "0.1.0"  # the runtime_version Version answers
         self._unavailable = False
         self._delay = 0.0
         self._release = threading.Event()  # ends slow answers early on stop()
@@ -123,7 +124,7 @@ class CriTestServer(api_pb2_grpc.RuntimeServiceServicer):
         return api_pb2.VersionResponse(
             version="0.1.0",
             runtime_name=RUNTIME_NAME,
-            runtime_version="0.1.0",
+            runtime_version=self.version,
             runtime_api_version="v1",
         )
 

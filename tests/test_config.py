@@ -330,6 +330,7 @@ def test_header_keys_are_lowercased_as_the_otel_sdk_does(tmp_path: Path) -> None
         ("", {"OTEL_EXPORTER_OTLP_HEADERS": "grpc-timeout=s3cret"}),
         ("export: {otlp: {headers: {'a:b': s3cret}}}", {}),
         ('export: {otlp: {headers: {authorization: "s3cret\\u00e9"}}}', {}),
+        ("", {"OTEL_EXPORTER_OTLP_HEADERS": "k" * 257 + "=s3cret"}),  # keys were unbounded
     ],
 )
 def test_invalid_headers_one_line_without_the_value(tmp_path: Path, text, env) -> None:

@@ -210,3 +210,30 @@ def test_close_ends_a_running_request(server: CriTestServer, sock: str) -> None:
     assert c.lookup(CID) == Attribution(reason="cri_error")
     assert server.requests[CID] == 1
     assert requests.oks == []
+
+
+@pytest.mark.parametrize(
+    "namespace, pod, container",
+    [("n" * 64, "p", "c"), ("n", "p" * 254, "c"), ("n", "p", "c" * 64), ("", "", "c" * 254)],
+    ids=["namespace", "pod", "container", "unlabelled-container"],
+)
+def test_labels_past_kubernetes_limits_are_a_counted_skip(
+    server: CriTestServer, sock: str, namespace: str, pod: str, container: str, caplog
+) -> None:
+    """A runtime's names had no bound: a megabyte of pod name became a label of every series.
+    Kubernetes' own limits: namespace and container name 63 (DNS labels), pod name 253."""
+    server.add_container(OTHER, namespace, pod, container)
+    with caplog.at_level(logging.WARNING):
+        assert client(sock).lookup(OTHER) == Attribution(reason="label_too_long")
+        assert client(sock).containers()[OTHER] == Attribution(reason="label_too_long")
+    assert "longer than Kubernetes allows" in caplog.text
+
+
+def test_labels_at_kubernetes_limits_are_kept(server: CriTestServer, sock: str) -> None:
+    server.add_container(OTHER, "n" * 63, "p" * 253, "c" * 63)
+    assert client(sock).lookup(OTHER) == Attribution("n" * 63, "p" * 253, "c" * 63)
+
+
+def test_a_runtime_version_is_cut_for_its_log_line(server: CriTestServer, sock: str) -> None:
+    server.version = "v" * 100_000
+    assert len(client(sock).version() or "") < 600

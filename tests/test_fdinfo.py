@@ -80,6 +80,11 @@ def test_units_scale_to_base_units() -> None:
         "drm-pdev:\tsomewhere",
         "drm-driver:",
         "drm-engine-render 5 ns",  # no colon
+        # Names become labels: a megabyte of engine or region name is no label.
+        "drm-engine-" + "r" * 65 + ":\t5 ns",
+        "drm-resident-" + "v" * 65 + ":\t5",
+        "drm-driver:\t" + "d" * 65,
+        "drm-pdev:\t000000000:03:00.0",  # a domain past 32 bits
     ],
 )
 def test_a_line_breaking_the_spec_is_counted_and_dropped(line: str) -> None:

@@ -11,6 +11,9 @@ class Unattributed(StrEnum):
     NOT_POD = "not_pod"  # a host process, or a container kubelet did not create
     CONTAINER_NOT_FOUND = "container_not_found"  # in a pod, but no container the runtime knows
     CRI_ERROR = "cri_error"  # the runtime did not answer
+    # The runtime's labels break Kubernetes' own length limits (cri.LABEL_LIMITS): a hostile or
+    # broken runtime's megabyte of pod name is not made a label of every series.
+    LABEL_TOO_LONG = "label_too_long"
     # Not a resolver answer: the agent held calls for a pending lookup, but its table was full.
     PENDING_FULL = "pending_full"
 

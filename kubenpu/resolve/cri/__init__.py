@@ -26,6 +26,14 @@ LABEL_POD = "io.kubernetes.pod.name"
 LABEL_POD_UID = "io.kubernetes.pod.uid"
 LABEL_CONTAINER = "io.kubernetes.container.name"
 
+# Kubernetes' own limits: a namespace and a container name are DNS labels (63), a pod name a
+# DNS subdomain (253). A container kubelet did not create is named by its CRI metadata, which
+# has no limit of Kubernetes': it gets the subdomain's. Longer: label_too_long, empty labels.
+LABEL_LIMITS = {LABEL_NAMESPACE: 63, LABEL_POD: 253, LABEL_CONTAINER: 63}
+_NAME_LIMIT = 253
+# The runtime's name and version go into one log line.
+_VERSION_LIMIT = 128
+
 # Called once per RPC sent, from the thread that sent it: its duration and whether the runtime
 # answered. NOT_FOUND is an answer (ok=True); UNAVAILABLE, deadline and other failures are not
 # (ok=False).
@@ -82,7 +90,10 @@ class CriClient:
         v = self._ask("Version", api_pb2.VersionRequest(version="v1"))
         if isinstance(v, Unattributed):
             return None
-        return f"{v.runtime_name} {v.runtime_version} (CRI {v.runtime_api_version})"
+        name, version, api = (
+            s[:_VERSION_LIMIT] for s in (v.runtime_name, v.runtime_version, v.runtime_api_version)
+        )
+        return f"{name} {version} (CRI {api})"
 
     def lookup(self, container_id: str) -> Attribution:
         """The container's pod; container_not_found if the runtime does not know it (yet),
@@ -174,6 +185,15 @@ class CriClient:
 
 def _attribution(status: api_pb2.ContainerStatus | api_pb2.Container) -> Attribution:
     labels = status.labels
+    if any(len(labels.get(k, "")) > n for k, n in LABEL_LIMITS.items()) or (
+        len(status.metadata.name) > _NAME_LIMIT
+    ):
+        log.warning(
+            "CRI container %.64s: a label longer than Kubernetes allows (namespace and "
+            "container 63, pod 253 characters): its calls get empty labels (label_too_long)",
+            status.id,
+        )
+        return Attribution(reason=Unattributed.LABEL_TOO_LONG)
     container = labels.get(LABEL_CONTAINER) or status.metadata.name
     if not (labels.get(LABEL_NAMESPACE) and labels.get(LABEL_POD)):
         # A container kubelet did not create (e.g. started with ctr or nerdctl).
