@@ -475,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=__version__)
     args = parser.parse_args(argv)
     if args.check_config:
-        return config.check_config(args.check_config)
+        return config.check_config(args.check_config, export.certs.problems)
     try:
         cfg = config.load(args.config)
     except config.ConfigError as err:

@@ -12,7 +12,7 @@ import os
 import re
 import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Annotated, Any, Literal
 from urllib.parse import unquote, urlsplit
 
@@ -457,14 +457,17 @@ def dump(cfg: Config) -> str:
     return yaml.safe_dump(raw, sort_keys=False)
 
 
-def check_config(path: str) -> int:
+def check_config(path: str, warnings: Callable[[Config], Iterable[str]] = lambda _: ()) -> int:
     """`kubenpu-agent --check-config`: print the effective config and return 0, or the problems
-    (one line each, on stderr) and return 2."""
+    (one line each, on stderr) and return 2. `warnings` (e.g. an expired certificate) go to
+    stderr, one line each, and do not fail the check."""
     try:
         cfg = load(path)
     except ConfigError as err:
         for problem in err.problems:
             print(problem, file=sys.stderr)
         return 2
+    for warning in warnings(cfg):
+        print(f"warning: {warning}", file=sys.stderr)
     sys.stdout.write(dump(cfg))
     return 0

@@ -435,6 +435,14 @@ DESCRIPTORS_EXHAUSTED = Spec(
     "cgroup; its clients are read again), metrics_server (an accept).",
     ("where",),
 )
+TLS_EXPIRY = Spec(
+    "kubenpu.tls.certificate.expiry_timestamp",
+    "gauge",
+    "s",
+    "The earliest notAfter (Unix time) of the certificates in each configured TLS certificate "
+    "file, by setting; checked at start.",
+    ("setting",),
+)
 SPECS = (
     IOCTL,
     DEVICE_INFO,
@@ -466,6 +474,7 @@ SPECS = (
     TELEMETRY_SKIPPED,
     POD_ENERGY,
     DESCRIPTORS_EXHAUSTED,
+    TLS_EXPIRY,
 )
 # The engine counters a Usage carries, by Spec, in the order of Usage.counters.
 ENGINE_COUNTERS = (ENGINE_BUSY, ENGINE_CYCLES, ENGINE_TOTAL_CYCLES)
@@ -610,6 +619,7 @@ class Metrics:
         self._pending_expired = 0
         self._skipped = dict.fromkeys(SKIP_REASONS, 0)
         self._exhausted = dict.fromkeys(WHERE, 0)
+        self._certificates: dict[str, float] = {}
         self._capacity: dict[tuple[Where, str], int] = {}
         self._memory: dict[tuple[Where, str, str], int] = {}
         self._allocations = AllocationState()
@@ -734,6 +744,11 @@ class Metrics:
         with self._lock:
             self._exhausted[where] = self._exhausted.get(where, 0) + n
 
+    def set_certificates(self, not_after: dict[str, float]) -> None:
+        """Each configured certificate file's earliest notAfter, by setting."""
+        with self._lock:
+            self._certificates = dict(not_after)
+
     def container_gone(self, namespace: str, pod: str, container: str) -> None:
         """The container's cgroup is gone. Unknown containers are ignored."""
         unit = _unit(namespace, pod, container)
@@ -843,6 +858,13 @@ class Metrics:
                 (
                     DESCRIPTORS_EXHAUSTED,
                     [Point({"where": w}, n, self._start_ns) for w, n in self._exhausted.items()],
+                ),
+                (
+                    TLS_EXPIRY,
+                    [
+                        Point({"setting": k}, t, self._start_ns)
+                        for k, t in self._certificates.items()
+                    ],
                 ),
             ]
 

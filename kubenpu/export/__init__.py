@@ -16,6 +16,7 @@ from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 
 from kubenpu import __version__
 from kubenpu.config import Config
+from kubenpu.export import certs
 from kubenpu.export.errors import ExportError, PortInUseError
 from kubenpu.export.prometheus import wsgi_app
 from kubenpu.export.server import HealthChecks, MetricsServer
@@ -24,7 +25,7 @@ from kubenpu.metrics import Metrics
 if TYPE_CHECKING:
     from kubenpu.export.otlp import OtlpPusher
 
-__all__ = ["ExportError", "Exporters", "PortInUseError", "build_resource", "start"]
+__all__ = ["ExportError", "Exporters", "PortInUseError", "build_resource", "certs", "start"]
 
 
 def build_resource(cfg: Config) -> Resource:
@@ -61,6 +62,9 @@ def start(cfg: Config, metrics: Metrics, health: HealthChecks) -> Exporters:
     """Serve /metrics, /healthz and /readyz and start the OTLP pusher, for the agent's
     `metrics` and `health`. Raises ExportError."""
     tel = Exporters(metrics, build_resource(cfg))
+    found = certs.check(cfg)
+    certs.warn(found)
+    metrics.set_certificates({v.setting: v.not_after for v in found})
     prom = cfg.export.prometheus
     app = wsgi_app(metrics, tel.resource) if prom.enabled else None  # else only the probes
     tel.server = MetricsServer(prom, app, health, metrics.descriptors_exhausted)
