@@ -405,7 +405,7 @@ def build(
         _start_allocations(cfg, found, metrics, services)
     kernel = open_kernel(cfg.probe, devices, debug)
     # A new cgroup is indexed on the polling thread at once: it may be gone by the next flush.
-    probe = Probe(kernel, tally, on_birth=lambda born: resolver.cgroup_born(*born))
+    probe = Probe(kernel, tally, on_births=resolver.cgroups_born)
     services.add("probe", probe.close)
     return Agent(
         probe=probe,

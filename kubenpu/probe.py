@@ -22,15 +22,21 @@ class Probe:
     - ``events``: each ring-buffer record is one call; there is no map to read.
     In both modes `read()` turns the kernel's `lost` counters into increments. A record that
     cannot be decoded is skipped and counted as a `bad_record` drop. Birth records (a new cgroup,
-    both modes) go to `on_birth` at once, on the polling thread.
+    both modes) go to `on_births` on the polling thread, all those of one poll at once, after
+    the poll's calls are in the Tally: a flood of births costs one scan per parent directory,
+    not one per birth, and delays no call.
     """
 
     def __init__(
-        self, kernel: Kernel, tally: Tally, on_birth: Callable[[Birth], None] | None = None
+        self,
+        kernel: Kernel,
+        tally: Tally,
+        on_births: Callable[[list[Birth]], None] | None = None,
     ) -> None:
         self._kernel = kernel
         self._tally = tally
-        self._on_birth = on_birth
+        self._on_births = on_births
+        self._births: list[Birth] = []  # of the poll in progress
         self._aggregate = kernel.aggregate
         self.mode = "aggregate" if kernel.aggregate else "events"
         self._counts: Deltas[Key] = Deltas()
@@ -45,8 +51,8 @@ class Probe:
         # Runs inside BCC's ctypes callback, where an exception would only be printed.
         try:
             if (born := birth(data)) is not None:
-                if self._on_birth is not None:
-                    self._on_birth(born)
+                if self._on_births is not None:
+                    self._births.append(born)
             elif self._aggregate:
                 self._tally.add_sighting(data)
             else:
@@ -58,8 +64,14 @@ class Probe:
                 log.warning("ring-buffer record skipped (counted as bad_record): %s", exc)
 
     def poll(self, timeout_ms: int) -> None:
-        """Deliver pending records to the Tally, waiting up to timeout_ms for the first."""
-        self._kernel.poll(timeout_ms)
+        """Deliver pending records to the Tally, waiting up to timeout_ms for the first; then
+        the poll's births to on_births."""
+        try:
+            self._kernel.poll(timeout_ms)
+        finally:  # a poll that failed midway: the births it delivered are still indexed
+            births, self._births = self._births, []
+            if births and self._on_births is not None:
+                self._on_births(births)
 
     def read(self, counts: bool = True) -> None:
         """Add the kernel counters' increments to the Tally; the counts map only if `counts`.

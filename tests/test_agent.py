@@ -9,6 +9,7 @@ import io
 import json
 import logging
 import os
+import struct
 import subprocess
 import sys
 import threading
@@ -757,3 +758,30 @@ def test_a_wedged_poll_thread_fails_liveness(running):
         eventually(lambda: agent.health.live() == stale, "liveness fails for the poll thread")
     finally:
         kernel.release.set()
+
+
+def test_a_flood_of_births_for_vanished_cgroups_delays_no_later_call(
+    cgroups, resolver, monkeypatch
+):
+    """5,000 birth records for cgroups already removed delayed a later call by 20 s: each birth
+    scanned its parent's directory (2,000 siblings here) twice, and again at the next birth,
+    with a pause between, on the poll thread. Now one poll's births share one scan per parent:
+    the call is counted after one poll and one cycle, and the directory scanned 3 times."""
+    parent = cgroups / "kubepods" / "besteffort"
+    for i in range(2000):
+        (parent / f"pod-sibling-{i}").mkdir()
+    kernel = FakeKernel(aggregate=False)
+    agent = make_agent(kernel, resolver)
+    agent.probe = Probe(kernel, agent.tally, on_births=resolver.cgroups_born)
+    agent.attach()
+    births = [struct.pack("<QQ", 1 << 40 | i, parent.stat().st_ino) for i in range(5000)]
+    kernel.emit(*births)
+    kernel.calls(key(os.stat(cgroups / POD_DIR).st_ino), 1)
+    scans: list[str] = []
+    real_scandir = os.scandir
+    monkeypatch.setattr(os, "scandir", lambda p: scans.append(str(p)) or real_scandir(p))
+    agent.probe.poll(0)  # one step of the poll loop takes every record, births and the call
+    monkeypatch.setattr(os, "scandir", real_scandir)
+    agent.cycle()
+    assert values(agent.metrics, IOCTL) == {(*POD, "alloc"): 1}
+    assert scans.count(str(parent)) <= 3

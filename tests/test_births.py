@@ -1,5 +1,6 @@
 """Cgroup births (the kernel's tp_btf cgroup_mkdir records) through the real Probe: in both probe
-modes they reach on_birth at once, on the polling thread, and are never taken for a call."""
+modes they reach on_births at the end of the poll, on the polling thread, and are never taken for
+a call."""
 
 import struct
 
@@ -23,7 +24,7 @@ def test_births_reach_on_birth_and_calls_the_tally(aggregate: bool) -> None:
     kernel = FakeKernel(aggregate=aggregate)
     tally = Tally(max_keys=16)
     births: list[Birth] = []
-    probe = Probe(kernel, tally, on_birth=births.append)
+    probe = Probe(kernel, tally, on_births=births.extend)
     probe.start()
     kernel.emit(BIRTH)
     kernel.calls(Key(7, 226, 0, 2), 3)

@@ -131,10 +131,13 @@ class Resolver:
         return lookup.failure or Attribution(reason=Unattributed.CRI_ERROR)
 
     def cgroup_born(self, cgroup_id: int, parent_id: int) -> None:
-        """A new cgroup (from the kernel): index it now, so it stays attributable even if its
-        directory is removed right after. Cheap (no walk once the index is built, no CRI);
-        safe to call from another thread."""
-        self._index.cgroup_born(cgroup_id, parent_id)
+        self.cgroups_born([(cgroup_id, parent_id)])
+
+    def cgroups_born(self, births: Iterable[tuple[int, int]]) -> None:
+        """New cgroups (id, parent id) from the kernel: index them now, so they stay
+        attributable even if their directories are removed right after. Cheap (one scan per
+        parent, no walk once the index is built, no CRI); safe to call from another thread."""
+        self._index.cgroups_born(births)
 
     def alive(self, cgroup_id: int) -> bool:
         return self._index.alive(cgroup_id)
