@@ -16,6 +16,7 @@ rm -f "$out"/{micro,bench}.json "$out"/table.md
 echo "bench: host micro-benchmark" >&2
 "$py" "$repo/bench/micro.py" --json "$out/micro.json" >&2
 "$py" "$repo/bench/scrape_stress.py" --json "$out/scrape.json" >&2  # /metrics under load, host-side
+"$py" "$repo/bench/stress.py" --json "$out/stress.json" >&2  # idle floods, big trees, push sizes
 echo "bench: guest benchmark on $kernel (several minutes under TCG)" >&2
 "$repo/tests/vm/run.sh" "$kernel" /src/bench/bench.sh "$out" >"$out/run.log" 2>&1 || {
   echo "bench: the guest run failed; see $out/run.log and $out/console.log" >&2
