@@ -55,6 +55,32 @@ def serve(series: int, port: int) -> None:
     tel.shutdown()
 
 
+def start_server(series: int) -> tuple[subprocess.Popen[str], int]:
+    """The child serving on a free port, once it is ready: (process, port). Stop it with
+    communicate("")."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    child = subprocess.Popen(
+        [sys.executable, __file__, "--serve", str(port), "--series", str(series)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert child.stdout is not None
+    assert child.stdout.readline() == "ready\n", "the metrics server did not start"
+    return child, port
+
+
+def report(name: str, result: dict[str, object], path: str | None) -> None:
+    """One line per figure on stdout, and the JSON file when asked for."""
+    for key, value in result.items():
+        print(f"{name} {key}: {value}")
+    if path:
+        Path(path).write_text(json.dumps(result, indent=1) + "\n")
+
+
 def proc_status(pid: int) -> tuple[int, float]:
     """(threads, RSS in MB) of a process."""
     fields = dict(
@@ -141,18 +167,7 @@ def main() -> int:
     if args.attach:
         pid, port = map(int, args.attach.split(":"))
     else:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        child = subprocess.Popen(
-            [sys.executable, __file__, "--serve", str(port), "--series", str(args.series)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-        )
-        assert child.stdout is not None
-        assert child.stdout.readline() == "ready\n", "the metrics server did not start"
+        child, port = start_server(args.series)
         pid = child.pid
     try:
         result = stress(pid, port, args.idle, args.scrapes, args.rounds)
@@ -160,10 +175,7 @@ def main() -> int:
         if child:
             child.communicate("", timeout=60)
     result |= {"idle": args.idle, "scrapes": args.scrapes, "series": args.series}
-    for key, value in result.items():
-        print(f"scrape_stress {key}: {value}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    report("scrape_stress", result, args.json)
     return 0
 
 

@@ -19,11 +19,7 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import json
-import os
 import resource
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from scrape_stress import open_idle, percentiles, proc_status  # noqa: E402
+from scrape_stress import open_idle, percentiles, proc_status, report, start_server  # noqa: E402
 
 PROBE_TIMEOUT = 5.0  # seconds a probe may take to count as answered
 
@@ -51,17 +47,7 @@ def probe(port: int) -> float:
 
 
 def idle_probes(idle: int, hold: float) -> dict[str, object]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    child = subprocess.Popen(
-        [sys.executable, str(ROOT / "bench" / "scrape_stress.py"), "--serve", str(port)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    assert child.stdout is not None and child.stdout.readline() == "ready\n"
+    child, port = start_server(2000)
     try:
         held = open_idle(port, idle)
         times: list[float] = []
@@ -185,10 +171,7 @@ def main() -> int:
         "tree_misses": tree_misses(args.cgroups, args.misses),
         "push_sizes": [push_sizes(int(n)) for n in args.series.split(",")],
     }
-    for key, value in result.items():
-        print(f"stress {key}: {value}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    report("stress", result, args.json)
     return 0
 
 
