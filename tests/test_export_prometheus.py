@@ -103,6 +103,7 @@ def fill(tel: export.Exporters) -> None:
     m.set_telemetry("0000:03:00.0", [(spec, hw, 1.5) for spec in TELEMETRY_SPECS])
     m.telemetry_skipped({"missing": 1})
     m.add_energy(where, 2_000_000)
+    m.set_certificates({"export.prometheus.tls.cert_file": 1.9e9})
 
 
 def expected_names(pushed: bool = False) -> set[str]:
