@@ -740,6 +740,7 @@ class Metrics:
         with self._lock:
             for reason, n in reasons.items():
                 self._telemetry_skipped[reason] = self._telemetry_skipped.get(reason, 0) + n
+
     def descriptors_exhausted(self, where: str, n: int = 1) -> None:
         with self._lock:
             self._exhausted[where] = self._exhausted.get(where, 0) + n
