@@ -179,6 +179,7 @@ HOST = [vgem(CREATE_DUMB, "alloc", 4)]
 HOLD_A = (7, 3)
 HOLD_B = (4, 5)
 GPU_B = [vgem(CREATE_DUMB, "alloc", 2)]  # B's holder, counted: the probe names its process
+ENERGY_COUNTED = [vgem(CREATE_DUMB, "alloc", 1)]  # the energy holders', before and after
 
 
 def wait_for(what: str, check: Callable[[], T], timeout: float = STEP_TIMEOUT) -> T:
@@ -518,19 +519,21 @@ class Node:
 
     # --- device telemetry and energy per pod (the test driver's hwmon) -------------------------
 
-    def start_waiting(self, pod: Pod) -> tuple[str, list[Step]]:
-        """Container "energy": one counted vgem call (the probe names its process), then waits
-        for SIGUSR1 before opening the test driver and submitting ENERGY_SUBMITS[pod] times."""
+    def start_waiting(self, pod: Pod) -> str:
+        """Container "energy": a counted vgem call (the probe names its process), then it waits
+        for SIGUSR1, opens the test driver, submits ENERGY_SUBMITS[pod] times, and makes one
+        more counted call: the test driver's calls are not counted, and the probe's sighting of
+        a process is what has fdinfo read it again (its first client had no stats)."""
         assert self.testdrm
-        counted = [vgem(CREATE_DUMB, "alloc", 1)]
+        step = self.calls(ENERGY_COUNTED)[0]
         submit = Call.drm(device_node(self.testdrm, "renderD"), TESTDRM_SUBMIT, ENERGY_SUBMITS[pod])
-        first = drmcall_argv(self.calls(counted))
-        argv = [first[0], "--hold", *first[1:], "--wait-signal", *drmcall_argv([submit])[1:]]
+        argv = drmcall_argv([step])
+        argv = [argv[0], "--hold", *argv[1:], "--wait-signal", *drmcall_argv([submit, step])[1:]]
         cid = self.kubelet.start_container(pod, "energy", 0, argv)
         out = container_log(pod, "energy", 0, 2)  # the counted step, then {"waiting": true}
-        self.tally(pod, "energy", 0, counted, out.splitlines()[0])
+        self.tally(pod, "energy", 0, ENERGY_COUNTED, out.splitlines()[0])
         self.record(pod, "energy", 0, cid)
-        return cid, counted
+        return cid
 
     @staticmethod
     def device_energy(prom: Samples) -> float | None:
@@ -550,7 +553,7 @@ class Node:
 
     def run_energy(self) -> dict:
         """Both holders submit at one signal right after a read; the scrapes around the next."""
-        cids = {pod: self.start_waiting(pod)[0] for pod in ENERGY_SUBMITS}
+        cids = {pod: self.start_waiting(pod) for pod in ENERGY_SUBMITS}
         self.settle(dict(self.expected))  # both containers known: their pods resolved
         self.mark("energy holders waiting")
         before = self.after_a_read()
@@ -558,7 +561,8 @@ class Node:
         for cid in cids.values():
             os.kill(self.kubelet.status(cid)["pid"], signal.SIGUSR1)
         for pod in cids:
-            container_log(pod, "energy", 0, 3)
+            last = container_log(pod, "energy", 0, 4).splitlines()[3]
+            self.tally(pod, "energy", 0, ENERGY_COUNTED, last)
         submitted = time.monotonic() - signalled
         mid = scrape()  # no read may have come between the marker's and the submits' end
         rise = sum(ENERGY_SUBMITS.values()) * UJ_PER_SUBMIT / 1e6
@@ -702,7 +706,8 @@ class Node:
             self.run_entrypoint(POD_A, "main", 1, MAIN_1)
             self.mark("main restarted")
             self.run_host(HOST)
-            before = self.settle(dict(self.expected))
+            expected_before = dict(self.expected)
+            before = self.settle(expected_before)
             self.mark("counts settled")
             clients, usage = self.settle_usage()
             self.mark("fdinfo settled")
@@ -746,7 +751,10 @@ class Node:
             "timings": self.timings,
             "retired_after_seconds": round(retired_after, 1),
             "containers": self.containers,
-            "expected_before": [{"labels": list(k), "value": v} for k, v in self.expected.items()],
+            "expected_before": [
+                {"labels": list(k), "value": v} for k, v in expected_before.items()
+            ],
+            "devices": {vendor: d.id for vendor, d in self.devices.items()},
             "expected_after": [{"labels": list(k), "value": v} for k, v in after_expected.items()],
             "expected_unattributed": dict(self.unattributed),
             "issued": {
