@@ -420,7 +420,7 @@ def fmt_bytes(x: float) -> str:
 def columns(frame: Frame, multi_node: bool) -> list[Column]:
     def name(title: str, attr: str, priority: int, shrink_to: int) -> Column:
         def cell(r: Row) -> str:
-            # PCI domain 0000 is nearly universal: without it 80 columns hold full pod names.
+            # PCI domain 0000 is nearly universal: without it 80 columns hold longer pod names.
             return getattr(r.key, attr).removeprefix("0000:") or "-"
 
         return Column(title, attr, cell, priority, shrink_to, numeric=False)
@@ -442,15 +442,15 @@ def columns(frame: Frame, multi_node: bool) -> list[Column]:
         name("DEVICE", "device", 80, 7),
         name("VENDOR", "vendor", 10, 6),
         Column("TOTAL", "total", lambda r: fmt_rate(r.total), 95),
-        rate("SUBMIT", "submit", 60),
-        rate("ALLOC", "alloc", 50),
-        rate("WAIT", "wait", 55),
+        rate("SUBMIT/s", "submit", 60),
+        rate("ALLOC/s", "alloc", 50),
+        rate("WAIT/s", "wait", 55),
     ]
     cols += [busy(e) for e in frame.engines]
     if frame.has_memory:
         cols.append(Column("MEM", "memory", lambda r: fmt_bytes(r.mem) if r.memory else "-", 45))
-    if frame.has_allocations:  # SHARES, not ALLOC: ALLOC is the alloc-class call rate
-        cols.append(Column("SHARES", "shares", lambda r: f"{r.shares or 0:g}", 65))
+    if frame.has_allocations:  # ALLOC: the shares held; ALLOC/s is the alloc-class call rate
+        cols.append(Column("ALLOC", "shares", lambda r: f"{r.shares or 0:g}", 65))
         cols.append(Column("IDLE FOR", "idle", lambda r: fmt_duration(r.idle_for), 64))
     if frame.has_energy:
         watts = Column("W", "power", lambda r: "-" if r.watts is None else fmt_rate(r.watts), 42)
