@@ -24,6 +24,8 @@ from guestlib import (
     CREATE_DUMB,
     GET_CAP,
     MODES,
+    OTLP,
+    OTLP_PORT,
     PROMETHEUS,
     SYNCOBJ_WAIT,
     TCGETS,
@@ -53,7 +55,6 @@ from otlp_receiver import OtlpReceiver
 
 from kubenpu.discovery import discover
 
-OTLP_PORT = 4317
 SETTLE_TIMEOUT = 60
 # With this kernel argument the first mode also records timestamped scrapes while pods make
 # calls (RECORD_ROUNDS, RECORD_INTERVAL seconds apart) into OUT/MODE/recording.json, for the host
@@ -188,12 +189,7 @@ class Scenario:
             "attribution": {"cri": {"endpoint": f"unix://{self.cri_socket}"}},
             "export": {
                 "prometheus": PROMETHEUS,
-                "otlp": {
-                    "enabled": True,
-                    "endpoint": f"http://127.0.0.1:{OTLP_PORT}",
-                    "protocol": "grpc",
-                    "interval_seconds": 1,
-                },
+                "otlp": OTLP,
             },
         }
         agent = Agent(self.out, config, launcher=self.launcher)

@@ -34,6 +34,14 @@ ATTACH_TIMEOUT = 300  # BCC's compile under TCG on a shared host
 MODES = ("aggregate", "events")  # probe.mode
 # The Prometheus endpoint every scenario configures and scrapes.
 PROMETHEUS = {"enabled": True, "host": "127.0.0.1", "port": 8080}
+OTLP_PORT = 4317  # the guest's OTLP/gRPC receiver (tests/otlp_receiver.py)
+# export.otlp of the agents that push to it: every second, so a scenario's end is seen at once.
+OTLP = {
+    "enabled": True,
+    "endpoint": f"http://127.0.0.1:{OTLP_PORT}",
+    "protocol": "grpc",
+    "interval_seconds": 1,
+}
 METRICS_URL = f"http://{PROMETHEUS['host']}:{PROMETHEUS['port']}/metrics"
 LABELS = ("namespace", "pod", "container", "device", "vendor", "kind")  # of kubenpu_ioctl_total
 

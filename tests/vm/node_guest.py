@@ -63,6 +63,8 @@ from guestlib import (
     CGROUP,
     CREATE_DUMB,
     DRMCALL,
+    OTLP,
+    OTLP_PORT,
     PROMETHEUS,
     SYNCOBJ_WAIT,
     TESTDRM,
@@ -135,7 +137,6 @@ TEST_GPU = "kubenpu.test/gpu"  # a plugin of no known format: its ids are PCI ad
 UNMAPPED_ID = "slot-7"
 
 FDINFO_INTERVAL = 10  # fdinfo.interval_seconds (telemetry and the energy split read with it)
-OTLP_PORT = 4317
 ENERGY_SUBMITS = {POD_A: 36_000, POD_B: 12_000}  # 1.25 ms busy each: 45 s and 15 s
 TESTDRM_PARAMS = Path("/sys/module/kubenpu_testdrm/parameters")
 UJ_PER_SUBMIT = 2_000_000  # the test driver's ENERGY_UJ_PER_SUBMIT
@@ -637,12 +638,7 @@ class Node:
             "metrics": {"series_ttl_seconds": TTL},
             "export": {
                 "prometheus": PROMETHEUS,
-                "otlp": {
-                    "enabled": True,
-                    "endpoint": f"http://127.0.0.1:{OTLP_PORT}",
-                    "protocol": "grpc",
-                    "interval_seconds": 1,
-                },
+                "otlp": OTLP,
             },
             "fdinfo": {"interval_seconds": FDINFO_INTERVAL},
             "attribution": {
