@@ -26,9 +26,9 @@ import urllib.request
 from pathlib import Path
 
 import cri_test_pb2 as pb
-from e2e_guest import OTLP_PORT, Scenario
+from e2e_guest import Scenario
 from google.protobuf import json_format
-from guestlib import read_log, run_scenario
+from guestlib import OTLP_PORT, read_log, run_scenario
 from least_privilege_guest import process_caps
 from node_guest import (
     MAIN_0,
