@@ -180,7 +180,9 @@ HOST = [vgem(CREATE_DUMB, "alloc", 4)]
 HOLD_A = (7, 3)
 HOLD_B = (4, 5)
 GPU_B = [vgem(CREATE_DUMB, "alloc", 2)]  # B's holder, counted: the probe names its process
-ENERGY_COUNTED = [vgem(CREATE_DUMB, "alloc", 1)]  # the energy holders', before and after
+# The energy holders' counted calls, before and after their SUBMITs: of two kinds, so that each
+# is a first sighting (aggregate mode reports the process of a key's first call only).
+ENERGY_COUNTED = ([vgem(CREATE_DUMB, "alloc", 1)], [vgem(VGEM_FENCE_ATTACH, "submit", 1)])
 
 
 def wait_for(what: str, check: Callable[[], T], timeout: float = STEP_TIMEOUT) -> T:
@@ -526,13 +528,13 @@ class Node:
         more counted call: the test driver's calls are not counted, and the probe's sighting of
         a process is what has fdinfo read it again (its first client had no stats)."""
         assert self.testdrm
-        step = self.calls(ENERGY_COUNTED)[0]
+        first, last = (self.calls(steps)[0] for steps in ENERGY_COUNTED)
         submit = Call.drm(device_node(self.testdrm, "renderD"), TESTDRM_SUBMIT, ENERGY_SUBMITS[pod])
-        argv = drmcall_argv([step])
-        argv = [argv[0], "--hold", *argv[1:], "--wait-signal", *drmcall_argv([submit, step])[1:]]
+        argv = drmcall_argv([first])
+        argv = [argv[0], "--hold", *argv[1:], "--wait-signal", *drmcall_argv([submit, last])[1:]]
         cid = self.kubelet.start_container(pod, "energy", 0, argv)
         out = container_log(pod, "energy", 0, 2)  # the counted step, then {"waiting": true}
-        self.tally(pod, "energy", 0, ENERGY_COUNTED, out.splitlines()[0])
+        self.tally(pod, "energy", 0, ENERGY_COUNTED[0], out.splitlines()[0])
         self.record(pod, "energy", 0, cid)
         return cid
 
@@ -563,7 +565,7 @@ class Node:
             os.kill(self.kubelet.status(cid)["pid"], signal.SIGUSR1)
         for pod in cids:
             last = container_log(pod, "energy", 0, 4).splitlines()[3]
-            self.tally(pod, "energy", 0, ENERGY_COUNTED, last)
+            self.tally(pod, "energy", 0, ENERGY_COUNTED[1], last)
         submitted = time.monotonic() - signalled
         mid = scrape()  # no read may have come between the marker's and the submits' end
         rise = sum(ENERGY_SUBMITS.values()) * UJ_PER_SUBMIT / 1e6
