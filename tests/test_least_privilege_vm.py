@@ -156,7 +156,7 @@ def test_the_charts_capabilities_read_the_test_drivers_telemetry(guest_out):
     device = result["telemetry"]["platform:kubenpu_testdrm"]
     assert device["power_uw"] == 25_000_000
     assert device["energy_uj"] == 0  # energy1_input: no SUBMIT in this boot
-    assert device["values"] == 3  # power1_input, power1_cap, temp1_input
+    assert device["values"] == 4  # power1_input, power1_cap, temp1_input, in0_input
     assert "unreadable" not in device["skipped"], device
 
 

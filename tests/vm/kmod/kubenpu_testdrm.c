@@ -16,7 +16,7 @@
  *
  * A hwmon device (issue 22; Documentation/hwmon/sysfs-interface.rst) hangs off the platform
  * device, so it is /sys/class/drm/cardN/device/hwmon/hwmonM like a PCI GPU's: power1_input and
- * power1_cap (µW), energy1_input (µJ), temp1_input (m°C). The test sets them through the module's
+ * power1_cap (µW), energy1_input (µJ), temp1_input (m°C), in0_input (mV). The test sets them through the module's
  * parameters (/sys/module/kubenpu_testdrm/parameters/): energy1_input is energy_uj plus
  * ENERGY_UJ_PER_SUBMIT for every SUBMIT since load, so the device's energy follows its busy
  * time as a real one's does, and the test still adds idle energy by writing energy_uj. Built in the VM harness against the guest kernel's headers
@@ -52,6 +52,10 @@ MODULE_PARM_DESC(power_cap_uw, "power1_cap in µW");
 static long temp_mc = 45000;
 module_param(temp_mc, long, 0644);
 MODULE_PARM_DESC(temp_mc, "temp1_input in m°C");
+
+static long in_mv = 850;
+module_param(in_mv, long, 0644);
+MODULE_PARM_DESC(in_mv, "in0_input in mV");
 
 static atomic64_t submit_energy_uj = ATOMIC64_INIT(0);
 
@@ -174,6 +178,9 @@ static int testdrm_hwmon_read(struct device *dev, enum hwmon_sensor_types type, 
 	case hwmon_temp:
 		*val = READ_ONCE(temp_mc);
 		return 0;
+	case hwmon_in:
+		*val = READ_ONCE(in_mv);
+		return 0;
 	default:
 		return -EOPNOTSUPP;
 	}
@@ -189,6 +196,7 @@ static const struct hwmon_channel_info *testdrm_hwmon_info[] = {
 	HWMON_CHANNEL_INFO(power, HWMON_P_INPUT | HWMON_P_CAP),
 	HWMON_CHANNEL_INFO(energy, HWMON_E_INPUT),
 	HWMON_CHANNEL_INFO(temp, HWMON_T_INPUT),
+	HWMON_CHANNEL_INFO(in, HWMON_I_INPUT),
 	NULL
 };
 
