@@ -298,8 +298,9 @@ EMPTY_ON_THE_VM = {
     "driver": "vgem is a platform device, with no PCI driver",
     "pci_id": "nor a PCI id",
 }
-# Panels whose series a recording may predate (made before the agent exported them): their
-# queries are checked only on a recording that holds the metric.
+# Panels whose series a recording may predate (made before the agent exported them) or lack (a
+# machine without such a sensor): their queries are checked only on a recording that holds a
+# sample of the metric.
 RECORDED_SINCE = {
     "Energy and power per pod": "kubenpu_energy_joules_total",
     "Device power and limits": "kubenpu_device_power_watts",
@@ -313,7 +314,7 @@ RECORDED_SINCE = {
             "Calls on devices not allocated",
             "Allocations: unmapped ids and kubelet errors",
         ),
-        "kubenpu_device_allocated{",
+        "kubenpu_device_allocated",
     ),
 }
 # Panels whose every value must be 0 in a healthy run: drops and errors never happen silently.
@@ -371,7 +372,8 @@ ALLOCATIONS_PANEL = "Allocated vs used by pod and device"
 def query_problems(board: Any, record: dict) -> Iterator[tuple[str, str]]:
     for q in board.queries:
         since = RECORDED_SINCE.get(q.panel)
-        if since and not any(since in scrape["text"] for scrape in record["scrapes"]):
+        # A sample, not the HELP and TYPE lines an empty family still has.
+        if since and not any(f"\n{since}{{" in scrape["text"] for scrape in record["scrapes"]):
             continue
         where = f"{board.name}: {q.panel} {q.ref}"
         values = query_values(q)
