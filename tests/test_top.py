@@ -565,7 +565,10 @@ def test_prometheus_source_across_nodes(serve, tmp_path):
         assert result.returncode == 0, result.stderr
         rows = json.loads(result.stdout)
         for node in nodes:
-            check_rates([r for r in rows if r["node"] == node], 1.0)
+            # rate() extrapolates to the window's edges: with scrapes late on a loaded machine
+            # the common scale strays from 1 (seen: once in three runs beside other work), while
+            # every series keeps the same one, which `exact` checks to 1e-3.
+            check_rates([r for r in rows if r["node"] == node], 1.0, rel=0.3)
             assert by_total([r for r in rows if r["node"] == node]) == TOTAL_ORDER
         assert {r["node"] for r in rows[:2]} == set(nodes)  # trainer-0, 800/s on each
 
