@@ -51,6 +51,16 @@ class Node:
         """The kernel-internal dev_t, which keys the probe's device map."""
         return abi.dev_t(self.major, self.minor)
 
+    @property
+    def accel(self) -> bool:
+        """An accel node (/dev/accel/accelN), not a DRM one."""
+        return self.path.startswith(f"/dev/{_CLASSES['accel']}/")
+
+    def sysfs(self, root: str | Path = "/") -> Path:
+        """The node's class directory, e.g. ROOT/sys/class/drm/card0; its `device` link is the
+        device's sysfs directory."""
+        return Path(root) / "sys/class" / ("accel" if self.accel else "drm") / self.name
+
 
 @dataclass(frozen=True)
 class Device:

@@ -188,11 +188,8 @@ def _dirs(device: Device, root: Path) -> tuple[Path, Path | None] | None:
     """The device's sysfs directory and its DRM card node's, through its first node's link."""
     if not device.nodes:
         return None
-    first = device.nodes[0]
-    cls = "accel" if first.name.startswith("accel") else "drm"
-    device_dir = root / "sys/class" / cls / first.name / "device"
-    card = next((n.name for n in device.nodes if n.name.startswith("card")), None)
-    return device_dir, None if card is None else root / "sys/class/drm" / card
+    card = next((n for n in device.nodes if n.name.startswith("card")), None)
+    return device.nodes[0].sysfs(root) / "device", None if card is None else card.sysfs(root)
 
 
 def _hwmon_dirs(device_dir: Path) -> list[Path]:
@@ -417,7 +414,7 @@ def _weights(
 
 def _hw_attrs(device: Device) -> Attrs:
     vendor_id = (device.pci_id or "").partition(":")[0]
-    accel = any(n.name.startswith("accel") for n in device.nodes)
+    accel = any(n.accel for n in device.nodes)
     return {
         "device": device.id,
         "vendor": device.vendor or "",

@@ -109,11 +109,8 @@ def _serials(devices: list[Device], root: Path) -> dict[str, str]:
     found: dict[str, str] = {}
     for dev in devices:
         for node in dev.nodes:
-            cls = "accel" if node.path.startswith("/dev/accel/") else "drm"
             try:
-                serial = (
-                    root / "sys/class" / cls / node.name / "device" / _SERIAL_FILE
-                ).read_text()
+                serial = (node.sysfs(root) / "device" / _SERIAL_FILE).read_text()
             except (OSError, UnicodeDecodeError):
                 continue  # most drivers print none
             if serial.strip():
