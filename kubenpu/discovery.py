@@ -34,7 +34,7 @@ _T = TypeVar("_T")
 _CLASSES = {"drm": "dri", "accel": "accel"}
 # Connector entries (card0-HDMI-A-1), `version` and legacy controlD nodes are not nodes we count.
 _NODE_NAME = re.compile(r"(card|renderD|accel)\d+")
-_PCI_ADDRESS = re.compile(r"[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+PCI_ADDRESS = re.compile(r"[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 _VIRTIO_DEVICE = re.compile(r"virtio\d+")
 _VIRTIO_TRANSPORT = "virtio-pci"
 
@@ -137,7 +137,7 @@ def _pci_function(dev: Path) -> Path | None:
     older kernels). Other ancestors are not searched: a USB display adapter also sits below a
     PCI function, its host controller, which is not the device."""
     candidate = dev.parent if _VIRTIO_DEVICE.fullmatch(dev.name) else dev
-    return candidate if _PCI_ADDRESS.fullmatch(candidate.name) else None
+    return candidate if PCI_ADDRESS.fullmatch(candidate.name) else None
 
 
 def _driver(dev: Path) -> str | None:

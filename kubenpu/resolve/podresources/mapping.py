@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from kubenpu.discovery import Device
+from kubenpu.discovery import PCI_ADDRESS, Device
 
 
 class Unmapped(StrEnum):
@@ -42,7 +42,6 @@ class IdFormat:
     id: re.Pattern[str]
 
 
-_PCI = r"[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]"
 PLUGINS = (
     IdFormat(
         "intel-gpu", re.compile(r"gpu\.intel\.com/(i915|xe)"), re.compile(r"(?P<node>card\d+)-\d+")
@@ -50,7 +49,9 @@ PLUGINS = (
     IdFormat(
         "intel-npu", re.compile(r"npu\.intel\.com/accel"), re.compile(r"(?P<node>accel\d+)-\d+")
     ),
-    IdFormat("amd-gpu", re.compile(r"amd\.com/gpu"), re.compile(rf"(?P<pci>{_PCI})", re.I)),
+    IdFormat(
+        "amd-gpu", re.compile(r"amd\.com/gpu"), re.compile(rf"(?P<pci>{PCI_ADDRESS.pattern})", re.I)
+    ),
     IdFormat("habana", re.compile(r"habana\.ai/.+"), re.compile(r"(?P<serial>.+)")),
 )
 _FALLBACK_PCI = re.compile(
