@@ -664,7 +664,8 @@ class Metrics:
             self._gone.pop(unit, None)
 
     def add_engine(self, spec: Spec, where: Where, engine: str, amount: float) -> None:
-        """An increment of one of ENGINE_COUNTERS. Its series retire with the pod's calls.
+        """An increment of one of ENGINE_COUNTERS (or POD_ENERGY). Its series retire with the
+        pod's calls.
         One that would take the counter past what a double holds is skipped (out_of_range):
         a value no exporter can encode failed every push and scrape while the pod lived."""
         unit = _unit(where.namespace, where.pod, where.container)
@@ -719,17 +720,9 @@ class Metrics:
             self._podresources_errors += 1
 
     def add_energy(self, where: Where, microjoules: int) -> None:
-        """A pod's share of its device's energy, in whole µJ (sums stay exact). Its series
-        retire with the pod's calls."""
-        unit = _unit(where.namespace, where.pod, where.container)
-        with self._lock:
-            rec = self._pods.get(unit)
-            if rec is None:
-                rec = self._pods[unit] = _Pod(time.time_ns())
-            series = rec.engines.setdefault(POD_ENERGY, {})
-            key = (where.container, where.device, where.vendor, "")
-            series[key] = series.get(key, 0) + microjoules
-            self._live(rec, unit, where.container)
+        """A pod's share of its device's energy, in whole µJ (sums stay exact), kept with its
+        engine counters (no engine): its series retire with the pod's calls."""
+        self.add_engine(POD_ENERGY, where, "", microjoules)
 
     def set_telemetry(self, device: str, points: list[tuple[Spec, Attrs, float]]) -> None:
         """The device's telemetry of the last read (counters cumulative), replacing the last."""
