@@ -157,13 +157,14 @@ class Usage:
         if tracked is None:
             tracked = self._clients[key] = self._reopened(key, client)
         tracked.client = client
-        rose = [0, 0, 0]  # per _COUNTERS field, summed over engines (elapsed: the largest)
+        rose = [0, 0, 0]  # per _COUNTERS field, over the client's engines
         for engine, stats in client.engines.items():
+            up = [0, 0, 0]
             for i, (name, _) in enumerate(_COUNTERS):
                 if name in stats:
                     before = tracked.high.get((engine, name))
-                    up = tracked.high.update((engine, name), stats[name]) - before
-                    rose[i] = max(rose[i], up) if i == 2 else rose[i] + up
+                    up[i] = tracked.high.update((engine, name), stats[name]) - before
+            _add_busy(rose, up)
         if tracked.who is None:
             tracked.who = self._attribute(tracked, settle=False)
         self._busy(tracked, rose)
@@ -176,8 +177,7 @@ class Usage:
         who = tracked.who
         known = who is not None and bool(who.pod or who.container)
         pods = self._interval.setdefault(tracked.client.device, {})
-        busy = pods.setdefault(self._where(tracked) if known else None, [0, 0, 0])
-        busy[0], busy[1], busy[2] = busy[0] + rose[0], busy[1] + rose[1], max(busy[2], rose[2])
+        _add_busy(pods.setdefault(self._where(tracked) if known else None, [0, 0, 0]), rose)
 
     def _reopened(self, key: _ClientKey, client: Client) -> _Tracked:
         """A client seen again after it was taken as closed continues from what was counted of
@@ -264,6 +264,14 @@ class Usage:
                     mkey = (where, region, state)
                     memory[mkey] = memory.get(mkey, 0) + value
         self._metrics.set_usage_gauges(capacity, memory)
+
+
+def _add_busy(total: list[int], more: list[int]) -> None:
+    """Adds increments per _COUNTERS field: busy ns and busy cycles add up over engines and
+    clients; elapsed cycles are one clock's, so the largest stands."""
+    total[0] += more[0]
+    total[1] += more[1]
+    total[2] = max(total[2], more[2])
 
 
 def _inode(path: str) -> int | None:
