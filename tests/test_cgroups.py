@@ -143,7 +143,7 @@ def born(index: CgroupIndex, root: Path, rel: str) -> int:
     """mkdir as the runtime does, and report it as the kernel would."""
     (root / rel).mkdir()
     cgroup_id = ino(root / rel)
-    index.cgroup_born(cgroup_id, ino((root / rel).parent))
+    index.cgroups_born([(cgroup_id, ino((root / rel).parent))])
     return cgroup_id
 
 
@@ -167,7 +167,7 @@ def test_born_under_an_unknown_parent_walks_once(root: Path, tmp_path: Path) -> 
     outside = tmp_path / "elsewhere"
     for name in ("a", "b"):
         (outside / name).mkdir(parents=True)
-        index.cgroup_born(ino(outside / name), ino(outside))
+        index.cgroups_born([(ino(outside / name), ino(outside))])
     assert index.rebuilds == 2
     assert index.path(ino(outside / "a")) is None
     assert index.rebuilds == 3  # a miss of its own
@@ -179,7 +179,7 @@ def test_born_cgroup_not_visible_yet_is_looked_for_again(root: Path, tmp_path: P
     index.path(ino(root))
     (tmp_path / "hidden").mkdir()
     new = ino(tmp_path / "hidden")
-    index.cgroup_born(new, ino(root / "system.slice"))  # not in its parent's directory yet
+    index.cgroups_born([(new, ino(root / "system.slice"))])  # not in its parent's directory yet
     (tmp_path / "hidden").rename(root / "system.slice" / "late.scope")  # now visible
     born(index, root, "system.slice/next.scope")  # the next birth looks again
     (root / "system.slice" / "late.scope").rename(tmp_path / "gone")  # removed at once

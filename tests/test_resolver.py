@@ -87,7 +87,7 @@ def barrier(resolver: Resolver, tree: Tree) -> None:
     lookups in order, and this one is the last."""
     cgroup_id = tree.mkdir(tree.container(BARRIER) + f"/{len(os.listdir(tree.root))}")
     os.rename(tree.root / tree.container(BARRIER), tree.root.parent / f"b{cgroup_id}")
-    resolver.cgroup_born(cgroup_id, 0)  # parent unknown: walks, finds nothing
+    resolver.cgroups_born([(cgroup_id, 0)])  # parent unknown: walks, finds nothing
     assert resolved(resolver, tree.mkdir(tree.container(BARRIER))).container == "barrier"
 
 
@@ -244,7 +244,7 @@ def test_short_lived_container_is_attributed_after_its_cgroup_is_gone(
     assert resolver.resolve(pod) == Attribution(reason="container_not_found")  # index built
     rebuilds = resolver.rebuilds
     container = tree.mkdir(tree.container(SIDECAR))
-    resolver.cgroup_born(container, pod)
+    resolver.cgroups_born([(container, pod)])
     os.rename(tree.root / tree.container(SIDECAR), tree.root.parent / "gone")  # keeps the inode
     assert resolved(resolver, container) == Attribution("ml", "trainer-0", "sidecar")
     assert not resolver.alive(container)

@@ -2,7 +2,7 @@
 
 bpf_get_current_cgroup_id() is the inode number of the process's cgroup v2 directory, so one walk
 of the hierarchy maps every id to its path. The walk is redone only when an unknown id shows up.
-A cgroup the kernel reports as new is indexed from its parent's directory alone (cgroup_born), so
+A cgroup the kernel reports as new is indexed from its parent's directory alone (cgroups_born), so
 a short-lived container stays known after its directory is removed.
 """
 
@@ -28,7 +28,8 @@ _UNBORN_MAX = 4096
 
 
 class CgroupIndex:
-    """Thread-safe: cgroup_born() runs on the probe's thread, the rest on the attribution thread."""
+    """Thread-safe: cgroups_born() runs on the probe's thread, the rest on the attribution
+    thread."""
 
     def __init__(
         self,
@@ -65,9 +66,6 @@ class CgroupIndex:
         with self._lock:
             self._unclaimed.pop(cgroup_id, None)
         return self._find(cgroup_id)
-
-    def cgroup_born(self, cgroup_id: int, parent_id: int) -> None:
-        self.cgroups_born([(cgroup_id, parent_id)])
 
     def cgroups_born(self, births: Iterable[tuple[int, int]]) -> None:
         """Index new cgroups, (id, parent id) each, from one scan of each parent's directory

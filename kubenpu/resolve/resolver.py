@@ -54,7 +54,7 @@ class Resolver:
     """One Attribution per cgroup id, cached until forget() once final.
 
     resolve(), settle(), alive() and forget() are called from one thread (the caller's);
-    cgroup_born() may be called from another.
+    cgroups_born() may be called from another.
     """
 
     def __init__(
@@ -129,9 +129,6 @@ class Resolver:
             return answer
         lookup = self._lookups[self._container_ids[cgroup_id]]
         return lookup.failure or Attribution(reason=Unattributed.CRI_ERROR)
-
-    def cgroup_born(self, cgroup_id: int, parent_id: int) -> None:
-        self.cgroups_born([(cgroup_id, parent_id)])
 
     def cgroups_born(self, births: Iterable[tuple[int, int]]) -> None:
         """New cgroups (id, parent id) from the kernel: index them now, so they stay
