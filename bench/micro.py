@@ -37,7 +37,7 @@ from kubenpu.attribution import Attributor
 from kubenpu.discovery import Device, Node, discover
 from kubenpu.events import SIZE, Deltas, Event, Key, Tally, decode
 from kubenpu.fdinfo import FdinfoReader
-from kubenpu.metrics import Metrics
+from kubenpu.metrics.store import Metrics
 from kubenpu.resolve.resolver import Resolver
 from kubenpu.telemetry import Telemetry
 from kubenpu.usage import Usage

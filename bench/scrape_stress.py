@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def serve(series: int, port: int) -> None:
     """The child: the real server with `series` ioctl series; says "ready", runs until EOF."""
     from kubenpu import config, export
-    from kubenpu.metrics import Metrics
+    from kubenpu.metrics.store import Metrics
 
     class Healthy:
         def live(self) -> tuple[bool, str]:

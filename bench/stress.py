@@ -116,7 +116,7 @@ def push_sizes(series: int) -> dict[str, object]:
     from kubenpu import config
     from kubenpu.export import build_resource
     from kubenpu.export.otlp import OtlpPusher
-    from kubenpu.metrics import Metrics
+    from kubenpu.metrics.store import Metrics
 
     with OtlpReceiver() as rx:
         cfg = config.Config.model_validate(

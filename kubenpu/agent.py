@@ -31,7 +31,8 @@ from kubenpu.vendors import Kind, by_name, core
 try:  # `pip install kubenpu` (kubenpuctl only) lacks these: main() says so in one line
     from kubenpu import config, export
     from kubenpu.attribution import Attributor
-    from kubenpu.metrics import DeviceRow, Metrics
+    from kubenpu.metrics.inputs import DeviceRow
+    from kubenpu.metrics.store import Metrics
     from kubenpu.resolve.resolver import Resolver
     from kubenpu.telemetry import Telemetry
     from kubenpu.usage import Usage

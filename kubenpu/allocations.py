@@ -17,7 +17,8 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from kubenpu.metrics import AllocationState, Held, Metrics
+from kubenpu.metrics.inputs import AllocationState, Held
+from kubenpu.metrics.store import Metrics
 from kubenpu.resolve.podresources.client import Allocated, PodResourcesClient, PodResourcesError
 from kubenpu.resolve.podresources.mapping import Mapper, Unmapped
 

@@ -12,7 +12,7 @@ from typing import Protocol, TextIO
 
 from kubenpu.discovery import Device
 from kubenpu.events import Batch, Drop, Key
-from kubenpu.metrics import Metrics
+from kubenpu.metrics.store import Metrics
 from kubenpu.resolve import Attribution, Unattributed
 from kubenpu.vendors import Kind
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from kubenpu import energy
 from kubenpu.discovery import Device
 from kubenpu.fdinfo import Skip, parse_number
-from kubenpu.metrics import (
+from kubenpu.metrics.catalogue import (
     DEVICE_BUSY,
     ENERGY,
     ENERGY_IDLE,
@@ -47,10 +47,10 @@ from kubenpu.metrics import (
     UTILIZATION,
     VOLTAGE,
     Attrs,
-    Metrics,
     Spec,
-    Where,
 )
+from kubenpu.metrics.inputs import Where
+from kubenpu.metrics.store import Metrics
 
 MISSING = "missing"
 COUNTER_RESET = "counter_reset"

@@ -35,7 +35,9 @@ from kubenpu.attribution import Hold, Resolve
 from kubenpu.descriptors import FDINFO, Exhaustion, exhausted
 from kubenpu.discovery import Device
 from kubenpu.fdinfo import Client, FdinfoReader, HighWater, Scan, Skip
-from kubenpu.metrics import ENGINE_COUNTERS, Metrics, Where
+from kubenpu.metrics.catalogue import ENGINE_COUNTERS
+from kubenpu.metrics.inputs import Where
+from kubenpu.metrics.store import Metrics
 from kubenpu.resolve import Attribution
 
 # Client fields that are cumulative counters, in ENGINE_COUNTERS order, with their scale.

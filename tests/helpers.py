@@ -38,7 +38,8 @@ from vm.guestlib import (
 
 from kubenpu import config, export
 from kubenpu.export.server import HealthChecks
-from kubenpu.metrics import IOCTL, Metrics, Spec
+from kubenpu.metrics.catalogue import IOCTL, Spec
+from kubenpu.metrics.store import Metrics
 from kubenpu.resolve import Attribution
 from kubenpu.resolve.resolver import Resolver
 

@@ -30,7 +30,7 @@ from kubenpu.attribution import Attributor
 from kubenpu.discovery import Device, Node
 from kubenpu.events import Key, Tally
 from kubenpu.kernel.errors import ProbeError
-from kubenpu.metrics import (
+from kubenpu.metrics.catalogue import (
     DROPPED,
     INDEX_REBUILDS,
     IOCTL,
@@ -40,8 +40,8 @@ from kubenpu.metrics import (
     READ_ERRORS,
     RECEIVED,
     UNATTRIBUTED,
-    Metrics,
 )
+from kubenpu.metrics.store import Metrics
 from kubenpu.probe import Probe
 from kubenpu.resolve import Attribution
 from kubenpu.resolve.resolver import Resolver

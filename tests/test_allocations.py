@@ -19,7 +19,7 @@ from podresources_server import PodResourcesTestServer, container, pod
 
 from kubenpu.allocations import Allocations, held
 from kubenpu.discovery import discover
-from kubenpu.metrics import (
+from kubenpu.metrics.catalogue import (
     ALLOCATED,
     ALLOCATED_IDLE,
     ALLOCATED_IDLE_FOR,
@@ -27,10 +27,9 @@ from kubenpu.metrics import (
     ENGINE_BUSY,
     PODRESOURCES_ERRORS,
     UNALLOCATED_CALLS,
-    Held,
-    Metrics,
-    Where,
 )
+from kubenpu.metrics.inputs import Held, Where
+from kubenpu.metrics.store import Metrics
 from kubenpu.resolve.podresources.client import Allocated, PodResourcesClient, PodResourcesError
 from kubenpu.resolve.podresources.mapping import Mapper, Unmapped
 

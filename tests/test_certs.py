@@ -19,7 +19,7 @@ from helpers import make_config, start_telemetry, values
 
 from kubenpu import agent
 from kubenpu.export import certs
-from kubenpu.metrics import TLS_EXPIRY
+from kubenpu.metrics.catalogue import TLS_EXPIRY
 
 NOW = datetime.datetime.now(datetime.UTC)
 DAY = datetime.timedelta(days=1)

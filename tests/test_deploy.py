@@ -26,7 +26,7 @@ import pytest
 import yaml
 from helpers import CHART, helm, helm_values, k8s_tools, render_helm, script_output
 
-from kubenpu.metrics import SPECS
+from kubenpu.metrics.catalogue import SPECS
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"

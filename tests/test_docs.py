@@ -226,7 +226,7 @@ def test_the_stage_table_follows_the_data_flow():
 
 def test_the_export_snapshot_is_spec_and_point():
     """architecture.md says what Metrics.collect() hands export: the project's own types."""
-    from kubenpu.metrics import Metrics
+    from kubenpu.metrics.store import Metrics
 
     assert "`collect()` gives export plain `(Spec, [Point])` snapshots" in ARCHITECTURE
     assert "Spec" in Metrics.collect.__annotations__["return"]

@@ -31,18 +31,16 @@ from helpers import (
 from otlp_receiver import OtlpHttpReceiver, OtlpReceiver, attrs
 
 from kubenpu import __version__, config, export
-from kubenpu.metrics import (
+from kubenpu.metrics.catalogue import (
     ENGINE_BUSY,
     ENGINE_CYCLES,
     EXPORT_ERRORS,
     FDINFO_SKIPPED,
     OVERFLOW_ATTRS,
-    DeviceRow,
-    Metrics,
-    Point,
     Spec,
-    Where,
 )
+from kubenpu.metrics.inputs import DeviceRow, Where
+from kubenpu.metrics.store import Metrics, Point
 
 HOUR = 3600.0  # an interval long enough that only explicit flushes push
 

@@ -22,15 +22,8 @@ from helpers import (
 )
 
 from kubenpu import export
-from kubenpu.metrics import (
-    ENGINE_COUNTERS,
-    SPECS,
-    TELEMETRY_SPECS,
-    AllocationState,
-    DeviceRow,
-    Held,
-    Where,
-)
+from kubenpu.metrics.catalogue import ENGINE_COUNTERS, SPECS, TELEMETRY_SPECS
+from kubenpu.metrics.inputs import AllocationState, DeviceRow, Held, Where
 
 pytestmark = pytest.mark.tools
 ROOT = Path(__file__).resolve().parent.parent

@@ -15,7 +15,7 @@ from helpers import calls, ioctl_key, values
 from kubenpu import config, export
 from kubenpu.export import otlp
 from kubenpu.export.prometheus import PrometheusCollector
-from kubenpu.metrics import (
+from kubenpu.metrics.catalogue import (
     DROP_REASONS,
     DROPPED,
     IOCTL,
@@ -25,10 +25,10 @@ from kubenpu.metrics import (
     SPECS,
     UNATTRIBUTED,
     UNATTRIBUTED_REASONS,
-    DeviceRow,
-    Metrics,
     Spec,
 )
+from kubenpu.metrics.inputs import DeviceRow
+from kubenpu.metrics.store import Metrics
 
 
 def test_counts_are_exact() -> None:

@@ -20,7 +20,7 @@ from test_usage import POD_A, POD_B, Machine
 
 from kubenpu import energy
 from kubenpu.discovery import discover
-from kubenpu.metrics import (
+from kubenpu.metrics.catalogue import (
     DEVICE_BUSY,
     ENERGY,
     ENERGY_IDLE,
@@ -35,10 +35,10 @@ from kubenpu.metrics import (
     TEMPERATURE,
     THROTTLE,
     UTILIZATION,
-    Metrics,
     Spec,
-    Where,
 )
+from kubenpu.metrics.inputs import Where
+from kubenpu.metrics.store import Metrics
 from kubenpu.telemetry import Telemetry, read_device
 
 TESTDATA = Path(__file__).parent / "testdata"

@@ -26,6 +26,7 @@ from helpers import free_port, receiver_tools, run_server, script_output
 from prometheus_client.parser import text_string_to_metric_families
 
 from kubenpu import top
+from kubenpu.top.view import _View
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests/testdata/top"
@@ -304,7 +305,7 @@ def test_a_short_screen_says_how_many_rows_it_hides():
     class Source:
         url, multi_node = "http://node:8080/metrics", False
 
-    view = top._View(Source(), 2.0, "total", frame=frame)
+    view = _View(Source(), 2.0, "total", frame=frame)
     lines, titles = view.lines(60, 10)
     assert len(lines) == 10 and titles == 4
     assert [line.split()[1] for line in lines[5:8]] == ["trainer-0", "trainer-1", "infer~-x2kq"]

@@ -20,14 +20,14 @@ from kubenpu import top
 from kubenpu.attribution import Attributor
 from kubenpu.discovery import discover
 from kubenpu.fdinfo import FdinfoReader, Scan
-from kubenpu.metrics import (
+from kubenpu.metrics.catalogue import (
     DESCRIPTORS_EXHAUSTED,
     ENGINE_BUSY,
     ENGINE_CAPACITY,
     FDINFO_SKIPPED,
     MEMORY,
-    Metrics,
 )
+from kubenpu.metrics.store import Metrics
 from kubenpu.resolve import Attribution
 from kubenpu.usage import Usage
 

@@ -20,7 +20,7 @@ from kubenpu.export import certs
 from kubenpu.export.errors import ExportError, PortInUseError
 from kubenpu.export.prometheus import wsgi_app
 from kubenpu.export.server import HealthChecks, MetricsServer
-from kubenpu.metrics import Metrics
+from kubenpu.metrics.store import Metrics
 
 if TYPE_CHECKING:
     from kubenpu.export.otlp import OtlpPusher

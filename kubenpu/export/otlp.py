@@ -31,7 +31,8 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from kubenpu import __version__
 from kubenpu.config import OtlpConfig
 from kubenpu.export.files import read_regular
-from kubenpu.metrics import CRI_BOUNDS, Hist, Metrics, Point, Spec
+from kubenpu.metrics.catalogue import CRI_BOUNDS, Spec
+from kubenpu.metrics.store import Hist, Metrics, Point
 
 log = logging.getLogger(__name__)
 

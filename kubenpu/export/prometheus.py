@@ -11,7 +11,8 @@ from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
 from prometheus_client.core import Metric as PromMetric
 from prometheus_client.registry import Collector
 
-from kubenpu.metrics import CRI_BOUNDS, Hist, Metrics, Point, Spec
+from kubenpu.metrics.catalogue import CRI_BOUNDS, Spec
+from kubenpu.metrics.store import Hist, Metrics, Point
 
 
 def _label_name(key: str) -> str:

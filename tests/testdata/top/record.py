@@ -25,7 +25,8 @@ from prometheus_client.core import Metric
 
 from kubenpu import __version__
 from kubenpu.export.prometheus import PrometheusCollector
-from kubenpu.metrics import DeviceRow, Metrics
+from kubenpu.metrics.inputs import DeviceRow
+from kubenpu.metrics.store import Metrics
 
 HERE = Path(__file__).resolve().parent
 SECONDS = 2

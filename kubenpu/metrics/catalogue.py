@@ -1,0 +1,467 @@
+"""The description of every metric the agent exports: its name, kind, unit, labels and help,
+the Prometheus names derived from them, and the reason tuples of the reason-labelled counters.
+Both exporters and `kubenpuctl top` read it; kubenpu.metrics.store holds the counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from kubenpu.events import Drop
+from kubenpu.fdinfo import Skip
+from kubenpu.resolve import Unattributed
+
+Attrs = dict[str, str | bool]
+
+OVERFLOW_ATTRS: Attrs = {"otel.metric.overflow": True}
+DROP_REASONS = tuple(r.value for r in Drop)
+UNATTRIBUTED_REASONS = tuple(r.value for r in Unattributed)
+SKIP_REASONS = tuple(r.value for r in Skip)
+_PROM_UNITS = {
+    "s": "seconds",
+    "By": "bytes",
+    "W": "watts",
+    "J": "joules",
+    "Cel": "celsius",
+    "Hz": "hertz",
+    "V": "volts",
+    "1": "ratio",
+}
+CRI_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One metric. `name` and `unit` are OTel's; `prometheus_name` derives the Prometheus name
+    exactly as Prometheus' own OTLP translation does."""
+
+    name: str
+    kind: Literal["counter", "gauge", "histogram"]
+    unit: str
+    description: str
+    labels: tuple[str, ...] = ()
+    # The Prometheus name where it differs from the translation of `name` (semconv's hw.* names
+    # become kubenpu_device_*: docs/metrics.md lists each).
+    prometheus: str = ""
+
+    @property
+    def prometheus_name(self) -> str:
+        """The name /metrics gives the metric: Prometheus' translation of `prometheus`, else of
+        `name`."""
+        return self._translated(self.prometheus or self.name)
+
+    @property
+    def translated_name(self) -> str:
+        """The name Prometheus' own OTLP translation gives the pushed metric (dots to
+        underscores, unit suffix, _total): prometheus_name unless `prometheus` is set."""
+        return self._translated(self.name)
+
+    def _translated(self, name: str) -> str:
+        name = name.replace(".", "_")
+        unit = "" if self.unit.startswith("{") else _PROM_UNITS.get(self.unit, self.unit)
+        if unit and not name.endswith("_" + unit):
+            name += "_" + unit
+        return name + "_total" if self.kind == "counter" else name
+
+
+IOCTL = Spec(
+    "kubenpu.ioctl",
+    "counter",
+    "{call}",
+    "Driver ioctl calls (submit, alloc, wait) made by processes, per container and device. "
+    "Counts calls, not utilisation.",
+    ("namespace", "pod", "container", "device", "vendor", "kind"),
+)
+DEVICE_INFO = Spec(
+    "kubenpu.device.info",
+    "gauge",
+    "",
+    "Always 1: one series per accelerator device the agent counts.",
+    ("device", "vendor", "driver", "pci_id", "numa_node", "node"),
+)
+DROPPED = Spec(
+    "kubenpu.events.dropped",
+    "counter",
+    "{call}",
+    "Calls lost before being counted: ringbuf_full (events mode: the kernel ring buffer was "
+    "full), map_full (aggregate mode: the kernel counts map had no room for a new key), "
+    "queue_full (a batch already held probe.queue_size distinct keys), device_unknown (a call "
+    "on a device the agent did not list), bad_record (a ring-buffer record that could not be "
+    "decoded), handover (a call made while a new probe took over from a pinned one: counted once "
+    "by the retiring probe or not at all).",
+    ("reason",),
+)
+INDEX_REBUILDS = Spec(
+    "kubenpu.cgroup_index.rebuilds",
+    "counter",
+    "{rebuild}",
+    "Full rebuilds of the cgroup id to container index.",
+)
+RECEIVED = Spec(
+    "kubenpu.events.received",
+    "counter",
+    "{event}",
+    "Calls received from the kernel: one per ring-buffer event in events mode, the counts map's "
+    "increments in aggregate mode.",
+)
+UNATTRIBUTED = Spec(
+    "kubenpu.unattributed_calls",
+    "counter",
+    "{call}",
+    "Calls counted in kubenpu_ioctl_total with empty namespace/pod/container, by reason: "
+    "not_indexed (no cgroup found), not_pod (host process outside any pod), "
+    "container_not_found (cgroup not known to the CRI), cri_error (CRI request failed), "
+    "pending_full (held for a pod the CRI could not name yet, but the pending table was full), "
+    "label_too_long (the CRI's labels break Kubernetes' length limits).",
+    ("reason",),
+)
+CRI_DURATION = Spec(
+    "kubenpu.cri.request.duration",
+    "histogram",
+    "s",
+    "Duration of CRI requests made to attribute containers, successful or not.",
+)
+CRI_ERRORS = Spec(
+    "kubenpu.cri.errors",
+    "counter",
+    "{request}",
+    "CRI requests that failed or timed out.",
+)
+EXPORT_ERRORS = Spec(
+    "kubenpu.otlp.export.errors",
+    "counter",
+    "{export}",
+    "OTLP pushes that failed; counts are cumulative, so the next successful push loses nothing.",
+)
+IOCTL_SERIES = Spec(
+    "kubenpu.ioctl.series",
+    "gauge",
+    "{series}",
+    "kubenpu_ioctl_total series currently held (at most metrics.max_series, plus overflow).",
+)
+OVERFLOW_CALLS = Spec(
+    "kubenpu.overflow_calls",
+    "counter",
+    "{call}",
+    'Calls counted in the kubenpu_ioctl_total{otel_metric_overflow="true"} series because '
+    "metrics.max_series was reached.",
+)
+LATE_SIGHTINGS = Spec(
+    "kubenpu.sightings.late",
+    "counter",
+    "{sighting}",
+    "New keys (aggregate mode) and new cgroups (births, both modes) the kernel ring buffer had "
+    "no room to announce. No call is lost; the cgroup is resolved later, from a walk of the "
+    "cgroup tree, instead of at once.",
+)
+READ_ERRORS = Spec(
+    "kubenpu.probe.read.errors",
+    "counter",
+    "{read}",
+    "Reads of the kernel's counters that failed; retried at the next read, which loses nothing.",
+)
+PENDING_EXPIRED = Spec(
+    "kubenpu.pending.expired_calls",
+    "counter",
+    "{call}",
+    "Calls held while the CRI could not name their pod, then counted with empty pod labels "
+    "after attribution.pending_seconds.",
+)
+_POD = ("namespace", "pod", "container", "device", "vendor")
+ENGINE_BUSY = Spec(
+    "kubenpu.engine.busy",
+    "counter",
+    "s",
+    "Device engine busy time of the pod's DRM clients, from drm-engine-<engine> in "
+    "/proc/PID/fdinfo. Divide its rate by kubenpu_engine_capacity for a fraction of the engine "
+    "class. Only drivers that print drm usage stats report it.",
+    (*_POD, "engine"),
+)
+ENGINE_CYCLES = Spec(
+    "kubenpu.engine.cycles",
+    "counter",
+    "{cycle}",
+    "Engine busy cycles of the pod's DRM clients (drm-cycles-<engine>), for drivers that count "
+    "cycles instead of time (xe).",
+    (*_POD, "engine"),
+)
+ENGINE_TOTAL_CYCLES = Spec(
+    "kubenpu.engine.cycles.elapsed",
+    "counter",
+    "{cycle}",
+    "Engine cycles elapsed while the pod's DRM clients were read (drm-total-cycles-<engine>), "
+    "summed over clients: busy fraction = rate(cycles) / rate(cycles.elapsed).",
+    (*_POD, "engine"),
+)
+ENGINE_CAPACITY = Spec(
+    "kubenpu.engine.capacity",
+    "gauge",
+    "{engine}",
+    "Engines of one class a DRM client can use (drm-engine-capacity-<engine>; 1 when the driver "
+    "prints none), the largest over the pod's clients.",
+    (*_POD, "engine"),
+)
+MEMORY = Spec(
+    "kubenpu.memory",
+    "gauge",
+    "By",
+    "Device memory held by the pod's DRM clients at the last read, per region and state "
+    "(total, shared, resident, active, purgeable; drm-memory-<region> counts as resident).",
+    (*_POD, "region", "state"),
+)
+FDINFO_SKIPPED = Spec(
+    "kubenpu.fdinfo.skipped",
+    "counter",
+    "{item}",
+    "Processes, fds or lines found while reading fdinfo and not used, by reason: vanished (went "
+    "away mid-read), unreadable (no ptrace-read access), no_descriptors (EMFILE/ENFILE: read "
+    "again next time), malformed (a drm- line breaking the "
+    "spec), out_of_range (a value past 2^63-1, which OTLP cannot carry, or an increment taking "
+    "a counter past a double's range), no_client_id (a DRM fd "
+    "whose driver prints no usage stats), unknown_device.",
+    ("reason",),
+)
+ALLOCATED = Spec(
+    "kubenpu.device.allocated",
+    "gauge",
+    "{share}",
+    "Shares of the device the container was allocated, from the kubelet's PodResources API "
+    "(device-plugin ids and DRA devices; docs/allocations.md).",
+    ("namespace", "pod", "container", "device", "resource"),
+)
+ALLOCATED_IDLE = Spec(
+    "kubenpu.device.allocated.idle",
+    "counter",
+    "s",
+    "Time the container held the allocation with no submit-class call on the device and no "
+    "engine busy time (or cycles) on it (docs/metrics.md, Idle allocations).",
+    ("namespace", "pod", "container", "device", "resource"),
+)
+ALLOCATED_IDLE_FOR = Spec(
+    "kubenpu.device.allocated.idle_for",
+    "gauge",
+    "s",
+    "How long the allocation has been idle without a break, at the last refresh (0 while used).",
+    ("namespace", "pod", "container", "device", "resource"),
+)
+UNALLOCATED_CALLS = Spec(
+    "kubenpu.device.unallocated_calls",
+    "counter",
+    "{call}",
+    "Submit-class calls a container made on a device that some allocation on the node names, "
+    "while the container was allocated none of it (seen at each allocations refresh). The "
+    "calls are counted in kubenpu_ioctl_total all the same.",
+    ("namespace", "pod", "container", "device"),
+)
+ALLOCATIONS_UNMAPPED = Spec(
+    "kubenpu.allocations.unmapped",
+    "gauge",
+    "{id}",
+    "Allocated ids held now that map to no discovered device, by resource and reason: empty_id, "
+    "unknown_format (no known id format and no PCI address or node name in it), no_device (it "
+    "names a device discovery did not find), empty_pod (an entry without a pod or container "
+    "name).",
+    ("resource", "reason"),
+)
+PODRESOURCES_ERRORS = Spec(
+    "kubenpu.podresources.errors",
+    "counter",
+    "{request}",
+    "PodResources requests to the kubelet that failed or timed out; retried at the next refresh.",
+)
+# Device telemetry from sysfs and hwmon (kubenpu/telemetry.py): OTel hardware semantic
+# conventions' names where they have one. Every point carries these, plus the kind's own labels.
+_HW = ("device", "vendor", "hw.id", "hw.type", "hw.vendor")
+POWER = Spec(
+    "hw.power",
+    "gauge",
+    "W",
+    "Device power now, per sensor: hwmon powerN_input or powerN_average; source=derived when "
+    "the driver has only an energy counter (i915, xe): its increase over the last interval.",
+    (*_HW, "sensor", "chip", "source"),
+    "kubenpu.device.power",
+)
+POWER_LIMIT = Spec(
+    "kubenpu.device.power.limit",
+    "gauge",
+    "W",
+    "Device power limits, per sensor and limit (hwmon powerN_cap, _max, _crit, _rated_max; "
+    "habanalabs max_power).",
+    (*_HW, "sensor", "chip", "limit"),
+)
+ENERGY = Spec(
+    "hw.energy",
+    "counter",
+    "J",
+    "Device energy since the agent started: the driver's counter (hwmon energyN_input, "
+    "source=driver; wraps and resets handled), else power integrated over time "
+    "(source=integrated). The counter kubenpu_energy_joules_total splits.",
+    (*_HW, "source"),
+    "kubenpu.device.energy",
+)
+TEMPERATURE = Spec(
+    "hw.temperature",
+    "gauge",
+    "Cel",
+    "Device temperature per sensor (hwmon tempN_input; sensor is tempN_label where the driver "
+    "names it: edge, junction, mem).",
+    (*_HW, "sensor", "chip"),
+    "kubenpu.device.temperature",
+)
+VOLTAGE = Spec(
+    "hw.voltage",
+    "gauge",
+    "V",
+    "Device voltage per sensor (hwmon inN_input).",
+    (*_HW, "sensor", "chip"),
+    "kubenpu.device.voltage",
+)
+FREQUENCY = Spec(
+    "kubenpu.device.frequency",
+    "gauge",
+    "Hz",
+    "Device clock per domain and state (actual, requested, max, min, rp0): hwmon freqN_input "
+    "and the drivers' own frequency files (i915 gt, xe freq0, ivpu, habanalabs).",
+    (*_HW, "domain", "state"),
+)
+THROTTLE = Spec(
+    "kubenpu.device.throttle",
+    "gauge",
+    "",
+    "1 while the driver reports the device throttled for reason (i915 throttle_reason_*, xe "
+    "throttle/reason_*; status is any reason), else 0.",
+    (*_HW, "domain", "reason"),
+)
+MEMORY_USED = Spec(
+    "hw.gpu.memory.usage",
+    "gauge",
+    "By",
+    "Device memory in use (amdgpu mem_info_vram_used, ivpu npu_memory_utilization).",
+    (*_HW, "region"),
+    "kubenpu.device.memory.used",
+)
+MEMORY_LIMIT = Spec(
+    "hw.gpu.memory.limit",
+    "gauge",
+    "By",
+    "Device memory size (amdgpu mem_info_vram_total).",
+    (*_HW, "region"),
+    "kubenpu.device.memory.limit",
+)
+UTILIZATION = Spec(
+    "hw.gpu.utilization",
+    "gauge",
+    "1",
+    "Device busy fraction as the driver reports it (amdgpu gpu_busy_percent, mem_busy_percent).",
+    (*_HW, "task"),
+    "kubenpu.device.utilization",
+)
+DEVICE_BUSY = Spec(
+    "kubenpu.device.busy",
+    "counter",
+    "s",
+    "Device busy time as the driver counts it (ivpu npu_busy_time_us), since it loaded.",
+    _HW,
+)
+TELEMETRY_SKIPPED = Spec(
+    "kubenpu.telemetry.skipped",
+    "counter",
+    "{item}",
+    "Device telemetry files not used, by reason: missing (a listed driver file absent), "
+    "unreadable (a read error: hwmon returns EIO/ENODATA for sensors off), malformed, "
+    "out_of_range (past 2^63-1), counter_reset (the energy counter went down, not by a 32-bit "
+    "wrap: the increment since is its new value).",
+    ("reason",),
+)
+POD_ENERGY = Spec(
+    "kubenpu.energy",
+    "counter",
+    "J",
+    "Device energy split among pods by their share of the device's engine busy time in each "
+    "fdinfo interval (docs/metrics.md#energy-per-pod). With the device's idle and unattributed "
+    "shares it sums to kubenpu_device_energy_joules_total exactly (in whole microjoules).",
+    _POD,
+)
+ENERGY_IDLE = Spec(
+    "kubenpu.device.energy.idle",
+    "counter",
+    "J",
+    "The device energy share of the time no DRM client kept an engine busy.",
+    ("device", "vendor"),
+)
+ENERGY_UNATTRIBUTED = Spec(
+    "kubenpu.device.energy.unattributed",
+    "counter",
+    "J",
+    "The device energy share of busy time whose pod is not known (host processes, clients "
+    "waiting for the CRI).",
+    ("device", "vendor"),
+)
+TELEMETRY_SPECS = (
+    POWER,
+    POWER_LIMIT,
+    ENERGY,
+    TEMPERATURE,
+    VOLTAGE,
+    FREQUENCY,
+    THROTTLE,
+    MEMORY_USED,
+    MEMORY_LIMIT,
+    UTILIZATION,
+    DEVICE_BUSY,
+    ENERGY_IDLE,
+    ENERGY_UNATTRIBUTED,
+)
+DESCRIPTORS_EXHAUSTED = Spec(
+    "kubenpu.descriptors.exhausted",
+    "counter",
+    "{failure}",
+    "Opens that failed with EMFILE or ENFILE (no file descriptor left), by where: cgroup_walk "
+    "(a cgroup directory; its ids are looked for again), fdinfo (a process's fds, fdinfo or "
+    "cgroup; its clients are read again), metrics_server (an accept).",
+    ("where",),
+)
+TLS_EXPIRY = Spec(
+    "kubenpu.tls.certificate.expiry_timestamp",
+    "gauge",
+    "s",
+    "The earliest notAfter (Unix time) of the certificates in each configured TLS certificate "
+    "file, by setting; checked at start.",
+    ("setting",),
+)
+SPECS = (
+    IOCTL,
+    DEVICE_INFO,
+    DROPPED,
+    INDEX_REBUILDS,
+    RECEIVED,
+    UNATTRIBUTED,
+    CRI_DURATION,
+    CRI_ERRORS,
+    EXPORT_ERRORS,
+    IOCTL_SERIES,
+    OVERFLOW_CALLS,
+    LATE_SIGHTINGS,
+    READ_ERRORS,
+    PENDING_EXPIRED,
+    ENGINE_BUSY,
+    ENGINE_CYCLES,
+    ENGINE_TOTAL_CYCLES,
+    ENGINE_CAPACITY,
+    MEMORY,
+    FDINFO_SKIPPED,
+    ALLOCATED,
+    ALLOCATED_IDLE,
+    ALLOCATED_IDLE_FOR,
+    UNALLOCATED_CALLS,
+    ALLOCATIONS_UNMAPPED,
+    PODRESOURCES_ERRORS,
+    *TELEMETRY_SPECS,
+    TELEMETRY_SKIPPED,
+    POD_ENERGY,
+    DESCRIPTORS_EXHAUSTED,
+    TLS_EXPIRY,
+)
+# The engine counters a Usage carries, by Spec, in the order of Usage.counters.
+ENGINE_COUNTERS = (ENGINE_BUSY, ENGINE_CYCLES, ENGINE_TOTAL_CYCLES)

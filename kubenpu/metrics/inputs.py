@@ -1,0 +1,49 @@
+"""What the stages hand the metrics store: Where (usage, telemetry), Held and AllocationState
+(allocations), DeviceRow (the wiring's device list)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+
+class Held(NamedTuple):
+    """One container's allocation of one device."""
+
+    namespace: str
+    pod: str
+    container: str
+    device: str
+    resource: str
+
+
+@dataclass
+class AllocationState:
+    """What the allocations refresh last found: shares, idle seconds (with the time each was
+    first held) and the current idle streak per Held, unallocated calls per user (with the time
+    first seen), unmapped ids by
+    (resource, reason)."""
+
+    shares: dict[Held, int] = field(default_factory=dict)
+    idle: dict[Held, tuple[float, int]] = field(default_factory=dict)
+    idle_for: dict[Held, float] = field(default_factory=dict)
+    unallocated: dict[tuple[str, str, str, str], tuple[int, int]] = field(default_factory=dict)
+    unmapped: dict[tuple[str, str], int] = field(default_factory=dict)
+
+
+class DeviceRow(NamedTuple):
+    device: str
+    vendor: str
+    driver: str
+    pci_id: str
+    numa_node: str
+
+
+class Where(NamedTuple):
+    """The labels fdinfo series share: whose DRM client, on which device."""
+
+    namespace: str
+    pod: str
+    container: str
+    device: str
+    vendor: str

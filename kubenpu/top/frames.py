@@ -1,0 +1,200 @@
+"""kubenpuctl top's frames: one reading turned into rows per container and device, and their
+sort orders."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from kubenpu.top.sources import (
+    ALLOCATED,
+    BUSY,
+    DEVICE_INFO,
+    DROPPED,
+    ENERGY,
+    IDLE_FOR,
+    IOCTL,
+    KINDS,
+    MEMORY,
+    OVERFLOW,
+    POD_LABELS,
+    TARGET_INFO,
+    UNATTRIBUTED,
+    Reading,
+    Series,
+)
+
+# --- one frame: rows and header ----------------------------------------------------------
+
+
+class RowKey(NamedTuple):
+    node: str
+    namespace: str
+    pod: str
+    container: str
+    device: str
+    vendor: str
+
+
+@dataclass
+class Row:
+    key: RowKey
+    rates: dict[str, float] = field(default_factory=lambda: dict.fromkeys(KINDS, 0.0))
+    busy: dict[str, float] = field(default_factory=dict)  # engine -> % of one engine
+    memory: dict[str, dict[str, float]] = field(default_factory=dict)  # region -> state -> B
+    shares: float | None = None  # allocated by the kubelet; None: not allocated
+    idle_for: float | None = None
+    watts: float | None = None  # the pod's share of the device's power (energy per pod)
+
+    @property
+    def total(self) -> float:
+        return sum(self.rates.values())
+
+    @property
+    def max_busy(self) -> float:
+        return max(self.busy.values(), default=0.0)
+
+    @property
+    def mem(self) -> float:
+        """Resident bytes over all regions (total where the driver prints no resident)."""
+        return sum(st.get("resident", st.get("total", 0.0)) for st in self.memory.values())
+
+
+@dataclass
+class Frame:
+    rows: list[Row]
+    nodes: list[str]
+    versions: list[str]
+    devices: list[tuple[str, str, str]]  # (node, device, vendor)
+    engines: list[str]  # busy columns; empty when the family is not exported
+    has_memory: bool
+    measuring: bool
+    has_allocations: bool = False  # no rates yet (the first scrape)
+    has_energy: bool = False  # no rates yet (the first scrape)
+    calls: float = 0.0
+    dropped: float = 0.0
+    dropped_rate: float = 0.0
+    unattributed: float = 0.0
+    unattributed_rate: float = 0.0
+    overflow: float = 0.0
+    malformed: int = 0
+
+
+def _key(s: Series, multi_node: bool) -> RowKey:
+    node = (s.labels.get("node") or s.labels.get("instance", "")) if multi_node else ""
+    return RowKey(node, *(s.labels.get(k, "") for k in POD_LABELS))
+
+
+def build_frame(reading: Reading, multi_node: bool) -> Frame:
+    rows: dict[RowKey, Row] = {}
+
+    def row(s: Series) -> Row:
+        key = _key(s, multi_node)
+        return rows.setdefault(key, Row(key))
+
+    by_name: dict[str, list[Series]] = defaultdict(list)
+    for s in reading.latest:
+        by_name[s.name].append(s)
+    rated: dict[str, list[Series]] = defaultdict(list)
+    for s in reading.rates or ():
+        rated[s.name].append(s)
+    # The overflow series has no pod, device nor kind: it is in the header, not a row.
+    for s in by_name[IOCTL]:  # idle pods too: their counters exist but did not move
+        if s.labels.get("kind") in KINDS:
+            row(s)
+    for s in rated[IOCTL]:
+        if s.labels.get("kind") in KINDS:
+            row(s).rates[s.labels["kind"]] += s.value
+    for s in rated[BUSY]:
+        busy = row(s).busy
+        engine = s.labels.get("engine", "")
+        busy[engine] = busy.get(engine, 0.0) + 100 * s.value
+    for s in rated[ENERGY]:
+        r = row(s)
+        r.watts = (r.watts or 0.0) + s.value
+    for s in by_name[MEMORY]:
+        states = row(s).memory.setdefault(s.labels.get("region", ""), {})
+        state = s.labels.get("state", "")
+        states[state] = states.get(state, 0.0) + s.value
+    _allocations(rows, by_name, multi_node)
+    info = by_name[DEVICE_INFO]
+    return Frame(
+        rows=list(rows.values()),
+        nodes=_distinct(
+            [s.labels.get("node", "") for s in info]
+            + [s.labels.get("k8s_node_name", "") for s in by_name[TARGET_INFO]]
+        ),
+        versions=_distinct([s.labels.get("service_version", "") for s in by_name[TARGET_INFO]]),
+        devices=sorted(
+            {tuple(s.labels.get(k, "") for k in ("node", "device", "vendor")) for s in info}
+        ),
+        engines=sorted({s.labels.get("engine", "") for s in by_name[BUSY]}),
+        has_memory=bool(by_name[MEMORY]),
+        has_allocations=bool(by_name[ALLOCATED]),
+        has_energy=bool(by_name[ENERGY]),
+        measuring=reading.rates is None,
+        calls=sum(s.value for s in rated[IOCTL]),
+        dropped=_sum(by_name[DROPPED]),
+        dropped_rate=_sum(rated[DROPPED]),
+        unattributed=_sum(by_name[UNATTRIBUTED]),
+        unattributed_rate=_sum(rated[UNATTRIBUTED]),
+        overflow=_sum(by_name[OVERFLOW]),
+        malformed=reading.malformed,
+    )
+
+
+def _allocations(
+    rows: dict[RowKey, Row], by_name: dict[str, list[Series]], multi_node: bool
+) -> None:
+    """Shares and idle streaks onto the rows of the same container and device (allocation
+    series carry no vendor); an allocation without calls gets a row of its own."""
+    by_place = {k._replace(vendor=""): r for k, r in rows.items()}
+    for s in by_name[ALLOCATED] + by_name[IDLE_FOR]:
+        key = _key(s, multi_node)._replace(vendor="")
+        r = by_place.get(key) or rows.setdefault(key, Row(key))
+        by_place[key] = r
+        if s.name == ALLOCATED:
+            r.shares = (r.shares or 0.0) + s.value
+        else:
+            r.idle_for = max(r.idle_for or 0.0, s.value)
+
+
+def _distinct(values: Iterable[str]) -> list[str]:
+    return sorted({v for v in values if v})
+
+
+def _sum(series: Iterable[Series]) -> float:
+    return sum(s.value for s in series)
+
+
+# --- sorting -----------------------------------------------------------------------------
+
+# Sort name -> (key press, row value). Numbers sort highest first, names A to Z.
+SORTS: dict[str, tuple[str, Callable[[Row], float | str]]] = {
+    "total": ("t", lambda r: r.total),
+    "submit": ("s", lambda r: r.rates["submit"]),
+    "alloc": ("a", lambda r: r.rates["alloc"]),
+    "wait": ("w", lambda r: r.rates["wait"]),
+    "busy": ("b", lambda r: r.max_busy),
+    "memory": ("m", lambda r: r.mem),
+    "shares": ("h", lambda r: r.shares or 0.0),
+    "idle": ("i", lambda r: r.idle_for or 0.0),
+    "power": ("e", lambda r: r.watts or 0.0),
+    "node": ("o", lambda r: r.key.node),
+    "namespace": ("n", lambda r: r.key.namespace),
+    "pod": ("p", lambda r: r.key.pod),
+    "container": ("c", lambda r: r.key.container),
+    "device": ("d", lambda r: r.key.device),
+    "vendor": ("v", lambda r: r.key.vendor),
+}
+SORT_KEYS = {key: name for name, (key, _) in SORTS.items()}
+NUMERIC = ("total", "submit", "alloc", "wait", "busy", "memory", "shares", "idle", "power")
+
+
+def sort_rows(rows: list[Row], by: str, reverse: bool = False) -> list[Row]:
+    value = SORTS[by][1]
+    # Names then the row key break ties, so equal rows keep one stable order between frames.
+    ordered = sorted(rows, key=lambda r: r.key)
+    return sorted(ordered, key=value, reverse=(by in NUMERIC) != reverse)
