@@ -404,7 +404,17 @@ def build(
         )
     if cfg.attribution.pod_resources.enabled:
         _start_allocations(cfg, found, metrics, services)
-    kernel = open_kernel(cfg.probe, devices, debug)
+    p = cfg.probe
+    kernel = open_kernel(
+        devices,
+        pin_dir=p.pin_dir,
+        loader=p.loader,
+        mode=p.mode,
+        hook=p.hook,
+        attach=p.attach,
+        ringbuf_pages=p.ringbuf_pages,
+        debug=debug,
+    )
     # A new cgroup is indexed on the polling thread at once: it may be gone by the next flush.
     probe = Probe(kernel, tally, on_births=resolver.cgroups_born)
     services.add("probe", probe.close)

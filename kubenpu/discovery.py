@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from kubenpu.kernel import abi
 from kubenpu.vendors import for_driver
 
 log = logging.getLogger(__name__)
@@ -45,11 +44,6 @@ class Node:
     name: str  # e.g. card0
     major: int
     minor: int
-
-    @property
-    def dev_t(self) -> int:
-        """The kernel-internal dev_t, which keys the probe's device map."""
-        return abi.dev_t(self.major, self.minor)
 
     @property
     def accel(self) -> bool:

@@ -10,9 +10,10 @@ from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Generic, NamedTuple, TypeVar
+from typing import Generic, TypeVar
 
 from kubenpu.kernel.abi import BIRTH, EVENT, LOST_SLOTS
+from kubenpu.kernel.records import Birth, Event, Key
 from kubenpu.vendors import Kind
 
 SIZE = EVENT.size
@@ -43,23 +44,6 @@ class BadRecord(ValueError):
     """A ring-buffer record that is not a `struct event` of a known kind."""
 
 
-class Event(NamedTuple):
-    ts_ns: int
-    cgroup_id: int
-    tgid: int
-    cmd: int
-    major: int
-    minor: int
-    kind: int
-
-
-class Key(NamedTuple):
-    cgroup_id: int
-    major: int
-    minor: int
-    kind: int
-
-
 def _fields(data: bytes) -> tuple[int, ...]:
     if len(data) < SIZE:
         raise BadRecord(f"record of {len(data)} bytes, expected {SIZE}")
@@ -72,11 +56,6 @@ def _fields(data: bytes) -> tuple[int, ...]:
 def decode(data: bytes) -> Event:
     """Raises BadRecord for a record too short or of an unknown kind."""
     return Event(*_fields(data)[:7])
-
-
-class Birth(NamedTuple):
-    cgroup_id: int
-    parent_id: int
 
 
 def birth(data: bytes) -> Birth | None:

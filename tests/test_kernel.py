@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from kubenpu import vendors
-from kubenpu.config import ProbeConfig
 from kubenpu.kernel.abi import dev_t
 from kubenpu.kernel.bcc import AttachPlan, BccKernel, attach_plans, source_text
 from kubenpu.kernel.core import CoreKernel
@@ -129,11 +128,11 @@ def test_vendor_ids_reserve_zero_for_the_core_table():
 
 
 def test_loader_auto_tries_core_then_bcc():
-    assert [type(k) for k in loaders(ProbeConfig(), [])] == [CoreKernel, BccKernel]
-    assert [type(k) for k in loaders(ProbeConfig(loader="core"), [])] == [CoreKernel]
-    assert [type(k) for k in loaders(ProbeConfig(loader="bcc"), [])] == [BccKernel]
+    assert [type(k) for k in loaders([])] == [CoreKernel, BccKernel]
+    assert [type(k) for k in loaders([], loader="core")] == [CoreKernel]
+    assert [type(k) for k in loaders([], loader="bcc")] == [BccKernel]
     # the kprobe attach exists only in BCC
-    assert [type(k) for k in loaders(ProbeConfig(attach="kprobe"), [])] == [BccKernel]
+    assert [type(k) for k in loaders([], attach="kprobe")] == [BccKernel]
 
 
 def test_device_table_puts_drm_and_accel_nodes_in_the_array_and_others_in_the_hash():

@@ -8,17 +8,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from kubenpu.discovery import Device
-from kubenpu.events import Key
+from kubenpu.kernel import hooks
 from kubenpu.kernel.bcc import BccKernel
 from kubenpu.kernel.core import CoreKernel
 from kubenpu.kernel.errors import ProbeError
 from kubenpu.kernel.pinned import Loader, PinnedProbe, load_in_child
-
-if TYPE_CHECKING:  # pydantic comes with the agent extras, which kubenpuctl does without
-    from kubenpu.config import ProbeConfig
+from kubenpu.kernel.records import Key
 
 log = logging.getLogger(__name__)
 
@@ -83,28 +81,56 @@ class Fallback:
         self._active.close()
 
 
-def loaders(cfg: ProbeConfig, devices: list[Device], debug: bool = False) -> list[Loader]:
+def loaders(
+    devices: list[Device],
+    *,
+    loader: str = "auto",
+    mode: str = "aggregate",
+    hook: str = hooks.DEFAULT_HOOK,
+    attach: str = "auto",
+    ringbuf_pages: int = 256,
+    debug: bool = False,
+) -> list[Loader]:
     """The loaders `probe.loader` allows, in the order tried. The kprobe attach exists only in
     BCC, so `attach: kprobe` leaves the CO-RE loader out."""
-    sizes = {"mode": cfg.mode, "hook": cfg.hook, "attach": cfg.attach}
-    sizes["ringbuf_pages"] = cfg.ringbuf_pages
-    core = CoreKernel(devices, **sizes, alone=cfg.loader == "core")
+    sizes = {"mode": mode, "hook": hook, "attach": attach, "ringbuf_pages": ringbuf_pages}
+    core = CoreKernel(devices, **sizes, alone=loader == "core")
     bcc = BccKernel(devices, **sizes, debug=debug)
-    if cfg.loader == "core":
+    if loader == "core":
         return [core]
-    if cfg.loader == "bcc" or cfg.attach == "kprobe":
+    if loader == "bcc" or attach == "kprobe":
         return [bcc]
     return [core, bcc]
 
 
-def open_kernel(cfg: ProbeConfig, devices: list[Device], debug: bool = False) -> Kernel:
-    """The agent's Kernel: pinned under `probe.pin_dir` when set (BCC then compiles in a child
-    process, so the agent never maps LLVM; CO-RE loads in this process: libbpf only)."""
+def open_kernel(
+    devices: list[Device],
+    *,
+    pin_dir: str = "",
+    loader: str = "auto",
+    mode: str = "aggregate",
+    hook: str = hooks.DEFAULT_HOOK,
+    attach: str = "auto",
+    ringbuf_pages: int = 256,
+    debug: bool = False,
+) -> Kernel:
+    """The agent's Kernel, from the `probe.*` settings: pinned under `pin_dir` when set (BCC then
+    compiles in a child process, so the agent never maps LLVM; CO-RE loads in this process:
+    libbpf only)."""
     kernels: list[Kernel] = []
-    for loader in loaders(cfg, devices, debug):
-        if cfg.pin_dir:
-            spawn = load_in_child if isinstance(loader, BccKernel) else None
-            kernels.append(PinnedProbe(Path(cfg.pin_dir), loader, devices, spawn=spawn))
+    tried = loaders(
+        devices,
+        loader=loader,
+        mode=mode,
+        hook=hook,
+        attach=attach,
+        ringbuf_pages=ringbuf_pages,
+        debug=debug,
+    )
+    for each in tried:
+        if pin_dir:
+            spawn = load_in_child if isinstance(each, BccKernel) else None
+            kernels.append(PinnedProbe(Path(pin_dir), each, devices, spawn=spawn))
         else:
-            kernels.append(loader)
+            kernels.append(each)
     return kernels[0] if len(kernels) == 1 else Fallback(kernels)

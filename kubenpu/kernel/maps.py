@@ -9,9 +9,9 @@ import ctypes
 from collections.abc import Iterable, Mapping
 
 from kubenpu.discovery import Device
-from kubenpu.events import Key
 from kubenpu.kernel import abi, bpfsys
 from kubenpu.kernel.errors import ProbeError
+from kubenpu.kernel.records import Key
 from kubenpu.vendors import all_vendors, core
 
 _BATCH = 4096  # keys per BPF_MAP_LOOKUP_BATCH call
@@ -29,7 +29,9 @@ def tables(devices: Iterable[Device]) -> tuple[dict[int, int], dict[int, int]]:
     the counted devices; slots not listed hold 0 (not counted)."""
     ids = vendor_ids()
     devices = [d for d in devices if d.vendor]
-    by_node = {node.dev_t: ids[d.vendor] for d in devices for node in d.nodes}
+    by_node = {
+        abi.dev_t(node.major, node.minor): ids[d.vendor] for d in devices for node in d.nodes
+    }
     names = {d.vendor for d in devices}
     vendors = (core(), *(v for v in all_vendors() if v.name in names))
     ioctls = {abi.ioctl_index(ids[v.name], i.nr): int(i.kind) for v in vendors for i in v.ioctls}

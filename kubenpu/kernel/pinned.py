@@ -29,11 +29,11 @@ from typing import Protocol
 
 from kubenpu import __version__
 from kubenpu.discovery import Device
-from kubenpu.events import Key
 from kubenpu.kernel import abi, bpfsys
 from kubenpu.kernel.abi import GATE_HANDOVER, GATE_OPEN, LINK
 from kubenpu.kernel.errors import ProbeError
 from kubenpu.kernel.maps import MapReads, Maps, empty_devices
+from kubenpu.kernel.records import Key
 
 log = logging.getLogger(__name__)
 

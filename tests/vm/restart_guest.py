@@ -64,7 +64,9 @@ from kubenpu.kernel.loader import loaders
 from kubenpu.kernel.pinned import PinnedProbe, load_in_child
 cfg = config.load(sys.argv[1])
 devices = discover(cfg.discovery.root)
-(kernel,) = loaders(cfg.probe, devices)
+p = cfg.probe
+settings = dict(loader=p.loader, mode=p.mode, hook=p.hook, attach=p.attach)
+(kernel,) = loaders(devices, **settings, ringbuf_pages=p.ringbuf_pages)
 probe = PinnedProbe(Path(cfg.probe.pin_dir), kernel, devices)
 kernel.gate_open = False
 print(probe.dir if load_in_child(kernel, probe.dir, probe.meta) else "")

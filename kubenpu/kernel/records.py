@@ -1,0 +1,28 @@
+"""The kernel's records as Python reads them: a ring-buffer event, a cgroup birth, and the key
+of the `counts` map (their byte layouts are kernel/abi.py's). kubenpu.events aggregates them."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Event(NamedTuple):
+    ts_ns: int
+    cgroup_id: int
+    tgid: int
+    cmd: int
+    major: int
+    minor: int
+    kind: int
+
+
+class Key(NamedTuple):
+    cgroup_id: int
+    major: int
+    minor: int
+    kind: int
+
+
+class Birth(NamedTuple):
+    cgroup_id: int
+    parent_id: int
