@@ -1,4 +1,6 @@
-"""Energy per pod: one interval's device energy increment split among its DRM clients' pods.
+"""A device's energy: its increments across reads (`Meter`: the driver's counter through wraps
+and resets, else power integrated over time), and each interval's increment split among its DRM
+clients' pods.
 
 The model (docs/metrics.md#energy-per-pod):
 - Each recipient's weight is its busy time on the device in the interval, summed over engine
@@ -14,11 +16,13 @@ The model (docs/metrics.md#energy-per-pod):
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 IDLE = "idle"
 UNATTRIBUTED = "unattributed"
+_WRAP_32 = 1 << 32
 
 _K = TypeVar("_K", bound=Hashable)
 
@@ -65,3 +69,67 @@ def split(
     if not any(weights.values()):
         weights[IDLE] = 1  # no interval and no busy time: the energy was still used
     return apportion(microjoules, weights, carry)
+
+
+def weights(
+    busy: Mapping[_K | None, list[int]], interval_ns: int
+) -> tuple[dict[_K | None, int], int]:
+    """Each recipient's weight and the interval, in one unit: busy ns against the interval's ns
+    when the driver prints engine time, else busy cycles against the elapsed cycles. busy holds
+    [busy ns, busy cycles, elapsed cycles] per recipient."""
+    if any(b[0] for b in busy.values()) or not any(b[1] for b in busy.values()):
+        return {k: b[0] for k, b in busy.items()}, interval_ns
+    return {k: b[1] for k, b in busy.items()}, max(b[2] for b in busy.values())
+
+
+@dataclass
+class Meter(Generic[_K]):
+    """One device's energy across reads, and its shares so far."""
+
+    counter: int | None = None  # the driver's last energy counter value
+    at_ns: int | None = None  # when the last read was
+    source: str = ""  # driver or integrated, once known
+    total_uj: int = 0  # energy since the agent started: what the shares sum to
+    integrated_rem: int = 0  # µW·ns not yet a whole µJ
+    idle_uj: int = 0
+    unattributed_uj: int = 0
+    carry: dict[_K | str, Fraction] = field(default_factory=dict)
+
+    def delta(
+        self, energy_uj: int | None, power_uw: int | None, now: int
+    ) -> tuple[int | None, int]:
+        """The µJ used since the last read (None: no energy source), and 1 on a counter reset."""
+        if energy_uj is not None:
+            self.source = "driver"
+            last, self.counter = self.counter, energy_uj
+            if last is None:
+                return 0, 0  # the first reading is the baseline
+            delta = energy_uj - last
+            if delta >= 0:
+                return delta, 0
+            if last < _WRAP_32 <= last * 2:  # fell from the top half of 32 bits: a wrap
+                return delta + _WRAP_32, 0
+            return energy_uj, 1  # a reset (module reload): the counter since
+        if power_uw is not None and self.at_ns is not None:
+            self.source = "integrated"
+            work = power_uw * (now - self.at_ns) + self.integrated_rem
+            delta, self.integrated_rem = divmod(work, 1_000_000_000)
+            return delta, 0
+        return None, 0
+
+    def split(
+        self, delta: int, interval_ns: int, busy: Mapping[_K | None, list[int]]
+    ) -> dict[_K, int]:
+        """delta µJ shared by busy time: the idle and unattributed shares kept here, the pods'
+        returned."""
+        self.total_uj += delta
+        weighed, interval = weights(busy, interval_ns)
+        pods: dict[_K, int] = {}
+        for key, share in split(delta, interval, weighed, self.carry).items():
+            if key == IDLE:
+                self.idle_uj += share
+            elif key == UNATTRIBUTED:
+                self.unattributed_uj += share
+            else:
+                pods[key] = share
+        return pods

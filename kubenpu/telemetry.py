@@ -26,7 +26,6 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from fractions import Fraction
 from pathlib import Path
 
 from kubenpu import energy
@@ -58,7 +57,6 @@ _UNITLESS = {"": 1}
 _MAX_FILE = 4096  # a sysfs attribute is at most a page
 _HWMON = re.compile(r"(power|energy|temp|freq|in)(\d+)_(input|average|cap|max|crit|rated_max)")
 _LABEL_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
-_WRAP_32 = 1 << 32
 # PCI vendor ids to hw.vendor.
 _HW_VENDOR = {
     "8086": "Intel",
@@ -301,21 +299,6 @@ def _label(path: Path) -> str | None:
 Busy = Mapping[str, Mapping[Where | None, list[int]]]
 
 
-@dataclass
-class _State:
-    """One device's counters across reads."""
-
-    hw: Attrs
-    counter: int | None = None  # the driver's last energy counter value
-    at_ns: int | None = None  # when the last read was
-    source: str = ""  # driver or integrated, once known
-    total_uj: int = 0  # energy since the agent started: what the shares sum to
-    integrated_rem: int = 0  # µW·ns not yet a whole µJ
-    idle_uj: int = 0
-    unattributed_uj: int = 0
-    carry: dict[Where | str, Fraction] = field(default_factory=dict)
-
-
 class Telemetry:
     """Reads every device's telemetry and turns energy increments into per-pod energy."""
 
@@ -330,7 +313,8 @@ class Telemetry:
         self._metrics = metrics
         self._root = Path(root)
         self._clock = clock
-        self._state = {d.id: _State(_hw_attrs(d)) for d in self._devices}
+        self._hw = {d.id: _hw_attrs(d) for d in self._devices}
+        self._meters: dict[str, energy.Meter[Where]] = {d.id: energy.Meter() for d in self._devices}
 
     def read(self, busy: Busy) -> None:
         """One read of every device; busy is Usage.interval_busy() of the same interval."""
@@ -338,78 +322,43 @@ class Telemetry:
         for device in self._devices:
             reading = read_device(device, self._root)
             skipped.update(reading.skipped)
-            state = self._state[device.id]
+            meter = self._meters[device.id]
             now = self._clock()
-            delta, reset = self._energy_delta(state, reading, now)
+            delta, reset = meter.delta(reading.energy_uj, reading.power_uw, now)
             skipped[COUNTER_RESET] += reset
-            if delta is not None and state.at_ns is not None:
-                self._split(device.id, state, delta, now - state.at_ns, busy.get(device.id, {}))
-                if reading.power_uw is None and now > state.at_ns:  # i915, xe: no power file
-                    power = delta * 1e3 / (now - state.at_ns)
+            if delta is not None and meter.at_ns is not None:
+                self._split(meter, delta, now - meter.at_ns, busy.get(device.id, {}))
+                if reading.power_uw is None and now > meter.at_ns:  # i915, xe: no power file
+                    power = delta * 1e3 / (now - meter.at_ns)
                     attrs = {"sensor": "energy", "chip": "", "source": "derived"}
                     reading.values.append((POWER, attrs, power))
-            state.at_ns = now
-            self._metrics.set_telemetry(device.id, self._points(state, reading))
+            meter.at_ns = now
+            points = self._points(self._hw[device.id], meter, reading)
+            self._metrics.set_telemetry(device.id, points)
         self._metrics.telemetry_skipped({r: n for r, n in skipped.items() if n})
-
-    @staticmethod
-    def _energy_delta(state: _State, reading: Reading, now: int) -> tuple[int | None, int]:
-        """The µJ used since the last read (None: no energy source), and 1 on a counter reset."""
-        if reading.energy_uj is not None:
-            state.source = "driver"
-            last, state.counter = state.counter, reading.energy_uj
-            if last is None:
-                return 0, 0  # the first reading is the baseline
-            delta = reading.energy_uj - last
-            if delta >= 0:
-                return delta, 0
-            if last < _WRAP_32 <= last * 2:  # fell from the top half of 32 bits: a wrap
-                return delta + _WRAP_32, 0
-            return reading.energy_uj, 1  # a reset (module reload): the counter since
-        if reading.power_uw is not None and state.at_ns is not None:
-            state.source = "integrated"
-            work = reading.power_uw * (now - state.at_ns) + state.integrated_rem
-            delta, state.integrated_rem = divmod(work, 1_000_000_000)
-            return delta, 0
-        return None, 0
 
     def _split(
         self,
-        device: str,
-        state: _State,
+        meter: energy.Meter[Where],
         delta: int,
         interval_ns: int,
         busy: Mapping[Where | None, list[int]],
     ) -> None:
-        state.total_uj += delta
-        weights, interval = _weights(busy, interval_ns)
-        for key, share in energy.split(delta, interval, weights, state.carry).items():
-            if key == energy.IDLE:
-                state.idle_uj += share
-            elif key == energy.UNATTRIBUTED:
-                state.unattributed_uj += share
-            elif isinstance(key, Where):
-                self._metrics.add_energy(key, share)
+        for where, share in meter.split(delta, interval_ns, busy).items():
+            if isinstance(where, Where):
+                self._metrics.add_energy(where, share)
 
     @staticmethod
-    def _points(state: _State, reading: Reading) -> list[tuple[Spec, Attrs, float]]:
-        points = [(spec, {**state.hw, **attrs}, value) for spec, attrs, value in reading.values]
-        if state.source:
-            points.append((ENERGY, {**state.hw, "source": state.source}, state.total_uj / 1e6))
-            own = {"device": state.hw["device"], "vendor": state.hw["vendor"]}
-            points.append((ENERGY_IDLE, own, state.idle_uj / 1e6))
-            points.append((ENERGY_UNATTRIBUTED, own, state.unattributed_uj / 1e6))
+    def _points(
+        hw: Attrs, meter: energy.Meter[Where], reading: Reading
+    ) -> list[tuple[Spec, Attrs, float]]:
+        points = [(spec, {**hw, **attrs}, value) for spec, attrs, value in reading.values]
+        if meter.source:
+            points.append((ENERGY, {**hw, "source": meter.source}, meter.total_uj / 1e6))
+            own = {"device": hw["device"], "vendor": hw["vendor"]}
+            points.append((ENERGY_IDLE, own, meter.idle_uj / 1e6))
+            points.append((ENERGY_UNATTRIBUTED, own, meter.unattributed_uj / 1e6))
         return points
-
-
-def _weights(
-    busy: Mapping[Where | None, list[int]], interval_ns: int
-) -> tuple[dict[Where | None, int], int]:
-    """Each recipient's weight and the interval, in one unit: busy ns against the interval's ns
-    when the driver prints engine time, else busy cycles against the elapsed cycles."""
-    if any(b[0] for b in busy.values()) or not any(b[1] for b in busy.values()):
-        return {k: b[0] for k, b in busy.items()}, interval_ns
-    return {k: b[1] for k, b in busy.items()}, max(b[2] for b in busy.values())
 
 
 def _hw_attrs(device: Device) -> Attrs:

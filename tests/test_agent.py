@@ -25,11 +25,13 @@ from fakes import Clock, FakeKernel, FakeResolver, record
 from helpers import eventually, free_port, make_config, resolved, values
 
 from kubenpu import __version__, export
-from kubenpu.agent import Agent, Health, fdinfo_devices, main, select_devices
+from kubenpu.agent import main
 from kubenpu.attribution import Attributor
 from kubenpu.discovery import Device, Node
 from kubenpu.events import Key, Tally
+from kubenpu.health import Health
 from kubenpu.kernel.errors import ProbeError
+from kubenpu.loop import Agent
 from kubenpu.metrics.catalogue import (
     DROPPED,
     INDEX_REBUILDS,
@@ -46,6 +48,7 @@ from kubenpu.probe import Probe
 from kubenpu.resolve import Attribution
 from kubenpu.resolve.resolver import Resolver
 from kubenpu.services import Services
+from kubenpu.wiring import fdinfo_devices, select_devices
 
 UID = "0e6f7c3a-1b2d-4c5e-8f9a-0b1c2d3e4f5a"
 CID = "c" * 64

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from helpers import CHART, chart_capabilities
 
-from kubenpu import agent
+from kubenpu import loop
 from kubenpu.resolve import resolver
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -176,17 +176,17 @@ def test_the_default_hook_is_named_alike_everywhere():
 
 # (doc, the claim with the number in it, the constant it states)
 TIMINGS = [
-    ("docs/metrics.md", r"retries them at every flush \(every ([\d.]+) s\)", agent._FLUSH_SECONDS),
-    ("docs/metrics.md", r"within ([\d.]+) s of each CRI answer", agent._ANSWERS_EVERY_SECONDS),
-    ("docs/architecture.md", r"at once \(at most every ([\d.]+) s\)", agent._ANSWERS_EVERY_SECONDS),
-    ("docs/architecture.md", r"not at the next ([\d.]+) s flush", agent._FLUSH_SECONDS),
-    ("docs/architecture.md", r"reads the map in batches every ([\d.]+) s", agent._READ_SECONDS),
+    ("docs/metrics.md", r"retries them at every flush \(every ([\d.]+) s\)", loop._FLUSH_SECONDS),
+    ("docs/metrics.md", r"within ([\d.]+) s of each CRI answer", loop._ANSWERS_EVERY_SECONDS),
+    ("docs/architecture.md", r"at once \(at most every ([\d.]+) s\)", loop._ANSWERS_EVERY_SECONDS),
+    ("docs/architecture.md", r"not at the next ([\d.]+) s flush", loop._FLUSH_SECONDS),
+    ("docs/architecture.md", r"reads the map in batches every ([\d.]+) s", loop._READ_SECONDS),
     (
         "docs/architecture.md",
         r"asked again after ([\d.]+) s, doubling",
         resolver._FIRST_RETRY_SECONDS,
     ),
-    ("docs/configuration.md", r"one batch \(([\d.]+) s of events", agent._FLUSH_SECONDS),
+    ("docs/configuration.md", r"one batch \(([\d.]+) s of events", loop._FLUSH_SECONDS),
 ]
 
 

@@ -684,7 +684,7 @@ def test_the_otlp_side_is_imported_only_when_otlp_is_enabled(tmp_path, otlp_enab
 import sys
 from helpers import StubHealth
 from kubenpu import agent, config, export
-from kubenpu.metrics import Metrics
+from kubenpu.metrics.store import Metrics
 cfg = config.load({str(tmp_path / "kubenpu.yaml")!r}, {{"K8S_NODE_NAME": "n"}})
 export.start(cfg, Metrics("n", 60, 100), StubHealth()).shutdown()
 otlp = ("kubenpu.export.otlp", "opentelemetry.sdk.metrics", "opentelemetry.exporter")

@@ -64,7 +64,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_graph_is_read():
     graph = _graph()
-    assert "kubenpu.metrics" in graph["kubenpu.usage"]  # if this broke, the next would pass idly
+    assert "kubenpu.metrics.store" in graph["kubenpu.usage"]  # else the next passes idly
     assert _cycle({"a": {"b"}, "b": {"a"}}) == ["a", "b", "a"]
 
 

@@ -10,7 +10,7 @@ import time
 import pytest
 from helpers import eventually, free_port
 
-from kubenpu import agent
+from kubenpu import agent, wiring
 from kubenpu.kernel.errors import ProbeError
 from kubenpu.services import Services
 
@@ -68,7 +68,7 @@ def test_a_kernel_that_cannot_load_stops_the_exporters_already_started(tmp_path,
             serving.append(s.connect_ex(("127.0.0.1", port)) == 0)
         raise ProbeError("cannot attach to security_file_ioctl: no BTF")
 
-    monkeypatch.setattr(agent, "open_kernel", no_kernel)
+    monkeypatch.setattr(wiring, "open_kernel", no_kernel)
     monkeypatch.setattr(logging, "basicConfig", lambda **_: None)  # the root logger stays as is
     assert agent.main(["--config", str(config)]) == 2
     with socket.socket() as s:

@@ -4,16 +4,13 @@ socket, with TLS and auth in the spirit of the Prometheus exporter-toolkit."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import errno
-import hmac
 import http.client
 import io
 import logging
 import resource
 import socket
-import ssl
 import threading
 from collections.abc import Callable, Hashable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -23,10 +20,11 @@ from typing import Any, Protocol
 
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 
-from kubenpu.config import AuthConfig, PrometheusConfig, TlsConfig
+from kubenpu.config import PrometheusConfig
 from kubenpu.descriptors import METRICS_SERVER, Exhaustion, exhausted
+from kubenpu.export.auth import Auth
 from kubenpu.export.errors import ExportError, PortInUseError
-from kubenpu.export.files import read_regular
+from kubenpu.export.tls import ssl_context
 
 log = logging.getLogger(__name__)
 
@@ -52,71 +50,6 @@ def _text(status: str, body: str, *headers: tuple[str, str]) -> _Response:
     return status, [("Content-Type", "text/plain; charset=utf-8"), *headers], body.encode()
 
 
-def _read_secret(path: str, key: str) -> bytes:
-    secret = read_regular(path, key, limit=4096).strip()  # longer: an error, not cut short
-    if not secret:
-        raise ExportError(f"{key} {path} is empty")
-    return secret
-
-
-class _Auth:
-    """Basic and/or bearer auth in the spirit of the Prometheus exporter-toolkit's web config:
-    secrets come from files, comparisons are constant-time, either configured scheme admits."""
-
-    def __init__(self, cfg: AuthConfig) -> None:
-        key = "export.prometheus.auth"
-        self._basic = None
-        if cfg.username:
-            password = _read_secret(cfg.password_file, f"{key}.password_file")
-            self._basic = base64.b64encode(cfg.username.encode() + b":" + password)
-        self._bearer = (
-            _read_secret(cfg.bearer_token_file, f"{key}.bearer_token_file")
-            if cfg.bearer_token_file
-            else None
-        )
-
-    def required(self) -> bool:
-        return bool(self._basic or self._bearer)
-
-    def allows(self, header: str) -> bool:
-        scheme, _, credentials = header.strip().partition(" ")
-        given = credentials.strip().encode()
-        expected = {"basic": self._basic, "bearer": self._bearer}.get(scheme.lower())
-        return expected is not None and hmac.compare_digest(given, expected)
-
-    def challenge(self) -> tuple[str, str]:
-        return ("WWW-Authenticate", 'Basic realm="kubenpu"' if self._basic else "Bearer")
-
-
-def _ssl_context(cfg: TlsConfig) -> ssl.SSLContext | None:
-    if not cfg.enabled():
-        return None
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    key = "export.prometheus.tls"
-    for path, what in ((cfg.cert_file, "cert_file"), (cfg.key_file, "key_file")):
-        read_regular(path, f"{key}.{what}")
-    try:
-        # A passphrase-protected key: a clear error, never OpenSSL's prompt on the terminal.
-        ctx.load_cert_chain(cfg.cert_file, cfg.key_file, password=_no_passphrase(cfg.key_file))
-    except (OSError, ssl.SSLError) as err:
-        raise ExportError(
-            f"cannot load export.prometheus.tls cert_file {cfg.cert_file} / key_file "
-            f"{cfg.key_file}: {getattr(err, 'strerror', None) or err}"
-        ) from None
-    return ctx
-
-
-def _no_passphrase(key_file: str) -> Callable[[], bytes]:
-    def refuse() -> bytes:
-        raise ExportError(
-            f"export.prometheus.tls.key_file {key_file} is encrypted: give an unencrypted key "
-            "(openssl pkey -in KEY -out PLAIN)"
-        )
-
-    return refuse
-
-
 class MetricsServer:
     """/metrics (prometheus_client's WSGI app), /healthz and /readyz on one socket.
 
@@ -139,8 +72,8 @@ class MetricsServer:
         self._exhaustion = Exhaustion(METRICS_SERVER, on_exhausted)
         self._app = metrics_app
         self._health = health
-        self._auth = _Auth(cfg.auth)
-        self._tls = _ssl_context(cfg.tls)
+        self._auth = Auth(cfg.auth)
+        self._tls = ssl_context(cfg.tls)
         self._sock = _listen(cfg.host, cfg.port)
         self.port = self._sock.getsockname()[1]
         self._pool = ThreadPoolExecutor(cfg.max_connections, thread_name_prefix="metrics")

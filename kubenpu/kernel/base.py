@@ -1,13 +1,57 @@
-"""What both loaders (kernel.bcc.BccKernel, kernel.core.CoreKernel) are made from, and the two
-switches PinnedProbe sets on them before a load (the gate, and a step between fill and attach)."""
+"""What the kernel side offers: the Kernel protocol (what the Probe uses), the Loader protocol
+(what PinnedProbe needs of a loader besides), and LoaderBase, what both loaders
+(kernel.bcc.BccKernel, kernel.core.CoreKernel) are made from, with the two switches PinnedProbe
+sets on them before a load (the gate, and a step between fill and attach)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Protocol
 
 from kubenpu.discovery import Device
 from kubenpu.kernel import abi, hooks
 from kubenpu.kernel.maps import MapReads, Maps
+from kubenpu.kernel.records import Key
+
+
+class Kernel(Protocol):
+    """The loaded BPF program as the Probe uses it; tests/fakes.py has a fake one."""
+
+    aggregate: bool  # built for probe mode `aggregate` (else `events`)
+
+    def start(self, on_record: Callable[[bytes], None]) -> str:
+        """Load (or adopt) and attach, deliver ring-buffer records to on_record; returns how it
+        is attached (hooks.describe). Raises ProbeError."""
+        ...
+
+    def poll(self, timeout_ms: int) -> None: ...
+
+    def read_lost(self) -> dict[str, int]:
+        """The `lost` slots, cumulative, by abi.LOST_SLOTS name. Raises ProbeError or OSError."""
+        ...
+
+    def read_counts(self) -> dict[Key, int]:
+        """Aggregate mode's counts map, cumulative. Raises ProbeError or OSError."""
+        ...
+
+    def forget_counts(self, keys: Iterable[Key]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Loader(Kernel, Protocol):
+    """A Kernel that loads a program itself (kernel.bcc.BccKernel, kernel.core.CoreKernel; tests
+    use one made of plain maps), as PinnedProbe needs it: its identity, its objects to pin, and
+    the two switches set before a load."""
+
+    hook: str
+    loader: str
+    gate_open: bool
+    before_attach: Callable[[], None] | None
+
+    def digest(self) -> str: ...
+
+    def objects(self) -> dict[str, int]: ...
 
 
 class LoaderBase(MapReads):

@@ -8,42 +8,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Protocol
 
 from kubenpu.discovery import Device
 from kubenpu.kernel import hooks
+from kubenpu.kernel.base import Kernel, Loader
 from kubenpu.kernel.bcc import BccKernel
+from kubenpu.kernel.child import load_in_child
 from kubenpu.kernel.core import CoreKernel
 from kubenpu.kernel.errors import ProbeError
-from kubenpu.kernel.pinned import Loader, PinnedProbe, load_in_child
+from kubenpu.kernel.pinned import PinnedProbe
 from kubenpu.kernel.records import Key
 
 log = logging.getLogger(__name__)
-
-
-class Kernel(Protocol):
-    """The loaded BPF program as the Probe uses it; tests/fakes.py has a fake one."""
-
-    aggregate: bool  # built for probe mode `aggregate` (else `events`)
-
-    def start(self, on_record: Callable[[bytes], None]) -> str:
-        """Load (or adopt) and attach, deliver ring-buffer records to on_record; returns how it
-        is attached (hooks.describe). Raises ProbeError."""
-        ...
-
-    def poll(self, timeout_ms: int) -> None: ...
-
-    def read_lost(self) -> dict[str, int]:
-        """The `lost` slots, cumulative, by abi.LOST_SLOTS name. Raises ProbeError or OSError."""
-        ...
-
-    def read_counts(self) -> dict[Key, int]:
-        """Aggregate mode's counts map, cumulative. Raises ProbeError or OSError."""
-        ...
-
-    def forget_counts(self, keys: Iterable[Key]) -> None: ...
-
-    def close(self) -> None: ...
 
 
 class Fallback:

@@ -20,242 +20,34 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Protocol
 
 from kubenpu import __version__
 from kubenpu.discovery import Device
-from kubenpu.kernel import abi, bpfsys
-from kubenpu.kernel.abi import GATE_HANDOVER, GATE_OPEN, LINK
+from kubenpu.kernel import bpfsys
+from kubenpu.kernel.abi import GATE_HANDOVER, GATE_OPEN
+from kubenpu.kernel.base import Loader
+from kubenpu.kernel.child import Spawn
 from kubenpu.kernel.errors import ProbeError
-from kubenpu.kernel.maps import MapReads, Maps, empty_devices
+from kubenpu.kernel.maps import Maps, empty_devices
+from kubenpu.kernel.pins import (
+    BIRTHS_LINK,
+    META,
+    RETIRED,
+    PinnedKernel,
+    detach,
+    device_table,
+    links,
+    on_bpffs,
+    pin_objects,
+    unpin,
+)
 from kubenpu.kernel.records import Key
 
 log = logging.getLogger(__name__)
-
-_RETIRED = "-retired-"  # a set-aside directory's name: <identity>-retired-<ns> (bpffs forbids dots)
-META = "meta"  # pinned last: its presence marks a complete pin directory
-_META_SIZE = 1024
-BIRTHS_LINK = f"{LINK}{abi.BIRTHS_TRACEPOINT}"
-
-
-def uninstall(root: Path) -> int:
-    """Remove every pinned probe under `root` (detaching it once no process holds it); returns
-    how many there were."""
-    if not root.is_dir():
-        return 0
-    probes = [d for d in root.iterdir() if d.is_dir()]
-    for probe_dir in probes:
-        _unpin(probe_dir)
-    root.rmdir()
-    return len(probes)
-
-
-def _unpin(probe_dir: Path) -> None:
-    # bpffs holds only pins: unlinking drops the references, rmdir the empty directory.
-    shutil.rmtree(probe_dir)
-
-
-def _links(probe_dir: Path) -> list[Path]:
-    return [p for p in probe_dir.iterdir() if p.name.startswith(LINK)]
-
-
-def _detach(probe_dir: Path) -> None:
-    """Unpin every link of a probe. Holding an fd of each while it is unpinned makes our close()
-    the last reference, so the program is out of the kernel's trampoline once close returns (a
-    link that another live process holds detaches when that process exits)."""
-    for link in _links(probe_dir):
-        try:
-            fd = bpfsys.obj_get(link)
-        except bpfsys.BpfError:
-            fd = -1
-        link.unlink()
-        if fd >= 0:
-            os.close(fd)
-
-
-def _device_table(probe_dir: Path) -> dict[str, int] | None:
-    """fds of a probe's device table (`minors`, where its layout has it, and `devices`), opened
-    ahead of the hand-over window; None when it cannot be opened (then only its detach stops
-    it)."""
-    fds: dict[str, int] = {}
-    try:
-        for name in (abi.MINORS, abi.DEVICES):
-            if name == abi.DEVICES or (probe_dir / name).exists():
-                fds[name] = bpfsys.obj_get(probe_dir / name)
-    except bpfsys.BpfError as err:
-        log.warning("cannot open the device table of %s: %s", probe_dir, err)
-        for fd in fds.values():
-            os.close(fd)
-        return None
-    return fds
-
-
-def on_bpffs(path: Path) -> bool:
-    """Whether `path` (or, while it does not exist, its nearest parent) is on a bpffs."""
-    while not path.exists():
-        path = path.parent
-    target = path.resolve().as_posix().rstrip("/") + "/"
-    best, fstype = "", ""
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        mount, _, tail = line.partition(" - ")
-        point = mount.split()[4].replace("\\040", " ").rstrip("/") + "/"
-        if target.startswith(point) and len(point) >= len(best):
-            best, fstype = point, tail.split()[0]
-    return fstype == "bpf"
-
-
-class PinnedKernel(MapReads):
-    """A probe pinned in bpffs, used through bpf(2) and libbpf only (no BCC)."""
-
-    def __init__(self, probe_dir: Path) -> None:
-        self.dir = probe_dir
-        self._fds: dict[str, int] = {}
-        self._maps = Maps(self._fds)
-        self.meta = _read_meta(probe_dir) if (probe_dir / META).exists() else {}
-        self.aggregate = (probe_dir / abi.COUNTS).exists()  # what the program was built for
-        self._ring: bpfsys.RingBuffer | None = None
-
-    def complete(self) -> bool:
-        """Pinned to the end (`meta`) and still attached (every link `meta` lists)."""
-        links = self.meta.get("links", [])
-        return bool(links) and all((self.dir / link).exists() for link in links)
-
-    def open(self, names: Iterable[str] = abi.MAPS) -> None:
-        """Open the pinned maps `names` (and `counts` in aggregate mode). Raises
-        bpfsys.BpfError."""
-        for name in (*names, *([abi.COUNTS] if self.aggregate else [])):
-            self._fds[name] = bpfsys.obj_get(self.dir / name)
-
-    def start(self, on_record: Callable[[bytes], None], devices: Iterable[Device]) -> str:
-        attach = self.meta["attach"]  # KeyError: not a complete pin directory
-        self.open()
-        self._maps.fill(devices)  # what discovery found now (hot-plug, rebinding)
-        self._ring = bpfsys.RingBuffer(self._fds[abi.EVENTS], on_record)
-        return attach
-
-    def set_gate(self, value: int) -> None:
-        self._maps.set_gate(value)
-
-    def poll(self, timeout_ms: int) -> None:
-        self._ring.poll(timeout_ms)
-
-    def close(self) -> None:
-        if self._ring is not None:
-            self._ring.close()
-            self._ring = None
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
-
-
-def _read_meta(probe_dir: Path) -> dict:
-    fd = bpfsys.obj_get(probe_dir / META)
-    try:
-        raw = bpfsys.lookup(fd, abi.U32.pack(0), _META_SIZE) or b""
-    finally:
-        os.close(fd)
-    return json.loads(raw.rstrip(b"\0") or b"{}")
-
-
-class Loader(Protocol):
-    """What PinnedProbe needs of a loader, kernel.bcc.BccKernel or kernel.core.CoreKernel (tests
-    use one made of plain maps)."""
-
-    aggregate: bool
-    hook: str
-    loader: str
-    gate_open: bool
-    before_attach: Callable[[], None] | None
-
-    def digest(self) -> str: ...
-
-    def start(self, on_record: Callable[[bytes], None]) -> str: ...
-
-    def objects(self) -> dict[str, int]: ...
-
-    def poll(self, timeout_ms: int) -> None: ...
-
-    def read_lost(self) -> dict[str, int]: ...
-
-    def read_counts(self) -> dict[Key, int]: ...
-
-    def forget_counts(self, keys: Iterable[Key]) -> None: ...
-
-    def close(self) -> None: ...
-
-
-def pin_objects(objects: dict[str, int], probe_dir: Path, meta: dict) -> bool:
-    """Pin a loaded probe's objects in probe_dir, `meta` last (it marks the directory complete);
-    False (logged, the directory removed) when that is not possible."""
-    links = sorted(name for name in objects if name.startswith(LINK) and name != BIRTHS_LINK)
-    if not links:
-        log.warning("the kprobe attach cannot be pinned: counting stops with the agent")
-        return False
-    try:
-        probe_dir.mkdir(parents=True, exist_ok=True)
-        for name, fd in objects.items():
-            bpfsys.obj_pin(fd, probe_dir / name)
-        meta = dict(meta, links=sorted(n for n in objects if n.startswith(LINK)))
-        raw = json.dumps(meta).encode().ljust(_META_SIZE, b"\0")
-        fd = bpfsys.array_create("kubenpu_meta", raw[:_META_SIZE])
-        try:
-            bpfsys.obj_pin(fd, probe_dir / META)
-        finally:
-            os.close(fd)
-    except (OSError, bpfsys.BpfError) as err:
-        log.warning("cannot pin the probe in %s (it stops with the agent): %s", probe_dir, err)
-        if probe_dir.exists():
-            _unpin(probe_dir)
-        return False
-    log.info("pinned the probe in %s", probe_dir)
-    return True
-
-
-def _load_and_pin(loader: Loader, probe_dir: Path, meta: dict, reply, level: int) -> None:
-    """The loader child: compile, load and attach with BCC, pin, report, exit. BCC and LLVM go
-    with the child; the pins keep the probe attached."""
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        attach = loader.start(lambda _: None)
-        pinned = pin_objects(loader.objects(), probe_dir, dict(meta, attach=attach))
-        reply.send(("pinned" if pinned else "unpinned", attach))
-    except ProbeError as err:
-        reply.send(("error", str(err)))
-    except Exception as err:  # one line for the operator, never a traceback
-        reply.send(("error", f"the loader process failed: {err!r}"))
-
-
-def load_in_child(loader: Loader, probe_dir: Path, meta: dict) -> bool:
-    """Load and pin in a short-lived child process (spawned: a fresh interpreter that inherits
-    no thread and no BCC). True once pinned; False when the child could not pin (a kprobe
-    attach): then the caller loads in its own process. Raises ProbeError with the child's
-    one-line error."""
-    import multiprocessing  # a cold start only: an adopting restart never loads it
-
-    ctx = multiprocessing.get_context("spawn")
-    receive, send = ctx.Pipe(duplex=False)
-    level = logging.getLogger().getEffectiveLevel()
-    child = ctx.Process(
-        target=_load_and_pin, args=(loader, probe_dir, meta, send, level), name="kubenpu-loader"
-    )
-    child.start()
-    send.close()
-    try:
-        status, text = receive.recv()
-    except EOFError:
-        status, text = "error", "the loader process died before it reported"
-    child.join()
-    if status == "error":
-        raise ProbeError(text)
-    return status == "pinned"
-
-
-Spawn = Callable[[Loader, Path, dict], bool]  # load_in_child
 
 
 class PinnedProbe:
@@ -319,7 +111,7 @@ class PinnedProbe:
         if self.dir.exists():
             self._set_aside(self.dir)
         # Closed while another pinned probe still counts; _hand_over opens it.
-        self._loader.gate_open = not any(_links(other) for other in self._others())
+        self._loader.gate_open = not any(links(other) for other in self._others())
         if self._spawn is not None and self._spawn(self._loader, self.dir, self.meta):
             attach = self._adopt(on_record, loaded=True)
             if attach is not None:
@@ -363,8 +155,8 @@ class PinnedProbe:
         this probe's gate at hand-over (it counts what it sees as `handover` drops), empty their
         device tables (they stop counting), open the gate, then detach them. The window is a few
         map updates long; a call in it is counted once, or reported as a handover drop."""
-        attached = [other for other in self._others() if _links(other)]
-        tables = [t for t in map(_device_table, attached) if t is not None]
+        attached = [other for other in self._others() if links(other)]
+        tables = [t for t in map(device_table, attached) if t is not None]
         try:
             if attached:
                 set_gate(GATE_HANDOVER)
@@ -377,13 +169,13 @@ class PinnedProbe:
                     os.close(fd)
         for other in attached:
             log.info("handed over from the pinned probe %s", other)
-            _detach(other)
+            detach(other)
 
     def _set_aside(self, probe_dir: Path) -> None:
         """This agent's own directory, unusable (a crash while pinning): detach it and keep
         its totals under another name, as a retired probe."""
-        _detach(probe_dir)
-        aside = probe_dir.with_name(f"{probe_dir.name}{_RETIRED}{time.time_ns()}")
+        detach(probe_dir)
+        aside = probe_dir.with_name(f"{probe_dir.name}{RETIRED}{time.time_ns()}")
         aside.mkdir()
         for pin in probe_dir.iterdir():  # bpffs renames pins, not directories
             pin.rename(aside / pin.name)
@@ -396,7 +188,7 @@ class PinnedProbe:
 
     def _detach_others(self) -> None:
         for other in self._others():
-            _detach(other)
+            detach(other)
 
     def _take_over_retired(self) -> None:
         """Add the frozen totals of every retired probe to this probe's, at every start, so the
@@ -412,7 +204,7 @@ class PinnedProbe:
             except (OSError, ProbeError, ValueError) as err:
                 if kernel is not None:
                     kernel.close()
-                _unpin(other)
+                unpin(other)
                 log.warning(
                     "pinned probe %s unreadable, removed; its totals are lost: %s", other, err
                 )
@@ -424,7 +216,7 @@ class PinnedProbe:
                 log.info("took over the totals of the retired probe %s (%s)", other, kernel.meta)
                 continue
             kernel.close()
-            _unpin(other)
+            unpin(other)
 
     def poll(self, timeout_ms: int) -> None:
         self._active.poll(timeout_ms)

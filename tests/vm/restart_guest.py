@@ -61,7 +61,8 @@ from pathlib import Path
 from kubenpu import config
 from kubenpu.discovery import discover
 from kubenpu.kernel.loader import loaders
-from kubenpu.kernel.pinned import PinnedProbe, load_in_child
+from kubenpu.kernel.child import load_in_child
+from kubenpu.kernel.pinned import PinnedProbe
 cfg = config.load(sys.argv[1])
 devices = discover(cfg.discovery.root)
 p = cfg.probe

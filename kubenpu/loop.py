@@ -1,0 +1,212 @@
+"""The running agent's loop. Two workers: the `poll` thread moves ring-buffer records into the
+Tally; the `attribution` thread reads the kernel's counters, attributes the Tally's counts to pods
+and reaps dead cgroups. No exception stops either: each iteration is guarded, and Health reports a
+worker that died anyway. kubenpu.wiring builds it with its collaborators.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from kubenpu.events import Tally
+from kubenpu.health import Health, _Streak
+from kubenpu.kernel.errors import ProbeError
+from kubenpu.probe import Probe
+
+if TYPE_CHECKING:
+    from kubenpu.attribution import Attributor
+    from kubenpu.metrics.store import Metrics
+    from kubenpu.resolve.resolver import Resolver
+    from kubenpu.telemetry import Telemetry
+    from kubenpu.usage import Usage
+
+log = logging.getLogger("kubenpu")
+
+
+_POLL_MS = 100
+_FLUSH_SECONDS = 0.5  # first sightings and per-event tallies: new pods resolved at once
+# A CRI answer for held counts starts a flush before _FLUSH_SECONDS, at most this often: the
+# answers that come meanwhile are taken by the same flush.
+_ANSWERS_EVERY_SECONDS = 0.1
+# Aggregate mode reads the kernel's counts this often: its cost grows with the number of keys,
+# not with the call rate, and scrapes and pushes (15 s by default) see counts at most this old.
+_READ_SECONDS = 5.0
+_REAP_SECONDS = 5.0
+# Liveness fails when the kernel's counters were last read longer ago than this many reads.
+_STALE_READS = 3
+# The workers finish their step within this after the stop signal, or are left behind (daemon
+# threads): with the 1 s the main loop takes to notice and agent._STOP_SECONDS, exit takes <= 29 s.
+_JOIN_SECONDS = 3.0
+
+
+class Agent:
+    """The running agent: one thread polls the kernel, another attributes and counts."""
+
+    def __init__(
+        self,
+        *,
+        probe: Probe,
+        tally: Tally,
+        attributor: Attributor,
+        metrics: Metrics,
+        resolver: Resolver,
+        health: Health,
+        devices: int,
+        usage: Usage | None = None,
+        usage_interval: float = 5.0,
+        telemetry: Telemetry | None = None,
+        answered: threading.Event | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.probe = probe
+        self.tally = tally
+        self.attributor = attributor
+        self.metrics = metrics
+        self.resolver = resolver
+        self.health = health
+        self._devices = devices
+        self.usage = usage
+        self._usage_interval = usage_interval
+        self.telemetry = telemetry
+        self._clock = clock
+        self.stop = threading.Event()
+        self._answered = answered or threading.Event()  # set by the resolver's on_answer
+        self._last_counts = self._last_reap = self._last_usage = -float("inf")
+        self._reads = _Streak("reading the kernel's counters")
+        self._steps = {
+            "poll": _Streak("poll"),
+            "attribution": _Streak("attribution"),
+            "fdinfo": _Streak("reading fdinfo"),
+            "telemetry": _Streak("reading device telemetry"),
+        }
+
+    def run(self) -> int:
+        """Attach, count until `stop`, then count a last time. Stopping the probe, resolver and
+        exporters is the Services group's (build() registered them)."""
+        self.attach()
+        workers = [
+            threading.Thread(target=self._poll_loop, name="poll", daemon=True),
+            threading.Thread(target=self._attribute_loop, name="attribution", daemon=True),
+        ]
+        for worker in workers:
+            self.health.watch(worker)
+            worker.start()
+        # After the workers start: a slow or unreachable runtime must not delay counting.
+        log.info("container runtime: %s", self.resolver.runtime_version() or "unreachable")
+        while not self.stop.wait(1.0):  # a timeout keeps signal handlers running promptly
+            pass
+        self._answered.set()  # the attribution thread stops waiting for answers
+        stuck = _join(workers, _JOIN_SECONDS)
+        if "attribution" in stuck:  # a last cycle would race the wedged one
+            log.error(
+                "%s did not stop within %g s of the stop signal: exiting without the last "
+                "count; the exporters still make their final push",
+                ", ".join(stuck),
+                _JOIN_SECONDS,
+            )
+        else:
+            self._guarded("attribution", self._last_cycle)
+        return 0
+
+    def attach(self) -> None:
+        """Load and attach the probe. Raises ProbeError."""
+        attach = self.probe.start()
+        self.health.attached()
+        log.info(
+            "probe attached: %s, probe.mode %s; counting %d device(s)",
+            attach,
+            self.probe.mode,
+            self._devices,
+        )
+
+    def _poll_loop(self) -> None:
+        while not self.stop.is_set():
+            if not self._guarded("poll", self.probe.poll, _POLL_MS):
+                self.stop.wait(_POLL_MS / 1000)  # a poll that fails at once must not spin
+            self.health.polled()
+
+    def _attribute_loop(self) -> None:
+        # The first cycle at once: an adopted probe's totals are exported without a wait, and
+        # the counts held for a CRI answer as soon as it comes.
+        while True:
+            self._guarded("attribution", self.cycle)
+            self._answered.wait(_FLUSH_SECONDS - _ANSWERS_EVERY_SECONDS)
+            self._answered.clear()
+            if self.stop.wait(_ANSWERS_EVERY_SECONDS):
+                return
+
+    def _guarded(self, worker: str, step: Callable[..., object], *args: object) -> bool:
+        try:
+            step(*args)
+        except Exception as exc:  # no exception may stop counting; it is logged instead
+            self._steps[worker].failed(exc)
+            return False
+        self._steps[worker].ok()
+        return True
+
+    def cycle(self) -> None:
+        """One attribution step: read the kernel (the counts map every _READ_SECONDS), count
+        what the Tally holds, read fdinfo every usage_interval and reap dead cgroups every
+        _REAP_SECONDS."""
+        now = self._clock()
+        counts_due = now - self._last_counts >= _READ_SECONDS
+        if self._read(counts_due) and counts_due:
+            self._last_counts = now
+        self._flush()
+        if now - self._last_usage >= self._usage_interval:
+            self._last_usage = now
+            if self.usage is not None:
+                self._guarded("fdinfo", self.usage.read)
+            if self.telemetry is not None:  # right after fdinfo: energy splits by its busy time
+                busy = self.usage.interval_busy() if self.usage is not None else {}
+                self._guarded("telemetry", self.telemetry.read, busy)
+        if now - self._last_reap >= _REAP_SECONDS:
+            self._reap()
+            self._last_reap = now
+
+    def _last_cycle(self) -> None:
+        """The calls made since the last cycle, and every held one, before exit."""
+        self._read(counts=True)
+        self._flush()
+        self.attributor.settle_all()
+
+    def _read(self, counts: bool) -> bool:
+        try:
+            self.probe.read(counts)
+        except (ProbeError, OSError) as exc:
+            self.metrics.read_error()
+            self._reads.failed(exc)
+            return False
+        self._reads.ok()
+        self.health.kernel_read()
+        return True
+
+    def _reap(self) -> None:
+        dead = self.attributor.dead_cgroups()
+        # A removed cgroup has no process left, so after this read its counts are final and
+        # forgetting it (here and in the kernel map) loses no call. No read, no forgetting.
+        if not dead or not self._read(counts=True):
+            return
+        self._flush()
+        self.probe.forget(self.attributor.forget(dead))
+
+    def _flush(self) -> None:
+        batch = self.tally.drain()
+        if self.usage is not None:
+            self.usage.saw(batch.tgids, {key.cgroup_id for key in batch.counts})
+        try:
+            self.attributor.flush(batch)
+        finally:  # what an exception left uncounted is counted at the next flush
+            self.tally.put_back(batch.counts)
+
+
+def _join(workers: list[threading.Thread], seconds: float) -> list[str]:
+    """Join the workers within `seconds` in all; the names of those still running."""
+    deadline = time.monotonic() + seconds
+    for worker in workers:
+        worker.join(max(0.0, deadline - time.monotonic()))
+    return [w.name for w in workers if w.is_alive()]
