@@ -17,7 +17,7 @@ from kubenpu.discovery import Device, discover
 from kubenpu.events import Tally
 from kubenpu.fdinfo import FdinfoReader
 from kubenpu.health import Health
-from kubenpu.kernel.loader import open_kernel
+from kubenpu.kernel.loader import loaders, open_kernel
 from kubenpu.loop import _READ_SECONDS, _STALE_READS, Agent
 from kubenpu.metrics.inputs import DeviceRow
 from kubenpu.metrics.store import Metrics
@@ -130,9 +130,8 @@ def build(
     if cfg.attribution.pod_resources.enabled:
         _start_allocations(cfg, found, metrics, services)
     p = cfg.probe
-    kernel = open_kernel(
+    tried = loaders(
         devices,
-        pin_dir=p.pin_dir,
         loader=p.loader,
         mode=p.mode,
         hook=p.hook,
@@ -140,6 +139,7 @@ def build(
         ringbuf_pages=p.ringbuf_pages,
         debug=debug,
     )
+    kernel = open_kernel(tried, devices, p.pin_dir)
     # A new cgroup is indexed on the polling thread at once: it may be gone by the next flush.
     probe = Probe(kernel, tally, on_births=resolver.cgroups_born)
     services.add("probe", probe.close)

@@ -39,11 +39,22 @@ from vm.guestlib import (
 from kubenpu import config, export
 from kubenpu.export.server import HealthChecks
 from kubenpu.metrics.catalogue import IOCTL, Spec
+from kubenpu.metrics.inputs import DeviceRow
 from kubenpu.metrics.store import Metrics
 from kubenpu.resolve import Attribution
 from kubenpu.resolve.resolver import Resolver
 
 ROOT = Path(__file__).resolve().parents[1]
+VGEM_ROW = DeviceRow("0000:03:00.0", "vgem", "vgem", "1af4:1050", "0")
+# kubenpu_device_info's labels for VGEM_ROW in the Metrics of node "node-a"
+VGEM_INFO = {
+    "device": "0000:03:00.0",
+    "vendor": "vgem",
+    "driver": "vgem",
+    "pci_id": "1af4:1050",
+    "numa_node": "0",
+    "node": "node-a",
+}
 
 __all__ = [
     "TESTDRM",

@@ -14,12 +14,11 @@ real Prometheus (scripts/dashboards.py).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-from guest import boot
+from guest import boot, kernel_matrix, matrix_kernel
 from helpers import (
     by_reason,
     dashboard_problems,
@@ -29,8 +28,7 @@ from helpers import (
     otlp_counts,
 )
 
-KERNELS = os.environ.get("KUBENPU_E2E_KERNELS", "6.1 6.12 7.3 6.12-lockdown").split()
-LOCKDOWN = "-lockdown"
+KERNELS = kernel_matrix("KUBENPU_E2E_KERNELS")
 RECORDING_KERNEL = "6.12"  # one kernel is enough for the dashboards: the queries run on the host
 RECORD_ARG = "kubenpu.record_dashboards=1"  # tests/vm/e2e_guest.py
 # The BCC fallback keeps one kernel's e2e (probe.loader: bcc); every other boot runs the CO-RE
@@ -53,10 +51,9 @@ class GuestRun(NamedTuple):
 @pytest.fixture(scope="module", params=KERNELS)
 def guest_run(request, tmp_path_factory) -> GuestRun:
     """One boot per kernel; the guest runs the scenario once per probe mode."""
-    kernel = request.param.removesuffix(LOCKDOWN)
-    lockdown = kernel != request.param
+    kernel, extra = matrix_kernel(request.param)
+    lockdown = bool(extra)
     script = "/src/tests/vm/lockdown.sh" if lockdown else "/src/tests/vm/e2e.sh"
-    extra = ["lockdown=confidentiality"] if lockdown else []
     recorded = request.param == RECORDING_KERNEL
     extra += [RECORD_ARG] if recorded else []
     loader = "bcc" if request.param == BCC_KERNEL else "core"

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 from helpers import (
+    VGEM_INFO,
+    VGEM_ROW,
     Prometheus,
     calls,
     free_port,
@@ -23,7 +25,7 @@ from helpers import (
 
 from kubenpu import export
 from kubenpu.metrics.catalogue import ENGINE_COUNTERS, SPECS, TELEMETRY_SPECS
-from kubenpu.metrics.inputs import AllocationState, DeviceRow, Held, Where
+from kubenpu.metrics.inputs import AllocationState, Held, Where
 
 pytestmark = pytest.mark.tools
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,7 +83,7 @@ def fill(tel: export.Exporters) -> None:
     m.events_received(47)
     m.index_rebuilt()
     m.cri_request(0.004, True)
-    m.set_devices([DeviceRow("0000:03:00.0", "vgem", "vgem", "1af4:1050", "0")])
+    m.set_devices([VGEM_ROW])
     where = Where("ns", "p", "c", "0000:03:00.0", "vgem")
     for spec in ENGINE_COUNTERS:
         m.add_engine(spec, where, "render", 2.5)
@@ -115,16 +117,7 @@ def check_series(prom: Prometheus, pushed: bool = False) -> None:
     [host] = prom.query('kubenpu_ioctl_total{pod=""}')
     assert host["value"][1] == "5"
     [info] = prom.query("kubenpu_device_info")
-    assert {
-        k: info["metric"][k] for k in ("device", "vendor", "driver", "pci_id", "numa_node", "node")
-    } == {
-        "device": "0000:03:00.0",
-        "vendor": "vgem",
-        "driver": "vgem",
-        "pci_id": "1af4:1050",
-        "numa_node": "0",
-        "node": "node-a",
-    }
+    assert {k: info["metric"][k] for k in VGEM_INFO} == VGEM_INFO
     assert prom.query('kubenpu_unattributed_calls_total{reason="cri_error"}')[0]["value"][1] == "5"
     assert prom.query('kubenpu_events_dropped_total{reason="ringbuf_full"}')[0]["value"][1] == "3"
     assert prom.query("kubenpu_events_received_total")[0]["value"][1] == "47"

@@ -22,11 +22,10 @@ tests/vm/build.sh, + "-lockdown" to boot it with lockdown=confidentiality.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
-from guest import boot
+from guest import boot, kernel_matrix, matrix_kernel
 from helpers import (
     by_reason,
     chart_capabilities,
@@ -36,8 +35,7 @@ from helpers import (
     otlp_counts,
 )
 
-KERNELS = os.environ.get("KUBENPU_LEAST_PRIVILEGE_KERNELS", "6.1 6.12 7.3 6.12-lockdown").split()
-LOCKDOWN = "-lockdown"
+KERNELS = kernel_matrix("KUBENPU_LEAST_PRIVILEGE_KERNELS")
 HOOKS = ("security_file_ioctl", "drm_ioctl")
 # The agent's start-up line per hook (every kernel of the matrix has security_file_ioctl_compat).
 ATTACHED = {
@@ -88,8 +86,7 @@ def guest_out(request, tmp_path_factory) -> Path:
         ]
     plan += [{"name": name, "caps": caps, "fdinfo": True} for name, caps in FDINFO_PLAN.items()]
     (out / "plan.json").write_text(json.dumps(plan))
-    kernel = request.param.removesuffix(LOCKDOWN)
-    extra = ["lockdown=confidentiality"] if kernel != request.param else []
+    kernel, extra = matrix_kernel(request.param)
     return boot(kernel, "/src/tests/vm/least_privilege.sh", out, *extra)
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from fakes import Clock
-from helpers import calls, ioctl_key, values
+from helpers import VGEM_INFO, VGEM_ROW, calls, ioctl_key, values
 
 from kubenpu import config, export
 from kubenpu.export import otlp
@@ -27,7 +27,6 @@ from kubenpu.metrics.catalogue import (
     UNATTRIBUTED_REASONS,
     Spec,
 )
-from kubenpu.metrics.inputs import DeviceRow
 from kubenpu.metrics.store import Metrics
 
 
@@ -41,7 +40,7 @@ def test_counts_are_exact() -> None:
     m.dropped("queue_full", 7)
     m.events_received(10)
     m.index_rebuilt()
-    m.set_devices([DeviceRow("0000:03:00.0", "vgem", "vgem", "1af4:1050", "0")])
+    m.set_devices([VGEM_ROW])
     assert values(m, IOCTL) == {
         ioctl_key("ns", "p", "c"): 7,
         ioctl_key("ns", "p", "c", "wait"): 1,
@@ -53,18 +52,7 @@ def test_counts_are_exact() -> None:
     assert snap["kubenpu.events.dropped"][frozenset({("reason", "queue_full")})] == 7
     assert snap["kubenpu.events.received"] == {frozenset(): 10}
     assert snap["kubenpu.cgroup_index.rebuilds"] == {frozenset(): 1}
-    assert snap["kubenpu.device.info"] == {
-        frozenset(
-            {
-                "device": "0000:03:00.0",
-                "vendor": "vgem",
-                "driver": "vgem",
-                "pci_id": "1af4:1050",
-                "numa_node": "0",
-                "node": "node-a",
-            }.items()
-        ): 1
-    }
+    assert snap["kubenpu.device.info"] == {frozenset(VGEM_INFO.items()): 1}
 
 
 def test_cri_histogram_and_errors() -> None:

@@ -1,5 +1,6 @@
 """What the kernel side offers: the Kernel protocol (what the Probe uses), the Loader protocol
-(what PinnedProbe needs of a loader besides), and LoaderBase, what both loaders
+(what PinnedProbe needs of a loader besides), Forwarded and MapKernel (the one implementation of
+the reads and the ring buffer every kernel shares), and LoaderBase, what both loaders
 (kernel.bcc.BccKernel, kernel.core.CoreKernel) are made from, with the two switches PinnedProbe
 sets on them before a load (the gate, and a step between fill and attach)."""
 
@@ -9,8 +10,8 @@ from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from kubenpu.discovery import Device
-from kubenpu.kernel import abi, hooks
-from kubenpu.kernel.maps import MapReads, Maps
+from kubenpu.kernel import abi, bpfsys, hooks
+from kubenpu.kernel.maps import Maps
 from kubenpu.kernel.records import Key
 
 
@@ -54,7 +55,57 @@ class Loader(Kernel, Protocol):
     def objects(self) -> dict[str, int]: ...
 
 
-class LoaderBase(MapReads):
+class Reads(Protocol):
+    """The reads of the Kernel protocol: what Maps and every Kernel answer."""
+
+    def read_lost(self) -> dict[str, int]: ...
+
+    def read_counts(self) -> dict[Key, int]: ...
+
+    def forget_counts(self, keys: Iterable[Key]) -> None: ...
+
+
+class Forwarded:
+    """The Kernel protocol's reads, forwarded to `_reads()`: the kernel's Maps, or the kernel
+    a wrapper (Fallback, PinnedProbe) uses now."""
+
+    def _reads(self) -> Reads:
+        raise NotImplementedError
+
+    def read_lost(self) -> dict[str, int]:
+        return self._reads().read_lost()
+
+    def read_counts(self) -> dict[Key, int]:
+        return self._reads().read_counts()
+
+    def forget_counts(self, keys: Iterable[Key]) -> None:
+        self._reads().forget_counts(keys)
+
+
+class MapKernel(Forwarded):
+    """A kernel read through its Maps (set by the class) and, where libbpf consumes it
+    (CoreKernel, PinnedKernel), its ring buffer."""
+
+    _maps: Maps | None = None
+    _ring: bpfsys.RingBuffer | None = None
+
+    def _reads(self) -> Maps:
+        return self._maps
+
+    def _open_ring(self, on_record: Callable[[bytes], None]) -> None:
+        """Raises bpfsys.BpfError."""
+        self._ring = bpfsys.RingBuffer(self._maps.fds[abi.EVENTS], on_record)
+
+    def poll(self, timeout_ms: int) -> None:
+        self._ring.poll(timeout_ms)
+
+    def _close_ring(self) -> None:
+        if self._ring is not None:
+            self._ring.close()
+            self._ring = None
+
+
+class LoaderBase(MapKernel):
     loader: str  # "bcc" or "core": part of a pinned probe's identity
 
     def __init__(

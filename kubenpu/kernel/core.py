@@ -112,7 +112,6 @@ class CoreKernel(LoaderBase):
         self._lib: _Libbpf | None = None
         self._obj: int | None = None
         self._links: dict[str, int] = {}  # pin name -> struct bpf_link *
-        self._ring: bpfsys.RingBuffer | None = None
 
     def _object(self) -> Path:
         path = self._path or object_path(self.aggregate)
@@ -137,7 +136,7 @@ class CoreKernel(LoaderBase):
         try:
             self._load(functions)
             self._attach_all(functions)
-            self._ring = bpfsys.RingBuffer(self._maps.fds[abi.EVENTS], on_record)
+            self._open_ring(on_record)
         except (ProbeError, bpfsys.BpfError) as err:
             self.close()
             hint = hooks.privileges_hint(self.hook, hooks.effective_capabilities())
@@ -201,14 +200,9 @@ class CoreKernel(LoaderBase):
         links = {name: self._lib.lib.bpf_link__fd(link) for name, link in self._links.items()}
         return {**self._maps.fds, **links}
 
-    def poll(self, timeout_ms: int) -> None:
-        self._ring.poll(timeout_ms)
-
     def close(self) -> None:
         """Detach (a pinned link stays attached: the pin holds it) and free the object."""
-        if self._ring is not None:
-            self._ring.close()
-            self._ring = None
+        self._close_ring()
         for link in self._links.values():
             self._lib.lib.bpf_link__destroy(link)
         self._links.clear()

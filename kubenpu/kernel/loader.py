@@ -1,28 +1,27 @@
-"""`open_kernel()`: the Kernel the agent uses, from `probe.loader`, `probe.pin_dir` and the rest
-of the probe's config. `auto` loads the CO-RE object and falls back to BCC when the kernel
-refuses it, with one log line that says why.
+"""`open_kernel(loaders(...))`: the Kernel the agent uses, from `probe.loader`, `probe.pin_dir`
+and the rest of the probe's settings, passed as plain arguments. `auto` loads the CO-RE object
+and falls back to BCC when the kernel refuses it, with one log line that says why.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 
 from kubenpu.discovery import Device
 from kubenpu.kernel import hooks
-from kubenpu.kernel.base import Kernel, Loader
+from kubenpu.kernel.base import Forwarded, Kernel, Loader
 from kubenpu.kernel.bcc import BccKernel
 from kubenpu.kernel.child import load_in_child
 from kubenpu.kernel.core import CoreKernel
 from kubenpu.kernel.errors import ProbeError
 from kubenpu.kernel.pinned import PinnedProbe
-from kubenpu.kernel.records import Key
 
 log = logging.getLogger(__name__)
 
 
-class Fallback:
+class Fallback(Forwarded):
     """`probe.loader: auto`: the first kernel that starts, in order (CO-RE, then BCC)."""
 
     def __init__(self, kernels: list[Kernel]) -> None:
@@ -41,17 +40,11 @@ class Fallback:
         self._active = last
         return last.start(on_record)
 
+    def _reads(self) -> Kernel:
+        return self._active
+
     def poll(self, timeout_ms: int) -> None:
         self._active.poll(timeout_ms)
-
-    def read_lost(self) -> dict[str, int]:
-        return self._active.read_lost()
-
-    def read_counts(self) -> dict[Key, int]:
-        return self._active.read_counts()
-
-    def forget_counts(self, keys: Iterable[Key]) -> None:
-        self._active.forget_counts(keys)
 
     def close(self) -> None:
         self._active.close()
@@ -79,30 +72,11 @@ def loaders(
     return [core, bcc]
 
 
-def open_kernel(
-    devices: list[Device],
-    *,
-    pin_dir: str = "",
-    loader: str = "auto",
-    mode: str = "aggregate",
-    hook: str = hooks.DEFAULT_HOOK,
-    attach: str = "auto",
-    ringbuf_pages: int = 256,
-    debug: bool = False,
-) -> Kernel:
-    """The agent's Kernel, from the `probe.*` settings: pinned under `pin_dir` when set (BCC then
-    compiles in a child process, so the agent never maps LLVM; CO-RE loads in this process:
-    libbpf only)."""
+def open_kernel(tried: list[Loader], devices: list[Device], pin_dir: str = "") -> Kernel:
+    """The agent's Kernel from loaders() in the order tried: pinned under `pin_dir` when set
+    (BCC then compiles in a child process, so the agent never maps LLVM; CO-RE loads in this
+    process: libbpf only)."""
     kernels: list[Kernel] = []
-    tried = loaders(
-        devices,
-        loader=loader,
-        mode=mode,
-        hook=hook,
-        attach=attach,
-        ringbuf_pages=ringbuf_pages,
-        debug=debug,
-    )
     for each in tried:
         if pin_dir:
             spawn = load_in_child if isinstance(each, BccKernel) else None

@@ -151,19 +151,3 @@ class Maps:
             bpfsys.delete(
                 fd, abi.COUNT_KEY.pack(key.cgroup_id, abi.dev_t(key.major, key.minor), key.kind)
             )
-
-
-class MapReads:
-    """What every kernel (BCC, CO-RE, pinned) reads through its Maps, as the Kernel protocol
-    names it; the class sets `_maps`."""
-
-    _maps: Maps
-
-    def read_lost(self) -> dict[str, int]:
-        return self._maps.read_lost()
-
-    def read_counts(self) -> dict[Key, int]:
-        return self._maps.read_counts()
-
-    def forget_counts(self, keys: Iterable[Key]) -> None:
-        self._maps.forget_counts(keys)

@@ -29,7 +29,7 @@ from kubenpu import __version__
 from kubenpu.discovery import Device
 from kubenpu.kernel import bpfsys
 from kubenpu.kernel.abi import GATE_HANDOVER, GATE_OPEN
-from kubenpu.kernel.base import Loader
+from kubenpu.kernel.base import Forwarded, Loader
 from kubenpu.kernel.child import Spawn
 from kubenpu.kernel.errors import ProbeError
 from kubenpu.kernel.maps import Maps, empty_devices
@@ -50,7 +50,7 @@ from kubenpu.kernel.records import Key
 log = logging.getLogger(__name__)
 
 
-class PinnedProbe:
+class PinnedProbe(Forwarded):
     """The agent's Kernel with `probe.pin_dir` set: adopts a matching pinned probe, or has one
     loaded and pinned (by `spawn`, in a child; without it in this process), then hands over
     from every other pinned probe."""
@@ -218,22 +218,25 @@ class PinnedProbe:
             kernel.close()
             unpin(other)
 
+    def _reads(self) -> PinnedKernel | Loader:
+        return self._active
+
     def poll(self, timeout_ms: int) -> None:
         self._active.poll(timeout_ms)
 
     def read_lost(self) -> dict[str, int]:
-        lost = Counter(self._active.read_lost())
+        lost = Counter(super().read_lost())
         lost.update(self._inherited_lost)
         return dict(lost)
 
     def read_counts(self) -> dict[Key, int]:
-        counts = Counter(self._active.read_counts())
+        counts = Counter(super().read_counts())
         counts.update(self._inherited_counts)
         return dict(counts)
 
     def forget_counts(self, keys: Iterable[Key]) -> None:
         keys = list(keys)
-        self._active.forget_counts(keys)
+        super().forget_counts(keys)
         for kernel in self._retired:
             kernel.forget_counts(keys)
         for key in keys:

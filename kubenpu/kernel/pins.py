@@ -16,7 +16,8 @@ from pathlib import Path
 from kubenpu.discovery import Device
 from kubenpu.kernel import abi, bpfsys
 from kubenpu.kernel.abi import LINK
-from kubenpu.kernel.maps import MapReads, Maps
+from kubenpu.kernel.base import MapKernel
+from kubenpu.kernel.maps import Maps
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ def on_bpffs(path: Path) -> bool:
     return fstype == "bpf"
 
 
-class PinnedKernel(MapReads):
+class PinnedKernel(MapKernel):
     """A probe pinned in bpffs, used through bpf(2) and libbpf only (no BCC)."""
 
     def __init__(self, probe_dir: Path) -> None:
@@ -101,7 +102,6 @@ class PinnedKernel(MapReads):
         self._maps = Maps(self._fds)
         self.meta = _read_meta(probe_dir) if (probe_dir / META).exists() else {}
         self.aggregate = (probe_dir / abi.COUNTS).exists()  # what the program was built for
-        self._ring: bpfsys.RingBuffer | None = None
 
     def complete(self) -> bool:
         """Pinned to the end (`meta`) and still attached (every link `meta` lists)."""
@@ -118,19 +118,14 @@ class PinnedKernel(MapReads):
         attach = self.meta["attach"]  # KeyError: not a complete pin directory
         self.open()
         self._maps.fill(devices)  # what discovery found now (hot-plug, rebinding)
-        self._ring = bpfsys.RingBuffer(self._fds[abi.EVENTS], on_record)
+        self._open_ring(on_record)
         return attach
 
     def set_gate(self, value: int) -> None:
         self._maps.set_gate(value)
 
-    def poll(self, timeout_ms: int) -> None:
-        self._ring.poll(timeout_ms)
-
     def close(self) -> None:
-        if self._ring is not None:
-            self._ring.close()
-            self._ring = None
+        self._close_ring()
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
