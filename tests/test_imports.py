@@ -1,4 +1,5 @@
-"""kubenpu's modules import each other without a cycle (imports under TYPE_CHECKING aside)."""
+"""kubenpu's modules import each other in one direction: down the layers of LAYERS, never up, and
+without a cycle (imports under TYPE_CHECKING aside)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,41 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# The layers, lowest first: a module may import its own layer's and those below, never one above.
+# The order is the data flow (docs/architecture.md): sources, the kernel side and its events, the
+# resolver, the metrics, the stages that count into them, export, then the wiring and the CLI. An
+# entry names a module and the modules below it (a package); the longest entry that names a
+# module is its layer. "kubenpu" names kubenpu/__init__.py alone.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("kubenpu", "kubenpu.descriptors", "kubenpu.services", "kubenpu.vendors"),
+    ("kubenpu.discovery",),
+    ("kubenpu.fdinfo",),
+    ("kubenpu.kernel", "kubenpu.kernel.abi", "kubenpu.kernel.records", "kubenpu.kernel.errors"),
+    ("kubenpu.kernel.hooks", "kubenpu.kernel.bpfsys"),
+    ("kubenpu.kernel.maps",),
+    ("kubenpu.kernel.base",),
+    ("kubenpu.kernel.bcc", "kubenpu.kernel.core", "kubenpu.kernel.pins"),
+    ("kubenpu.kernel.child",),
+    ("kubenpu.kernel.pinned",),
+    ("kubenpu.kernel.loader",),
+    ("kubenpu.events",),
+    ("kubenpu.probe",),
+    ("kubenpu.resolve",),
+    ("kubenpu.metrics.inputs",),
+    ("kubenpu.metrics", "kubenpu.metrics.catalogue"),
+    ("kubenpu.metrics.store",),
+    ("kubenpu.attribution", "kubenpu.energy"),
+    ("kubenpu.usage", "kubenpu.telemetry", "kubenpu.allocations"),
+    ("kubenpu.config",),
+    ("kubenpu.export",),
+    ("kubenpu.health",),
+    ("kubenpu.loop",),
+    ("kubenpu.wiring",),
+    ("kubenpu.agent",),
+    ("kubenpu.top",),
+    ("kubenpu.ctl",),
+)
 
 
 def _module(path: Path) -> str:
@@ -62,6 +98,27 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return next((c for m in sorted(graph) if (c := visit(m, []))), None)
 
 
+def _layer(module: str) -> int | None:
+    """The index in LAYERS of the longest entry naming `module`; None if none does."""
+    found = [
+        (len(entry), i)
+        for i, entries in enumerate(LAYERS)
+        for entry in entries
+        if module == entry or (entry != "kubenpu" and module.startswith(entry + "."))
+    ]
+    return max(found)[1] if found else None
+
+
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a module from a layer above the importer's, as `importer -> imported`."""
+    return [
+        f"{module} -> {target}"
+        for module, targets in sorted(graph.items())
+        for target in sorted(targets)
+        if (_layer(target) or 0) > (_layer(module) or 0)
+    ]
+
+
 def test_the_graph_is_read():
     graph = _graph()
     assert "kubenpu.metrics.store" in graph["kubenpu.usage"]  # else the next passes idly
@@ -70,3 +127,15 @@ def test_the_graph_is_read():
 
 def test_no_module_imports_itself_through_others():
     assert _cycle(_graph()) is None
+
+
+def test_every_module_has_a_layer():
+    assert [m for m in sorted(_graph()) if _layer(m) is None] == []
+
+
+def test_no_module_imports_one_from_a_layer_above():
+    assert _layer("kubenpu.kernel.maps") < _layer("kubenpu.events") < _layer("kubenpu.wiring")
+    assert _upward({"kubenpu.kernel.maps": {"kubenpu.events"}}) == [
+        "kubenpu.kernel.maps -> kubenpu.events"
+    ]
+    assert _upward(_graph()) == []
