@@ -429,10 +429,10 @@ _MS_REC, _MS_PRIVATE = 0x4000, 0x40000
 def _may_make_maps() -> bool:
     import os
 
-    from kubenpu.kernel import bpfsys
+    from kubenpu.kernel import abi, bpfsys
 
     try:
-        os.close(bpfsys.map_create(bpfsys.MAP_TYPE_ARRAY, 4, 4, 1, "probe"))
+        os.close(bpfsys.map_create(abi.MAP_TYPE_ARRAY, 4, 4, 1, "probe"))
     except bpfsys.BpfError:
         return False
     return True

@@ -129,6 +129,8 @@ def test_object_maps_match_the_abi(built):
         expected[abi.COUNTS] = (MAP_TYPES["percpu_hash"], key, u64, abi.COUNTS_ENTRIES)
     # libbpf adds the object's .rodata/.bss only when it has globals; it has none
     assert maps == expected
+    # what an adoption checks pinned maps against (kernel/pins.py), at the object's default sizes
+    assert abi.map_shapes(aggregate, 256, abi.COUNTS_ENTRIES) == expected
 
 
 def test_object_programs_match_the_abi(built):

@@ -41,8 +41,15 @@ class MapLoader:
     """The loaders' part PinnedProbe uses, with real maps and no program. Pickled into a
     loader child it makes maps of its own there, as BccKernel loads its own."""
 
-    def __init__(self, digest: str = "a", aggregate: bool = True, births: bool = True) -> None:
+    def __init__(
+        self,
+        digest: str = "a",
+        aggregate: bool = True,
+        births: bool = True,
+        counts_entries: int = 1024,
+    ) -> None:
         self.aggregate = aggregate
+        self._counts_entries = counts_entries
         self.hook = "drm_ioctl"
         self.loader = "maps"
         self.gate_open = True
@@ -55,19 +62,19 @@ class MapLoader:
 
     def _make_maps(self) -> None:
         self.fds = {
-            "minors": bpfsys.map_create(bpfsys.MAP_TYPE_ARRAY, 4, 4, abi.MINORS_ENTRIES, "minors"),
-            "devices": bpfsys.map_create(bpfsys.MAP_TYPE_HASH, 4, 4, 256, "devices"),
-            "ioctls": bpfsys.map_create(bpfsys.MAP_TYPE_ARRAY, 4, 4, abi.IOCTL_SLOTS, "ioctls"),
-            "lost": bpfsys.map_create(bpfsys.MAP_TYPE_PERCPU_ARRAY, 4, 8, 4, "lost"),
-            "events": bpfsys.map_create(bpfsys.MAP_TYPE_RINGBUF, 0, 0, 4096, "events"),
-            "gate": bpfsys.map_create(bpfsys.MAP_TYPE_ARRAY, 4, 4, 1, "gate"),
-            f"{LINK}drm_ioctl": bpfsys.map_create(bpfsys.MAP_TYPE_ARRAY, 4, 4, 1, "link"),
+            "minors": bpfsys.map_create(abi.MAP_TYPE_ARRAY, 4, 4, abi.MINORS_ENTRIES, "minors"),
+            "devices": bpfsys.map_create(abi.MAP_TYPE_HASH, 4, 4, 256, "devices"),
+            "ioctls": bpfsys.map_create(abi.MAP_TYPE_ARRAY, 4, 4, abi.IOCTL_SLOTS, "ioctls"),
+            "lost": bpfsys.map_create(abi.MAP_TYPE_PERCPU_ARRAY, 4, 8, 4, "lost"),
+            "events": bpfsys.map_create(abi.MAP_TYPE_RINGBUF, 0, 0, 4096, "events"),
+            "gate": bpfsys.map_create(abi.MAP_TYPE_ARRAY, 4, 4, 1, "gate"),
+            f"{LINK}drm_ioctl": bpfsys.map_create(abi.MAP_TYPE_ARRAY, 4, 4, 1, "link"),
         }
         if self._births:
-            self.fds[BIRTHS_LINK] = bpfsys.map_create(bpfsys.MAP_TYPE_ARRAY, 4, 4, 1, "births")
+            self.fds[BIRTHS_LINK] = bpfsys.map_create(abi.MAP_TYPE_ARRAY, 4, 4, 1, "births")
         if self.aggregate:
             self.fds["counts"] = bpfsys.map_create(
-                bpfsys.MAP_TYPE_PERCPU_HASH, 16, 8, 1024, "counts"
+                abi.MAP_TYPE_PERCPU_HASH, 16, 8, self._counts_entries, "counts"
             )
 
     def __getstate__(self) -> dict:
@@ -89,6 +96,10 @@ class MapLoader:
 
     def objects(self) -> dict[str, int]:
         return dict(self.fds)
+
+    def shapes(self) -> dict[str, abi.MapShape]:
+        """What the kernel says of the maps it made (links aside)."""
+        return {n: bpfsys.map_shape(fd) for n, fd in self.fds.items() if not n.startswith(LINK)}
 
     def count(self, key: Key, n: int) -> None:
         """What the program does for `n` calls (on CPU 0)."""
@@ -254,6 +265,41 @@ def _events_agent(bpffs: Path) -> dict:
     found["later_counts"] = later.read_counts()
     found["old"] = old.dir.name
     return found
+
+
+def _reshaped(bpffs: Path) -> dict:
+    root = bpffs / "kubenpu"
+    first = MapLoader("a")
+    probe = PinnedProbe(root, first, [VGEM])
+    probe.start(lambda _: None)
+    first.count(KEY, 5)
+    probe.close()
+    # The same identity (digest "a") with its counts map sized otherwise: not to be adopted.
+    loader = MapLoader("a", counts_entries=2048)
+    again = PinnedProbe(root, loader, [VGEM])
+    found = {
+        "attach": again.start(lambda _: None),
+        "loader_started": loader.started,
+        "gate_at_load": loader.gate_open,
+        "own": again.dir.name,
+        "pins": pins(root),
+        "gate": gate(again.dir),
+        "counts": again.read_counts(),
+    }
+    again.close()
+    return found
+
+
+def test_a_pinned_map_of_another_shape_is_handed_over_not_adopted():
+    found = in_private_bpffs(_reshaped)
+    assert found["loader_started"], "a pinned map that does not match must not be adopted"
+    assert found["attach"].startswith("fentry-module (pinned in ")
+    # Loaded with the gate closed: the mismatched probe still counted until the hand-over.
+    assert found["gate_at_load"] is False
+    assert found["gate"] == GATE_OPEN
+    (retired,) = [d for d in found["pins"] if d != found["own"]]
+    assert "-retired-" in retired and not attached(found["pins"][retired])
+    assert found["counts"] == {KEY: 5}  # its totals go on: same layout, other entries
 
 
 def test_an_events_mode_agent_detaches_pins_and_leaves_their_totals_to_aggregate_mode():

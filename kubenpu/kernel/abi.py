@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
+from typing import NamedTuple
 
 # --- records on the `events` ring buffer ----------------------------------------------------------
 # struct event: u64 ts_ns, u64 cgroup_id, u32 tgid, u32 cmd, u32 major, u32 minor, u32 kind, u32 pad
@@ -90,6 +91,37 @@ GATE_CLOSED, GATE_OPEN, GATE_HANDOVER = 0, 1, 2
 
 # --- the `lost` slots, by index (LOST_* in the C source) ----------------------------------------
 LOST_SLOTS = ("ringbuf_full", "map_full", "late_sighting", "handover")
+
+# --- every map's shape: a pinned map is adopted only if it matches (docs/pinning.md) ----------
+# enum bpf_map_type (include/uapi/linux/bpf.h)
+MAP_TYPE_HASH, MAP_TYPE_ARRAY, MAP_TYPE_PERCPU_HASH, MAP_TYPE_PERCPU_ARRAY = 1, 2, 5, 6
+MAP_TYPE_RINGBUF = 27
+
+
+class MapShape(NamedTuple):
+    """What struct bpf_map_info says of a map, and what a pinned map must match to be adopted."""
+
+    type: int
+    key_size: int
+    value_size: int
+    max_entries: int
+
+
+def map_shapes(aggregate: bool, ringbuf_pages: int, counts_entries: int) -> dict[str, MapShape]:
+    """Every map of a program built with these sizes (MAPS, and COUNTS in aggregate mode)."""
+    u32, u64 = U32.size, U64.size
+    shapes = {
+        MINORS: MapShape(MAP_TYPE_ARRAY, u32, u32, MINORS_ENTRIES),
+        DEVICES: MapShape(MAP_TYPE_HASH, u32, u32, DEVICES_ENTRIES),
+        IOCTLS: MapShape(MAP_TYPE_ARRAY, u32, u32, IOCTL_SLOTS),
+        LOST: MapShape(MAP_TYPE_PERCPU_ARRAY, u32, u64, len(LOST_SLOTS)),
+        EVENTS: MapShape(MAP_TYPE_RINGBUF, 0, 0, ringbuf_pages * PAGE),
+        GATE: MapShape(MAP_TYPE_ARRAY, u32, u32, 1),
+    }
+    if aggregate:
+        shapes[COUNTS] = MapShape(MAP_TYPE_PERCPU_HASH, COUNT_KEY.size, u64, counts_entries)
+    return shapes
+
 
 # --- programs ------------------------------------------------------------------------------------
 BIRTHS = "kubenpu_cgroup_mkdir"  # tp_btf/cgroup_mkdir

@@ -54,6 +54,10 @@ class Loader(Kernel, Protocol):
 
     def objects(self) -> dict[str, int]: ...
 
+    def shapes(self) -> dict[str, abi.MapShape]:
+        """The maps the loader makes, by name: what a pinned probe's must match to be adopted."""
+        ...
+
 
 class Reads(Protocol):
     """The reads of the Kernel protocol: what Maps and every Kernel answer."""
@@ -129,6 +133,9 @@ class LoaderBase(MapKernel):
         self._ringbuf_pages = ringbuf_pages
         self._counts_entries = counts_entries
         self._maps: Maps | None = None
+
+    def shapes(self) -> dict[str, abi.MapShape]:
+        return abi.map_shapes(self.aggregate, self._ringbuf_pages, self._counts_entries)
 
     def _fill(self, fds: dict[str, int]) -> None:
         """The loaded program's maps: the device and ioctl tables, and the gate."""

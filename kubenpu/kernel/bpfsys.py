@@ -14,6 +14,8 @@ import struct
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
+from kubenpu.kernel import abi
+
 # bpf(2) command numbers (include/uapi/linux/bpf.h)
 _MAP_CREATE = 0
 _MAP_LOOKUP_ELEM = 1
@@ -27,11 +29,6 @@ _PROG_GET_FD_BY_ID = 13
 _OBJ_GET_INFO_BY_FD = 15
 _MAP_LOOKUP_BATCH = 24
 _MAP_UPDATE_BATCH = 26
-MAP_TYPE_HASH = 1
-MAP_TYPE_ARRAY = 2
-MAP_TYPE_PERCPU_HASH = 5
-MAP_TYPE_PERCPU_ARRAY = 6
-MAP_TYPE_RINGBUF = 27
 _ATTR_SIZE = 128  # larger than every attr used here; the kernel checks the tail is zero
 _SYSCALL = {"x86_64": 321, "aarch64": 280}
 
@@ -83,7 +80,7 @@ def map_create(map_type: int, key_size: int, value_size: int, max_entries: int, 
 
 def array_create(name: str, value: bytes) -> int:
     """A one-entry array map holding `value` (how a small record lives in bpffs); its fd."""
-    fd = map_create(MAP_TYPE_ARRAY, 4, len(value), 1, name)
+    fd = map_create(abi.MAP_TYPE_ARRAY, 4, len(value), 1, name)
     update(fd, struct.pack("=I", 0), value)
     return fd
 
@@ -179,6 +176,14 @@ def possible_cpus() -> int:
         first, _, last = part.partition("-")
         total += int(last or first) - int(first) + 1
     return total
+
+
+def map_shape(fd: int) -> abi.MapShape:
+    """A map's type, key and value sizes and entries (the head of struct bpf_map_info)."""
+    info = ctypes.create_string_buffer(80)
+    _bpf(_OBJ_GET_INFO_BY_FD, _attr("=IIQ", fd, len(info), _addr(info)), "map info")
+    map_type, _id, key_size, value_size, max_entries = struct.unpack_from("=5I", info)
+    return abi.MapShape(map_type, key_size, value_size, max_entries)
 
 
 def program_names() -> Iterator[str]:

@@ -37,6 +37,7 @@ from kubenpu.kernel.pins import (
     BIRTHS_LINK,
     META,
     RETIRED,
+    Incompatible,
     PinnedKernel,
     detach,
     device_table,
@@ -116,7 +117,8 @@ class PinnedProbe(Forwarded):
             attach = self._adopt(on_record, loaded=True)
             if attach is not None:
                 return attach
-            self._set_aside(self.dir)
+            if self.dir.exists():
+                self._set_aside(self.dir)
         # In this process: CO-RE (libbpf only), or BCC without a child (then LLVM stays mapped).
         attach = self._loader.start(on_record)
         objects = self._loader.objects()
@@ -130,12 +132,17 @@ class PinnedProbe(Forwarded):
             return None
         adopted = None
         try:
-            adopted = PinnedKernel(self.dir)
+            adopted = PinnedKernel(self.dir, self._loader.shapes())
             if not adopted.complete():
                 adopted.close()
                 return None  # detached or half pinned: not adoptable
             attach = adopted.start(on_record, self._devices)
             self._hand_over(adopted.set_gate)
+        except Incompatible as err:
+            adopted.close()
+            log.warning("pinned probe %s is not this program's, handing over: %s", self.dir, err)
+            self._retire(self.dir)  # still counting: the new load hands over from it
+            return None
         except (bpfsys.BpfError, KeyError, ValueError) as err:
             if adopted is not None:
                 adopted.close()
@@ -175,6 +182,11 @@ class PinnedProbe(Forwarded):
         """This agent's own directory, unusable (a crash while pinning): detach it and keep
         its totals under another name, as a retired probe."""
         detach(probe_dir)
+        self._retire(probe_dir)
+
+    @staticmethod
+    def _retire(probe_dir: Path) -> None:
+        """Keep a probe's pins under another name, as a retired probe, attached or not."""
         aside = probe_dir.with_name(f"{probe_dir.name}{RETIRED}{time.time_ns()}")
         aside.mkdir()
         for pin in probe_dir.iterdir():  # bpffs renames pins, not directories
@@ -197,7 +209,7 @@ class PinnedProbe(Forwarded):
         for other in self._others():
             kernel = None
             try:
-                kernel = PinnedKernel(other)
+                kernel = PinnedKernel(other, self._loader.shapes(), entries=False)
                 kernel.open(names=("lost",))
                 lost = kernel.read_lost()
                 counts = kernel.read_counts() if kernel.aggregate else {}

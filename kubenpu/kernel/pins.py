@@ -10,7 +10,7 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from kubenpu.discovery import Device
@@ -93,11 +93,25 @@ def on_bpffs(path: Path) -> bool:
     return fstype == "bpf"
 
 
-class PinnedKernel(MapKernel):
-    """A probe pinned in bpffs, used through bpf(2) and libbpf only (no BCC)."""
+class Incompatible(ValueError):
+    """A pinned map whose type, key size, value size or entries are not the program's."""
 
-    def __init__(self, probe_dir: Path) -> None:
+
+class PinnedKernel(MapKernel):
+    """A probe pinned in bpffs, used through bpf(2) and libbpf only (no BCC). Each map it opens
+    is checked against `shapes` first (Tetragon's model): all four fields for an adoption, only
+    the layout (type, key and value size) with `entries=False`, to read a retired probe's
+    totals, whose sizes may be another version's."""
+
+    def __init__(
+        self,
+        probe_dir: Path,
+        shapes: Mapping[str, abi.MapShape] | None = None,
+        entries: bool = True,
+    ) -> None:
         self.dir = probe_dir
+        self._shapes = shapes or {}
+        self._entries = entries
         self._fds: dict[str, int] = {}
         self._maps = Maps(self._fds)
         self.meta = _read_meta(probe_dir) if (probe_dir / META).exists() else {}
@@ -110,9 +124,15 @@ class PinnedKernel(MapKernel):
 
     def open(self, names: Iterable[str] = abi.MAPS) -> None:
         """Open the pinned maps `names` (and `counts` in aggregate mode). Raises
-        bpfsys.BpfError."""
+        bpfsys.BpfError, or Incompatible before any map is written."""
         for name in (*names, *([abi.COUNTS] if self.aggregate else [])):
             self._fds[name] = bpfsys.obj_get(self.dir / name)
+            if name in self._shapes:
+                self._check(name, bpfsys.map_shape(self._fds[name]), self._shapes[name])
+
+    def _check(self, name: str, found: abi.MapShape, want: abi.MapShape) -> None:
+        if (found if self._entries else found[:3]) != (want if self._entries else want[:3]):
+            raise Incompatible(f"the pinned map {name} is {found}, the program's {want}")
 
     def start(self, on_record: Callable[[bytes], None], devices: Iterable[Device]) -> str:
         attach = self.meta["attach"]  # KeyError: not a complete pin directory
