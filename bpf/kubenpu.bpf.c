@@ -26,8 +26,8 @@
  * BCC: Python replaces the marker line below with the attach line of each hooked function
  * (MODULE_KFUNC_PROBE, KFUNC_PROBE or a kprobe) and repeats that probe; -DKUBENPU_KPROBE makes
  * the field reads explicit probe reads. CO-RE: the object holds one fentry program per hookable
- * function, and the loader autoloads only the hook's. User space fills `devices` and `ioctls`
- * before attaching.
+ * function, and the loader autoloads only the hook's. User space fills `minors`, `devices` and
+ * `ioctls` before attaching.
  */
 #include "dialect.h"
 
@@ -63,7 +63,8 @@ struct birth {
 DECLARE_ARRAY(minors, u32, 2 * MINOR_SLOTS);
 DECLARE_HASH(devices, u32, u32, 256);
 /* vendor id << 8 | nr -> kind (0 not counted, 1 submit, 2 alloc, 3 wait): an array, which the
- * verifier inlines, so the hot path has one hash lookup before the count. */
+ * verifier inlines as it does `minors`, so a call on a DRM or accel node makes no hash lookup
+ * before the count (a node of another major: one, in `devices`). */
 #define VENDOR_SLOTS 64
 DECLARE_ARRAY(ioctls, u32, VENDOR_SLOTS * 256);
 DECLARE_RINGBUF(events, RINGBUF_PAGES);

@@ -15,6 +15,8 @@ import yaml
 from helpers import CHART, chart_capabilities
 
 from kubenpu import loop
+from kubenpu.config import ProbeConfig
+from kubenpu.kernel import abi
 from kubenpu.resolve import resolver
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -206,6 +208,9 @@ FALSE_CLAIMS = [
     ("docs/architecture.md", "OTel data points"),
     ("docs/architecture.md", "Read the folder list top to bottom"),
     ("docs/metrics.md", "retries every 0.5 s"),
+    ("docs/core.md", "costs one hash lookup (`devices`"),
+    ("docs/configuration.md", "a short-lived child process compiles and loads the probe"),
+    ("bpf/kubenpu.bpf.c", "so the hot path has one hash lookup"),
 ]
 
 
@@ -266,3 +271,59 @@ def test_the_metrics_doc_names_every_drivers_telemetry_file():
         for path in (p for item in files for p in item.paths):
             name = path.rpartition("/")[2].removesuffix("*")
             assert name in row, (driver, path)
+
+
+# --- the map lists: each doc names every map abi.py has, and no other -----------------------------
+ALL_MAPS = {*abi.MAPS, abi.COUNTS}
+MAP_TYPE_NAMES = {
+    abi.MAP_TYPE_HASH: "hash",
+    abi.MAP_TYPE_ARRAY: "array",
+    abi.MAP_TYPE_PERCPU_HASH: "percpu_hash",
+    abi.MAP_TYPE_PERCPU_ARRAY: "percpu_array",
+    abi.MAP_TYPE_RINGBUF: "ringbuf",
+}
+
+
+def _table(path: str, header: str) -> list[list[str]]:
+    """The body rows of the markdown table in `path` whose header row starts with `header`."""
+    lines = (ROOT / path).read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def test_the_architecture_bpf_row_names_every_map():
+    [row] = [line for line in ARCHITECTURE.splitlines() if line.startswith("| bpf |")]
+    maps = row.split(" maps ", 1)[1].split("; programs", 1)[0]
+    assert set(re.findall(r"`(\w+)`", maps)) == ALL_MAPS
+
+
+def test_the_pin_table_names_every_map():
+    cells = [row[0] for row in _table("docs/pinning.md", "| pin |")]
+    pins = {name for cell in cells for name in re.findall(r"`([\w<>-]+)`", cell)}
+    assert {p for p in pins if not p.startswith(abi.LINK)} == ALL_MAPS | {"meta"}
+
+
+def test_the_core_map_table_is_the_abis():
+    rows = _table("docs/core.md", "| map |")
+    shapes = abi.map_shapes(True, ProbeConfig().ringbuf_pages, abi.COUNTS_ENTRIES)
+    assert {r[0].strip("`"): (r[1], *map(int, r[2:5])) for r in rows} == {
+        name: (MAP_TYPE_NAMES[s.type], s.key_size, s.value_size, s.max_entries)
+        for name, s in shapes.items()
+    }
+
+
+def test_the_hot_path_names_the_device_array_and_hash():
+    hot_path = _doc("docs/core.md").split("## The hot path", 1)[1].split("##", 1)[0]
+    assert {"`minors`", "`devices`", "`ioctls`", "`gate`", "`counts`"} <= set(
+        re.findall(r"`\w+`", hot_path)
+    )
+
+
+def test_the_readme_states_no_test_count():
+    """A count of tests goes stale with the next test added."""
+    assert not re.search(r"\d[\d,]* tests\b", _doc("README.md"))
