@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 from helpers import CHART, chart_capabilities
+from test_imports import LAYERS
 
 from kubenpu import loop
 from kubenpu.config import ProbeConfig
@@ -327,3 +328,16 @@ def test_the_hot_path_names_the_device_array_and_hash():
 def test_the_readme_states_no_test_count():
     """A count of tests goes stale with the next test added."""
     assert not re.search(r"\d[\d,]* tests\b", _doc("README.md"))
+
+
+def _layer_path(module: str) -> str:
+    if module == "kubenpu":
+        return "kubenpu/__init__.py"
+    path = module.replace(".", "/")
+    return f"{path}/" if (ROOT / path).is_dir() else f"{path}.py"
+
+
+def test_the_layout_lists_the_import_layers():
+    section = ARCHITECTURE.split("## Layout: the import layers", 1)[1].split("\n## ", 1)[0]
+    listed = [re.findall(r"`([^`]+)`", line) for line in re.findall(r"^\d+\. .*$", section, re.M)]
+    assert listed == [[_layer_path(m) for m in layer] for layer in LAYERS]
