@@ -788,3 +788,10 @@ def test_allocation_columns_from_a_real_agent(serve, tmp_path):
 )
 def test_idle_for_format(seconds, text):
     assert top.fmt_duration(seconds) == text
+
+
+def test_top_imports_the_metric_catalogue_alone() -> None:
+    """kubenpuctl top needs the metrics' names, not the agent's store of their counts."""
+    code = "import sys, kubenpu.top; print(sorted(m for m in sys.modules if 'metrics' in m))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "['kubenpu.metrics', 'kubenpu.metrics.catalogue']"
