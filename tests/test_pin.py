@@ -302,6 +302,32 @@ def test_a_pinned_map_of_another_shape_is_handed_over_not_adopted():
     assert found["counts"] == {KEY: 5}  # its totals go on: same layout, other entries
 
 
+def _relaid(bpffs: Path) -> dict:
+    root = bpffs / "kubenpu"
+    old_loader = MapLoader("old")
+    old = PinnedProbe(root, old_loader, [VGEM])
+    old.start(lambda _: None)
+    old_loader.count(KEY, 7)
+    old.close()
+    # Its counts map replaced by one of another value size: its totals cannot be read as ours.
+    (old.dir / "counts").unlink()
+    other = bpfsys.map_create(abi.MAP_TYPE_PERCPU_HASH, 16, 16, 1024, "counts")
+    add_count(other, KEY, 7, 2 * bpfsys.possible_cpus())  # as many u64 halves as the values hold
+    bpfsys.obj_pin(other, old.dir / "counts")
+    new = PinnedProbe(root, MapLoader("new"), [VGEM])
+    new.start(lambda _: None)
+    found = {"counts": new.read_counts(), "dirs": sorted(p.name for p in root.iterdir())}
+    found["new"] = new.dir.name
+    new.close()
+    return found
+
+
+def test_a_retired_probe_of_another_layout_is_not_read():
+    found = in_private_bpffs(_relaid)
+    assert found["counts"] == {}, "a counts map of another value size was read as ours"
+    assert found["dirs"] == [found["new"]]  # removed, with a warning that its totals are lost
+
+
 def test_an_events_mode_agent_detaches_pins_and_leaves_their_totals_to_aggregate_mode():
     found = in_private_bpffs(_events_agent)
     assert list(found["pins"]) == [found["old"]], "events mode pins nothing"
