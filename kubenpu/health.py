@@ -56,7 +56,7 @@ class Health:
         return True, "ok"
 
 
-class _Streak:
+class Streak:
     """Logs the first failure of a streak and the recovery, not every repeat."""
 
     def __init__(self, what: str) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from kubenpu.events import Tally
-from kubenpu.health import Health, _Streak
+from kubenpu.health import Health, Streak
 from kubenpu.kernel.errors import ProbeError
 from kubenpu.probe import Probe
 
@@ -38,6 +38,7 @@ _READ_SECONDS = 5.0
 _REAP_SECONDS = 5.0
 # Liveness fails when the kernel's counters were last read longer ago than this many reads.
 _STALE_READS = 3
+STALE_AFTER = _STALE_READS * _READ_SECONDS  # Health's stale_after
 # The workers finish their step within this after the stop signal, or are left behind (daemon
 # threads): with the 1 s the main loop takes to notice and agent._STOP_SECONDS, exit takes <= 29 s.
 _JOIN_SECONDS = 3.0
@@ -76,12 +77,12 @@ class Agent:
         self.stop = threading.Event()
         self._answered = answered or threading.Event()  # set by the resolver's on_answer
         self._last_counts = self._last_reap = self._last_usage = -float("inf")
-        self._reads = _Streak("reading the kernel's counters")
+        self._reads = Streak("reading the kernel's counters")
         self._steps = {
-            "poll": _Streak("poll"),
-            "attribution": _Streak("attribution"),
-            "fdinfo": _Streak("reading fdinfo"),
-            "telemetry": _Streak("reading device telemetry"),
+            "poll": Streak("poll"),
+            "attribution": Streak("attribution"),
+            "fdinfo": Streak("reading fdinfo"),
+            "telemetry": Streak("reading device telemetry"),
         }
 
     def run(self) -> int:

@@ -18,7 +18,7 @@ from kubenpu.events import Tally
 from kubenpu.fdinfo import FdinfoReader
 from kubenpu.health import Health
 from kubenpu.kernel.loader import loaders, open_kernel
-from kubenpu.loop import _READ_SECONDS, _STALE_READS, Agent
+from kubenpu.loop import STALE_AFTER, Agent
 from kubenpu.metrics.inputs import DeviceRow
 from kubenpu.metrics.store import Metrics
 from kubenpu.probe import Probe
@@ -82,7 +82,7 @@ def build(
     found = discover(cfg.discovery.root)
     devices = select_devices(found, cfg.discovery.ignore_devices)
     _log_tables(devices)
-    health = Health(_STALE_READS * _READ_SECONDS)
+    health = Health(STALE_AFTER)
     metrics = Metrics(cfg.node_name, cfg.metrics.series_ttl_seconds, cfg.metrics.max_series)
     metrics.set_devices(
         DeviceRow(d.id, d.vendor or "", d.driver or "", d.pci_id or "", _numa(d)) for d in devices
