@@ -37,7 +37,7 @@ from prometheus_client.samples import Sample
 ROOT = Path(__file__).resolve().parents[1]
 GRAFANA = ROOT / "deploy" / "grafana"
 TARGET = {"job": "kubenpu", "instance": "127.0.0.1:8080"}  # what a scrape adds besides `node`
-LABEL_VALUES = re.compile(r"label_values\((\w+), *(\w+)\)")
+LABEL_VALUES = re.compile(r"label_values\((.+), *(\w+)\)")  # (series selector, label)
 REGEX_SPECIAL = re.compile(r"[\\^$*+?.()|\[\]{}]")
 LEGEND = re.compile(r"{{ *(\w+) *}}")
 Series = dict[str, Any]  # Prometheus API: {"metric": {labels}, "values": [[t, "v"], ...]}
@@ -159,6 +159,8 @@ class Query:
     ref: str
     expr: str
     legend: str
+    column: str | None = None  # a table's column for the values (None: hidden)
+    hidden: frozenset[str] = frozenset()  # a table's label columns not shown
     promql: str = ""
     result: list[Series] = field(default_factory=list)
 
@@ -211,8 +213,8 @@ def boards() -> dict[str, dict]:
 
 
 def variable_values(api: Api, query: str, at: Window) -> list[str]:
-    """A `label_values(metric, label)` variable, resolved through the label values API as
-    Grafana's Prometheus data source does."""
+    """A `label_values(series selector, label)` variable, resolved through the label values API
+    as Grafana's Prometheus data source does."""
     match = LABEL_VALUES.fullmatch(query)
     if not match:
         raise ValueError(f"unsupported variable query: {query}")
@@ -236,6 +238,22 @@ def regex_escape(value: str) -> str:
     return REGEX_SPECIAL.sub(lambda m: "\\\\" + m.group(0), value)
 
 
+def organize(panel: dict) -> dict:
+    return next(
+        (t["options"] for t in panel.get("transformations", []) if t["id"] == "organize"), {}
+    )
+
+
+def value_columns(panel: dict) -> dict[str, str]:
+    """refId -> the column a table shows the query's values under: Grafana names it `Value`, or
+    `Value #refId` when the table merges several queries, unless renamed; hidden ones left out."""
+    options = organize(panel)
+    renames, hidden = options.get("renameByName", {}), options.get("excludeByName", {})
+    several = len(panel["targets"]) > 1
+    raw = {t["refId"]: f"Value #{t['refId']}" if several else "Value" for t in panel["targets"]}
+    return {ref: renames.get(name, name) for ref, name in raw.items() if not hidden.get(name)}
+
+
 def run(api: Api, name: str, board: dict, at: Window) -> Board:
     variables = {
         v["name"]: variable_values(api, v["query"]["query"], at)
@@ -244,10 +262,12 @@ def run(api: Api, name: str, board: dict, at: Window) -> Board:
     }
     queries = []
     for panel in board["panels"]:
+        columns = value_columns(panel) if panel["type"] == "table" else {}
+        hidden = frozenset(k for k, v in organize(panel).get("excludeByName", {}).items() if v)
         for target in panel["targets"]:
             q = Query(
                 panel["title"], panel["type"], target["refId"], target["expr"],
-                target.get("legendFormat", ""),
+                target.get("legendFormat", ""), columns.get(target["refId"]), hidden,
             )  # fmt: skip
             q.promql = substitute(q.expr, variables, at)
             if q.kind == "table":
@@ -309,12 +329,21 @@ def draw_lines(ax: Any, queries: list[Query], at: Window) -> None:
 
 
 def draw_table(ax: Any, queries: list[Query], at: Window) -> None:
-    results = [s for q in queries for s in q.result]
-    columns = sorted({k for s in results for k in s["metric"]} - set(TARGET))
-    cells = [[s["metric"].get(c, "") for c in columns] + [fmt(s["value"][1])] for s in results]
+    """Grafana's merge: one row per label set, a column of each query's values."""
+    rows: dict[tuple, dict[str, str]] = {}
+    hidden = set(TARGET) | queries[0].hidden
+    for q in queries:
+        for s in q.result:
+            labels = tuple(sorted((k, v) for k, v in s["metric"].items() if k not in hidden))
+            row = rows.setdefault(labels, dict(labels))
+            if q.column:
+                row[q.column] = fmt(s["value"][1])
+    labels = sorted({k for key in rows for k, _ in key})
+    columns = labels + [q.column for q in queries if q.column]
     ax.axis("off")
-    if cells:
-        table = ax.table(cellText=cells, colLabels=[*columns, "value"], loc="upper center")
+    if rows:
+        cells = [[row.get(c, "") for c in columns] for row in rows.values()]
+        table = ax.table(cellText=cells, colLabels=columns, loc="upper center")
         table.auto_set_font_size(False)
         table.set_fontsize(7)
         table.scale(1, 1.2)
