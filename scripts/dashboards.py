@@ -161,6 +161,8 @@ class Query:
     legend: str
     column: str | None = None  # a table's column for the values (None: hidden)
     hidden: frozenset[str] = frozenset()  # a table's label columns not shown
+    unit: str | None = None  # Grafana's unit for the values
+    wide: bool = False  # the panel spans the board's width
     promql: str = ""
     result: list[Series] = field(default_factory=list)
 
@@ -254,6 +256,22 @@ def value_columns(panel: dict) -> dict[str, str]:
     return {ref: renames.get(name, name) for ref, name in raw.items() if not hidden.get(name)}
 
 
+def units(panel: dict) -> dict[str, str | None]:
+    """refId -> the unit Grafana shows the query's values in: an override matching its frame (a
+    time series) or its column (a table), else the panel's default; hidden columns left out."""
+    config = panel["fieldConfig"]
+    by = {
+        (o["matcher"]["id"], o["matcher"]["options"]): p["value"]
+        for o in config["overrides"]
+        for p in o["properties"]
+        if p["id"] == "unit"
+    }
+    default = config["defaults"].get("unit")
+    if panel["type"] == "table":
+        return {ref: by.get(("byName", c), default) for ref, c in value_columns(panel).items()}
+    return {t["refId"]: by.get(("byFrameRefID", t["refId"]), default) for t in panel["targets"]}
+
+
 def run(api: Api, name: str, board: dict, at: Window) -> Board:
     variables = {
         v["name"]: variable_values(api, v["query"]["query"], at)
@@ -264,10 +282,12 @@ def run(api: Api, name: str, board: dict, at: Window) -> Board:
     for panel in board["panels"]:
         columns = value_columns(panel) if panel["type"] == "table" else {}
         hidden = frozenset(k for k, v in organize(panel).get("excludeByName", {}).items() if v)
+        unit, wide = units(panel), panel["gridPos"]["w"] > 12
         for target in panel["targets"]:
+            ref = target["refId"]
             q = Query(
-                panel["title"], panel["type"], target["refId"], target["expr"],
-                target.get("legendFormat", ""), columns.get(target["refId"]), hidden,
+                panel["title"], panel["type"], ref, target["expr"], target.get("legendFormat", ""),
+                columns.get(ref), hidden, unit.get(ref), wide,
             )  # fmt: skip
             q.promql = substitute(q.expr, variables, at)
             if q.kind == "table":
@@ -302,19 +322,36 @@ def draw(board: Board, at: Window, png: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = list(dict.fromkeys(q.panel for q in board.queries))
-    rows = (len(panels) + 1) // 2
-    fig, axes = plt.subplots(rows, 2, figsize=(15, 4.2 * rows), squeeze=False, layout="constrained")
-    for ax, title in zip(axes.flat, panels, strict=False):
-        queries = [q for q in board.queries if q.panel == title]
-        (draw_table if queries[0].kind == "table" else draw_lines)(ax, queries, at)
-        ax.set_title(title, fontsize=11, loc="left")
-    for ax in list(axes.flat)[len(panels) :]:
-        ax.axis("off")
+    panels = {q.panel: [p for p in board.queries if p.panel == q.panel] for q in board.queries}
+    rows = layout([(title, queries[0].wide) for title, queries in panels.items()])
+    fig = plt.figure(figsize=(15, 4.2 * len(rows)), layout="constrained")
+    grid = fig.add_gridspec(len(rows), 2)
+    for r, row in enumerate(rows):
+        for c, title in enumerate(row):
+            ax = fig.add_subplot(
+                grid[r, :] if len(row) == 1 and panels[title][0].wide else grid[r, c]
+            )
+            queries = panels[title]
+            (draw_table if queries[0].kind == "table" else draw_lines)(ax, queries, at)
+            ax.set_title(title, fontsize=11, loc="left")
     variables = ", ".join(f"{k} = {'|'.join(v)}" for k, v in board.variables.items())
     fig.suptitle(f"{board.title}  ({variables}; data: a real agent in the VM e2e)", fontsize=13)
     fig.savefig(png, dpi=80)
     plt.close(fig)
+
+
+def layout(panels: list[tuple[str, bool]]) -> list[list[str]]:
+    """Rows of the picture, as on the board: a wide panel alone, narrow ones two by two."""
+    rows: list[list[str]] = []
+    room = False  # the last row has room for one more narrow panel
+    for title, wide in panels:
+        if wide or not room:
+            rows.append([title])
+            room = not wide
+        else:
+            rows[-1].append(title)
+            room = False
+    return rows
 
 
 def draw_lines(ax: Any, queries: list[Query], at: Window) -> None:
@@ -324,6 +361,7 @@ def draw_lines(ax: Any, queries: list[Query], at: Window) -> None:
             ax.plot(t, [float(p[1]) for p in series["values"]], label=legend(q, series["metric"]))
     ax.set_xlim(0, at.end - at.start)
     ax.set_xlabel("seconds into the recording")
+    ax.set_ylabel(" / ".join(dict.fromkeys(q.unit or "" for q in queries)))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", ncol=2)
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
 
 import pytest
 from helpers import PODS_PANEL, dashboard_problems, dashboards
@@ -60,34 +59,13 @@ def first_metric(expr: str) -> str:
     return re.search(r"\bkubenpu_\w+", expr).group(0)
 
 
-def units(panel: dict[str, Any]) -> dict[str, str]:
-    """refId -> the unit Grafana shows the query's values in: an override matching its frame (a
-    time series) or its column (a table), else the panel's default."""
-    config = panel["fieldConfig"]
-    by: dict[tuple[str, str], str] = {
-        (o["matcher"]["id"], o["matcher"]["options"]): p["value"]
-        for o in config["overrides"]
-        for p in o["properties"]
-        if p["id"] == "unit"
-    }
-    columns = dashboards.value_columns(panel) if panel["type"] == "table" else {}
-    default = config["defaults"].get("unit")
-    out = {}
-    for t in panel["targets"]:
-        key = ("byName", columns[t["refId"]]) if t["refId"] in columns else ("", "")
-        unit = by.get(("byFrameRefID", t["refId"]), by.get(key, default))
-        if panel["type"] != "table" or t["refId"] in columns:
-            out[t["refId"]] = unit
-    return out
-
-
 def unit_problems(boards: dict[str, dict]) -> list[str]:
     return [
         f"{name}: {panel['title']} {ref}: {unit}, not {' or '.join(want)}"
         for name, board in boards.items()
         for panel in board["panels"]
         for t in panel["targets"]
-        for ref, unit in units(panel).items()
+        for ref, unit in dashboards.units(panel).items()
         if ref == t["refId"] and unit not in (want := expected_units(t["expr"]))
     ]
 

@@ -104,6 +104,30 @@ def render_pod(mode: str) -> dict:
     }
 
 
+def allocations(mode: str, testdrm_card: str | None, virtio: str) -> dict:
+    """The played kubelet's answer (tests/podresources_server.py state): the test driver's card
+    to the render pod, virtio-gpu and an id that maps to nothing to IDLE_POD."""
+    render = render_pod(mode)
+
+    def held(pod: tuple[str, str, str], ids: list[str]) -> dict:
+        devices = [{"resource": RECORD_RESOURCE, "ids": ids}]
+        return {
+            "namespace": pod[0],
+            "name": pod[1],
+            "containers": [{"name": pod[2], "devices": devices}],
+        }
+
+    return {
+        "pods": [
+            held(
+                (render["namespace"], render["pod"], render["container"]),
+                [testdrm_card] if testdrm_card else [],
+            ),
+            held(IDLE_POD, [virtio, "slot-7"]),
+        ]
+    }
+
+
 def pods(mode: str) -> tuple[dict, dict]:
     """Pod A (systemd cgroup driver, exists before the agent starts) and pod B (cgroupfs driver,
     created after the agent has started). Ids differ per mode: each mode runs its own agent."""
@@ -189,20 +213,8 @@ class Scenario:
     # --- the run -----------------------------------------------------------------------------
 
     def allocation_state(self) -> dict:
-        render = render_pod(self.mode)
-
-        def held(pod: tuple[str, str, str], ids: list[str]) -> dict:
-            devices = [{"resource": RECORD_RESOURCE, "ids": ids}]
-            containers = [{"name": pod[2], "devices": devices}]
-            return {"namespace": pod[0], "name": pod[1], "containers": containers}
-
-        testdrm = [Path(device_node(self.testdrm, "card")).name] if self.testdrm else []
-        return {
-            "pods": [
-                held((render["namespace"], render["pod"], render["container"]), testdrm),
-                held(IDLE_POD, [self.virtio.id, "slot-7"]),
-            ]
-        }
+        testdrm = Path(device_node(self.testdrm, "card")).name if self.testdrm else None
+        return allocations(self.mode, testdrm, self.virtio.id)
 
     def start_agent(self) -> Agent:
         allocations = {
