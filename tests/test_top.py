@@ -26,6 +26,7 @@ from helpers import free_port, receiver_tools, run_server, script_output
 from prometheus_client.parser import text_string_to_metric_families
 
 from kubenpu import top
+from kubenpu.top.sources import ALLOCATED
 from kubenpu.top.view import _View
 
 REPO = Path(__file__).resolve().parent.parent
@@ -628,7 +629,7 @@ def recorded_step(before: str, after: str) -> dict[tuple[str, ...], dict[str, fl
     old = {(s.name, frozenset(s.labels.items())): s.value for s in top.parse(before)[0]}
     rows: dict[tuple[str, ...], dict[str, float]] = {}
     for s in top.parse(after)[0]:
-        if s.name in (top.BUSY, top.MEMORY, top.ALLOCATED):
+        if s.name in (top.BUSY, top.MEMORY, ALLOCATED):
             key = tuple(s.labels.get(k, "") for k in top.POD_LABELS)
             rows.setdefault(key, dict.fromkeys(KINDS, 0.0))
         if s.name == "kubenpu_ioctl_total":
