@@ -37,7 +37,7 @@ from prometheus_client.samples import Sample
 ROOT = Path(__file__).resolve().parents[1]
 GRAFANA = ROOT / "deploy" / "grafana"
 TARGET = {"job": "kubenpu", "instance": "127.0.0.1:8080"}  # what a scrape adds besides `node`
-LABEL_VALUES = re.compile(r"label_values\((\w+), *(\w+)\)")
+LABEL_VALUES = re.compile(r"label_values\((.+), *(\w+)\)")  # (series selector, label)
 REGEX_SPECIAL = re.compile(r"[\\^$*+?.()|\[\]{}]")
 LEGEND = re.compile(r"{{ *(\w+) *}}")
 Series = dict[str, Any]  # Prometheus API: {"metric": {labels}, "values": [[t, "v"], ...]}
@@ -159,6 +159,10 @@ class Query:
     ref: str
     expr: str
     legend: str
+    column: str | None = None  # a table's column for the values (None: hidden)
+    hidden: frozenset[str] = frozenset()  # a table's label columns not shown
+    unit: str | None = None  # Grafana's unit for the values
+    wide: bool = False  # the panel spans the board's width
     promql: str = ""
     result: list[Series] = field(default_factory=list)
 
@@ -211,8 +215,8 @@ def boards() -> dict[str, dict]:
 
 
 def variable_values(api: Api, query: str, at: Window) -> list[str]:
-    """A `label_values(metric, label)` variable, resolved through the label values API as
-    Grafana's Prometheus data source does."""
+    """A `label_values(series selector, label)` variable, resolved through the label values API
+    as Grafana's Prometheus data source does."""
     match = LABEL_VALUES.fullmatch(query)
     if not match:
         raise ValueError(f"unsupported variable query: {query}")
@@ -236,6 +240,38 @@ def regex_escape(value: str) -> str:
     return REGEX_SPECIAL.sub(lambda m: "\\\\" + m.group(0), value)
 
 
+def organize(panel: dict) -> dict:
+    return next(
+        (t["options"] for t in panel.get("transformations", []) if t["id"] == "organize"), {}
+    )
+
+
+def value_columns(panel: dict) -> dict[str, str]:
+    """refId -> the column a table shows the query's values under: Grafana names it `Value`, or
+    `Value #refId` when the table merges several queries, unless renamed; hidden ones left out."""
+    options = organize(panel)
+    renames, hidden = options.get("renameByName", {}), options.get("excludeByName", {})
+    several = len(panel["targets"]) > 1
+    raw = {t["refId"]: f"Value #{t['refId']}" if several else "Value" for t in panel["targets"]}
+    return {ref: renames.get(name, name) for ref, name in raw.items() if not hidden.get(name)}
+
+
+def units(panel: dict) -> dict[str, str | None]:
+    """refId -> the unit Grafana shows the query's values in: an override matching its frame (a
+    time series) or its column (a table), else the panel's default; hidden columns left out."""
+    config = panel["fieldConfig"]
+    by = {
+        (o["matcher"]["id"], o["matcher"]["options"]): p["value"]
+        for o in config["overrides"]
+        for p in o["properties"]
+        if p["id"] == "unit"
+    }
+    default = config["defaults"].get("unit")
+    if panel["type"] == "table":
+        return {ref: by.get(("byName", c), default) for ref, c in value_columns(panel).items()}
+    return {t["refId"]: by.get(("byFrameRefID", t["refId"]), default) for t in panel["targets"]}
+
+
 def run(api: Api, name: str, board: dict, at: Window) -> Board:
     variables = {
         v["name"]: variable_values(api, v["query"]["query"], at)
@@ -244,10 +280,14 @@ def run(api: Api, name: str, board: dict, at: Window) -> Board:
     }
     queries = []
     for panel in board["panels"]:
+        columns = value_columns(panel) if panel["type"] == "table" else {}
+        hidden = frozenset(k for k, v in organize(panel).get("excludeByName", {}).items() if v)
+        unit, wide = units(panel), panel["gridPos"]["w"] > 12
         for target in panel["targets"]:
+            ref = target["refId"]
             q = Query(
-                panel["title"], panel["type"], target["refId"], target["expr"],
-                target.get("legendFormat", ""),
+                panel["title"], panel["type"], ref, target["expr"], target.get("legendFormat", ""),
+                columns.get(ref), hidden, unit.get(ref), wide,
             )  # fmt: skip
             q.promql = substitute(q.expr, variables, at)
             if q.kind == "table":
@@ -282,19 +322,36 @@ def draw(board: Board, at: Window, png: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = list(dict.fromkeys(q.panel for q in board.queries))
-    rows = (len(panels) + 1) // 2
-    fig, axes = plt.subplots(rows, 2, figsize=(15, 4.2 * rows), squeeze=False, layout="constrained")
-    for ax, title in zip(axes.flat, panels, strict=False):
-        queries = [q for q in board.queries if q.panel == title]
-        (draw_table if queries[0].kind == "table" else draw_lines)(ax, queries, at)
-        ax.set_title(title, fontsize=11, loc="left")
-    for ax in list(axes.flat)[len(panels) :]:
-        ax.axis("off")
+    panels = {q.panel: [p for p in board.queries if p.panel == q.panel] for q in board.queries}
+    rows = layout([(title, queries[0].wide) for title, queries in panels.items()])
+    fig = plt.figure(figsize=(15, 4.2 * len(rows)), layout="constrained")
+    grid = fig.add_gridspec(len(rows), 2)
+    for r, row in enumerate(rows):
+        for c, title in enumerate(row):
+            ax = fig.add_subplot(
+                grid[r, :] if len(row) == 1 and panels[title][0].wide else grid[r, c]
+            )
+            queries = panels[title]
+            (draw_table if queries[0].kind == "table" else draw_lines)(ax, queries, at)
+            ax.set_title(title, fontsize=11, loc="left")
     variables = ", ".join(f"{k} = {'|'.join(v)}" for k, v in board.variables.items())
     fig.suptitle(f"{board.title}  ({variables}; data: a real agent in the VM e2e)", fontsize=13)
     fig.savefig(png, dpi=80)
     plt.close(fig)
+
+
+def layout(panels: list[tuple[str, bool]]) -> list[list[str]]:
+    """Rows of the picture, as on the board: a wide panel alone, narrow ones two by two."""
+    rows: list[list[str]] = []
+    room = False  # the last row has room for one more narrow panel
+    for title, wide in panels:
+        if wide or not room:
+            rows.append([title])
+            room = not wide
+        else:
+            rows[-1].append(title)
+            room = False
+    return rows
 
 
 def draw_lines(ax: Any, queries: list[Query], at: Window) -> None:
@@ -304,17 +361,27 @@ def draw_lines(ax: Any, queries: list[Query], at: Window) -> None:
             ax.plot(t, [float(p[1]) for p in series["values"]], label=legend(q, series["metric"]))
     ax.set_xlim(0, at.end - at.start)
     ax.set_xlabel("seconds into the recording")
+    ax.set_ylabel(" / ".join(dict.fromkeys(q.unit or "" for q in queries)))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", ncol=2)
 
 
 def draw_table(ax: Any, queries: list[Query], at: Window) -> None:
-    results = [s for q in queries for s in q.result]
-    columns = sorted({k for s in results for k in s["metric"]} - set(TARGET))
-    cells = [[s["metric"].get(c, "") for c in columns] + [fmt(s["value"][1])] for s in results]
+    """Grafana's merge: one row per label set, a column of each query's values."""
+    rows: dict[tuple, dict[str, str]] = {}
+    hidden = set(TARGET) | queries[0].hidden
+    for q in queries:
+        for s in q.result:
+            labels = tuple(sorted((k, v) for k, v in s["metric"].items() if k not in hidden))
+            row = rows.setdefault(labels, dict(labels))
+            if q.column:
+                row[q.column] = fmt(s["value"][1])
+    labels = sorted({k for key in rows for k, _ in key})
+    columns = labels + [q.column for q in queries if q.column]
     ax.axis("off")
-    if cells:
-        table = ax.table(cellText=cells, colLabels=[*columns, "value"], loc="upper center")
+    if rows:
+        cells = [[row.get(c, "") for c in columns] for row in rows.values()]
+        table = ax.table(cellText=cells, colLabels=columns, loc="upper center")
         table.auto_set_font_size(False)
         table.set_fontsize(7)
         table.scale(1, 1.2)

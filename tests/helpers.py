@@ -314,11 +314,14 @@ EMPTY_ON_THE_VM = {
 # machine without such a sensor): their queries are checked only on a recording that holds a
 # sample of the metric.
 RECORDED_SINCE = {
-    "Energy and power per pod": "kubenpu_energy_joules_total",
+    "Power by pod (energy split)": "kubenpu_energy_joules_total",
+    "Energy by pod over the time range": "kubenpu_energy_joules_total",
     "Device power and limits": "kubenpu_device_power_watts",
-    "Device temperature and voltage": "kubenpu_device_temperature_celsius",
-    "Device clocks and throttling": "kubenpu_device_frequency_hertz",
-    "Device memory and busy (driver)": "kubenpu_device_memory_used_bytes",
+    "Device temperature": "kubenpu_device_temperature_celsius",
+    "Device voltage": "kubenpu_device_voltage_volts",
+    "Device clocks": "kubenpu_device_frequency_hertz",
+    "Device throttling": "kubenpu_device_throttle",
+    "Device memory used and busy (driver)": "kubenpu_device_memory_used_bytes",
     "Telemetry files skipped, by reason": "kubenpu_telemetry_skipped_total",
     **dict.fromkeys(
         (
@@ -362,9 +365,9 @@ def dashboard_problems(boards: list[Any], record: dict) -> list[str]:
     ([] when all is well)."""
     by_name = {b.name: b for b in boards}
     problems = [f"{where}: {p}" for b in boards for where, p in query_problems(b, record)]
-    namespaces = sorted({ns for ns, _, _ in recorded_pods(record)})
+    namespaces = sorted({ns for ns, _, _ in recorded_pods(record)} | allocated_namespaces(record))
     want = {"kubenpu-pods": {"node": [record["node"]], "namespace": namespaces}}
-    want["kubenpu-devices"] = {"node": [record["node"]]}
+    want["kubenpu-devices"] = want["kubenpu-agents"] = {"node": [record["node"]]}
     problems += [
         f"{name}: variables {by_name[name].variables} != {variables}"
         for name, variables in want.items()
@@ -412,6 +415,15 @@ def recorded_pods(record: dict) -> set[tuple[str, str, str]]:
             {(s["labels"]["namespace"], s["labels"]["pod"], s["labels"]["kind"]) for s in series}
         )
     return {key for key, n in seen.items() if n > 1 and key[1]}
+
+
+def allocated_namespaces(record: dict) -> set[str]:
+    """The namespaces of pods holding an allocation: the namespace variable lists them too."""
+    return {
+        s["labels"]["namespace"]
+        for scrape in record["scrapes"]
+        for s in parse(scrape["text"]).get("kubenpu_device_allocated", [])
+    }
 
 
 def shown_pods(board: Any, panel: str) -> set[tuple[str, ...]]:

@@ -660,6 +660,24 @@ def test_alert_rules_name_the_agents_alerts() -> None:
     assert {"KubeNPUAgentDown", "KubeNPUEventsDropped", "KubeNPUAttributionFailing"} <= alerts
 
 
+ALERT_NAME = re.compile(r"\bKube[Nn][Pp][Uu][A-Z]\w*")  # any casing of the prefix
+
+
+def alert_mentions(paths: list[Path]) -> dict[str, set[str]]:
+    """Every alert-like name in the given files (KubeNPU..., or a mis-cased Kubenpu...)."""
+    return {str(p.relative_to(ROOT)): set(ALERT_NAME.findall(p.read_text())) for p in paths}
+
+
+def test_every_alert_is_spelled_as_the_rules_name_it() -> None:
+    """One spelling: each KubeNPU... alert a doc or an installer names is one the rules define
+    (a `Kubenpu...` spelling, as docs/metrics.md once had, is no alert)."""
+    alerts = {r["alert"] for g in rule_groups()["groups"] for r in g["rules"]}
+    files = [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]
+    files += [p for p in DEPLOY.rglob("*") if p.suffix in (".yaml", ".md", ".txt", ".jsonnet")]
+    unknown = {f: names - alerts for f, names in alert_mentions(files).items() if names - alerts}
+    assert unknown == {}
+
+
 def test_promtool_checks_the_prometheusrule(
     tools: Path, tmp_path: Path, every_render: dict
 ) -> None:

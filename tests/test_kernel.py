@@ -10,7 +10,7 @@ from kubenpu import vendors
 from kubenpu.kernel.abi import dev_t
 from kubenpu.kernel.bcc import AttachPlan, BccKernel, attach_plans, source_text
 from kubenpu.kernel.core import CoreKernel
-from kubenpu.kernel.hooks import effective_capabilities, privileges_hint
+from kubenpu.kernel.hooks import effective_capabilities, missing_privileges
 from kubenpu.kernel.loader import loaders
 from kubenpu.kernel.maps import device_slots, vendor_ids
 
@@ -105,19 +105,19 @@ def test_effective_capabilities_decode_cap_eff(tmp_path):
         (
             "drm_ioctl",
             {"BPF", "PERFMON"},
-            "; missing CAP_SYS_ADMIN: probe.hook drm_ioctl needs CAP_SYS_ADMIN",
+            "missing CAP_SYS_ADMIN (probe.hook drm_ioctl needs CAP_SYS_ADMIN; ",
         ),
         (
             "security_file_ioctl",
             {"BPF"},
-            "; missing CAP_PERFMON: probe.hook security_file_ioctl needs CAP_BPF + CAP_PERFMON",
+            "missing CAP_PERFMON (probe.hook security_file_ioctl needs CAP_BPF + CAP_PERFMON; ",
         ),
-        ("security_file_ioctl", set(), "; missing CAP_BPF, CAP_PERFMON: "),
+        ("security_file_ioctl", set(), "missing CAP_BPF, CAP_PERFMON ("),
         ("security_file_ioctl", {"SYS_ADMIN"}, ""),  # SYS_ADMIN passes every check
     ],
 )
-def test_privileges_hint_names_the_missing_capability(hook, held, hint):
-    found = privileges_hint(hook, held)
+def test_missing_privileges_names_the_missing_capability(hook, held, hint):
+    found = missing_privileges(hook, held)
     assert found.startswith(hint) if hint else found == ""
 
 

@@ -26,6 +26,7 @@ from helpers import free_port, receiver_tools, run_server, script_output
 from prometheus_client.parser import text_string_to_metric_families
 
 from kubenpu import top
+from kubenpu.top.sources import ALLOCATED
 from kubenpu.top.view import _View
 
 REPO = Path(__file__).resolve().parent.parent
@@ -400,7 +401,7 @@ class Terminal:
 def table_rows(lines: list[str]) -> tuple[list[str], list[dict[str, str]]]:
     """The column titles and the rows below them, as a person reads the screen."""
     at = next(i for i, line in enumerate(lines) if line.startswith("NAMESPACE"))
-    titles = lines[at].split()
+    titles = lines[at].replace("IDLE FOR", "IDLE-FOR").split()  # one column, one cell
     rows = []
     for line in lines[at + 1 :]:
         cells = line.split()
@@ -623,13 +624,14 @@ def replay(texts: list[str]) -> Callable[[float], str]:
 
 def recorded_step(before: str, after: str) -> dict[tuple[str, ...], dict[str, float]]:
     """(namespace, pod, container, device, vendor) -> increase per kind from `before` to `after`,
-    for every call series in `after`, and 0 per kind for a pod's device with fdinfo series only
-    (the test driver's clients: a row without calls)."""
+    for every call series in `after`, and 0 per kind for a pod's device with fdinfo or allocation
+    series only (the test driver's clients, a device held idle: rows without calls)."""
     old = {(s.name, frozenset(s.labels.items())): s.value for s in top.parse(before)[0]}
     rows: dict[tuple[str, ...], dict[str, float]] = {}
     for s in top.parse(after)[0]:
-        if s.name in (top.BUSY, top.MEMORY):
-            rows.setdefault(tuple(s.labels[k] for k in top.POD_LABELS), dict.fromkeys(KINDS, 0.0))
+        if s.name in (top.BUSY, top.MEMORY, ALLOCATED):
+            key = tuple(s.labels.get(k, "") for k in top.POD_LABELS)
+            rows.setdefault(key, dict.fromkeys(KINDS, 0.0))
         if s.name == "kubenpu_ioctl_total":
             key = tuple(s.labels[k] for k in top.POD_LABELS)
             prev = old.get((s.name, frozenset(s.labels.items())), 0.0)
@@ -656,8 +658,11 @@ def test_once_json_on_a_real_agents_recording(serve):
     called = {
         k for text in SCRAPES for k, kinds in recorded_step("", text).items() if any(kinds.values())
     }
-    used = set(recorded_step("", SCRAPES[-1])) - called  # fdinfo series, no calls
-    assert used == {("team-d", "render-0", "gpu", "platform:kubenpu_testdrm", "")}
+    used = set(recorded_step("", SCRAPES[-1])) - called  # fdinfo or allocation series, no calls
+    assert used == {
+        ("team-d", "render-0", "gpu", "platform:kubenpu_testdrm", ""),
+        ("team-e", "idle-0", "main", "0000:00:02.0", ""),  # allocated, idle
+    }
     assert set(keys) == called | used and len(keys) == len(called | used)
     assert ("", "", "", "platform:vgem", "vgem") in called  # host processes: the no-pod row
     step = recorded_step(*SCRAPES[-2:])
@@ -727,19 +732,20 @@ def test_live_view_of_a_real_agents_recording(serve, terminal, width, height):
     assert ("VENDOR" in titles) == (width > 80)  # the first column to go on a narrow terminal
     step = recorded_step(*SCRAPES[-2:])
     want = shown_rows(lines, rows, total_order(step))
-    # Every rate is its recorded increase over top's interval: one scale for all, within the
-    # screen's rounding to three digits.
+    # Every rate shown is its recorded increase over top's interval: one scale for all, within
+    # the screen's rounding to three digits (a narrow screen drops some rate columns).
+    shown = [kind for kind in KINDS if f"{kind.upper()}/s" in titles]
     scales = [
         float(r[f"{kind.upper()}/s"]) / step[k][kind]
         for r, k in zip(rows, want, strict=True)
-        for kind in KINDS
+        for kind in shown
         if step[k][kind]
     ]
     assert all(s == pytest.approx(scales[0], rel=0.05) for s in scales), scales
     assert all(
         float(r[f"{kind.upper()}/s"]) == 0
         for r, k in zip(rows, want, strict=True)
-        for kind in KINDS
+        for kind in shown
         if not step[k][kind]
     )
     assert all(len(line) <= width for line in lines) and len(lines) == height

@@ -11,7 +11,14 @@
     refId: refId,
   } + (if instant then { instant: true, range: false, format: 'table' } else {}),
 
-  timeseries(title, targets, unit, pos, description=''):: {
+  // A panel's unit for the series of one query (refId), where a panel mixes units.
+  unitOf(refId, unit):: {
+    matcher: { id: 'byFrameRefID', options: refId },
+    properties: [{ id: 'unit', value: unit }],
+  },
+
+  // `units`: refId -> unit, for the queries whose unit is not the panel's.
+  timeseries(title, targets, unit, pos, description='', units={}):: {
     type: 'timeseries',
     title: title,
     description: description,
@@ -20,7 +27,7 @@
     targets: targets,
     fieldConfig: {
       defaults: { unit: unit, custom: { fillOpacity: 10, showPoints: 'never' } },
-      overrides: [],
+      overrides: [$.unitOf(r, units[r]) for r in std.objectFields(units)],
     },
     options: {
       legend: { displayMode: 'table', placement: 'right', calcs: ['mean', 'max'] },
@@ -28,18 +35,37 @@
     },
   },
 
-  // A table of instant values; `hide` lists label columns not worth showing.
-  table(title, targets, pos, hide=['Time'], description=''):: {
+  // A table of instant values, one row per label set. `columns`: refId -> [name, unit] of the
+  // query's value column (Grafana calls it `Value`, or `Value #refId` when there are several
+  // queries); `hide` lists label columns not worth showing.
+  table(title, targets, pos, columns={}, hide=['Time'], description=''):: {
+    local valueOf(r) = if std.length(targets) > 1 then 'Value #' + r else 'Value',
     type: 'table',
     title: title,
     description: description,
     datasource: $.datasource,
     gridPos: pos,
     targets: targets,
+    fieldConfig: {
+      defaults: {},
+      overrides: [
+        {
+          matcher: { id: 'byName', options: columns[r][0] },
+          properties: [{ id: 'unit', value: columns[r][1] }],
+        }
+        for r in std.objectFields(columns)
+      ],
+    },
     options: { showHeader: true },
     transformations: [
       { id: 'merge', options: {} },
-      { id: 'organize', options: { excludeByName: { [h]: true for h in hide } } },
+      {
+        id: 'organize',
+        options: {
+          excludeByName: { [h]: true for h in hide },
+          renameByName: { [valueOf(r)]: columns[r][0] for r in std.objectFields(columns) },
+        },
+      },
     ],
   },
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from kubenpu.discovery import Device
 from kubenpu.kernel import abi, bpfsys, hooks
 from kubenpu.kernel.base import LoaderBase
-from kubenpu.kernel.errors import ProbeError
+from kubenpu.kernel.errors import Cause, ProbeError
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,13 @@ _BPF_DIRS = (
     Path(__file__).parents[2] / "bpf",  # source tree / editable install
 )
 _INCLUDE = re.compile(r'^#include "([\w.]+)"$', re.M)
+# A kprobe attach refused under lockdown=confidentiality: BCC turns its field reads into
+# bpf_probe_read, which that level withholds (tests/test_e2e_vm.py, lockdown kernel).
+_LOCKED_DOWN = (
+    "kprobe: kernel lockdown (confidentiality) refuses the bpf_probe_read that BCC's kprobe "
+    "attach reads fields with (probe.attach: fentry does without it): "
+)
+_TP_BTF = ("bpf_prog_load", "libbpf_find_vmlinux_btf_id", "bpf_raw_tracepoint_open")
 
 
 @dataclass(frozen=True)
@@ -112,13 +119,14 @@ def source_text(plan: AttachPlan) -> str:
     return head + "".join(p.header + body + end for p in plan.programs) + tail
 
 
-def _headers_hint() -> str:
+def headers_hint() -> str:
+    """What to do when the kernel headers BCC compiles against are missing ("" when found)."""
     build = Path("/lib/modules") / os.uname().release / "build"
     if build.exists() or Path("/sys/kernel/kheaders.tar.xz").exists():
         return ""
     return (
-        f"; kernel headers for {os.uname().release} not found: the BCC fallback needs them "
-        "(chart value probe.bccFallback: true mounts /lib/modules and /usr/src from the node)"
+        f"; kernel headers for {os.uname().release} not found: BCC compiles against them "
+        "(chart value bccFallback: true mounts /lib/modules and /usr/src from the node)"
     )
 
 
@@ -159,7 +167,7 @@ def attach_tp_btf(insns: bytes, tracepoint: str) -> tuple[int, int]:
     BCC picks a program's attach type from its name prefix and has none for tp_btf, so this goes
     through libbpf (which BCC itself links against) for the BTF id, the load and the attach.
     """
-    libbpf = bpfsys.libbpf()
+    libbpf = bpfsys.libbpf(_TP_BTF)
     libbpf.bpf_prog_load.argtypes = [
         ctypes.c_uint, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
         ctypes.POINTER(_ProgLoadOpts),
@@ -218,8 +226,20 @@ class BccKernel(LoaderBase):
             self._attach_births()
             self._open_ring_buffer(on_record)
             return hooks.describe(plan.attach, [p.function for p in plan.programs], self.loader)
-        hints = _headers_hint() + hooks.privileges_hint(self.hook, hooks.effective_capabilities())
-        raise ProbeError(f"cannot attach to {self.hook}: " + "; ".join(errors) + hints)
+        raise self._failure(errors)
+
+    def _failure(self, errors: list[str]) -> ProbeError:
+        """A failed start's line, its cause first: missing capabilities (no headers would help),
+        lockdown refusing the kprobe attach's reads, else what each attach said, and where the
+        kernel headers are missing, how to mount them."""
+        head = f"cannot attach to {self.hook}: "
+        if missing := hooks.missing_privileges(self.hook, hooks.effective_capabilities()):
+            return ProbeError(f"{head}{missing}: " + "; ".join(errors), Cause.CAPABILITIES)
+        kprobe = "kprobe: "
+        if hooks.lockdown() == "confidentiality" and any(e.startswith(kprobe) for e in errors):
+            said = [_LOCKED_DOWN + e[len(kprobe) :] if e.startswith(kprobe) else e for e in errors]
+            return ProbeError(head + "; ".join(said), Cause.LOCKDOWN)
+        return ProbeError(head + "; ".join(errors) + headers_hint())
 
     def _load(self, plan: AttachPlan):  # returns bcc.BPF
         import bcc  # deferred: BCC comes from the distribution and is only needed here

@@ -8,6 +8,7 @@ It imports neither BCC nor LLVM, so a process that only adopts pinned objects st
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import platform
 import struct
@@ -211,12 +212,59 @@ def program_names() -> Iterator[str]:
 
 
 _SAMPLE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+_RING_BUFFER = ("ring_buffer__new", "ring_buffer__poll", "ring_buffer__free")
+# libbpf's own error codes (libbpf.h, enum libbpf_errno), returned negated like an errno, which
+# os.strerror calls "Unknown error 4001".
+_LIBBPF_ERRNO = {
+    4000: ("LIBBPF_ERRNO__LIBELF", "something wrong in libelf"),
+    4001: ("LIBBPF_ERRNO__FORMAT", "BPF object format invalid"),
+    4002: ("LIBBPF_ERRNO__KVERSION", "incorrect or no 'version' section"),
+    4003: ("LIBBPF_ERRNO__ENDIAN", "endian mismatch"),
+    4004: ("LIBBPF_ERRNO__INTERNAL", "internal error in libbpf"),
+    4005: ("LIBBPF_ERRNO__RELOC", "relocation failed"),
+    4006: ("LIBBPF_ERRNO__LOAD", "load program failure for unknown reason"),
+    4007: ("LIBBPF_ERRNO__VERIFY", "kernel verifier blocks program loading"),
+    4008: ("LIBBPF_ERRNO__PROG2BIG", "program too big"),
+    4009: ("LIBBPF_ERRNO__KVER", "incorrect kernel version"),
+    4010: ("LIBBPF_ERRNO__PROGTYPE", "kernel doesn't support this program type"),
+    4011: ("LIBBPF_ERRNO__WRNGPID", "wrong pid in netlink message"),
+    4012: ("LIBBPF_ERRNO__INVSEQ", "invalid netlink sequence"),
+    4013: ("LIBBPF_ERRNO__NLPARSE", "netlink parsing error"),
+}
 
 
-def libbpf() -> ctypes.CDLL:
+def error_name(err: int) -> str:
+    """A libbpf return code or an errno (either sign) by its name and in words."""
+    code = abs(err)
+    if code in _LIBBPF_ERRNO:
+        name, what = _LIBBPF_ERRNO[code]
+        return f"{name}: {what}"
+    return f"{errno.errorcode.get(code, str(code))}: {os.strerror(code)}"
+
+
+class MissingSymbols(OSError):
+    """The libbpf.so.1 found lacks functions the caller needs (an old or a stripped build)."""
+
+
+def libbpf(needed: tuple[str, ...] = ()) -> ctypes.CDLL:
     """The system's libbpf (the one BCC links against), by soname: ctypes.util.find_library would
-    run ldconfig at every start."""
-    return ctypes.CDLL("libbpf.so.1", use_errno=True)
+    run ldconfig at every start. OSError when it is missing, MissingSymbols when it lacks one of
+    `needed`."""
+    lib = ctypes.CDLL("libbpf.so.1", use_errno=True)
+    if missing := [name for name in needed if not hasattr(lib, name)]:
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise MissingSymbols(f"{_loaded('libbpf.so.1')} lacks {', '.join(missing[:3])}{more}")
+    return lib
+
+
+def _loaded(soname: str) -> str:
+    """The file the dynamic loader mapped for `soname` (else the soname)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if soname in line}
+    except OSError:
+        return soname
+    return min(paths, default=soname)
 
 
 class RingBuffer:
@@ -224,7 +272,7 @@ class RingBuffer:
 
     def __init__(self, map_fd: int, on_record: Callable[[bytes], None]) -> None:
         try:
-            self._lib = libbpf()
+            self._lib = libbpf(_RING_BUFFER)
         except OSError as err:
             raise BpfError(0, f"libbpf is needed to read the ring buffer: {err}") from err
         self._lib.ring_buffer__new.restype = ctypes.c_void_p

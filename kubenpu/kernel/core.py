@@ -19,12 +19,40 @@ from pathlib import Path
 from kubenpu.discovery import Device
 from kubenpu.kernel import abi, bpfsys, hooks
 from kubenpu.kernel.base import LoaderBase
-from kubenpu.kernel.errors import ProbeError
+from kubenpu.kernel.errors import Cause, ProbeError
 
 log = logging.getLogger(__name__)
 
 _LIBBPF_WARN = 0  # enum libbpf_print_level: WARN, INFO, DEBUG
 _PRINT = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+_MESSAGE = 1 << 16  # room for a verifier log, whose last line says why a program was refused
+_P, _INT = ctypes.c_void_p, ctypes.c_int
+# The libbpf calls the loader makes: (name, result, arguments).
+_CALLS = (
+    ("bpf_object__open_file", _P, [ctypes.c_char_p, _P]),
+    ("bpf_object__find_map_by_name", _P, [_P, ctypes.c_char_p]),
+    ("bpf_object__find_program_by_name", _P, [_P, ctypes.c_char_p]),
+    ("bpf_object__next_program", _P, [_P, _P]),
+    ("bpf_object__load", _INT, [_P]),
+    ("bpf_object__close", None, [_P]),
+    ("bpf_map__set_max_entries", _INT, [_P, ctypes.c_uint32]),
+    ("bpf_map__fd", _INT, [_P]),
+    ("bpf_program__name", ctypes.c_char_p, [_P]),
+    ("bpf_program__set_autoload", _INT, [_P, ctypes.c_bool]),
+    ("bpf_program__attach", _P, [_P]),
+    ("bpf_link__fd", _INT, [_P]),
+    ("bpf_link__destroy", _INT, [_P]),
+    ("libbpf_set_print", _P, [_PRINT]),
+)
+# libbpf's own words for a kernel without BTF (btf__load_vmlinux_btf).
+_NO_BTF = "failed to find valid kernel BTF"
+_NO_BTF_CAUSE = "the kernel has no BTF (CONFIG_DEBUG_INFO_BTF, /sys/kernel/btf/vmlinux)"
+_NO_BTF_HINT = (
+    "; without BTF only BCC's kprobe attach works, with the node's kernel headers "
+    "(chart value bccFallback: true, probe.attach: kprobe)"
+)
+# The libbpf codes of an object file it cannot read as a BPF object.
+_CORRUPT = {4000, 4001, 4002, 4003}  # LIBBPF_ERRNO__LIBELF, __FORMAT, __KVERSION, __ENDIAN
 _libc = ctypes.CDLL(None)
 _libc.vsnprintf.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_void_p]
 
@@ -49,26 +77,17 @@ class _Libbpf:
 
     def __init__(self) -> None:
         try:
-            lib = bpfsys.libbpf()
+            lib = bpfsys.libbpf(tuple(name for name, _, _ in _CALLS))
+        except bpfsys.MissingSymbols as err:
+            raise ProbeError(
+                f"{err}, which the CO-RE loader calls (libbpf 1.0 and later have them)",
+                Cause.OLD_LIBBPF,
+            ) from err
         except OSError as err:
-            raise ProbeError(f"libbpf (libbpf.so.1) is needed for the CO-RE object: {err}") from err
-        p, c_int = ctypes.c_void_p, ctypes.c_int
-        for name, res, args in (
-            ("bpf_object__open_file", p, [ctypes.c_char_p, p]),
-            ("bpf_object__find_map_by_name", p, [p, ctypes.c_char_p]),
-            ("bpf_object__find_program_by_name", p, [p, ctypes.c_char_p]),
-            ("bpf_object__next_program", p, [p, p]),
-            ("bpf_object__load", c_int, [p]),
-            ("bpf_object__close", None, [p]),
-            ("bpf_map__set_max_entries", c_int, [p, ctypes.c_uint32]),
-            ("bpf_map__fd", c_int, [p]),
-            ("bpf_program__name", ctypes.c_char_p, [p]),
-            ("bpf_program__set_autoload", c_int, [p, ctypes.c_bool]),
-            ("bpf_program__attach", p, [p]),
-            ("bpf_link__fd", c_int, [p]),
-            ("bpf_link__destroy", c_int, [p]),
-            ("libbpf_set_print", p, [_PRINT]),
-        ):
+            raise ProbeError(
+                f"libbpf (libbpf.so.1) is needed for the CO-RE object: {err}", Cause.NO_LIBBPF
+            ) from err
+        for name, res, args in _CALLS:
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = res, args
         self.lib = lib
@@ -77,19 +96,27 @@ class _Libbpf:
         lib.libbpf_set_print(self._print)
 
     def _on_print(self, level: int, fmt: bytes, args: int) -> int:
-        buf = ctypes.create_string_buffer(1024)
+        buf = ctypes.create_string_buffer(_MESSAGE)
         _libc.vsnprintf(buf, len(buf), fmt, args)
         line = buf.value.decode(errors="replace").strip()
         if line:
-            log.debug("libbpf: %s", line)
+            log.debug("%s", line)
             if level == _LIBBPF_WARN:
                 self.messages.append(line)
         return 0
 
     def why(self, err: int) -> str:
-        """One line: the errno and libbpf's last warning (the verifier's or relocation's)."""
-        last = self.messages[-1] if self.messages else ""
-        return f"{os.strerror(abs(err))}" + (f" ({last})" if last else "")
+        """One line: libbpf's reason, then the code's name. The first warning since the call is
+        the reason (those after it say what failed because of it); a refused program's verifier
+        log adds its last line."""
+        reason = self.messages[0].splitlines()[0] if self.messages else ""
+        verifier = next((m for m in self.messages if "BEGIN PROG LOAD LOG" in m), "")
+        said = [line for line in verifier.splitlines()[1:] if "PROG LOAD LOG" not in line]
+        reason += f": {said[-1].strip()}" if said else ""
+        return f"{reason} ({bpfsys.error_name(err)})" if reason else bpfsys.error_name(err)
+
+    def says(self, words: str) -> bool:
+        return any(words in m for m in self.messages)
 
 
 class CoreKernel(LoaderBase):
@@ -108,7 +135,7 @@ class CoreKernel(LoaderBase):
     ) -> None:
         super().__init__(devices, **settings)
         self._path = path
-        self._alone = alone  # no BCC fallback after it: a failure says how to allow one
+        self._alone = alone  # no BCC fallback after it: a kernel without BTF says how to allow one
         self._lib: _Libbpf | None = None
         self._obj: int | None = None
         self._links: dict[str, int] = {}  # pin name -> struct bpf_link *
@@ -116,7 +143,10 @@ class CoreKernel(LoaderBase):
     def _object(self) -> Path:
         path = self._path or object_path(self.aggregate)
         if not path.exists():
-            raise ProbeError(f"the CO-RE object {path} is missing (build it with `make bpf`)")
+            raise ProbeError(
+                f"the CO-RE object {path} is missing (build it with `make bpf`)",
+                Cause.OBJECT_MISSING,
+            )
         return path
 
     def digest(self) -> str:
@@ -131,26 +161,39 @@ class CoreKernel(LoaderBase):
         if self._attach == "kprobe":
             raise ProbeError("the CO-RE object has fentry programs only (probe.attach: kprobe)")
         functions = hooks.functions(self.hook)
-        self._lib = _libbpf()
-        self._lib.messages.clear()
         try:
+            self._lib = _libbpf()
+            self._lib.messages.clear()
             self._load(functions)
             self._attach_all(functions)
             self._open_ring(on_record)
         except (ProbeError, bpfsys.BpfError) as err:
             self.close()
-            hint = hooks.privileges_hint(self.hook, hooks.effective_capabilities())
-            if self._alone:
-                hint += "; to fall back to BCC: probe.loader auto (chart value bccFallback: true)"
-            raise ProbeError(f"cannot attach to {self.hook}: core: {err}{hint}") from err
+            raise self._failure(err) from err
         attach = "fentry-module" if hooks.in_module(self.hook) else "fentry"
         return hooks.describe(attach, functions, self.loader)
+
+    def _failure(self, err: ProbeError | bpfsys.BpfError) -> ProbeError:
+        """A failed start's line, its cause first: missing capabilities, a kernel without BTF,
+        else what failed. Alone (`probe.loader: core`) it names BCC only where that is the way
+        out: a kernel without BTF, where BCC's kprobe attach works with kernel headers."""
+        head = f"cannot attach to {self.hook}: core: "
+        cause = getattr(err, "cause", Cause.OTHER)  # the object's and libbpf's own come first
+        missing = hooks.missing_privileges(self.hook, hooks.effective_capabilities())
+        if cause is Cause.OTHER and missing:
+            return ProbeError(f"{head}{missing}: {err}", Cause.CAPABILITIES)
+        if cause is Cause.OTHER and self._lib is not None and self._lib.says(_NO_BTF):
+            hint = _NO_BTF_HINT if self._alone else ""
+            return ProbeError(f"{head}{_NO_BTF_CAUSE}: {err}{hint}", Cause.NO_BTF)
+        return ProbeError(f"{head}{err}", cause)
 
     def _load(self, functions: list[str]) -> None:
         lib = self._lib.lib
         self._obj = lib.bpf_object__open_file(os.fsencode(self._object()), None)
         if not self._obj:
-            raise ProbeError(f"opening {self._object()}: {self._lib.why(ctypes.get_errno())}")
+            err = ctypes.get_errno()
+            cause = Cause.OBJECT_CORRUPT if err in _CORRUPT else Cause.OTHER
+            raise ProbeError(f"opening {self._object()}: {self._lib.why(err)}", cause)
         self._map(abi.EVENTS, self._ringbuf_pages * abi.PAGE)
         if self.aggregate:
             self._map(abi.COUNTS, self._counts_entries)

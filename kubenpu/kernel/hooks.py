@@ -10,6 +10,7 @@ both loaders.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 DEFAULT_HOOK = "security_file_ioctl"
@@ -53,15 +54,25 @@ def effective_capabilities(status: Path = Path("/proc/self/status")) -> set[str]
     return set()
 
 
-def privileges_hint(hook: str, held: set[str]) -> str:
-    """Names the capabilities the hook needs and the agent lacks (the kernel's refusal varies:
-    a map, the BTF or the program may be the first thing refused)."""
+def missing_privileges(hook: str, held: set[str]) -> str:
+    """The capabilities the hook needs and the agent lacks, as the cause of a failed start ("" if
+    none): the kernel's refusal varies (a map, the BTF or the program may be refused first)."""
     missing = [c for c in HOOK_CAPABILITIES[hook] if c not in held and "SYS_ADMIN" not in held]
     if not missing:
         return ""
     names = ", ".join(f"CAP_{c}" for c in missing)
     need = " + ".join(f"CAP_{c}" for c in HOOK_CAPABILITIES[hook])
-    return f"; missing {names}: probe.hook {hook} needs {need} (see docs/deploy.md)"
+    return f"missing {names} (probe.hook {hook} needs {need}; see docs/deploy.md)"
+
+
+def lockdown(path: Path = Path("/sys/kernel/security/lockdown")) -> str:
+    """The kernel's lockdown level (none, integrity, confidentiality); "" when it has none."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return ""
+    level = re.search(r"\[(\w+)\]", text)
+    return level[1] if level else ""
 
 
 def describe(attach: str, functions: list[str], loader: str) -> str:

@@ -15,7 +15,7 @@ from kubenpu.kernel.base import Forwarded, Kernel, Loader
 from kubenpu.kernel.bcc import BccKernel
 from kubenpu.kernel.child import load_in_child
 from kubenpu.kernel.core import CoreKernel
-from kubenpu.kernel.errors import ProbeError
+from kubenpu.kernel.errors import FINAL, ProbeError
 from kubenpu.kernel.pinned import PinnedProbe
 
 log = logging.getLogger(__name__)
@@ -30,15 +30,28 @@ class Fallback(Forwarded):
         self.aggregate = kernels[0].aggregate
 
     def start(self, on_record: Callable[[bytes], None]) -> str:
+        """The first kernel's failure, its cause first, ends the line: the next kernel is not
+        tried where its cause is one no loader gets past (capabilities), and its own failure
+        follows the first one's."""
         *first, last = self._kernels
+        failed: list[ProbeError] = []
         for kernel in first:
             try:
                 self._active = kernel
                 return kernel.start(on_record)
             except ProbeError as err:
+                if err.cause in FINAL:
+                    raise
                 log.warning("the CO-RE object did not load, falling back to BCC: %s", err)
+                failed.append(err)
         self._active = last
-        return last.start(on_record)
+        try:
+            return last.start(on_record)
+        except ProbeError as err:
+            if not failed:
+                raise
+            said = str(err).partition(": ")[2]  # without its own "cannot attach to HOOK"
+            raise ProbeError(f"{failed[0]}; BCC fallback: {said}", failed[0].cause) from err
 
     def _reads(self) -> Kernel:
         return self._active

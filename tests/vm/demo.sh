@@ -1,10 +1,10 @@
 #!/bin/sh
-# Guest entry point for `make demo`: run the sample pods, then show what the agent exported.
+# Guest entry point for `make demo`: sample pods use the devices while the agent runs, then
+# `kubenpuctl devices`, `kubenpuctl top --once` and the key series (tests/vm/demo_guest.py).
 set -eu
 export PYTHONPATH=/src
-/opt/kubenpu/venv/bin/python /src/tests/vm/e2e_guest.py /out aggregate >/out/scenario.log 2>&1 || {
-  cat /out/scenario.log; exit 1; }
+/opt/kubenpu/venv/bin/python /src/tests/vm/demo_guest.py /out >/out/demo.log 2>&1 || {
+  cat /out/demo.log; echo "== agent log =="; cat /out/agent.log 2>/dev/null; exit 1; }
 echo "== agent log (startup) =="
-head -n 20 /out/aggregate/agent.log
-echo "== kubenpu_ series on /metrics =="
-grep '^kubenpu_' /out/aggregate/metrics.txt
+head -n 20 /out/agent.log
+cat /out/demo.log

@@ -26,6 +26,7 @@ from guestlib import (
     MODES,
     OTLP,
     OTLP_PORT,
+    PODRESOURCES,
     PROMETHEUS,
     SYNCOBJ_WAIT,
     TCGETS,
@@ -49,6 +50,7 @@ from guestlib import (
     ioctl_counts,
     load_testdrm,
     scrape,
+    start_podresources,
     systemd_cgroup,
 )
 from otlp_receiver import OtlpReceiver
@@ -68,6 +70,13 @@ RECORD_INTERVAL = 5.0  # no shorter than the agent's read of the kernel's counts
 # agent's fdinfo reader follows it (the first through the probe's report of its tgid, the later
 # ones through their cgroup's calls): the dashboards' busy and memory panels get growing series.
 RECORD_HOLD = (40, 2)
+# While recording, a played kubelet's PodResources API allocates the test driver to the render
+# pod (its node name in the id, found by the allocations mapper's fallback) and virtio-gpu, with an
+# id that maps to nothing, to IDLE_POD, which never calls: the dashboards' allocation panels get an
+# idle allocation, a used one, an unmapped id, and trainer-0's calls on virtio-gpu unallocated.
+RECORD_RESOURCE = "kubenpu.test/gpu"  # a plugin of no known format
+IDLE_POD = ("team-e", "idle-0", "main")  # a namespace no pod of which calls
+ALLOCATIONS_INTERVAL = 2  # attribution.pod_resources.interval_seconds: well inside a round
 
 
 def batch_pod(mode: str, i: int) -> dict:
@@ -92,6 +101,30 @@ def render_pod(mode: str) -> dict:
         "pod": "render-0",
         "container": "gpu",
         "pod_uid": f"7f3e9a10-2c4b-4d8e-9f01-6a5b4c3d2e1{n}",
+    }
+
+
+def allocations(mode: str, testdrm_card: str | None, virtio: str) -> dict:
+    """The played kubelet's answer (tests/podresources_server.py state): the test driver's card
+    to the render pod, virtio-gpu and an id that maps to nothing to IDLE_POD."""
+    render = render_pod(mode)
+
+    def held(pod: tuple[str, str, str], ids: list[str]) -> dict:
+        devices = [{"resource": RECORD_RESOURCE, "ids": ids}]
+        return {
+            "namespace": pod[0],
+            "name": pod[1],
+            "containers": [{"name": pod[2], "devices": devices}],
+        }
+
+    return {
+        "pods": [
+            held(
+                (render["namespace"], render["pod"], render["container"]),
+                [testdrm_card] if testdrm_card else [],
+            ),
+            held(IDLE_POD, [virtio, "slot-7"]),
+        ]
     }
 
 
@@ -179,14 +212,28 @@ class Scenario:
 
     # --- the run -----------------------------------------------------------------------------
 
+    def allocation_state(self) -> dict:
+        testdrm = Path(device_node(self.testdrm, "card")).name if self.testdrm else None
+        return allocations(self.mode, testdrm, self.virtio.id)
+
     def start_agent(self) -> Agent:
+        allocations = {
+            "pod_resources": {
+                "enabled": True,
+                "socket": str(PODRESOURCES),
+                "interval_seconds": ALLOCATIONS_INTERVAL,
+            }
+        }
         config = {
             "probe": {
                 "mode": self.mode,
                 **({"hook": self.hook} if self.hook else {}),
                 **({"loader": self.loader} if self.loader else {}),
             },
-            "attribution": {"cri": {"endpoint": f"unix://{self.cri_socket}"}},
+            "attribution": {
+                "cri": {"endpoint": f"unix://{self.cri_socket}"},
+                **(allocations if self.records else {}),
+            },
             "export": {
                 "prometheus": PROMETHEUS,
                 "otlp": OTLP,
@@ -232,6 +279,11 @@ class Scenario:
         add_container(cri, pod_a)
         systemd_cgroup(pod_a).mkdir(parents=True)
         receiver = OtlpReceiver(port=OTLP_PORT)
+        kubelet = (
+            start_podresources(self.allocation_state(), self.out / "podresources.json")
+            if self.records
+            else None
+        )
         agent = self.start_agent()
         try:
             self.workload(pod_a, systemd_cgroup(pod_a), vgem_scale=1, virtio_scale=1)
@@ -249,6 +301,9 @@ class Scenario:
             agent.stop()
             receiver.stop()
             cri.stop()
+            if kubelet:
+                kubelet.terminate()
+                kubelet.wait()
         return {
             "kernel": os.uname().release,
             "lockdown": Path("/sys/kernel/security/lockdown").read_text().strip(),

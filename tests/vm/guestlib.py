@@ -222,6 +222,23 @@ def same_usage(got: Usage, want: Usage) -> bool:
     return got.keys() == want.keys() and all(abs(got[k] - want[k]) <= 1e-9 for k in want)
 
 
+PODRESOURCES = Path("/var/lib/kubelet/pod-resources/kubelet.sock")  # the kubelet's own path
+
+
+def start_podresources(state: dict, state_file: Path) -> subprocess.Popen:
+    """tests/podresources_server.py playing the kubelet's PodResources API at PODRESOURCES,
+    answering from `state` (written to state_file), once it listens."""
+    state_file.write_text(json.dumps(state))
+    PODRESOURCES.parent.mkdir(parents=True, exist_ok=True)
+    server = Path(__file__).resolve().parents[1] / "podresources_server.py"
+    argv = [PY, str(server), "--socket", str(PODRESOURCES), "--state", str(state_file)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline() if proc.stdout else ""
+    if not line.startswith("listening on"):
+        raise SystemExit(f"the PodResources test server did not start (said {line!r})")
+    return proc
+
+
 def load_testdrm() -> str:
     """modprobe tests/vm/kmod's driver; "" when loaded, else why not (the scenario skips it)."""
     lockdown = Path("/sys/kernel/security/lockdown")

@@ -65,6 +65,7 @@ from guestlib import (
     DRMCALL,
     OTLP,
     OTLP_PORT,
+    PODRESOURCES,
     PROMETHEUS,
     SYNCOBJ_WAIT,
     TESTDRM,
@@ -87,6 +88,7 @@ from guestlib import (
     run_scenario,
     same_usage,
     scrape,
+    start_podresources,
     usage_series,
 )
 from otlp_receiver import OtlpReceiver, attrs
@@ -130,7 +132,6 @@ POD_A = Pod("team-a", "trainer-0", "0b8f1a52-6c5e-4d0e-9a11-3f5a0c2b7e01")
 POD_B = Pod("team-b", "infer-0", "5c2d0e7a-1b3f-4a66-8f0e-2d9c4b1a6e02")
 POD_C = Pod("team-c", "idle-0", "7a4e2c19-3d5b-4f08-b6a1-9c0d2e4f6a03")
 
-PODRESOURCES = Path("/var/lib/kubelet/pod-resources/kubelet.sock")  # the kubelet's own path
 ALLOCATIONS_INTERVAL = 2  # attribution.pod_resources.interval_seconds: short for the run
 INTEL_GPU = "gpu.intel.com/i915"  # ids cardN-<share> (Intel's GPU plugin)
 TEST_GPU = "kubenpu.test/gpu"  # a plugin of no known format: its ids are PCI addresses
@@ -482,18 +483,6 @@ class Node:
             "allocatable": [{"resource": INTEL_GPU, "ids": [f"{shared}-0", f"{shared}-1"]}],
         }
 
-    def start_podresources(self) -> subprocess.Popen:
-        state = self.out / "podresources.json"
-        state.write_text(json.dumps(self.allocation_state()))
-        PODRESOURCES.parent.mkdir(parents=True, exist_ok=True)
-        server = HERE.parent / "podresources_server.py"
-        argv = [sys.executable, str(server), "--socket", str(PODRESOURCES), "--state", str(state)]
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
-        line = proc.stdout.readline() if proc.stdout else ""
-        if not line.startswith("listening on"):
-            raise SystemExit(f"the PodResources test server did not start (said {line!r})")
-        return proc
-
     def settle_allocations(self, want: dict[tuple[str, ...], int]) -> Samples:
         """The first scrape whose unallocated-call counts equal `want` (the calls are added at
         an allocations refresh), or the last one before the deadline."""
@@ -674,7 +663,7 @@ class Node:
         version = self.kubelet.version()
         self.mark("containerd ready")
         agent = None
-        podresources = self.start_podresources()
+        podresources = start_podresources(self.allocation_state(), self.out / "podresources.json")
         receiver = OtlpReceiver(port=OTLP_PORT)
         energy: dict = {}
         try:
