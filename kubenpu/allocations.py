@@ -129,6 +129,8 @@ class Allocations:
         try:
             found = self._client.allocatable()
         except PodResourcesError as err:  # once per connection: not available on it
+            if self._stop.is_set():
+                return set()  # close() ended the request
             self._metrics.podresources_error()
             level = logging.DEBUG if self._told_allocatable else logging.WARNING
             log.log(level, "PodResources: %s; using List alone", err)
