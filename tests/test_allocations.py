@@ -12,16 +12,22 @@ import socket
 import subprocess
 import sys
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fakes import Clock
+from fakes import Clock, FakeResolver
 from podresources_server import PodResourcesTestServer, container, pod
 
 from kubenpu.activity import Activity
 from kubenpu.allocations import Allocations, held
+from kubenpu.attribution import Attributor
 from kubenpu.discovery import Device, discover
+from kubenpu.events import Batch
+from kubenpu.kernel import abi
+from kubenpu.kernel.maps import tables, vendor_ids
+from kubenpu.kernel.records import Key
 from kubenpu.metrics.catalogue import (
     ALLOCATED,
     ALLOCATED_IDLE,
@@ -32,9 +38,12 @@ from kubenpu.metrics.catalogue import (
 )
 from kubenpu.metrics.inputs import Held
 from kubenpu.metrics.store import Metrics
+from kubenpu.resolve import Attribution
 from kubenpu.resolve.podresources.client import Allocated, PodResourcesClient, PodResourcesError
 from kubenpu.resolve.podresources.mapping import PLUGINS, Mapper, Unmapped
 from kubenpu.services import Services
+from kubenpu.vendors import Kind
+from kubenpu.wiring import select_devices
 
 TESTDATA = Path(__file__).parent / "testdata"
 IGPU, DGPU = "0000:00:02.0", "0000:03:00.0"  # hybrid-two-gpu: i915 card1, amdgpu card0
@@ -592,3 +601,31 @@ def test_a_wedged_kubelet_does_not_hold_the_stop(tmp_path: Path, caplog) -> None
     assert exported.is_set()
     assert not [r for r in caplog.records if "stop deadline" in r.getMessage()]
     assert value(metrics, PODRESOURCES_ERRORS) == 0  # its own stop, not a kubelet failure
+
+
+def test_an_mi300_partitions_calls_are_counted_as_its_use(
+    kubelet: PodResourcesTestServer, sock: str
+) -> None:
+    # The probe's device table takes the partitions' nodes as amdgpu's (discovery gives them
+    # the vendor), and attribution hands their submit calls to allocations as the partition's.
+    devices = select_devices(discover(TESTDATA / MI300), [])
+    by_node, _ = tables(devices)
+    assert by_node[abi.dev_t(226, 129)] == by_node[abi.dev_t(226, 128)] == vendor_ids()["amdgpu"]
+    partition = "amd.com/cpx_nps1"
+    kubelet.set_state(
+        {"pods": [pod("ml", "p", [container("main", {partition: ["amdgpu_xcp_0"]})])]}
+    )
+    clock, metrics = Clock(), Metrics("node", 300, 1000)
+    activity, resolver = Activity(300, clock), FakeResolver()
+    resolver.answers[7] = Attribution("ml", "p", "main")
+    attributor = Attributor(devices, resolver, metrics, activity=activity, clock=clock)
+    client = PodResourcesClient(sock)
+    allocations = Allocations(client, Mapper(devices), metrics, 10, activity, clock=clock)
+    allocations.refresh()
+    clock.now += 10
+    attributor.flush(Batch(counts=Counter({Key(7, 226, 129, int(Kind.SUBMIT)): 2})))
+    allocations.refresh()
+    assert value(metrics, ALLOCATED_IDLE, **hold("ml", "p", XCP0, partition)) == 0
+    clock.now += 10
+    allocations.refresh()
+    assert value(metrics, ALLOCATED_IDLE, **hold("ml", "p", XCP0, partition)) == 10
