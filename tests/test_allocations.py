@@ -629,3 +629,25 @@ def test_an_mi300_partitions_calls_are_counted_as_its_use(
     clock.now += 10
     allocations.refresh()
     assert value(metrics, ALLOCATED_IDLE, **hold("ml", "p", XCP0, partition)) == 10
+
+
+def test_the_agent_wires_allocations(
+    kubelet: PodResourcesTestServer, sock: str, tmp_path: Path, monkeypatch
+) -> None:
+    # The real build(); only the BPF side is faked (FakeKernel), since no probe loads here.
+    from fakes import FakeKernel
+    from helpers import eventually, make_config
+
+    from kubenpu import wiring
+
+    monkeypatch.setattr(wiring, "open_kernel", lambda *a, **k: FakeKernel())
+    cfg = make_config(
+        tmp_path,
+        f"discovery:\n  root: {TESTDATA / 'hybrid-two-gpu'}\n"
+        f"attribution:\n  cgroup_root: {tmp_path}\n"
+        f"  pod_resources:\n    enabled: true\n    socket: {sock}\n"
+        "export:\n  prometheus:\n    enabled: false\n",
+    )
+    with Services(10) as services:
+        agent = wiring.build(cfg, services)
+        eventually(lambda: value(agent.metrics, ALLOCATED, **hold("ml", "a")) == 2, "allocations")
