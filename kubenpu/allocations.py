@@ -3,10 +3,14 @@ of them are idle.
 
 Every `interval` seconds the `allocations` thread asks the kubelet (PodResources List), maps
 each id to a device (kubenpu.resolve.podresources.mapping) and compares each held allocation's
-use signals (Metrics.activity(): submit-class calls and engine busy time, of that container on
-that device) with the previous refresh: unchanged means the whole interval was idle. A kubelet
-that does not answer is a counted error and a retry at the next refresh; the last allocations
-stay exported meanwhile. Counting never waits on this thread.
+use signals (kubenpu.activity: submit-class calls and engine busy time, of that container on
+that device, from attribution and usage) with the previous refresh: unchanged means the whole
+interval was idle. A kubelet that does not answer is a counted error and a retry at the next
+refresh; the last allocations stay exported meanwhile. GetAllocatableResources only adds the
+devices a plugin manages but nobody holds (calls there are unallocated use); when it is not
+available the List is used all the same. An id that names no device makes the next refresh
+rediscover the devices (at most every `_REDISCOVER_SECONDS`), so a hot-plugged card maps.
+Counting never waits on this thread.
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
+from kubenpu.activity import Activity, Use, User
+from kubenpu.discovery import Device
 from kubenpu.metrics.inputs import AllocationState, Held
 from kubenpu.metrics.store import Metrics
 from kubenpu.resolve.podresources.client import Allocated, PodResourcesClient, PodResourcesError
@@ -24,8 +30,7 @@ from kubenpu.resolve.podresources.mapping import Mapper, Unmapped
 
 log = logging.getLogger(__name__)
 
-_Use = tuple[int, float]
-_User = tuple[str, str, str, str]  # namespace, pod, container, device
+_REDISCOVER_SECONDS = 60.0  # a sysfs scan, off the counting path; its warnings repeat with it
 
 
 def held(
@@ -35,7 +40,7 @@ def held(
     shares: Counter[Held] = Counter()
     unmapped: Counter[tuple[str, str]] = Counter()
     for a in allocated:
-        device = mapper.device(a.resource, a.id, a.cdi)
+        device = mapper.device(a.resource, a.id, a.cdi, a.numa)
         if isinstance(device, Unmapped):
             unmapped[(a.resource, device.value)] += 1
         else:
@@ -53,28 +58,36 @@ class Allocations:
         mapper: Mapper,
         metrics: Metrics,
         interval: float,
+        activity: Activity,
+        rediscover: Callable[[], Iterable[Device]] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._client = client
         self._mapper = mapper
         self._metrics = metrics
+        self._activity = activity
+        self._rediscover = rediscover
+        self._discovered = clock()
         self._interval = interval
         self._clock = clock
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._last: dict[Held, tuple[_Use, float]] = {}  # use signals at the last refresh
+        self._last: dict[Held, tuple[Use, float]] = {}  # use signals at the last refresh
         self._idle: dict[Held, tuple[float, int]] = {}
         self._idle_for: dict[Held, float] = {}  # the current streak
-        self._seen: dict[_User, _Use] = {}
-        self._unallocated: dict[_User, tuple[int, int]] = {}  # calls, first seen (ns)
+        self._seen: dict[User, Use] = {}
+        self._unallocated: dict[User, tuple[int, int]] = {}  # calls, first seen (ns)
         self._failing = False
+        self._told_allocatable = False
 
     def refresh(self) -> bool:
-        """One refresh; False when the kubelet did not answer (counted, logged once a streak)."""
+        """One refresh; False when the kubelet did not answer List (counted, logged once a
+        streak)."""
         try:
             allocated, skipped = self._client.list()
-            self._client.allocatable()  # asked so an old kubelet's UNIMPLEMENTED is learned once
         except PodResourcesError as err:
+            if self._stop.is_set():
+                return False  # close() ended the request: not the kubelet's failure
             self._metrics.podresources_error()
             if not self._failing:
                 log.warning("PodResources: %s; keeping the last allocations, retrying", err)
@@ -83,23 +96,50 @@ class Allocations:
         if self._failing:
             log.info("PodResources answers again")
         self._failing = False
-        shares, unmapped = held(allocated, self._mapper)
+        shares, unmapped = self._held(allocated)
         for reason, n in skipped.items():
             unmapped[("", reason)] = unmapped.get(("", reason), 0) + n
-        use = self._metrics.activity()
+        use = self._activity.snapshot()
         self._account_idle(shares, use)
+        managed = {h.device for h in shares} | self._allocatable()
         self._metrics.set_allocations(
             AllocationState(
                 shares,
                 dict(self._idle),
                 dict(self._idle_for),
-                self._count_unallocated(shares, use),
+                self._count_unallocated(shares, managed, use),
                 unmapped,
             )
         )
         return True
 
-    def _account_idle(self, shares: dict[Held, int], use: dict[_User, _Use]) -> None:
+    def _held(
+        self, allocated: list[Allocated]
+    ) -> tuple[dict[Held, int], dict[tuple[str, str], int]]:
+        shares, unmapped = held(allocated, self._mapper)
+        stale = self._clock() - self._discovered >= _REDISCOVER_SECONDS
+        if self._rediscover and stale and any(r == Unmapped.NO_DEVICE for _, r in unmapped):
+            self._mapper = Mapper(self._rediscover())
+            self._discovered = self._clock()
+            shares, unmapped = held(allocated, self._mapper)
+        return shares, unmapped
+
+    def _allocatable(self) -> set[str]:
+        """The devices the kubelet can allocate, where GetAllocatableResources answers."""
+        try:
+            found = self._client.allocatable()
+        except PodResourcesError as err:  # once per connection: not available on it
+            if self._stop.is_set():
+                return set()  # close() ended the request
+            self._metrics.podresources_error()
+            level = logging.DEBUG if self._told_allocatable else logging.WARNING
+            log.log(level, "PodResources: %s; using List alone", err)
+            self._told_allocatable = True
+            return set()
+        shares, _ = held(found or [], self._mapper)
+        return {h.device for h in shares}
+
+    def _account_idle(self, shares: dict[Held, int], use: dict[User, Use]) -> None:
         now = self._clock()
         last, self._last = self._last, {}
         for h in shares:
@@ -116,13 +156,12 @@ class Allocations:
             del self._idle[h], self._idle_for[h]
 
     def _count_unallocated(
-        self, shares: dict[Held, int], use: dict[_User, _Use]
-    ) -> dict[_User, tuple[int, int]]:
-        """Adds the submit-class calls each container made since the last refresh on a device
-        that allocations name while it held none of it. A container gone from the counts
-        (retired) leaves with its series."""
+        self, shares: dict[Held, int], managed: set[str], use: dict[User, Use]
+    ) -> dict[User, tuple[int, int]]:
+        """Adds the submit-class calls each container made since the last refresh on a managed
+        device (one allocations name, or the kubelet can allocate) while it held none of it. A
+        container gone from the activity (retired) leaves with its series."""
         allocated = {(h.namespace, h.pod, h.container, h.device) for h in shares}
-        managed = {h.device for h in shares}
         seen, self._seen = self._seen, use
         for u in self._unallocated.keys() - use.keys():
             del self._unallocated[u]
@@ -138,10 +177,12 @@ class Allocations:
         self._thread.start()
 
     def close(self) -> None:
+        """Stops the thread; closing the client first ends a request in flight (a kubelet that
+        accepts and never answers), so the stop takes no request timeout."""
         self._stop.set()
+        self._client.close()
         if self._thread is not None:
             self._thread.join(self._interval + 1)
-        self._client.close()
 
     def _loop(self) -> None:
         while not self._stop.is_set():

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol, TextIO
 
+from kubenpu.activity import Activity
 from kubenpu.discovery import Device
 from kubenpu.events import Batch, Drop, Key
 from kubenpu.metrics.store import Metrics
@@ -74,7 +75,8 @@ class Attributor:
     While the resolver answers None (a CRI lookup in flight, or failing and retried), a cgroup's
     counts are held and retried at every flush; after `pending_seconds` they are counted with the
     resolver's settled answer. At most `max_pending` keys are held; calls beyond that are counted
-    unattributed at once, with reason pending_full.
+    unattributed at once, with reason pending_full. Submit-class calls also go to `activity`
+    (allocations' idle and unallocated-use signals), when given.
     """
 
     def __init__(
@@ -86,8 +88,10 @@ class Attributor:
         *,
         pending_seconds: float = 120.0,
         max_pending: int = _MAX_PENDING_KEYS,
+        activity: Activity | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._activity = activity
         self._by_node = {(n.major, n.minor): d for d in devices for n in d.nodes}
         self._resolver = resolver
         self._metrics = metrics
@@ -187,6 +191,8 @@ class Attributor:
             kind=Kind(key.kind).label,
             n=n,
         )
+        if self._activity is not None and key.kind == Kind.SUBMIT:
+            self._activity.submitted((who.namespace, who.pod, who.container, dev.id), n)
 
     def _retry_pending(self, settle: bool = False) -> None:
         for cgroup_id, held in list(self._pending.items()):
@@ -221,6 +227,8 @@ class Attributor:
             who = self._resolver.resolve(cgroup_id)
             if who is not None:  # a container without pod labels retires too
                 self._metrics.container_gone(who.namespace, who.pod, who.container)
+                if self._activity is not None:
+                    self._activity.gone(who.namespace, who.pod, who.container)
             self._resolver.forget(cgroup_id)
             keys.extend(self._seen.pop(cgroup_id))
         return keys

@@ -304,7 +304,7 @@ def _allocations(args: argparse.Namespace) -> str:
         ) from None
     from kubenpu.resolve.podresources.mapping import Mapper, Unmapped
 
-    mapper = Mapper(discover(args.root), args.root)
+    mapper = Mapper(discover(args.root))
     client = PodResourcesClient(args.socket)
     try:
         found, skipped = client.list()
@@ -314,7 +314,7 @@ def _allocations(args: argparse.Namespace) -> str:
         client.close()
     rows = []
     for a in found:
-        device = mapper.device(a.resource, a.id, a.cdi)
+        device = mapper.device(a.resource, a.id, a.cdi, a.numa)
         unmapped = isinstance(device, Unmapped)
         rows.append(
             {

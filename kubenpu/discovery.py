@@ -36,6 +36,12 @@ _NODE_NAME = re.compile(r"(card|renderD|accel)\d+")
 PCI_ADDRESS = re.compile(r"[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 _VIRTIO_DEVICE = re.compile(r"virtio\d+")
 _VIRTIO_TRANSPORT = "virtio-pci"
+# Platform devices a driver registers without binding to them, by name pattern, with the driver
+# whose plug-in counts their calls:
+# - amdgpu_xcp_N, an MI300 compute partition's DRM device (drivers/gpu/drm/amd/amdxcp/
+#   amdgpu_xcp_drv.c, amdgpu_xcp_drm_dev_alloc()); amdgpu_xcp.c amdgpu_xcp_dev_register() sends
+#   its ioctls to amdgpu's driver.
+_UNBOUND = ((re.compile(r"amdgpu_xcp_\d+"), "amdgpu"),)
 
 
 @dataclass(frozen=True)
@@ -108,7 +114,7 @@ def _device(dev: Path, nodes: list[Node]) -> Device:
     if pci is None:
         # Before the faux bus, vgem was a bare platform device with no driver bound (6.1 is
         # like that); such modules name their device after themselves, so the name stands in.
-        plugin = for_driver(driver or dev.name)
+        plugin = for_driver(driver or _owner(dev.name))
         ident, pci_id, numa = f"platform:{dev.name}", None, None
     else:
         plugin = for_driver(driver)
@@ -124,6 +130,11 @@ def _device(dev: Path, nodes: list[Node]) -> Device:
         nodes=tuple(sorted(nodes, key=lambda n: (n.major, n.minor, n.name))),
         vendor=plugin.name if plugin else None,
     )
+
+
+def _owner(name: str) -> str:
+    """The driver that registered an unbound platform device: by _UNBOUND, else its name."""
+    return next((driver for pattern, driver in _UNBOUND if pattern.fullmatch(name)), name)
 
 
 def _pci_function(dev: Path) -> Path | None:

@@ -31,11 +31,12 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from kubenpu.activity import Activity
 from kubenpu.attribution import Hold, Resolve
 from kubenpu.descriptors import FDINFO, Exhaustion, exhausted
 from kubenpu.discovery import Device
 from kubenpu.fdinfo import Client, FdinfoReader, HighWater, Scan, Skip
-from kubenpu.metrics.catalogue import ENGINE_COUNTERS
+from kubenpu.metrics.catalogue import ENGINE_BUSY, ENGINE_COUNTERS, ENGINE_CYCLES
 from kubenpu.metrics.inputs import Where
 from kubenpu.metrics.store import Metrics
 from kubenpu.resolve import Attribution
@@ -76,8 +77,10 @@ class Usage:
         on_cgroup: Callable[[int], None] = lambda _: None,
         own_cgroup: str = "/sys/fs/cgroup",
         on_exhausted: Callable[[str, int], None] | None = None,
+        activity: Activity | None = None,
         clock: Callable[[], float],
     ) -> None:
+        self._activity = activity  # busy time and cycles: allocations' signals of use
         self._reader = reader
         self._exhaustion = Exhaustion(FDINFO, on_exhausted)
         self._metrics = metrics
@@ -216,6 +219,9 @@ class Usage:
                 if high > done:
                     self._metrics.add_engine(spec, where, engine, (high - done) * scale)
                     tracked.counted[(engine, name)] = high
+                    if self._activity is not None and spec in (ENGINE_BUSY, ENGINE_CYCLES):
+                        user = (where.namespace, where.pod, where.container, where.device)
+                        self._activity.busy(user, (high - done) * scale)
 
     def _where(self, tracked: _Tracked) -> Where:
         who, device = tracked.who or Attribution(), tracked.client.device

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterable
 
 from kubenpu import config, export
+from kubenpu.activity import Activity
 from kubenpu.attribution import Attributor
 from kubenpu.discovery import Device, discover
 from kubenpu.events import Tally
@@ -105,8 +106,17 @@ def build(
     services.add("resolver", resolver.close)
     tally = Tally(cfg.probe.queue_size, keep_events=trace)
     pending = cfg.attribution.pending_seconds
+    # Allocations' signals of use, fed by attribution and usage while allocations run.
+    activity = None
+    if cfg.attribution.pod_resources.enabled:
+        activity = Activity(cfg.metrics.series_ttl_seconds)
     attributor = Attributor(
-        devices, resolver, metrics, sys.stdout if trace else None, pending_seconds=pending
+        devices,
+        resolver,
+        metrics,
+        sys.stdout if trace else None,
+        pending_seconds=pending,
+        activity=activity,
     )
     usage = None
     if cfg.fdinfo.enabled:
@@ -120,6 +130,7 @@ def build(
             pending_seconds=pending,
             on_cgroup=attributor.watch,
             on_exhausted=metrics.descriptors_exhausted,
+            activity=activity,
             clock=time.monotonic,
         )
     telemetry = None
@@ -127,8 +138,8 @@ def build(
         telemetry = Telemetry(
             fdinfo_devices(found, cfg.discovery.ignore_devices), metrics, cfg.discovery.root
         )
-    if cfg.attribution.pod_resources.enabled:
-        _start_allocations(cfg, found, metrics, services)
+    if activity is not None:
+        _start_allocations(cfg, found, metrics, activity, services)
     p = cfg.probe
     tried = loaders(
         devices,
@@ -159,7 +170,11 @@ def build(
 
 
 def _start_allocations(
-    cfg: config.Config, found: list[Device], metrics: Metrics, services: Services
+    cfg: config.Config,
+    found: list[Device],
+    metrics: Metrics,
+    activity: Activity,
+    services: Services,
 ) -> None:
     """The kubelet's allocations, refreshed on their own thread: a dead kubelet never stalls
     counting. Imported here: only an agent with pod_resources enabled needs the module."""
@@ -170,9 +185,12 @@ def _start_allocations(
     pr = cfg.attribution.pod_resources
     allocations = Allocations(
         PodResourcesClient(pr.socket, pr.timeout_seconds),
-        Mapper(fdinfo_devices(found, cfg.discovery.ignore_devices), cfg.discovery.root),
+        Mapper(fdinfo_devices(found, cfg.discovery.ignore_devices)),
         metrics,
         pr.interval_seconds,
+        activity,
+        # A device plugged in after the start maps once discovery sees it.
+        lambda: fdinfo_devices(discover(cfg.discovery.root), cfg.discovery.ignore_devices),
     )
     services.add("allocations", allocations.close)
     allocations.start()

@@ -2,14 +2,17 @@
 
 It answers List and Get from a state (pods, their containers' device-plugin ids and DRA
 devices), GetAllocatableResources from the state's `allocatable` list, or UNIMPLEMENTED when the
-state has none (a kubelet older than 1.23). Knobs: stop() and start() again (a kubelet restart:
-a new socket file), and requests counts per method.
+state has none (a kubelet older than 1.23). A device entry's "numa" list is sent as the kubelet
+sends it: the id once per NUMA node (containerDevicesFromResourceDeviceInstances). "fail" maps a
+method to the status code it answers with instead, e.g. {"List": "UNIMPLEMENTED"}, or
+{"GetAllocatableResources": "UNKNOWN"} (the KubeletPodResourcesGetAllocatable gate off). Knobs:
+stop() and start() again (a kubelet restart: a new socket file), and requests counts per method.
 
 As a script:  python tests/podresources_server.py --socket PATH --state FILE.json
 FILE.json is re-read on every call, so a test changes allocations by rewriting it (write a new
 file and rename it over the old one). Its format:
   {"pods": [{"namespace": "ns", "name": "pod", "containers": [{"name": "c",
-      "devices": [{"resource": "gpu.intel.com/i915", "ids": ["card0-0"]}],
+      "devices": [{"resource": "gpu.intel.com/i915", "ids": ["card0-0"], "numa": [0]}],
       "dynamic": [{"claim": "claim", "claim_namespace": "ns",
           "devices": [{"driver": "gpu.example.com", "pool": "node", "device": "gpu-0",
                        "cdi": ["example.com/gpu=gpu-0"]}]}]}]}],
@@ -100,29 +103,44 @@ class PodResourcesTestServer(api_pb2_grpc.PodResourcesListerServicer):
 
     # PodResourcesLister
 
+    def _answer(self, method: str, context: grpc.ServicerContext) -> State:
+        """The state, after counting the request and failing it where the state says so."""
+        self.requests[method] += 1
+        state = self._current()
+        if code := state.get("fail", {}).get(method):
+            context.abort(grpc.StatusCode[code], "... failed as asked")
+        return state
+
     def List(self, request: Any, context: grpc.ServicerContext) -> Any:
-        self.requests["List"] += 1
-        pods = [_pod(p) for p in self._current().get("pods", [])]
+        pods = [_pod(p) for p in self._answer("List", context).get("pods", [])]
         return api_pb2.ListPodResourcesResponse(pod_resources=pods)
 
     def Get(self, request: Any, context: grpc.ServicerContext) -> Any:
-        self.requests["Get"] += 1
-        for p in self._current().get("pods", []):
+        for p in self._answer("Get", context).get("pods", []):
             if (p["namespace"], p["name"]) == (request.pod_namespace, request.pod_name):
                 return api_pb2.GetPodResourcesResponse(pod_resources=_pod(p))
         context.abort(grpc.StatusCode.NOT_FOUND, "pod not found")
 
     def GetAllocatableResources(self, request: Any, context: grpc.ServicerContext) -> Any:
-        self.requests["GetAllocatableResources"] += 1
-        allocatable = self._current().get("allocatable")
+        allocatable = self._answer("GetAllocatableResources", context).get("allocatable")
         if allocatable is None:
             context.abort(grpc.StatusCode.UNIMPLEMENTED, "unknown method GetAllocatableResources")
         return api_pb2.AllocatableResourcesResponse(devices=_devices(allocatable))
 
 
 def _devices(entries: list[dict[str, Any]]) -> list[Any]:
+    """As the kubelet sends them: one ContainerDevices per id, or per id and NUMA node."""
     return [
-        api_pb2.ContainerDevices(resource_name=d["resource"], device_ids=d["ids"]) for d in entries
+        api_pb2.ContainerDevices(
+            resource_name=d["resource"],
+            device_ids=[i],
+            topology=api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=n)])
+            if n is not None
+            else None,
+        )
+        for d in entries
+        for i in d["ids"]
+        for n in d.get("numa") or [None]
     ]
 
 

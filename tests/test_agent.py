@@ -25,6 +25,7 @@ from fakes import Clock, FakeKernel, FakeResolver, record
 from helpers import eventually, free_port, make_config, resolved, values
 
 from kubenpu import __version__, export
+from kubenpu.activity import Activity
 from kubenpu.agent import main
 from kubenpu.attribution import Attributor
 from kubenpu.discovery import Device, Node
@@ -229,13 +230,14 @@ def make_agent(
     ttl: float = 300,
     usage=None,
     telemetry=None,
+    activity: Activity | None = None,
 ) -> Agent:
     clock = clock or Clock()
     tally, metrics = Tally(100), Metrics("node-1", series_ttl=ttl, max_series=100)
     return Agent(
         probe=Probe(kernel, tally),
         tally=tally,
-        attributor=Attributor([VGEM], resolver, metrics, clock=clock),
+        attributor=Attributor([VGEM], resolver, metrics, activity=activity, clock=clock),
         metrics=metrics,
         resolver=resolver,
         health=Health(stale_after=15, clock=clock),

@@ -8,30 +8,42 @@ import json
 import logging
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import threading
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fakes import Clock
+from fakes import Clock, FakeResolver
 from podresources_server import PodResourcesTestServer, container, pod
 
+from kubenpu.activity import Activity
 from kubenpu.allocations import Allocations, held
-from kubenpu.discovery import discover
+from kubenpu.attribution import Attributor
+from kubenpu.discovery import Device, discover
+from kubenpu.events import Batch
+from kubenpu.kernel import abi
+from kubenpu.kernel.maps import tables, vendor_ids
+from kubenpu.kernel.records import Key
 from kubenpu.metrics.catalogue import (
     ALLOCATED,
     ALLOCATED_IDLE,
     ALLOCATED_IDLE_FOR,
     ALLOCATIONS_UNMAPPED,
-    ENGINE_BUSY,
     PODRESOURCES_ERRORS,
     UNALLOCATED_CALLS,
 )
-from kubenpu.metrics.inputs import Held, Where
+from kubenpu.metrics.inputs import Held
 from kubenpu.metrics.store import Metrics
+from kubenpu.resolve import Attribution
 from kubenpu.resolve.podresources.client import Allocated, PodResourcesClient, PodResourcesError
-from kubenpu.resolve.podresources.mapping import Mapper, Unmapped
+from kubenpu.resolve.podresources.mapping import PLUGINS, Mapper, Unmapped
+from kubenpu.services import Services
+from kubenpu.vendors import Kind
+from kubenpu.wiring import select_devices
 
 TESTDATA = Path(__file__).parent / "testdata"
 IGPU, DGPU = "0000:00:02.0", "0000:03:00.0"  # hybrid-two-gpu: i915 card1, amdgpu card0
@@ -39,7 +51,39 @@ I915 = "gpu.intel.com/i915"
 
 
 def mapper(machine: str) -> Mapper:
-    return Mapper(discover(TESTDATA / machine), TESTDATA / machine)
+    return Mapper(discover(TESTDATA / machine))
+
+
+MI300 = "mi300-partitions"
+XCP0 = "platform:amdgpu_xcp_0"
+AMD_DRA_CDI = "k8s.gpu.amd.com/gpu=9f2b8c4e-1d3a-4b5c-8e7f-0a1b2c3d4e5f-gpu-2-129"
+
+# For every PLUGINS row, an id of the form its source produces (the row's `source` names the
+# file and function), on a fixture machine, and what it maps to.
+ROWS = {
+    "intel-gpu": ("hybrid-two-gpu", I915, "card1-0", IGPU),
+    "intel-gpu-monitoring": (
+        "hybrid-two-gpu",
+        "gpu.intel.com/i915_monitoring",
+        "all",
+        "monitoring",
+    ),
+    "intel-npu": ("intel-npu", "npu.intel.com/accel", "accel0-0", "0000:00:0b.0"),
+    "amd-gpu": ("hybrid-two-gpu", "amd.com/gpu", DGPU, DGPU),
+    "amd-gpu-partition": (MI300, "amd.com/cpx_nps1", "amdgpu_xcp_0", XCP0),
+    "amd-dra": (MI300, "gpu.amd.com", "gpu-3-130", "platform:amdgpu_xcp_1"),
+    "amd-dra-cdi": (MI300, "gpu.amd.com", AMD_DRA_CDI, XCP0),
+    "habana": ("gaudi", "habana.ai/gaudi2", "AN87654321", "0000:33:00.0"),
+}
+
+
+def test_every_id_format_row_maps_an_id_its_source_produces() -> None:
+    assert set(ROWS) == {fmt.plugin for fmt in PLUGINS}
+    for fmt in PLUGINS:
+        machine, resource, ident, device = ROWS[fmt.plugin]
+        assert fmt.resource.fullmatch(resource) and fmt.id.fullmatch(ident), fmt.plugin
+        numa = (0,) if fmt.plugin == "habana" else ()
+        assert mapper(machine).device(resource, ident, numa=numa) == device, fmt.plugin
 
 
 @pytest.mark.parametrize(
@@ -53,9 +97,16 @@ def mapper(machine: str) -> Mapper:
         ("intel-npu", "npu.intel.com/accel", "accel0-0", "0000:00:0b.0"),
         # AMD: the PCI address.
         ("hybrid-two-gpu", "amd.com/gpu", DGPU, DGPU),
-        # Habana: the serial number sysfs prints.
-        ("gaudi", "habana.ai/gaudi2", "AN87654321", "0000:33:00.0"),
-        ("gaudi", "habana.ai/gaudi2", "AN12345678", "0000:b3:00.0"),
+        # AMD in the mixed strategy: the partition type as the resource, and MI300 partitions.
+        (MI300, "amd.com/cpx_nps1", "0000:05:00.0", "0000:05:00.0"),
+        (MI300, "amd.com/gpu", "amdgpu_xcp_1", "platform:amdgpu_xcp_1"),
+        (MI300, "amd.com/gpu", "amdgpu_xcp_7", Unmapped.NO_DEVICE),
+        # AMD's DRA names: card and render minors of one device; NVIDIA's DRA gpu-0 is none.
+        (MI300, "gpu.amd.com", "gpu-1-128", "0000:05:00.0"),
+        (MI300, "gpu.amd.com", "gpu-1-129", Unmapped.NO_DEVICE),  # two devices' nodes
+        (MI300, "gpu.nvidia.com", "gpu-0", Unmapped.UNKNOWN_FORMAT),
+        # Intel's monitoring resource: every GPU's telemetry, not an allocation.
+        ("intel-arc-xe", "gpu.intel.com/xe_monitoring", "all", Unmapped.MONITORING),
         # Fallbacks: a PCI address (also dashed, as DRA drivers name devices) or a node name.
         ("qualcomm-ai100", "qualcomm.com/qaic", "qaic-0000:41:00.0", "0000:41:00.0"),
         ("hybrid-two-gpu", "gpu.intel.com", "0000-00-02-0-0x9a49", IGPU),
@@ -67,11 +118,31 @@ def mapper(machine: str) -> Mapper:
         ("hybrid-two-gpu", "amd.com/gpu", "0000:99:00.0", Unmapped.NO_DEVICE),
         ("hybrid-two-gpu", "example.com/gpu", "gpu-uuid-1234", Unmapped.UNKNOWN_FORMAT),
         ("hybrid-two-gpu", "example.com/gpu", "card10", Unmapped.NO_DEVICE),
-        ("gaudi", "habana.ai/gaudi2", "NOSUCHSERIAL", Unmapped.NO_DEVICE),
+        ("hybrid-two-gpu", "habana.ai/gaudi2", "AN87654321", Unmapped.NO_DEVICE),  # no Gaudi
     ],
 )
 def test_id_formats(machine: str, resource: str, ident: str, device: str) -> None:
     assert mapper(machine).device(resource, ident) == device
+
+
+@pytest.mark.parametrize(
+    ("numa", "device"),
+    [
+        ((0,), "0000:33:00.0"),  # the only card on NUMA node 0
+        ((1,), "0000:b3:00.0"),
+        ((), Unmapped.SERIAL_UNRESOLVABLE),  # no topology: either card
+        ((0, 1), Unmapped.SERIAL_UNRESOLVABLE),
+        ((2,), Unmapped.SERIAL_UNRESOLVABLE),  # discovery found Gaudis: never no_device
+    ],
+)
+def test_gaudi_serial_maps_through_the_plugins_numa_node(numa: tuple, device: str) -> None:
+    # No unprivileged file or ioctl names a card's serial; the fixture's cards have none.
+    assert mapper("gaudi").device("habana.ai/gaudi2", "AN87654321", numa=numa) == device
+
+
+def test_a_single_gaudi_is_the_serials_card_without_topology() -> None:
+    one = [d for d in discover(TESTDATA / "gaudi") if d.numa_node == 1]
+    assert Mapper(one).device("habana.ai/gaudi2", "AN12345678") == "0000:b3:00.0"
 
 
 def test_dra_device_mapped_by_cdi_name_when_its_name_says_nothing() -> None:
@@ -135,18 +206,51 @@ def test_list_gives_device_plugin_and_dra_ids(kubelet: PodResourcesTestServer, s
     assert len(found) == 7
 
 
-def test_unimplemented_allocatable_is_asked_once(
+def test_allocatable_is_asked_once_a_connection_and_again_after_a_redial(
     kubelet: PodResourcesTestServer, sock: str
 ) -> None:
-    client = PodResourcesClient(sock)
-    assert client.allocatable() is None
-    assert client.allocatable() is None
+    client = PodResourcesClient(sock, timeout=2)
+    with pytest.raises(PodResourcesError, match="GetAllocatableResources: UNIMPLEMENTED"):
+        client.allocatable()
+    assert client.allocatable() is None  # not available on this connection: not asked again
     assert kubelet.requests["GetAllocatableResources"] == 1
+    kubelet.stop()
+    kubelet.set_state({**STATE, "allocatable": [{"resource": I915, "ids": ["card1-0"]}]})
+    with pytest.raises(PodResourcesError):
+        client.list()  # the kubelet restarts: the channel goes, the next one asks again
+    kubelet.start(sock)
+    assert client.allocatable() == [Allocated("", "", "", I915, "card1-0")]
+    assert client.allocatable() == [Allocated("", "", "", I915, "card1-0")]  # its answer, kept
+    assert kubelet.requests["GetAllocatableResources"] == 2
 
 
 def test_allocatable(kubelet: PodResourcesTestServer, sock: str) -> None:
-    kubelet.set_state({**STATE, "allocatable": [{"resource": I915, "ids": ["card1-0", "card1-1"]}]})
-    assert PodResourcesClient(sock).allocatable() == [(I915, "card1-0"), (I915, "card1-1")]
+    allocatable = [{"resource": I915, "ids": ["card1-0", "card1-1"], "numa": [0, 1]}]
+    kubelet.set_state({**STATE, "allocatable": allocatable})
+    assert PodResourcesClient(sock).allocatable() == [
+        Allocated("", "", "", I915, "card1-0", numa=(0, 1)),
+        Allocated("", "", "", I915, "card1-1", numa=(0, 1)),
+    ]
+
+
+def test_an_id_repeated_per_numa_node_is_one_share(
+    kubelet: PodResourcesTestServer, sock: str
+) -> None:
+    # The kubelet sends a device once per NUMA node of its topology.
+    devices = [{"resource": I915, "ids": ["card1-0"], "numa": [0, 1]}]
+    kubelet.set_state({"pods": [pod("ml", "p", [{"name": "c", "devices": devices}])]})
+    found, _ = PodResourcesClient(sock).list()
+    assert found == [Allocated("ml", "p", "c", I915, "card1-0", numa=(0, 1))]
+    shares, _ = held(found, mapper("hybrid-two-gpu"))
+    assert shares == {Held("ml", "p", "c", IGPU, I915): 1}
+
+
+def test_list_unimplemented_is_an_error_not_a_crash(
+    kubelet: PodResourcesTestServer, sock: str
+) -> None:
+    kubelet.set_state({**STATE, "fail": {"List": "UNIMPLEMENTED"}})
+    with pytest.raises(PodResourcesError, match="List: UNIMPLEMENTED"):
+        PodResourcesClient(sock).list()
 
 
 def test_kubelet_restart_reconnects(kubelet: PodResourcesTestServer, sock: str) -> None:
@@ -180,22 +284,26 @@ def hold(ns: str, p: str, device: str = IGPU, resource: str = I915) -> dict[str,
     return {"namespace": ns, "pod": p, "container": "main", "device": device, "resource": resource}
 
 
+Tracked = tuple[Allocations, Metrics, Clock, Activity]
+
+
 @pytest.fixture
-def tracked(kubelet: PodResourcesTestServer, sock: str) -> tuple[Allocations, Metrics, Clock]:
+def tracked(kubelet: PodResourcesTestServer, sock: str) -> Tracked:
     clock = Clock()
     metrics = Metrics("node", 300, 1000, clock=clock)
+    activity = Activity(300, clock)
     allocations = Allocations(
-        PodResourcesClient(sock), mapper("hybrid-two-gpu"), metrics, 10, clock=clock
+        PodResourcesClient(sock), mapper("hybrid-two-gpu"), metrics, 10, activity, clock=clock
     )
-    return allocations, metrics, clock
+    return allocations, metrics, clock, activity
 
 
-def submit(metrics: Metrics, p: str, device: str = IGPU, n: int = 1) -> None:
-    metrics.add_calls("ml", p, "main", device, "i915", "submit", n)
+def submit(activity: Activity, p: str, device: str = IGPU, n: int = 1) -> None:
+    activity.submitted(("ml", p, "main", device), n)
 
 
-def test_shares_and_unmapped(tracked: tuple[Allocations, Metrics, Clock]) -> None:
-    allocations, metrics, _ = tracked
+def test_shares_and_unmapped(tracked: Tracked) -> None:
+    allocations, metrics, _, _ = tracked
     assert allocations.refresh()
     assert value(metrics, ALLOCATED, **hold("ml", "a")) == 2  # two shares of one card
     assert value(metrics, ALLOCATED, **hold("ml", "b")) == 1  # shares the card with a
@@ -209,21 +317,18 @@ def test_shares_and_unmapped(tracked: tuple[Allocations, Metrics, Clock]) -> Non
     }
 
 
-def test_idle_allocation_accumulates_and_use_stops_it(
-    tracked: tuple[Allocations, Metrics, Clock],
-) -> None:
-    allocations, metrics, clock = tracked
+def test_idle_allocation_accumulates_and_use_stops_it(tracked: Tracked) -> None:
+    allocations, metrics, clock, activity = tracked
     allocations.refresh()
     assert value(metrics, ALLOCATED_IDLE, **hold("ml", "idle")) == 0
     clock.now += 10
-    submit(metrics, "a")  # a submits; b only shares the card: its calls are not b's use
+    submit(activity, "a")  # a submits; b only shares the card: its calls are not b's use
     allocations.refresh()
     assert value(metrics, ALLOCATED_IDLE, **hold("ml", "idle")) == 10
     assert value(metrics, ALLOCATED_IDLE, **hold("ml", "a")) == 0
     assert value(metrics, ALLOCATED_IDLE, **hold("ml", "b")) == 10
     clock.now += 10
-    metrics.add_calls("ml", "idle", "main", IGPU, "i915", "wait", 5)  # not submit-class: idle
-    metrics.add_engine(ENGINE_BUSY, Where("ml", "b", "main", IGPU, "i915"), "render", 0.5)
+    activity.busy(("ml", "b", "main", IGPU), 0.5)  # engine time from usage
     allocations.refresh()
     assert value(metrics, ALLOCATED_IDLE, **hold("ml", "idle")) == 20
     assert value(metrics, ALLOCATED_IDLE, **hold("ml", "b")) == 10  # engine time is use
@@ -233,13 +338,11 @@ def test_idle_allocation_accumulates_and_use_stops_it(
     assert streaks == {"idle": 20, "a": 10, "b": 0}
 
 
-def test_calls_on_a_device_not_allocated_are_flagged(
-    tracked: tuple[Allocations, Metrics, Clock],
-) -> None:
-    allocations, metrics, clock = tracked
+def test_calls_on_a_device_not_allocated_are_flagged(tracked: Tracked) -> None:
+    allocations, metrics, clock, activity = tracked
     allocations.refresh()
-    submit(metrics, "dra", n=3)  # dra holds the dGPU, calls the iGPU
-    submit(metrics, "stranger", DGPU)  # holds nothing
+    submit(activity, "dra", n=3)  # dra holds the dGPU, calls the iGPU
+    submit(activity, "stranger", DGPU)  # holds nothing
     clock.now += 10
     allocations.refresh()
 
@@ -253,15 +356,20 @@ def test_calls_on_a_device_not_allocated_are_flagged(
     clock.now += 10
     allocations.refresh()  # no calls since: the counter holds
     assert points(metrics, UNALLOCATED_CALLS) == want
-    submit(metrics, "dra", n=2)
+    submit(activity, "dra", n=2)
     allocations.refresh()
     assert points(metrics, UNALLOCATED_CALLS) == {**want, user("dra", IGPU): 5}
+    activity.gone("ml", "stranger", "main")  # its cgroup is gone: the series retires after ttl
+    clock.now += 299
+    allocations.refresh()
+    assert user("stranger", DGPU) in points(metrics, UNALLOCATED_CALLS)
+    clock.now += 1
+    allocations.refresh()
+    assert points(metrics, UNALLOCATED_CALLS) == {user("dra", IGPU): 5}
 
 
-def test_released_allocation_retires(
-    kubelet: PodResourcesTestServer, tracked: tuple[Allocations, Metrics, Clock]
-) -> None:
-    allocations, metrics, clock = tracked
+def test_released_allocation_retires(kubelet: PodResourcesTestServer, tracked: Tracked) -> None:
+    allocations, metrics, clock, _ = tracked
     allocations.refresh()
     kubelet.set_state({"pods": STATE["pods"][1:]})
     clock.now += 10
@@ -271,16 +379,17 @@ def test_released_allocation_retires(
 
 
 def test_dead_kubelet_is_counted_and_last_allocations_kept(
-    kubelet: PodResourcesTestServer, tracked: tuple[Allocations, Metrics, Clock], caplog
+    kubelet: PodResourcesTestServer, tracked: Tracked, caplog
 ) -> None:
-    allocations, metrics, _ = tracked
+    allocations, metrics, _, _ = tracked
     allocations.refresh()
+    assert value(metrics, PODRESOURCES_ERRORS) == 1  # no GetAllocatableResources: counted once
     kubelet.stop()
     with caplog.at_level(logging.WARNING):
         assert not allocations.refresh()
         assert not allocations.refresh()
-    assert value(metrics, PODRESOURCES_ERRORS) == 2
-    assert len([r for r in caplog.records if "PodResources" in r.message]) == 1  # once a streak
+    assert value(metrics, PODRESOURCES_ERRORS) == 3
+    assert len([r for r in caplog.records if "retrying" in r.message]) == 1  # once a streak
     assert value(metrics, ALLOCATED, **hold("ml", "a")) == 2
 
 
@@ -289,7 +398,8 @@ def test_thousands_of_pods(kubelet: PodResourcesTestServer, sock: str) -> None:
     pods += [pod("ml", f"q{i}", [container("main", {"x.com/y": [f"z{i}"]})]) for i in range(5000)]
     kubelet.set_state({"pods": pods})
     metrics = Metrics("node", 300, 1000)
-    assert Allocations(PodResourcesClient(sock), mapper("hybrid-two-gpu"), metrics, 10).refresh()
+    client = PodResourcesClient(sock)
+    assert Allocations(client, mapper("hybrid-two-gpu"), metrics, 10, Activity(300)).refresh()
     assert len(points(metrics, ALLOCATED)) == 5000
     assert value(metrics, ALLOCATIONS_UNMAPPED, resource="x.com/y", reason="unknown_format") == 5000
 
@@ -351,3 +461,193 @@ def test_chart_capabilities_can_use_a_root_owned_socket(
         [*_CHART_CAPS, sys.executable, "-c", _ASK, sock], capture_output=True, text=True, env=env
     )
     assert answer in out.stdout, out.stderr
+
+
+# --- a kubelet that answers part of the API, or nothing at all --------------------------------
+
+
+def test_allocatable_disabled_still_exports_every_allocation(
+    kubelet: PodResourcesTestServer, tracked: Tracked, caplog
+) -> None:
+    # KubeletPodResourcesGetAllocatable off: the kubelet answers UNKNOWN ("... disabled").
+    kubelet.set_state({**STATE, "fail": {"GetAllocatableResources": "UNKNOWN"}})
+    allocations, metrics, clock, _ = tracked
+    with caplog.at_level(logging.DEBUG):
+        for _ in range(3):
+            assert allocations.refresh()
+            clock.now += 10
+    assert value(metrics, ALLOCATED, **hold("ml", "a")) == 2
+    assert kubelet.requests["GetAllocatableResources"] == 1  # once a connection
+    assert value(metrics, PODRESOURCES_ERRORS) == 1
+    (warned,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warned.endswith(
+        "GetAllocatableResources: UNKNOWN: ... failed as asked; using List alone"
+    )
+
+
+def test_calls_on_an_allocatable_device_nobody_holds_are_unallocated(
+    kubelet: PodResourcesTestServer, tracked: Tracked
+) -> None:
+    allocatable = [{"resource": "amd.com/gpu", "ids": [DGPU]}]
+    kubelet.set_state({"pods": STATE["pods"][:1], "allocatable": allocatable})
+    allocations, metrics, clock, activity = tracked
+    allocations.refresh()
+    submit(activity, "stranger", DGPU, n=4)  # nobody holds the dGPU; the plugin offers it
+    clock.now += 10
+    allocations.refresh()
+    user = {"namespace": "ml", "pod": "stranger", "container": "main", "device": DGPU}
+    assert value(metrics, UNALLOCATED_CALLS, **user) == 4
+
+
+def test_list_unimplemented_is_one_counted_line_a_streak(
+    kubelet: PodResourcesTestServer, tracked: Tracked, caplog
+) -> None:
+    kubelet.set_state({**STATE, "fail": {"List": "UNIMPLEMENTED"}})
+    allocations, metrics, _, _ = tracked
+    with caplog.at_level(logging.INFO):
+        assert not allocations.refresh()
+        assert not allocations.refresh()
+    assert value(metrics, PODRESOURCES_ERRORS) == 2
+    (line,) = [r for r in caplog.records if r.name == "kubenpu.allocations"]
+    assert "List: UNIMPLEMENTED" in line.getMessage() and line.exc_info is None
+
+
+def test_a_device_plugged_after_start_maps_once_rediscovered(
+    kubelet: PodResourcesTestServer, sock: str
+) -> None:
+    clock, metrics = Clock(), Metrics("node", 300, 1000)
+    found: list[Device] = []  # the first discovery saw no device
+    client = PodResourcesClient(sock)
+    allocations = Allocations(
+        client, Mapper(found), metrics, 10, Activity(300, clock), lambda: found, clock=clock
+    )
+    allocations.refresh()
+    no_device = {"resource": I915, "reason": "no_device"}
+    assert value(metrics, ALLOCATIONS_UNMAPPED, **no_device) == 4
+    found += discover(TESTDATA / "hybrid-two-gpu")  # plugged in
+    clock.now += 60
+    allocations.refresh()
+    assert value(metrics, ALLOCATIONS_UNMAPPED, **no_device) is None
+    assert value(metrics, ALLOCATED, **hold("ml", "a")) == 2
+
+
+def test_an_mi300_partition_allocated_and_busy_is_not_idle(
+    kubelet: PodResourcesTestServer, sock: str
+) -> None:
+    partition = "amd.com/cpx_nps1"  # the mixed strategy's resource for a CPX/NPS1 partition
+    busy = container("main", {partition: ["amdgpu_xcp_0"]})
+    idle = container("main", {partition: ["amdgpu_xcp_1"]})
+    kubelet.set_state({"pods": [pod("ml", "busy", [busy]), pod("ml", "idle", [idle])]})
+    clock, metrics = Clock(), Metrics("node", 300, 1000)
+    activity = Activity(300, clock)
+    client = PodResourcesClient(sock)
+    allocations = Allocations(client, mapper(MI300), metrics, 10, activity, clock=clock)
+    allocations.refresh()
+    clock.now += 10
+    activity.submitted(("ml", "busy", "main", XCP0), 3)  # its calls on the partition's node
+    allocations.refresh()
+    busy_hold = hold("ml", "busy", XCP0, partition)
+    idle_hold = hold("ml", "idle", "platform:amdgpu_xcp_1", partition)
+    assert value(metrics, ALLOCATED, **busy_hold) == 1
+    assert value(metrics, ALLOCATED_IDLE, **busy_hold) == 0
+    assert value(metrics, ALLOCATED_IDLE, **idle_hold) == 10
+
+
+class WedgedKubelet:
+    """A unix socket that accepts connections and never reads or answers."""
+
+    def __init__(self, path: str) -> None:
+        self.accepted = threading.Event()
+        self._sock = socket.socket(socket.AF_UNIX)
+        self._sock.bind(path)
+        self._sock.listen()
+        self._held: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return  # closed
+            self._held.append(conn)
+            self.accepted.set()
+
+    def close(self) -> None:
+        for conn in self._held:
+            conn.close()
+        self._sock.close()
+
+
+def test_a_wedged_kubelet_does_not_hold_the_stop(tmp_path: Path, caplog) -> None:
+    wedged = WedgedKubelet(str(tmp_path / "kubelet.sock"))
+    metrics = Metrics("node", 300, 1000)
+    # The longest request timeout the config allows, and an interval beyond the stop deadline.
+    client = PodResourcesClient(str(tmp_path / "kubelet.sock"), timeout=60)
+    allocations = Allocations(client, Mapper([]), metrics, 3600, Activity(300))
+    exported = threading.Event()
+    # Shorter than gRPC's 20 s connect handshake timeout, after which the request would fail
+    # by itself: the stop must not wait for it at all.
+    services = Services(10)
+    services.add("exporters", exported.set)  # started first, stopped last: the final push
+    services.add("allocations", allocations.close)
+    try:
+        allocations.start()
+        assert wedged.accepted.wait(30)  # List is in flight, never to be answered
+        with caplog.at_level(logging.WARNING):
+            services.shutdown()
+    finally:
+        wedged.close()
+    assert exported.is_set()
+    assert not [r for r in caplog.records if "stop deadline" in r.getMessage()]
+    assert value(metrics, PODRESOURCES_ERRORS) == 0  # its own stop, not a kubelet failure
+
+
+def test_an_mi300_partitions_calls_are_counted_as_its_use(
+    kubelet: PodResourcesTestServer, sock: str
+) -> None:
+    # The probe's device table takes the partitions' nodes as amdgpu's (discovery gives them
+    # the vendor), and attribution hands their submit calls to allocations as the partition's.
+    devices = select_devices(discover(TESTDATA / MI300), [])
+    by_node, _ = tables(devices)
+    assert by_node[abi.dev_t(226, 129)] == by_node[abi.dev_t(226, 128)] == vendor_ids()["amdgpu"]
+    partition = "amd.com/cpx_nps1"
+    kubelet.set_state(
+        {"pods": [pod("ml", "p", [container("main", {partition: ["amdgpu_xcp_0"]})])]}
+    )
+    clock, metrics = Clock(), Metrics("node", 300, 1000)
+    activity, resolver = Activity(300, clock), FakeResolver()
+    resolver.answers[7] = Attribution("ml", "p", "main")
+    attributor = Attributor(devices, resolver, metrics, activity=activity, clock=clock)
+    client = PodResourcesClient(sock)
+    allocations = Allocations(client, Mapper(devices), metrics, 10, activity, clock=clock)
+    allocations.refresh()
+    clock.now += 10
+    attributor.flush(Batch(counts=Counter({Key(7, 226, 129, int(Kind.SUBMIT)): 2})))
+    allocations.refresh()
+    assert value(metrics, ALLOCATED_IDLE, **hold("ml", "p", XCP0, partition)) == 0
+    clock.now += 10
+    allocations.refresh()
+    assert value(metrics, ALLOCATED_IDLE, **hold("ml", "p", XCP0, partition)) == 10
+
+
+def test_the_agent_wires_allocations(
+    kubelet: PodResourcesTestServer, sock: str, tmp_path: Path, monkeypatch
+) -> None:
+    # The real build(); only the BPF side is faked (FakeKernel), since no probe loads here.
+    from fakes import FakeKernel
+    from helpers import eventually, make_config
+
+    from kubenpu import wiring
+
+    monkeypatch.setattr(wiring, "open_kernel", lambda *a, **k: FakeKernel())
+    cfg = make_config(
+        tmp_path,
+        f"discovery:\n  root: {TESTDATA / 'hybrid-two-gpu'}\n"
+        f"attribution:\n  cgroup_root: {tmp_path}\n"
+        f"  pod_resources:\n    enabled: true\n    socket: {sock}\n"
+        "export:\n  prometheus:\n    enabled: false\n",
+    )
+    with Services(10) as services:
+        agent = wiring.build(cfg, services)
+        eventually(lambda: value(agent.metrics, ALLOCATED, **hold("ml", "a")) == 2, "allocations")

@@ -29,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_agent import VGEM, make_agent
 
 from kubenpu import export
+from kubenpu.activity import Activity
 from kubenpu.allocations import Allocations
 from kubenpu.events import Key
 from kubenpu.resolve.podresources.client import PodResourcesClient
@@ -64,13 +65,14 @@ def record(work: Path) -> dict[str, Any]:
     cgroup_id = os.stat(cgroups / f"kubepods/pod{UID}/{CID}").st_ino
     resolved(resolver, cgroup_id)
     clock, kernel = Clock(), FakeKernel()
-    agent = make_agent(kernel, resolver, clock)
+    activity = Activity(300, clock)
+    agent = make_agent(kernel, resolver, clock, activity=activity)
     metrics = agent.metrics
     port = free_port()
     cfg = make_config(work, f"node_name: {NODE}\nexport:\n  prometheus:\n    port: {port}\n")
     exporters = export.start(cfg, metrics, StubHealth())
     client = PodResourcesClient(str(work / "pod-resources" / "kubelet.sock"))
-    allocations = Allocations(client, Mapper([VGEM]), metrics, STEP, clock=clock)
+    allocations = Allocations(client, Mapper([VGEM]), metrics, STEP, activity, clock=clock)
     start = time.time() - STEPS * STEP
     scrapes = []
     try:

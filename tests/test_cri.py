@@ -99,6 +99,7 @@ def test_bare_path_endpoint(server: CriTestServer, sock: str) -> None:
     assert CriClient(sock, timeout=TIMEOUT).lookup(CID).pod == "trainer-0"
     assert grpc_target("/run/crio/crio.sock") == "unix:///run/crio/crio.sock"
     assert grpc_target("unix:///run/crio/crio.sock") == "unix:///run/crio/crio.sock"
+    assert grpc_target("run/crio.sock") == "unix:run/crio.sock"  # relative: "unix://" rejects it
 
 
 def test_version(server: CriTestServer, sock: str) -> None:

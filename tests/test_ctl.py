@@ -243,3 +243,30 @@ def test_allocations_lists_each_id_its_device_or_why_none(tmp_path: Path) -> Non
 def test_allocations_kubelet_down_is_one_line(tmp_path: Path, capsys) -> None:
     assert main(["allocations", "--socket", str(tmp_path / "none.sock")]) == 2
     assert len(capsys.readouterr().err.splitlines()) == 1
+
+
+def test_allocations_list_unimplemented_is_one_line_and_exit_2(tmp_path: Path, capsys) -> None:
+    from podresources_server import PodResourcesTestServer
+
+    sock = str(tmp_path / "kubelet.sock")
+    server = PodResourcesTestServer({"pods": [], "fail": {"List": "UNIMPLEMENTED"}})
+    server.start(sock)
+    try:
+        assert main(["allocations", "--socket", sock]) == 2
+    finally:
+        server.stop()
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("kubenpuctl: error: ") and "List: UNIMPLEMENTED" in line
+
+
+def test_allocations_takes_a_relative_socket_path(tmp_path: Path, monkeypatch, capsys) -> None:
+    from podresources_server import PodResourcesTestServer, container, pod
+
+    server = PodResourcesTestServer({"pods": [pod("ml", "a", [container("c", {"x/y": ["z"]})])]})
+    server.start(str(tmp_path / "pod-resources" / "kubelet.sock"))
+    monkeypatch.chdir(tmp_path)
+    try:
+        assert main(["allocations", "--socket", "pod-resources/kubelet.sock", "-o", "json"]) == 0
+    finally:
+        server.stop()
+    assert [r["id"] for r in json.loads(capsys.readouterr().out)] == ["z"]

@@ -59,6 +59,12 @@ EXPECTED = {
         dev("0000:00:02.0", "i915", "8086:9a49", None, "i915", drm(1, 129)),
         dev("0000:03:00.0", "amdgpu", "1002:73ff", None, "amdgpu", drm(0, 128)),
     ],
+    "mi300-partitions": [
+        dev("0000:05:00.0", "amdgpu", "1002:74a1", 0, "amdgpu", drm(1, 128)),
+        # A partition has no driver link: its name (amdgpu_xcp_N) selects amdgpu's plug-in.
+        dev("platform:amdgpu_xcp_0", None, None, None, "amdgpu", drm(2, 129)),
+        dev("platform:amdgpu_xcp_1", None, None, None, "amdgpu", drm(3, 130)),
+    ],
     "intel-npu": [
         dev("0000:00:02.0", "i915", "8086:7d55", None, "i915", drm(0, 128)),
         dev("0000:00:0b.0", "intel_vpu", "8086:7d1d", None, "ivpu", accel(0)),

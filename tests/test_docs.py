@@ -243,7 +243,7 @@ def test_the_allocations_doc_says_what_the_chart_and_code_do():
     """docs/allocations.md: the chart turns pod_resources on, the refresh interval is the
     default, and its id table names every plugin format's resource."""
     from kubenpu.config import PodResourcesConfig
-    from kubenpu.resolve.podresources.mapping import PLUGINS
+    from kubenpu.resolve.podresources.mapping import PLUGINS, Unmapped
 
     text = _doc("docs/allocations.md")
     values = yaml.safe_load((CHART / "values.yaml").read_text())
@@ -254,6 +254,10 @@ def test_the_allocations_doc_says_what_the_chart_and_code_do():
     for fmt in PLUGINS:
         example = fmt.resource.pattern.replace("\\", "").split("(")[0].rstrip("/.+")
         assert example in text, fmt.plugin
+        source_file = fmt.source.split()[1]  # "<repository> <file> <function>: ..."
+        assert f"`{source_file}`" in text, fmt.plugin
+    for reason in Unmapped:
+        assert f"`{reason}`" in text, reason
 
 
 def test_the_metrics_doc_names_every_drivers_telemetry_file():

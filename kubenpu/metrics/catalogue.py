@@ -249,9 +249,9 @@ UNALLOCATED_CALLS = Spec(
     "kubenpu.device.unallocated_calls",
     "counter",
     "{call}",
-    "Submit-class calls a container made on a device that some allocation on the node names, "
-    "while the container was allocated none of it (seen at each allocations refresh). The "
-    "calls are counted in kubenpu_ioctl_total all the same.",
+    "Submit-class calls a container made on a device that some allocation on the node names, or "
+    "that the kubelet can allocate, while the container was allocated none of it (seen at each "
+    "allocations refresh). The calls are counted in kubenpu_ioctl_total all the same.",
     ("namespace", "pod", "container", "device"),
 )
 ALLOCATIONS_UNMAPPED = Spec(
@@ -260,7 +260,9 @@ ALLOCATIONS_UNMAPPED = Spec(
     "{id}",
     "Allocated ids held now that map to no discovered device, by resource and reason: empty_id, "
     "unknown_format (no known id format and no PCI address or node name in it), no_device (it "
-    "names a device discovery did not find), empty_pod (an entry without a pod or container "
+    "names a device discovery did not find), serial_unresolvable (a Gaudi serial that the "
+    "plugin's NUMA node does not narrow to one card), monitoring (Intel's monitoring resource: "
+    "every GPU's telemetry, not an allocation), empty_pod (an entry without a pod or container "
     "name).",
     ("resource", "reason"),
 )
@@ -268,7 +270,8 @@ PODRESOURCES_ERRORS = Spec(
     "kubenpu.podresources.errors",
     "counter",
     "{request}",
-    "PodResources requests to the kubelet that failed or timed out; retried at the next refresh.",
+    "PodResources requests to the kubelet that failed or timed out: a List, retried at the next "
+    "refresh, or a connection's one GetAllocatableResources (then not available on it).",
 )
 # Device telemetry from sysfs and hwmon (kubenpu/telemetry.py): OTel hardware semantic
 # conventions' names where they have one. Every point carries these, plus the kind's own labels.

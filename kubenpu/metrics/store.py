@@ -34,10 +34,8 @@ from kubenpu.metrics.catalogue import (
     DEVICE_INFO,
     DROP_REASONS,
     DROPPED,
-    ENGINE_BUSY,
     ENGINE_CAPACITY,
     ENGINE_COUNTERS,
-    ENGINE_CYCLES,
     EXPORT_ERRORS,
     FDINFO_SKIPPED,
     INDEX_REBUILDS,
@@ -237,22 +235,6 @@ class Metrics:
         with self._lock:
             for reason, n in reasons.items():
                 self._skipped[reason] = self._skipped.get(reason, 0) + n
-
-    def activity(self) -> dict[tuple[str, str, str, str], tuple[int, float]]:
-        """Per (namespace, pod, container, device): the submit-class calls and the engine busy
-        seconds plus cycles counted so far, the signals of use an idle allocation lacks."""
-        use: dict[tuple[str, str, str, str], tuple[int, float]] = {}
-        with self._lock:
-            for (ns, pod, _), rec in self._pods.items():
-                for (c, d, _v, k), n in rec.series.items():
-                    if k == "submit":
-                        calls, busy = use.get((ns, pod, c, d), (0, 0.0))
-                        use[(ns, pod, c, d)] = (calls + n, busy)
-                for spec in (ENGINE_BUSY, ENGINE_CYCLES):
-                    for (c, d, _v, _e), value in rec.engines.get(spec, {}).items():
-                        calls, busy = use.get((ns, pod, c, d), (0, 0.0))
-                        use[(ns, pod, c, d)] = (calls, busy + value)
-        return use
 
     def set_allocations(self, state: AllocationState) -> None:
         with self._lock:

@@ -177,6 +177,21 @@ def amd_server(m: Machine) -> None:
     m.files(gpu, {"mem_info_vram_used": 1073741824, "mem_info_vram_total": 25753026560})
 
 
+def mi300_partitions(m: Machine) -> None:
+    # An MI300X in CPX mode, partitions 0-2 of its 8 shown: partition 0 is the PCI function's
+    # own DRM device; each further one is a platform device amdgpu_xcp_N with no driver bound
+    # and its own card and render node (amdxcp/amdgpu_xcp_drv.c amdgpu_xcp_drm_dev_alloc(),
+    # amdgpu/amdgpu_xcp.c amdgpu_xcp_dev_register() sends their ioctls to the parent's driver).
+    gpu = m.pci("pci0000:00/0000:00:01.1/0000:05:00.0", "1002", "74a1", "amdgpu", numa=0)
+    m.node(gpu, "card1", 1)
+    m.node(gpu, "renderD128", 128)
+    m.files(gpu, {"current_compute_partition": "CPX", "current_memory_partition": "NPS1"})
+    for n in range(2):
+        xcp = m.platform(f"platform/amdgpu_xcp_{n}", None)
+        m.node(xcp, f"card{n + 2}", n + 2)
+        m.node(xcp, f"renderD{n + 129}", n + 129)
+
+
 def hybrid_two_gpu(m: Machine) -> None:
     # The dGPU probed first: card and render numbers run opposite to PCI address order.
     dgpu = m.pci("pci0000:00/0000:00:01.0/0000:03:00.0", "1002", "73ff", "amdgpu")
@@ -200,20 +215,22 @@ def intel_npu(m: Machine) -> None:
 
 
 def gaudi(m: Machine) -> None:
-    # Gaudi2 cards sit behind PCIe switches; discovery must take the card, not a bridge.
+    # Gaudi2 cards sit behind PCIe switches; discovery must take the card, not a bridge. One
+    # card per NUMA node: the plugin's Topology (hlml NumaNode) tells them apart, since no
+    # file names a card's serial (common/sysfs.c prints pci_addr, module_id, device_type, ...
+    # and a binary `eeprom` in the firmware's layout; no serial_number).
     switch = "pci0000:b0/0000:b0:02.0/0000:b1:00.0/0000:b2:00.0"
-    # habanalabs prints each card's serial_number (the id its device plugin allocates).
     second = m.pci(f"{switch}/0000:b3:00.0", "1da3", "1020", "habanalabs", numa=1)
     m.node(second, "accel1", 1)
-    m.file(f"{second}/serial_number", "AN12345678\n")
     switch = "pci0000:30/0000:30:02.0/0000:31:00.0/0000:32:00.0"
     first = m.pci(f"{switch}/0000:33:00.0", "1da3", "1020", "habanalabs", numa=0)
     m.node(first, "accel0", 0)
-    m.file(f"{first}/serial_number", "AN87654321\n")
-    # common/sysfs.c (clk_*_freq_mhz in MHz, max_power in mW) and common/hwmon.c (channels
-    # the firmware reports, standard hwmon units).
+    # common/sysfs.c (clk_*_freq_mhz in MHz, max_power in mW, pci_addr_show, module_id_show,
+    # device_type_show) and common/hwmon.c (channels the firmware reports, standard units).
     for number, dev in enumerate((first, second)):
         m.files(dev, {"clk_cur_freq_mhz": 1600, "clk_max_freq_mhz": 1800, "max_power": 600000})
+        m.files(dev, {"pci_addr": dev.rpartition("/")[2], "module_id": number})
+        m.files(dev, {"device_type": "GAUDI2"})
         hwmon = {"temp1_input": 38000 + number * 1000, "power1_input": 95000000 + number}
         m.hwmon(dev, number, "habanalabs", {**hwmon, "in1_input": 800, "curr1_input": 110})
 
@@ -319,6 +336,7 @@ MACHINES = {
     "intel-arc-xe": intel_arc_xe,
     "amd-server": amd_server,
     "hybrid-two-gpu": hybrid_two_gpu,
+    "mi300-partitions": mi300_partitions,
     "intel-npu": intel_npu,
     "gaudi": gaudi,
     "qualcomm-ai100": qualcomm_ai100,

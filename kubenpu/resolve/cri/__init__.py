@@ -51,8 +51,11 @@ _ANSWERS = (
 
 
 def grpc_target(endpoint: str) -> str:
-    """gRPC target for "unix:///path" or a bare "/path"."""
-    return endpoint if endpoint.startswith("unix:") else f"unix://{endpoint}"
+    """gRPC target for "unix:///path", or a bare path, absolute or relative: gRPC's "unix:"
+    scheme takes both ("unix://" only an absolute one)."""
+    if endpoint.startswith("unix:"):
+        return endpoint
+    return f"unix://{endpoint}" if endpoint.startswith("/") else f"unix:{endpoint}"
 
 
 def socket_path(endpoint: str) -> str:
