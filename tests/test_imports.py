@@ -31,6 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("kubenpu.metrics", "kubenpu.metrics.inputs"),
     ("kubenpu.metrics.catalogue",),
     ("kubenpu.metrics.store",),
+    ("kubenpu.activity",),
     ("kubenpu.attribution", "kubenpu.energy"),
     ("kubenpu.usage", "kubenpu.telemetry", "kubenpu.allocations"),
     ("kubenpu.config",),
