@@ -454,12 +454,12 @@ NO_FILE = "(no config file)"  # where an error line says a value came from, with
 Checks = Callable[[Config], list[str]]
 
 
-def path_to_load(given: str | None) -> str | None:
-    """The file `--config` names; without one, DEFAULT_PATH if there is anything there, else
-    None: every key has a default, so no file is needed."""
-    if given is not None:
-        return given
-    return DEFAULT_PATH if os.path.lexists(DEFAULT_PATH) else None
+def path_to_load(given: str) -> str | None:
+    """The file `--config` names (DEFAULT_PATH unless given); None when that is DEFAULT_PATH
+    and nothing is there: every key has a default, so no file is needed."""
+    if given == DEFAULT_PATH and not os.path.lexists(DEFAULT_PATH):
+        return None
+    return given
 
 
 def load(

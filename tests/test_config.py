@@ -542,8 +542,8 @@ def test_an_empty_or_wrong_section_names_the_key_not_a_class(tmp_path: Path, sec
 def test_no_file_is_the_defaults(monkeypatch) -> None:
     assert config.load(None, ENV) == config.Config(node_name="node-a")
     monkeypatch.setattr(config, "DEFAULT_PATH", "/nonexistent/kubenpu.yaml")
-    assert config.path_to_load(None) is None
-    assert config.path_to_load("/given.yaml") == "/given.yaml"
+    assert config.path_to_load("/nonexistent/kubenpu.yaml") is None
+    assert config.path_to_load("/given.yaml") == "/given.yaml"  # a given file must be there
 
 
 def test_without_a_file_an_env_error_names_the_variable() -> None:
