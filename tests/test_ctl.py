@@ -280,6 +280,26 @@ def run_bounded(*args: str) -> subprocess.CompletedProcess[str]:
         pytest.fail(f"kubenpuctl {' '.join(args)} blocked")
 
 
+HWMON = "sys/devices/pci0000:c0/0000:c0:01.1/0000:c3:00.0/hwmon/hwmon4"
+
+
+@pytest.mark.parametrize(
+    "fifo",
+    [
+        "sys/devices/pci0000:c0/0000:c0:01.1/0000:c3:00.0/numa_node",  # read by discovery
+        f"{HWMON}/power1_average",  # read by telemetry
+    ],
+)
+def test_devices_never_blocks_on_a_fifo(tmp_path: Path, fifo: str) -> None:
+    """A FIFO in the tree hung `devices` for good: it was opened for reading, blocking."""
+    root = copy_tree(tmp_path, "amd-server")
+    (root / fifo).unlink()
+    os.mkfifo(root / fifo)
+    result = run_bounded("devices", "--root", str(root))
+    assert result.returncode == 0
+    assert "0000:c3:00.0" in result.stdout
+
+
 def test_devices_escapes_control_characters_in_names(tmp_path: Path) -> None:
     """A driver link named with an escape sequence reached the terminal raw."""
     root = copy_tree(tmp_path, "amd-server")
@@ -317,7 +337,9 @@ def documented_keys(command: str) -> list[str]:
 
 
 def unitless_keys() -> set[str]:
-    sentence = re.search(r"keys without a unit are\s+identifiers and counts: (.*?)\.", CLI_DOC, re.S)
+    sentence = re.search(
+        r"keys without a unit are\s+identifiers and counts: (.*?)\.", CLI_DOC, re.S
+    )
     assert sentence
     return set(re.findall(r"`([a-z_]+)`", sentence[1]))
 

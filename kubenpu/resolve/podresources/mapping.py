@@ -24,6 +24,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from kubenpu.discovery import PCI_ADDRESS, Device
+from kubenpu.files import read_regular
 
 
 class Unmapped(StrEnum):
@@ -111,7 +112,7 @@ def _serials(devices: list[Device], root: Path) -> dict[str, str]:
     for dev in devices:
         for node in dev.nodes:
             try:
-                serial = (node.sysfs(root) / "device" / _SERIAL_FILE).read_text()
+                serial = read_regular(node.sysfs(root) / "device" / _SERIAL_FILE, 4096).decode()
             except (OSError, UnicodeDecodeError):
                 continue  # most drivers print none
             if serial.strip():
