@@ -834,3 +834,23 @@ def test_a_narrow_terminal_keeps_busy_memory_and_power_before_the_call_kinds():
     gone = narrowing(frame)
     assert gone[:2] == ["VENDOR", "COMPUTE%"]  # then BUSY% stands for the engines
     assert [c for c in gone if c in stated] == stated
+
+
+def test_top_json_is_documented():
+    """docs/cli.md lists every key of top's JSON rows, each number's key with its unit."""
+    from test_ctl import check_documented
+
+    before = top.parse(every_family(100.0, fixture("fdinfo-0.prom")))[0]
+    after = top.parse(every_family(100.0 + 30 * record.SECONDS, fixture("fdinfo-1.prom")))[0]
+    frame = top.build_frame(top.Reading(after, top.counter_rates(before, after, 5)), True)
+    check_documented("top", top.render.rows_json(frame, "total", multi_node=True))
+
+
+def test_names_are_printed_with_control_characters_escaped():
+    """A pod name holding an escape sequence reached the terminal raw."""
+    text = fixture("agent-1.prom").replace('pod="trainer-0"', 'pod="tr\x1b[2Jainer-0"')
+    latest = top.parse(text)[0]
+    frame = top.build_frame(top.Reading(latest, top.counter_rates(latest, latest, 1)), False)
+    lines = top.render.table(frame, "total", 200)
+    assert not any("\x1b" in line for line in lines)
+    assert any("tr\\x1b[2Jainer-0" in line for line in lines)
