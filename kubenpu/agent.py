@@ -60,7 +60,11 @@ def main(argv: list[str] | None = None) -> int:
         print("kubenpu-agent needs the agent extras: pip install 'kubenpu[agent]'", file=sys.stderr)
         return 2
     parser = argparse.ArgumentParser(prog="kubenpu-agent", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="/etc/kubenpu/config.yaml", help="YAML config file")
+    parser.add_argument(
+        "--config",
+        default=config.DEFAULT_PATH,
+        help=f"YAML config file (default {config.DEFAULT_PATH}; without it, the defaults)",
+    )
     parser.add_argument(
         "--check-config", metavar="FILE", help="validate FILE, print the effective config"
     )
@@ -78,9 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=__version__)
     args = parser.parse_args(argv)
     if args.check_config:
-        return config.check_config(args.check_config, export.certs.problems)
+        return config.check_config(args.check_config, export.certs.problems, export.check)
+    path = config.path_to_load(args.config)
     try:
-        cfg = config.load(args.config)
+        cfg = config.load(path, checks=export.check)  # the checks of --check-config
     except config.ConfigError as err:
         for problem in err.problems:
             print(f"kubenpu-agent: {problem}", file=sys.stderr)
@@ -89,6 +94,11 @@ def main(argv: list[str] | None = None) -> int:
         return _uninstall(Path(cfg.probe.pin_dir)) if cfg.probe.pin_dir else 0
     level = logging.DEBUG if args.debug else getattr(logging, cfg.log_level.upper())
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if path is None:
+        log.info(
+            "no config file at %s: running on the defaults (and OTEL_* variables)",
+            config.DEFAULT_PATH,
+        )
     try:
         if args.trace:
             cfg.probe.mode = "events"

@@ -370,8 +370,29 @@ def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
     return sizes[id(node)]
 
 
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last one
+    silently, so a second `export:` would quietly replace the first)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[tuple[str, str], int] = {}
+        for key, _ in node.value:  # before merge keys (<<) are flattened: those may override
+            if not isinstance(key, yaml.ScalarNode) or key.tag == _MERGE_TAG:
+                continue
+            if (first := seen.get((key.tag, key.value))) is not None:
+                raise yaml.constructor.ConstructorError(
+                    problem=f"duplicate key {key.value[:40]!r} (first on line {first})",
+                    problem_mark=key.start_mark,
+                )
+            seen[key.tag, key.value] = key.start_mark.line + 1
+        return super().construct_mapping(node, deep)
+
+
 def _parse_yaml(text: str) -> Any:
-    loader = yaml.SafeLoader(text)
+    loader = _Loader(text)
     try:
         node = loader.get_single_node()
         if node is None:
@@ -407,27 +428,54 @@ def _read_yaml(path: str) -> dict[str, Any]:
     return raw
 
 
+# pydantic's messages for these name the model class ("a valid dictionary or instance of
+# ProbeConfig"), which an operator never wrote; the key is already in the line.
+_MESSAGES = {
+    "model_type": "expected a mapping of keys (an empty section is {})",
+    "model_attributes_type": "expected a mapping of keys (an empty section is {})",
+    "dict_type": "expected a mapping of keys (an empty one is {})",
+}
+
+
 def _describe(err: dict[str, Any], path: str, sources: dict[str, str]) -> str:
     key = ".".join(str(p)[:MAX_ECHO] for p in err["loc"])
     origin = sources.get(key, path)
     if err["type"] == "extra_forbidden":
         return f"{origin}: {key}: unknown key"
-    msg = err["msg"].removeprefix("Value error, ")[:MAX_ECHO]
+    msg = _MESSAGES.get(err["type"], err["msg"].removeprefix("Value error, "))[:MAX_ECHO]
     if key.startswith("export.otlp.headers"):
         return f"{origin}: {key}: {msg}"  # the input holds secrets
     return f"{origin}: {key}: {msg} (got {short(err['input'])})"
 
 
-def load(path: str, env: Mapping[str, str] | None = None) -> Config:
-    """Read the YAML file at `path`, overlay the environment (default os.environ), validate."""
+DEFAULT_PATH = "/etc/kubenpu/config.yaml"
+NO_FILE = "(no config file)"  # where an error line says a value came from, without a file
+# Checks of what the config names (the files the exporters read): problems, one line each.
+Checks = Callable[[Config], list[str]]
+
+
+def path_to_load(given: str) -> str | None:
+    """The file `--config` names (DEFAULT_PATH unless given); None when that is DEFAULT_PATH
+    and nothing is there: every key has a default, so no file is needed."""
+    if given == DEFAULT_PATH and not os.path.lexists(DEFAULT_PATH):
+        return None
+    return given
+
+
+def load(
+    path: str | None, env: Mapping[str, str] | None = None, checks: Checks = lambda _: []
+) -> Config:
+    """Read the YAML file at `path` (None: no file, the defaults), overlay the environment
+    (default os.environ), validate, then run `checks` on the result: what they find fails the
+    load as a bad value does, so --check-config and the start report the same lines."""
     env = os.environ if env is None else env
-    raw = _read_yaml(path)
+    raw = {} if path is None else _read_yaml(path)
     sources: dict[str, str] = {}
     problems = _apply_env(raw, env, sources)
     try:
         cfg = Config.model_validate(raw)
     except ValidationError as err:
-        problems += [_describe(e, path, sources) for e in err.errors(include_url=False)]
+        problems += [_describe(e, path or NO_FILE, sources) for e in err.errors(include_url=False)]
         raise ConfigError(problems) from None
     if problems:
         raise ConfigError(problems)
@@ -435,6 +483,8 @@ def load(path: str, env: Mapping[str, str] | None = None) -> Config:
         cfg.node_name = env.get("K8S_NODE_NAME") or socket.gethostname()
         if len(cfg.node_name) > NODE_NAME_MAX:
             raise ConfigError([f"K8S_NODE_NAME: longer than {NODE_NAME_MAX} characters"])
+    if problems := checks(cfg):
+        raise ConfigError(problems)
     return cfg
 
 
@@ -457,12 +507,16 @@ def dump(cfg: Config) -> str:
     return yaml.safe_dump(raw, sort_keys=False)
 
 
-def check_config(path: str, warnings: Callable[[Config], Iterable[str]] = lambda _: ()) -> int:
+def check_config(
+    path: str,
+    warnings: Callable[[Config], Iterable[str]] = lambda _: (),
+    checks: Checks = lambda _: [],
+) -> int:
     """`kubenpu-agent --check-config`: print the effective config and return 0, or the problems
-    (one line each, on stderr) and return 2. `warnings` (e.g. an expired certificate) go to
-    stderr, one line each, and do not fail the check."""
+    (one line each, on stderr) and return 2. `checks` are the start's (see load()); `warnings`
+    (e.g. an expired certificate) go to stderr, one line each, and do not fail the check."""
     try:
-        cfg = load(path)
+        cfg = load(path, checks=checks)
     except ConfigError as err:
         for problem in err.problems:
             print(problem, file=sys.stderr)

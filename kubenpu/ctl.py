@@ -13,6 +13,7 @@ import os
 import shutil
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
@@ -20,10 +21,13 @@ from kubenpu import __version__
 from kubenpu import top as kubenpu_top
 from kubenpu.discovery import Device, discover
 from kubenpu.fdinfo import Client, FdinfoReader
+from kubenpu.resolve import DEFAULT_ENDPOINT, Attribution, containers
 from kubenpu.telemetry import Summary, read_device
-from kubenpu.vendors import Vendor, all_vendors, by_name, core
+from kubenpu.text import iec_bytes, printable
+from kubenpu.vendors import Vendor, all_vendors, by_name, core, for_driver
 
 PROG = "kubenpuctl"
+_CRI_SECONDS = 2.0
 
 
 class UsageError(Exception):
@@ -71,6 +75,12 @@ def _parser() -> argparse.ArgumentParser:
     clients = commands.add_parser("clients", help="list DRM clients and their usage from /proc")
     clients.add_argument(
         "--root", default="/", help="read DIR/proc and DIR/sys instead of /proc and /sys"
+    )
+    clients.add_argument(
+        "--cri",
+        metavar="ENDPOINT",
+        help=f"the container runtime's CRI socket, to name the pods (default {DEFAULT_ENDPOINT}"
+        ", when it exists)",
     )
     clients.add_argument("--output", "-o", choices=("table", "json"), default="table")
     clients.set_defaults(run=_clients)
@@ -176,15 +186,16 @@ def _devices(args: argparse.Namespace) -> str:
             d.pci_id or "-",
             d.id,
             ",".join(f"{n.major}:{n.minor}" for n in d.nodes),
+            "-" if d.numa_node is None else str(d.numa_node),
             d.vendor or "-",
             _unit(now[d.id].power_watts, "W"),
-            _unit(now[d.id].temperature_celsius, "C"),
+            _unit(now[d.id].temperature_celsius, "°C"),
             _unit(now[d.id].frequency_mhz, "MHz"),
         ]
         for d in devices
     ]
-    header = ["DRIVER", "PCI ID", "ADDRESS", "NODES", "VENDOR", "POWER", "TEMP", "FREQ"]
-    return _table(header, rows)
+    header = ["DRIVER", "PCI ID", "ADDRESS", "MAJOR:MINOR", "NUMA", "VENDOR", "POWER", "TEMP"]
+    return _table([*header, "FREQ"], rows)
 
 
 def _unit(value: float | None, unit: str) -> str:
@@ -214,32 +225,100 @@ def _clients(args: argparse.Namespace) -> str:
     if scan.skipped:
         counts = ", ".join(f"{reason} {n}" for reason, n in sorted(scan.skipped.items()))
         logging.warning("skipped (see docs/fdinfo.md): %s", counts)
+    owners = _owners([c.cgroup for c in scan.clients if c.cgroup], args.cri)
     if args.output == "json":
-        return json.dumps([_client_json(c) for c in scan.clients], indent=2)
+        return json.dumps(
+            [_client_json(c, owners.get(c.cgroup or "")) for c in scan.clients], indent=2
+        )
     rows = [
         [
             c.device,
             c.driver,
             str(c.client_id),
             ",".join(map(str, c.pids)),
+            _pod_cell(owners.get(c.cgroup or "")),
             _busy(c) or "-",
             _memory(c) or "-",
-            c.cgroup or "-",  # last: the long column names the pod (kubepods path)
+            c.cgroup or "-",  # last: a kubepods path is long
         ]
         for c in scan.clients
     ]
-    return _table(["DEVICE", "DRIVER", "CLIENT", "PIDS", "BUSY", "MEMORY", "CGROUP"], rows)
+    return _table(["DEVICE", "DRIVER", "CLIENT", "PIDS", "POD", "BUSY", "MEMORY", "CGROUP"], rows)
 
 
-def _client_json(c: Client) -> dict[str, object]:
+@dataclass(frozen=True)
+class _Owner:
+    """The pod of a client's cgroup: its names when the container runtime answers."""
+
+    pod_uid: str
+    container_id: str | None
+    names: Attribution | None = None
+
+
+def _owners(cgroups: list[str], endpoint: str | None) -> dict[str, _Owner]:
+    """The pod cgroups among `cgroups`, by path, named through the CRI where it answers."""
+    pods = {path: p for path in cgroups if (p := containers.parse(path)) is not None}
+    ids = {p.container_id for p in pods.values() if p.container_id}
+    named = _cri_names(endpoint) if ids else {}
+    return {
+        path: _Owner(p.pod_uid, p.container_id, named.get(p.container_id or ""))
+        for path, p in pods.items()
+    }
+
+
+def _cri_names(endpoint: str | None) -> dict[str, Attribution]:
+    """Every pod container the runtime lists, by id; empty when it cannot answer, with a
+    warning when the endpoint was given (the default one is only asked when it exists)."""
+    fallback = "pods are named by their cgroup's pod uid"
+    try:  # gRPC is an agent extra: a plain `pip install kubenpu` lacks it
+        from kubenpu.resolve.cri import CriClient, socket_path
+    except ImportError as e:
+        if endpoint is not None:
+            logging.warning("%s: --cri needs the agent extras (%s)", fallback, e.name)
+        return {}
+    path = socket_path(endpoint or DEFAULT_ENDPOINT)
+    if not os.path.exists(path):
+        if endpoint is not None:
+            logging.warning("%s: no CRI socket at %s", fallback, path)
+        return {}
+    # Its warning speaks of retrying, as the agent does; one line here says what it means.
+    logging.getLogger("kubenpu.resolve.cri").setLevel(logging.ERROR)
+    client = CriClient(endpoint or DEFAULT_ENDPOINT, timeout=_CRI_SECONDS)
+    try:
+        listed = client.containers()
+    finally:
+        client.close()
+    if not listed:
+        logging.warning("%s: the CRI at %s listed no container (not answering?)", fallback, path)
+    return {cid: a for cid, a in listed.items() if a.pod}
+
+
+def _pod_cell(owner: _Owner | None) -> str:
+    if owner is None:
+        return "-"
+    if owner.names is None:
+        return f"uid:{owner.pod_uid}"
+    return f"{owner.names.namespace}/{owner.names.pod}/{owner.names.container}"
+
+
+def _client_json(c: Client, owner: _Owner | None) -> dict[str, object]:
+    names = owner.names if owner else None
     return {
         "device": c.device,
         "driver": c.driver,
         "client_id": c.client_id,
         "pids": c.pids,
+        "namespace": names.namespace if names else None,
+        "pod": names.pod if names else None,
+        "container": names.container if names else None,
+        "pod_uid": owner.pod_uid if owner else None,
+        "container_id": owner.container_id if owner else None,
         "cgroup": c.cgroup,
         "engines": c.engines,
-        "memory": c.memory,
+        "memory": {
+            region: {f"{k}_bytes": v for k, v in sizes.items()}
+            for region, sizes in c.memory.items()
+        },
     }
 
 
@@ -261,16 +340,8 @@ def _memory(c: Client) -> str:
     for region, m in c.memory.items():
         size = m.get("resident", m.get("total", 0))
         if size:
-            cells.append(f"{region}={_bytes(size)}")
+            cells.append(f"{region}={iec_bytes(size)}")
     return ",".join(cells)
-
-
-def _bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB"):
-        if n < 1024:
-            return f"{n:.4g}{unit}"
-        n /= 1024
-    return f"{n:.4g}GiB"
 
 
 def _ioctls(args: argparse.Namespace) -> str:
@@ -288,10 +359,13 @@ def _ioctls(args: argparse.Namespace) -> str:
 def _selected(name: str | None) -> tuple[Vendor, ...]:
     if name is None:
         return (core(), *all_vendors())
-    vendor = by_name(name)
+    vendor = by_name(name) or for_driver(name)  # `devices` shows drivers: intel_vpu is ivpu
     if vendor is None:
         known = ", ".join(v.name for v in (core(), *all_vendors()))
-        raise UsageError(f"unknown vendor {name!r} (known: {known})")
+        raise UsageError(
+            f"unknown vendor or driver {name!r} (vendors: {known}; or a driver "
+            "name `devices` shows)"
+        )
     return (vendor,)
 
 
@@ -350,7 +424,9 @@ def _allocations(args: argparse.Namespace) -> str:
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
-    """Columns as wide as their widest cell plus two spaces, without trailing blanks."""
+    """Columns as wide as their widest cell plus two spaces, without trailing blanks. Cells
+    come from sysfs, /proc and the runtime: control characters in them are escaped."""
+    rows = [[printable(cell) for cell in row] for row in rows]
     widths = [max(len(r[col]) for r in [header, *rows]) for col in range(len(header))]
     return "\n".join(
         "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()

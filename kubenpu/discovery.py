@@ -23,11 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from kubenpu.files import read_regular
 from kubenpu.vendors import for_driver
 
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
+_MAX_FILE = 4096  # a sysfs attribute is at most a page
 
 # sysfs class -> the /dev directory the kernel names its nodes in (drm_devnode, accel_devnode).
 _CLASSES = {"drm": "dri", "accel": "accel"}
@@ -183,8 +185,8 @@ def _resolve(link: Path) -> Path | None:
 
 def _parsed(path: Path, parse: Callable[[str], _T], missing_ok: bool = False) -> _T | None:
     """parse(the file's stripped text), or None with a warning when missing or malformed."""
-    try:
-        text = path.read_text().strip()
+    try:  # regular files only: a FIFO in the tree would block the read for good
+        text = read_regular(path, _MAX_FILE).decode().strip()
     except FileNotFoundError:
         if not missing_ok:
             log.warning("%s: missing", path)

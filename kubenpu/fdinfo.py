@@ -33,6 +33,7 @@ from typing import Generic, TypeVar
 
 from kubenpu.descriptors import exhausted
 from kubenpu.discovery import Device
+from kubenpu.files import read_regular
 
 # Node directories (discovery's drm_devnode/accel_devnode names), as fd links spell them.
 _NODE_DIRS = ("/dev/dri/", "/dev/accel/")
@@ -85,6 +86,8 @@ _VALUE = re.compile(r"(-?\d{1,20})\s*([A-Za-z]*)")
 MAX_VALUE = 2**63 - 1  # OTLP's int64 data points; a Prometheus float holds it too
 # A DRM fdinfo file is a few hundred bytes; what is past this is cut at a line and counted.
 _MAX_FDINFO = 64 * 1024
+# /proc/PID/cgroup: one line per hierarchy, each path at most PATH_MAX.
+_MAX_CGROUP = 64 * 1024
 _PDEV = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 # Engine and region names become labels, the driver's name a column: the kernel's are a few
 # characters ("render", "vram0"); a longer one is malformed, not a label of any length.
@@ -247,8 +250,7 @@ class FdinfoReader:
 
     def _read_fd(self, pid: int, fd: str, target: str, scan: _Builder) -> None:
         try:
-            with open(self._proc / str(pid) / "fdinfo" / fd, "rb") as f:
-                data = f.read(_MAX_FDINFO + 1)
+            data = read_regular(self._proc / str(pid) / "fdinfo" / fd, _MAX_FDINFO + 1)
         except OSError as e:
             scan.skip(_reason(e), pid=pid)
             return
@@ -284,7 +286,7 @@ class FdinfoReader:
         """The cgroup v2 path ("0::" line) of pid; None when gone or v1-only. Raises OSError
         when no descriptor is left (the pid's cgroup is unknown, not none)."""
         try:
-            text = (self._proc / str(pid) / "cgroup").read_text()
+            text = read_regular(self._proc / str(pid) / "cgroup", _MAX_CGROUP).decode()
         except OSError as e:
             if exhausted(e):
                 raise

@@ -62,6 +62,7 @@ class Agent:
         telemetry: Telemetry | None = None,
         answered: threading.Event | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.probe = probe
         self.tally = tally
@@ -74,6 +75,8 @@ class Agent:
         self._usage_interval = usage_interval
         self.telemetry = telemetry
         self._clock = clock
+        self._wall = wall  # the Unix time of reads, for kubenpu_counters_read_timestamp_seconds
+        self._counts_at: float | None = None  # of the last read that brought calls
         self.stop = threading.Event()
         self._answered = answered or threading.Event()  # set by the resolver's on_answer
         self._last_counts = self._last_reap = self._last_usage = -float("inf")
@@ -161,10 +164,10 @@ class Agent:
         if now - self._last_usage >= self._usage_interval:
             self._last_usage = now
             if self.usage is not None:
-                self._guarded("fdinfo", self.usage.read)
+                self._stamped("fdinfo", self.usage.read)
             if self.telemetry is not None:  # right after fdinfo: energy splits by its busy time
                 busy = self.usage.interval_busy() if self.usage is not None else {}
-                self._guarded("telemetry", self.telemetry.read, busy)
+                self._stamped("telemetry", self.telemetry.read, busy)
         if now - self._last_reap >= _REAP_SECONDS:
             self._reap()
             self._last_reap = now
@@ -175,7 +178,14 @@ class Agent:
         self._flush()
         self.attributor.settle_all()
 
+    def _stamped(self, source: str, read: Callable[..., object], *args: object) -> None:
+        """A guarded read whose success stamps its counters with the time it started."""
+        at = self._wall()
+        if self._guarded(source, read, *args):
+            self.metrics.counters_read(source, at)
+
     def _read(self, counts: bool) -> bool:
+        at = self._wall()
         try:
             self.probe.read(counts)
         except (ProbeError, OSError) as exc:
@@ -184,6 +194,8 @@ class Agent:
             return False
         self._reads.ok()
         self.health.kernel_read()
+        if counts or self.probe.mode == "events":  # events mode: calls come at every flush
+            self._counts_at = at
         return True
 
     def _reap(self) -> None:
@@ -203,6 +215,8 @@ class Agent:
             self.attributor.flush(batch)
         finally:  # what an exception left uncounted is counted at the next flush
             self.tally.put_back(batch.counts)
+        if self._counts_at is not None:  # the calls of that read are all counted now
+            self.metrics.counters_read("kernel", self._counts_at)
 
 
 def _join(workers: list[threading.Thread], seconds: float) -> list[str]:

@@ -31,6 +31,7 @@ from pathlib import Path
 from kubenpu import energy
 from kubenpu.discovery import Device
 from kubenpu.fdinfo import Skip, parse_number
+from kubenpu.files import read_regular
 from kubenpu.metrics.catalogue import (
     DEVICE_BUSY,
     ENERGY,
@@ -278,9 +279,8 @@ def _value(
 
 
 def _text(path: Path, reading: Reading | None = None, missing_ok: bool = True) -> str | None:
-    try:
-        with open(path, "rb") as f:
-            return f.read(_MAX_FILE).decode("ascii").strip()
+    try:  # regular files only: a FIFO in the tree would block the read for good
+        return read_regular(path, _MAX_FILE).decode("ascii").strip()
     except FileNotFoundError:
         if reading is not None and not missing_ok:
             reading.skipped[MISSING] += 1

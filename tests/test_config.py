@@ -110,7 +110,7 @@ def test_bad_config_one_line_per_problem_exit_2(tmp_path: Path, capsys) -> None:
         (None, "cannot read: No such file or directory"),
         ("a: [\n", ":2:1: invalid YAML:"),
         ("- a\n", "expected a mapping"),
-        ("export: {otlp: [1]}\n", "export.otlp: Input should be"),
+        ("export: {otlp: [1]}\n", "export.otlp: expected a mapping of keys"),
     ],
 )
 def test_unreadable_or_malformed_files(tmp_path: Path, text: str | None, problem: str) -> None:
@@ -490,3 +490,67 @@ def test_pod_resources_validated(tmp_path: Path, yaml_text: str, problem: str) -
     with pytest.raises(config.ConfigError) as err:
         config.load(path)
     assert problem in " ".join(err.value.problems)
+
+
+@pytest.mark.parametrize(
+    ("text", "where", "key", "first"),
+    [
+        ("probe:\n  mode: events\nprobe:\n  mode: aggregate\n", ":3:1:", "probe", 1),
+        ("export:\n  prometheus:\n    port: 1\n    port: 2\n", ":4:5:", "port", 3),
+        ("probe: {mode: events, mode: aggregate}\n", ":1:23:", "mode", 1),
+    ],
+)
+def test_a_duplicate_key_is_an_error_naming_its_line(
+    tmp_path: Path, text: str, where: str, key: str, first: int
+) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(config.ConfigError) as err:
+        config.load(path, ENV)
+    assert err.value.problems == [
+        f"{path}{where} invalid YAML: duplicate key {key!r} (first on line {first})"
+    ]
+
+
+def test_a_merge_key_may_override_what_it_merges(tmp_path: Path) -> None:
+    text = 'export:\n  otlp:\n    headers: {<<: {x-a: "1", x-b: "2"}, x-a: "3"}\n'
+    cfg = config.load(write(tmp_path, text), ENV)
+    assert cfg.export.otlp.headers == {"x-a": "3", "x-b": "2"}
+
+
+def model_classes(model: type[BaseModel] = config.Config) -> set[str]:
+    names = {model.__name__}
+    for f in model.model_fields.values():
+        if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel):
+            names |= model_classes(f.annotation)
+    return names
+
+
+@pytest.mark.parametrize("section", sorted(k for k in schema_keys() if "." in k))
+def test_an_empty_or_wrong_section_names_the_key_not_a_class(tmp_path: Path, section: str) -> None:
+    """An empty `probe:` (YAML null) once said "a valid dictionary or instance of ProbeConfig"."""
+    parent = section.rpartition(".")[0]
+    *outer, last = parent.split(".")
+    text = "".join(f"{'  ' * i}{k}:\n" for i, k in enumerate(outer)) + f"{'  ' * len(outer)}{last}:"
+    for value in ("", " 3", " [a]"):
+        with pytest.raises(config.ConfigError) as err:
+            config.load(write(tmp_path, text + value + "\n"), ENV)
+        (line,) = err.value.problems
+        assert f": {parent}: expected a mapping of keys" in line
+        assert not any(name in line for name in model_classes()), line
+
+
+def test_no_file_is_the_defaults(monkeypatch) -> None:
+    assert config.load(None, ENV) == config.Config(node_name="node-a")
+    monkeypatch.setattr(config, "DEFAULT_PATH", "/nonexistent/kubenpu.yaml")
+    assert config.path_to_load("/nonexistent/kubenpu.yaml") is None
+    assert config.path_to_load("/given.yaml") == "/given.yaml"  # a given file must be there
+
+
+def test_without_a_file_an_env_error_names_the_variable() -> None:
+    env = {**ENV, "OTEL_EXPORTER_OTLP_PROTOCOL": "smoke"}
+    with pytest.raises(config.ConfigError) as err:
+        config.load(None, env)
+    assert err.value.problems == [
+        "env OTEL_EXPORTER_OTLP_PROTOCOL: export.otlp.protocol: Input should be 'grpc' or "
+        "'http/protobuf' (got 'smoke')"
+    ]

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -29,23 +32,25 @@ def test_devices_table_i915() -> None:
     result = run("devices", "--root", "tests/testdata/intel-i915")
     assert (result.returncode, result.stderr) == (0, "")
     assert result.stdout == (
-        "DRIVER  PCI ID     ADDRESS       NODES          VENDOR  POWER  TEMP  FREQ\n"
-        "i915    8086:5917  0000:00:02.0  226:1,226:128  i915    -      -     300 MHz\n"
+        "DRIVER  PCI ID     ADDRESS       MAJOR:MINOR    NUMA  VENDOR  POWER  TEMP  FREQ\n"
+        "i915    8086:5917  0000:00:02.0  226:1,226:128  -     i915    -      -     300 MHz\n"
     )
 
 
 def test_devices_table_shows_power_temperature_and_clock_from_sysfs() -> None:
     result = run("devices", "--root", "tests/testdata/amd-server")
-    assert result.stdout.splitlines()[2].split()[-6:] == ["63", "W", "41", "C", "1200", "MHz"]
+    assert result.stdout.splitlines()[2].split()[-6:] == ["63", "W", "41", "°C", "1200", "MHz"]
 
 
 def test_devices_table_marks_missing_values(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["devices", "--root", str(TESTDATA / "arm-panfrost")]) == 0
     assert capsys.readouterr().out.splitlines() == [
-        "DRIVER        PCI ID  ADDRESS                     NODES          VENDOR    POWER  TEMP"
-        "  FREQ",
-        "rockchip-drm  -       platform:display-subsystem  226:0          -         -      -     -",
-        "panfrost      -       platform:fde60000.gpu       226:1,226:128  panfrost  -      -     -",
+        "DRIVER        PCI ID  ADDRESS                     MAJOR:MINOR    NUMA  VENDOR    POWER"
+        "  TEMP  FREQ",
+        "rockchip-drm  -       platform:display-subsystem  226:0          -     -         -      -"
+        "     -",
+        "panfrost      -       platform:fde60000.gpu       226:1,226:128  -     panfrost  -      -"
+        "     -",
     ]
 
 
@@ -53,8 +58,8 @@ def test_devices_on_a_broken_tree_warns_and_lists_the_rest() -> None:
     result = run("devices", "--root", "tests/testdata/broken")
     assert result.returncode == 0
     assert result.stdout.splitlines()[1:] == [
-        "-          -       0000:00:02.0  226:0,226:128  -       -      -     -",
-        "intel_vpu  -       0000:00:0b.0  261:0          ivpu    -      -     -",
+        "-          -       0000:00:02.0  226:0,226:128  -     -       -      -     -",
+        "intel_vpu  -       0000:00:0b.0  261:0          0     ivpu    -      -     -",
     ]
     warnings = result.stderr.splitlines()
     assert warnings and all(w.startswith("kubenpuctl: warning: ") for w in warnings)
@@ -139,7 +144,7 @@ def test_ioctls_core_json(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["ioctls", "nosuch"], "unknown vendor 'nosuch'"),
+        (["ioctls", "nosuch"], "unknown vendor or driver 'nosuch'"),
         (["devices", "--root", "/nonexistent"], "/nonexistent: no sys directory"),
         (["devices", "--output", "yaml"], "invalid choice: 'yaml'"),
         ([], "required: COMMAND"),
@@ -270,3 +275,158 @@ def test_allocations_takes_a_relative_socket_path(tmp_path: Path, monkeypatch, c
     finally:
         server.stop()
     assert [r["id"] for r in json.loads(capsys.readouterr().out)] == ["z"]
+
+
+def test_ioctls_takes_the_driver_name_devices_shows(capsys: pytest.CaptureFixture[str]) -> None:
+    """`devices` lists driver intel_vpu; `ioctls intel_vpu` said "unknown vendor"."""
+    assert main(["ioctls", "intel_vpu"]) == 0
+    by_driver = capsys.readouterr().out
+    assert main(["ioctls", "ivpu"]) == 0
+    assert by_driver == capsys.readouterr().out
+    assert by_driver.splitlines()[1].startswith("ivpu ")
+
+
+def test_devices_table_shows_numa(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["devices", "--root", str(TESTDATA / "amd-server")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    numa = lines[0].index("NUMA")
+    assert [line[numa : numa + 4].strip() for line in lines[1:]] == ["0", "1"]
+
+
+def copy_tree(tmp_path: Path, machine: str) -> Path:
+    root = tmp_path / machine
+    shutil.copytree(TESTDATA / machine, root, symlinks=True)
+    return root
+
+
+def run_bounded(*args: str) -> subprocess.CompletedProcess[str]:
+    """kubenpuctl with a timeout: a read that blocks fails the test instead of hanging it."""
+    try:
+        return subprocess.run([str(KUBENPUCTL), *args], capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"kubenpuctl {' '.join(args)} blocked")
+
+
+HWMON = "sys/devices/pci0000:c0/0000:c0:01.1/0000:c3:00.0/hwmon/hwmon4"
+
+
+@pytest.mark.parametrize(
+    "fifo",
+    [
+        "sys/devices/pci0000:c0/0000:c0:01.1/0000:c3:00.0/numa_node",  # read by discovery
+        f"{HWMON}/power1_average",  # read by telemetry
+    ],
+)
+def test_devices_never_blocks_on_a_fifo(tmp_path: Path, fifo: str) -> None:
+    """A FIFO in the tree hung `devices` for good: it was opened for reading, blocking."""
+    root = copy_tree(tmp_path, "amd-server")
+    (root / fifo).unlink()
+    os.mkfifo(root / fifo)
+    result = run_bounded("devices", "--root", str(root))
+    assert result.returncode == 0
+    assert "0000:c3:00.0" in result.stdout
+
+
+def test_devices_escapes_control_characters_in_names(tmp_path: Path) -> None:
+    """A driver link named with an escape sequence reached the terminal raw."""
+    root = copy_tree(tmp_path, "amd-server")
+    link = root / "sys/devices/pci0000:c0/0000:c0:01.1/0000:c3:00.0/driver"
+    target = os.readlink(link)
+    link.unlink()
+    link.symlink_to(target.replace("amdgpu", "amd\x1b]0;owned\x07gpu"))
+    result = run_bounded("devices", "--root", str(root))
+    assert result.returncode == 0
+    assert "\x1b" not in result.stdout and "\x07" not in result.stdout
+    assert "amd\\x1b]0;owned\\x07gpu" in result.stdout
+
+
+# --- docs/cli.md: each command's JSON, and a unit on every number's key ---------------------
+
+CLI_DOC = (REPO / "docs/cli.md").read_text()
+MACHINES = sorted(p.name for p in TESTDATA.iterdir() if (p / "sys").is_dir())
+UNITS = (
+    "_ns",
+    "_hz",
+    "_bytes",
+    "_watts",
+    "_celsius",
+    "_mhz",
+    "_seconds",
+    "_percent",
+    "_per_second",
+)
+
+
+def documented_keys(command: str) -> list[str]:
+    block = re.search(rf"<!-- json {command} -->\n(.*?)<!-- end json -->", CLI_DOC, re.S)
+    assert block, f"docs/cli.md documents no JSON for {command}"
+    return re.findall(r"^\| `([^`]+)` \|", block[1], re.M)
+
+
+def unitless_keys() -> set[str]:
+    sentence = re.search(
+        r"keys without a unit are\s+identifiers and counts: (.*?)\.", CLI_DOC, re.S
+    )
+    assert sentence
+    return set(re.findall(r"`([a-z_]+)`", sentence[1]))
+
+
+def flat(value: object, prefix: str = "") -> dict[str, object]:
+    """Leaves by dotted path; an empty mapping (a client with no engines) has none."""
+    if isinstance(value, dict):
+        return {k: v for key, sub in value.items() for k, v in flat(sub, f"{prefix}{key}.").items()}
+    return {prefix.removesuffix("."): value}
+
+
+def check_documented(command: str, rows: list[dict[str, object]]) -> None:
+    """Every key of `rows` is in docs/cli.md, every documented key occurs, and every number's
+    key carries a unit (or is one of the identifiers and counts the doc lists)."""
+    docs = documented_keys(command)
+    patterns = {d: re.compile(re.sub(r"<[a-z]+>", r"[^.]+", re.escape(d))) for d in docs}
+    seen = set()
+    for row in rows:
+        for key, value in flat(row).items():
+            doc = [d for d, p in patterns.items() if p.fullmatch(key)]
+            assert len(doc) == 1, f"{command}: key {key} is not in docs/cli.md"
+            seen.add(doc[0])
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                named = [s for s in doc[0].split(".") if not re.fullmatch(r"<[a-z]+>", s)][-1]
+                named = re.sub(r"<[a-z]+>", "", named)
+                assert named.endswith(UNITS) or named in unitless_keys(), f"{command}: {key}"
+    assert seen == set(docs), f"{command}: documented, never seen: {set(docs) - seen}"
+
+
+def json_of(capsys: pytest.CaptureFixture[str], *args: str) -> list[dict[str, object]]:
+    assert main([*args, "-o", "json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_devices_json_is_documented(capsys: pytest.CaptureFixture[str]) -> None:
+    rows = [r for m in MACHINES for r in json_of(capsys, "devices", "--root", str(TESTDATA / m))]
+    check_documented("devices", rows)
+
+
+def test_clients_json_is_documented(capsys: pytest.CaptureFixture[str]) -> None:
+    machines = sorted(p for p in (TESTDATA / "proc").iterdir() if p.is_dir())
+    rows = [r for m in machines for r in json_of(capsys, "clients", "--root", str(m))]
+    check_documented("clients", rows)
+
+
+def test_ioctls_json_is_documented(capsys: pytest.CaptureFixture[str]) -> None:
+    check_documented("ioctls", json_of(capsys, "ioctls"))
+
+
+def test_allocations_json_is_documented(tmp_path: Path, capsys) -> None:
+    from podresources_server import PodResourcesTestServer, container, pod
+
+    sock = str(tmp_path / "kubelet.sock")
+    mapped = container("main", {"gpu.intel.com/i915": ["card1-0", "card7-0"]})
+    server = PodResourcesTestServer({"pods": [pod("ml", "a", [mapped])]})
+    server.start(sock)
+    try:
+        root = str(TESTDATA / "hybrid-two-gpu")
+        check_documented(
+            "allocations", json_of(capsys, "allocations", "--socket", sock, "--root", root)
+        )
+    finally:
+        server.stop()

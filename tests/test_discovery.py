@@ -147,7 +147,7 @@ def test_broken_tree_warns_once_per_problem(caplog: pytest.LogCaptureFixture) ->
         "card0 has no /dev/dri/card0",
         "card1/dev: unexpected content 'two-two-six'",
         "skipping node card1",
-        "card2/dev: unreadable: Is a directory",
+        "card2/dev: unreadable: a directory, not a regular file",
         "skipping node card2",
         "card3/device: cannot resolve",
         "skipping node card3",

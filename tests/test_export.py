@@ -282,7 +282,9 @@ def test_unreadable_certificate_is_a_clear_error(tmp_path):
         otlp_yaml(4317, "    certificate: /nonexistent/ca.pem\n"),
         {"OTEL_EXPORTER_OTLP_ENDPOINT": "https://127.0.0.1:4317"},
     )
-    with pytest.raises(export.ExportError, match=r"cannot read OTLP TLS file /nonexistent/ca\.pem"):
+    with pytest.raises(
+        export.ExportError, match=r"cannot read export.otlp.certificate /nonexistent/ca\.pem"
+    ):
         start_telemetry(cfg)
 
 
@@ -482,7 +484,7 @@ def test_a_secret_that_is_a_fifo_is_refused_not_waited_on(tmp_path, setting):
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     text = server_yaml(free_port(), f"    {setting.replace('F', str(fifo))}\n")
-    with pytest.raises(export.ExportError, match=r" is not a regular file$"):
+    with pytest.raises(export.ExportError, match=r": a FIFO, not a regular file$"):
         start_telemetry(make_config(tmp_path, text))
 
 
@@ -490,7 +492,10 @@ def test_an_otlp_tls_file_that_is_a_fifo_is_refused(tmp_path):
     fifo = tmp_path / "ca.pem"
     os.mkfifo(fifo)
     text = otlp_yaml(free_port(), f"    certificate: {fifo}\n    protocol: http/protobuf\n")
-    with pytest.raises(export.ExportError, match=rf"^OTLP TLS file {fifo} is not a regular file$"):
+    with pytest.raises(
+        export.ExportError,
+        match=rf"^cannot read export.otlp.certificate {fifo}: a FIFO, not a regular file$",
+    ):
         start_telemetry(make_config(tmp_path, text))
 
 

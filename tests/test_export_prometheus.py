@@ -99,6 +99,7 @@ def fill(tel: export.Exporters) -> None:
     m.telemetry_skipped({"missing": 1})
     m.add_energy(where, 2_000_000)
     m.set_certificates({"export.prometheus.tls.cert_file": 1.9e9})
+    m.counters_read("kernel", 1.8e9)
 
 
 def expected_names(pushed: bool = False) -> set[str]:

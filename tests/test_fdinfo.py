@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from cri_server import CriTestServer
 
 from kubenpu.ctl import main
 from kubenpu.discovery import discover
@@ -27,11 +28,15 @@ PROC = TESTDATA / "proc"
 NOBODY = 65534
 
 
+def uid(n: int) -> str:
+    return f"1c0ffee0-aaaa-4bbb-8ccc-{n:012d}"
+
+
 def pod(n: int) -> str:
-    uid = f"1c0ffee0_aaaa_4bbb_8ccc_{n:012d}"
+    slice_uid = uid(n).replace("-", "_")
     return (
         "/kubepods.slice/kubepods-burstable.slice/"
-        f"kubepods-burstable-pod{uid}.slice/cri-containerd-{f'{n:02d}' * 32}.scope"
+        f"kubepods-burstable-pod{slice_uid}.slice/cri-containerd-{f'{n:02d}' * 32}.scope"
     )
 
 
@@ -508,13 +513,14 @@ def run_ctl(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, s
 def test_ctl_table(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run_ctl(capsys, "--root", str(PROC / "arm-panfrost"))
     assert (code, err) == (0, "")
-    assert [line.split(maxsplit=6) for line in out.splitlines()] == [
-        ["DEVICE", "DRIVER", "CLIENT", "PIDS", "BUSY", "MEMORY", "CGROUP"],
+    assert [line.split(maxsplit=7) for line in out.splitlines()] == [
+        ["DEVICE", "DRIVER", "CLIENT", "PIDS", "POD", "BUSY", "MEMORY", "CGROUP"],
         [
             "platform:display-subsystem",
             "rockchip",
             "2",
             "4300",
+            "-",
             "-",
             "-",
             "/system.slice/weston.service",
@@ -524,19 +530,29 @@ def test_ctl_table(capsys: pytest.CaptureFixture[str]) -> None:
             "panfrost",
             "14",
             "4100",
+            f"uid:{uid(6)}",
             "fragment=1.847s,vertex-tiler=0.072s",
-            "memory=35.64MiB",
+            "memory=35.6MiB",
             pod(6),
         ],
-        ["platform:fde60000.gpu", "panfrost", "15", "4200", "-", "memory=4MiB", pod(7)],
+        [
+            "platform:fde60000.gpu",
+            "panfrost",
+            "15",
+            "4200",
+            f"uid:{uid(7)}",
+            "-",
+            "memory=4.0MiB",
+            pod(7),
+        ],
     ]
 
 
 def test_ctl_table_shows_cycles_where_there_is_no_time(capsys: pytest.CaptureFixture[str]) -> None:
     _, out, _ = run_ctl(capsys, "--root", str(PROC / "intel-arc-xe"))
     row = out.splitlines()[1].split()
-    assert row[4].startswith("rcs=28257900/7655183225cy,bcs=0/7655183225cy,")
-    assert row[5] == "gtt=192KiB,vram0=23.43MiB"
+    assert row[5].startswith("rcs=28257900/7655183225cy,bcs=0/7655183225cy,")
+    assert row[6] == "gtt=192KiB,vram0=23.4MiB"
 
 
 def test_ctl_json(capsys: pytest.CaptureFixture[str]) -> None:
@@ -548,17 +564,22 @@ def test_ctl_json(capsys: pytest.CaptureFixture[str]) -> None:
             "driver": "msm",
             "client_id": 2,
             "pids": [5100],
+            "namespace": None,
+            "pod": None,
+            "container": None,
+            "pod_uid": uid(8),
+            "container_id": "08" * 32,
             "cgroup": pod(8),
             "engines": {
                 "gpu": {"busy_ns": 3270123904, "cycles": 1919640012, "maxfreq_hz": 587000000}
             },
             "memory": {
                 "memory": {
-                    "total": 22688 << 10,
-                    "shared": 6152 << 10,
-                    "active": 1032 << 10,
-                    "resident": 22688 << 10,
-                    "purgeable": 0,
+                    "total_bytes": 22688 << 10,
+                    "shared_bytes": 6152 << 10,
+                    "active_bytes": 1032 << 10,
+                    "resident_bytes": 22688 << 10,
+                    "purgeable_bytes": 0,
                 }
             },
         }
@@ -616,3 +637,68 @@ def test_ctl_reads_the_live_system(capsys: pytest.CaptureFixture[str]) -> None:
     live = FdinfoReader(discover(Path("/")), Path("/")).scan().clients
     shown = {(row["device"], row["client_id"], tuple(row["pids"])) for row in json.loads(out)}
     assert shown == {(c.device, c.client_id, tuple(c.pids)) for c in live}
+
+
+def test_ctl_names_pods_through_the_cri(
+    capsys: pytest.CaptureFixture[str], cri: CriTestServer, cri_socket: str
+) -> None:
+    """`clients` had no pod column, only the cgroup path: the pod is named by the runtime."""
+    cri.add_container("06" * 32, "ml", "trainer-0", "main")
+    cri.add_container("07" * 32, "ml", "trainer-1", "main")
+    root = str(PROC / "arm-panfrost")
+    code, out, err = run_ctl(capsys, "--root", root, "--cri", f"unix://{cri_socket}")
+    assert (code, err) == (0, "")
+    assert [line.split()[4] for line in out.splitlines()] == [
+        "POD",
+        "-",
+        "ml/trainer-0/main",
+        "ml/trainer-1/main",
+    ]
+    _, out, _ = run_ctl(capsys, "--root", root, "--cri", cri_socket, "-o", "json")
+    (_, first, second) = json.loads(out)
+    assert (first["namespace"], first["pod"], first["container"]) == ("ml", "trainer-0", "main")
+    assert (second["pod_uid"], second["container_id"]) == (uid(7), "07" * 32)
+
+
+def test_ctl_without_the_cri_names_pods_by_their_uid(
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    sock = tmp_path / "none.sock"
+    code, out, _ = run_ctl(capsys, "--root", str(PROC / "arm-panfrost"), "--cri", str(sock))
+    assert code == 0
+    assert [line.split()[4] for line in out.splitlines()[2:]] == [f"uid:{uid(6)}", f"uid:{uid(7)}"]
+    assert caplog.messages == [f"pods are named by their cgroup's pod uid: no CRI socket at {sock}"]
+
+
+@pytest.mark.parametrize("fifo", ["proc/1300/fdinfo/3", "proc/1300/cgroup"])
+def test_ctl_never_blocks_on_a_fifo(i915_copy: Path, fifo: str) -> None:
+    """A FIFO in the tree hung `clients` for good: it was opened for reading, blocking."""
+    (i915_copy / fifo).unlink()
+    os.mkfifo(i915_copy / fifo)
+    kubenpuctl = Path(sys.executable).parent / "kubenpuctl"
+    try:
+        result = subprocess.run(
+            [str(kubenpuctl), "clients", "--root", str(i915_copy), "-o", "json"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("kubenpuctl clients blocked on a FIFO")
+    assert result.returncode == 0
+    clients = {c["client_id"]: c for c in json.loads(result.stdout)}
+    assert {5, 6, 11} <= clients.keys()
+
+
+def test_ctl_escapes_control_characters(
+    capsys: pytest.CaptureFixture[str], i915_copy: Path
+) -> None:
+    """A cgroup path with an escape sequence reached the terminal raw."""
+    (i915_copy / "proc/1300/cgroup").write_text("0::/system.slice/x\x1b[2J\u202ey.service\n")
+    code, out, _ = run_ctl(capsys, "--root", str(i915_copy))
+    assert code == 0
+    assert "\x1b" not in out and "\u202e" not in out
+    assert "/system.slice/x\\x1b[2J\\u202ey.service" in out
+    _, out, _ = run_ctl(capsys, "--root", str(i915_copy), "-o", "json")
+    assert "\x1b" not in out and "\u202e" not in out  # JSON escapes them itself
+    assert "/system.slice/x\x1b[2J\u202ey.service" in {c["cgroup"] for c in json.loads(out)}

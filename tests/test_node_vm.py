@@ -156,8 +156,8 @@ def _engines(submits: int) -> dict:
 
 
 def _memory(allocs: int) -> dict:
-    system = {state: kib * 1024 * allocs for state, kib in PER_ALLOC_KIB.items()}
-    return {"system": system, "vram": {"resident": allocs << 20}}
+    system = {f"{state}_bytes": kib * 1024 * allocs for state, kib in PER_ALLOC_KIB.items()}
+    return {"system": system, "vram": {"resident_bytes": allocs << 20}}
 
 
 def test_kubenpuctl_lists_the_test_drivers_clients_with_what_they_did(testdrm):

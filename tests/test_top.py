@@ -152,7 +152,7 @@ def check_rates(rows: list[dict], scale: float, rel: float = 0.1, exact: bool = 
     over the measured ones), each within `rel`. `exact`: all with one and the same scale, which
     holds whatever the timing (not on screen, where rates are rounded for reading)."""
     want = expected_rows()
-    got = {tuple(r[k] for k in top.POD_LABELS): r["rates"] for r in rows}
+    got = {tuple(r[k] for k in top.POD_LABELS): r["calls_per_second"] for r in rows}
     assert set(got) == set(want)
     measured = [got[k][kind] / v for k, kinds in want.items() for kind, v in kinds.items() if v]
     if exact:
@@ -186,7 +186,7 @@ def test_once_json_rows_rates_and_order(serve):
     elapsed = server.served[1] - server.served[0]
     check_rates(rows, record.SECONDS / elapsed)
     assert by_total(rows) == TOTAL_ORDER  # ml/old-job-0 went between the scrapes: no row
-    assert set(rows[0]) == {"namespace", "pod", "container", "device", "vendor", "rates"}
+    assert set(rows[0]) == {"namespace", "pod", "container", "device", "vendor", "calls_per_second"}
     assert rows[0]["device"] == record.GPU and rows[0]["vendor"] == "i915"
 
 
@@ -206,17 +206,17 @@ def test_fdinfo_columns_appear_when_exported(serve):
     rows = {(r["pod"], r["container"]): r for r in json.loads(result.stdout)}
     check_rates(list(rows.values()), record.SECONDS / (server.served[1] - server.served[0]))
     # Busy % over the same interval as the calls: exact relative to them.
-    scale = rows[("trainer-0", "main")]["rates"]["submit"] / 400
-    busy = rows[("trainer-0", "main")]["busy"]
+    scale = rows[("trainer-0", "main")]["calls_per_second"]["submit"] / 400
+    busy = rows[("trainer-0", "main")]["busy_percent"]
     assert set(busy) == {"render", "video"}
     assert busy["render"] == pytest.approx(90 * scale, rel=1e-3)
     assert busy["video"] == pytest.approx(5 * scale, rel=1e-3)
-    assert rows[("infer-7f9c4-x2kq", "server")]["busy"]["compute"] == pytest.approx(
+    assert rows[("infer-7f9c4-x2kq", "server")]["busy_percent"]["compute"] == pytest.approx(
         75 * scale, abs=2e-3
     )
-    assert rows[("infer-7f9c4-x2kq", "server")]["memory"] == {"local": {"total": 96 << 20}}
-    assert rows[("trainer-0", "main")]["memory"]["system"]["resident"] == 3 << 29
-    assert rows[("etl-0", "worker")]["busy"] == {}
+    assert rows[("infer-7f9c4-x2kq", "server")]["memory_bytes"] == {"local": {"total": 96 << 20}}
+    assert rows[("trainer-0", "main")]["memory_bytes"]["system"]["resident"] == 3 << 29
+    assert rows[("etl-0", "worker")]["busy_percent"] == {}
 
 
 def with_energy(text: str, joules: float) -> str:
@@ -237,11 +237,13 @@ def test_power_column_is_the_rate_of_each_pods_energy(serve):
     result = ctl("--once", "--interval", "1", "-o", "json", "--url", server.url)
     assert result.returncode == 0, result.stderr
     rows = {(r["pod"], r["container"]): r for r in json.loads(result.stdout)}
-    scale = rows[("trainer-0", "main")]["rates"]["submit"] / 400  # 400 submits/s were recorded
-    assert rows[("trainer-0", "main")]["watts"] == pytest.approx(30 * scale, rel=1e-3)
-    assert rows[("etl-0", "worker")]["watts"] is None  # no energy series: not 0 W
+    scale = (
+        rows[("trainer-0", "main")]["calls_per_second"]["submit"] / 400
+    )  # 400 submits/s were recorded
+    assert rows[("trainer-0", "main")]["power_watts"] == pytest.approx(30 * scale, rel=1e-3)
+    assert rows[("etl-0", "worker")]["power_watts"] is None  # no energy series: not 0 W
     table = ctl("--once", "--interval", "1", "--url", server.url).stdout.splitlines()
-    assert next(line for line in table if line.startswith("NAMESPACE")).split()[-1] == "W"
+    assert next(line for line in table if line.startswith("NAMESPACE")).split()[-2:] == ["MEM", "W"]
 
 
 def test_once_table(serve):
@@ -425,7 +427,7 @@ def screen_rates(rows: list[dict[str, str]]) -> list[dict]:
         cells = (r["NAMESPACE"], r["POD"], r["CONTAINER"], "0000:" + r["DEVICE"], "?")
         key = next((k for k in recorded if shows(r, k)), cells)
         out.append(dict(zip(top.POD_LABELS, key, strict=True)))
-        out[-1]["rates"] = {k: float(r[f"{k.upper()}/s"]) for k in KINDS}
+        out[-1]["calls_per_second"] = {k: float(r[f"{k.upper()}/s"]) for k in KINDS}
     return out
 
 
@@ -514,11 +516,11 @@ def test_live_view_wide_with_fdinfo_columns(serve, terminal):
     check_rates(screen_rates(rows), 1.0, rel=0.15, exact=False)
     trainer = next(r for r in rows if r["POD"] == "trainer-0")
     assert float(trainer["RENDER%"]) == pytest.approx(90, rel=0.15)
-    assert (trainer["COMPUTE%"], trainer["MEM"]) == ("-", "1.5G")
+    assert (trainer["COMPUTE%"], trainer["MEM"]) == ("-", "1.5GiB")
     save_capture("160x20", lines)
     term.press("m")  # sort by memory
     lines = term.wait_for(lambda ls: "sort memory descending" in ls[-1])
-    assert [r["MEM"] for r in table_rows(lines)[1]][:3] == ["1.5G", "256M", "96.0M"]
+    assert [r["MEM"] for r in table_rows(lines)[1]][:3] == ["1.5GiB", "256MiB", "96.0MiB"]
 
 
 @pytest.mark.tools  # tmux, installed by scripts/tmux.sh
@@ -669,14 +671,14 @@ def test_once_json_on_a_real_agents_recording(serve):
     assert keys == total_order(step)
     # Each rate is the recorded increase over one interval, the same for all: exact ratios.
     seconds = {
-        step[k][kind] / r["rates"][kind]
+        step[k][kind] / r["calls_per_second"][kind]
         for k, r in zip(keys, rows, strict=True)
         for kind in KINDS
         if step[k][kind]
     }
     assert max(seconds) == pytest.approx(min(seconds), rel=1e-3)
     assert all(
-        r["rates"][kind] == 0
+        r["calls_per_second"][kind] == 0
         for k, r in zip(keys, rows, strict=True)
         for kind in KINDS
         if not step[k][kind]
@@ -730,11 +732,14 @@ def test_live_view_of_a_real_agents_recording(serve, terminal, width, height):
     assert ((unattributed - recorded_value(last, top.UNATTRIBUTED)) / grow).is_integer()
     titles, rows = table_rows(lines)
     assert ("VENDOR" in titles) == (width > 80)  # the first column to go on a narrow terminal
+    # What a pod does to the device stays on a narrow terminal; per-kind rates go first.
+    assert {"MEM"} <= set(titles) and ("BUSY%" in titles) == (width == 80)
+    shown = [k for k in KINDS if f"{k.upper()}/s" in titles]
+    assert shown == (["submit"] if width == 80 else list(KINDS))
     step = recorded_step(*SCRAPES[-2:])
     want = shown_rows(lines, rows, total_order(step))
     # Every rate shown is its recorded increase over top's interval: one scale for all, within
     # the screen's rounding to three digits (a narrow screen drops some rate columns).
-    shown = [kind for kind in KINDS if f"{kind.upper()}/s" in titles]
     scales = [
         float(r[f"{kind.upper()}/s"]) / step[k][kind]
         for r, k in zip(rows, want, strict=True)
@@ -761,7 +766,7 @@ def test_live_view_of_a_real_agents_recording(serve, terminal, width, height):
 
 
 def test_allocation_columns_from_a_real_agent(serve, tmp_path):
-    """ALLOC (the shares held) and IDLE FOR, from the real Agent with a PodResources server (the
+    """SHARES (the shares held) and IDLE FOR, from the real Agent with a PodResources server (the
     series of tests/test_allocations_alert.py): the pod that holds the device and never calls
     gets a row of its own, idle for the whole recording; the one that submits shows 0 s."""
     from test_allocations_alert import STEP, STEPS
@@ -773,13 +778,14 @@ def test_allocation_columns_from_a_real_agent(serve, tmp_path):
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     head = lines.index(next(line for line in lines if line.startswith("NAMESPACE")))
-    assert lines[head].split()[-3:] == ["ALLOC", "IDLE", "FOR*"]
+    assert lines[head].split()[-3:] == ["SHARES", "IDLE", "FOR*"]
     assert "ALLOC/s" in lines[head].split()  # the alloc-class call rate is another column
     rows = [line.split() for line in lines[head + 1 :]]
     assert [(r[1], r[-2], r[-1]) for r in rows] == [
         ("idle-0", "1", top.fmt_duration((STEPS - 1) * STEP)),
         ("trainer-0", "1", "0s"),
     ]
+    server = serve(sequence(scrapes[-2]["text"], scrapes[-1]["text"]))  # two reads again
     result = ctl("--once", "--interval", "1", "-o", "json", "--url", server.url)
     alloc = {r["pod"]: r["allocated"] for r in json.loads(result.stdout)}
     assert alloc == {
@@ -801,3 +807,62 @@ def test_top_imports_the_metric_catalogue_alone() -> None:
     code = "import sys, kubenpu.top; print(sorted(m for m in sys.modules if 'metrics' in m))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "['kubenpu.metrics', 'kubenpu.metrics.catalogue']"
+
+
+def every_family(joules: float, text: str) -> str:
+    """An fdinfo snapshot with energy and an allocation for trainer-0: every column top has."""
+    place = 'container="main",device="0000:00:02.0",namespace="ml",pod="trainer-0"'
+    alloc = f'{place},resource="gpu.intel.com/i915"'
+    return with_energy(text, joules) + (
+        f"kubenpu_device_allocated{{{alloc}}} 1\n"
+        f"kubenpu_device_allocated_idle_for_seconds{{{alloc}}} 0\n"
+    )
+
+
+def narrowing(frame: top.frames.Frame) -> list[str]:
+    """The columns in the order they leave the table as the terminal narrows."""
+    gone, last = [], None
+    for width in range(250, 20, -1):
+        titles = top.render.table(frame, "total", width)[0].split()
+        titles = [t for t in titles if t not in ("IDLE", "FOR")] + ["IDLE FOR"] * ("IDLE" in titles)
+        if last is not None:
+            gone += [t for t in last if t not in titles and t not in gone]
+        last = titles
+    return gone
+
+
+def test_a_narrow_terminal_keeps_busy_memory_and_power_before_the_call_kinds():
+    """At 80x24 top dropped the busy, memory and power columns and kept the call rates."""
+    before = top.parse(every_family(100.0, fixture("fdinfo-0.prom")))[0]
+    after = top.parse(every_family(100.0 + 30 * record.SECONDS, fixture("fdinfo-1.prom")))[0]
+    rates = top.counter_rates(before, after, record.SECONDS)
+    frame = top.build_frame(top.Reading(after, rates), multi_node=False)
+    titles = top.render.table(frame, "total", 79)[0].split()
+    assert {"BUSY%", "MEM", "W", "TOTAL*"} <= set(titles)
+    assert not {"ALLOC/s", "WAIT/s"} & set(titles)
+    doc = (REPO / "docs/top.md").read_text()
+    order = re.search(r"the least useful columns go, in this order:\s+(.*?) \(", doc, re.S)[1]
+    stated = [c.strip() for c in order.replace("\n", " ").split(",")]
+    gone = narrowing(frame)
+    assert gone[:2] == ["VENDOR", "COMPUTE%"]  # then BUSY% stands for the engines
+    assert [c for c in gone if c in stated] == stated
+
+
+def test_top_json_is_documented():
+    """docs/cli.md lists every key of top's JSON rows, each number's key with its unit."""
+    from test_ctl import check_documented
+
+    before = top.parse(every_family(100.0, fixture("fdinfo-0.prom")))[0]
+    after = top.parse(every_family(100.0 + 30 * record.SECONDS, fixture("fdinfo-1.prom")))[0]
+    frame = top.build_frame(top.Reading(after, top.counter_rates(before, after, 5)), True)
+    check_documented("top", top.render.rows_json(frame, "total", multi_node=True))
+
+
+def test_names_are_printed_with_control_characters_escaped():
+    """A pod name holding an escape sequence reached the terminal raw."""
+    text = fixture("agent-1.prom").replace('pod="trainer-0"', 'pod="tr\x1b[2Jainer-0"')
+    latest = top.parse(text)[0]
+    frame = top.build_frame(top.Reading(latest, top.counter_rates(latest, latest, 1)), False)
+    lines = top.render.table(frame, "total", 200)
+    assert not any("\x1b" in line for line in lines)
+    assert any("tr\\x1b[2Jainer-0" in line for line in lines)

@@ -16,7 +16,7 @@ from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 
 from kubenpu import __version__
 from kubenpu.config import Config
-from kubenpu.export import certs
+from kubenpu.export import certs, files, tls
 from kubenpu.export.errors import ExportError, PortInUseError
 from kubenpu.export.prometheus import wsgi_app
 from kubenpu.export.server import HealthChecks, MetricsServer
@@ -25,7 +25,15 @@ from kubenpu.metrics.store import Metrics
 if TYPE_CHECKING:
     from kubenpu.export.otlp import OtlpPusher
 
-__all__ = ["ExportError", "Exporters", "PortInUseError", "build_resource", "certs", "start"]
+__all__ = [
+    "ExportError",
+    "Exporters",
+    "PortInUseError",
+    "build_resource",
+    "certs",
+    "check",
+    "start",
+]
 
 
 def build_resource(cfg: Config) -> Resource:
@@ -56,6 +64,19 @@ class Exporters:
         if self.server:
             self.server.stop()
         return delivered
+
+
+def check(cfg: Config) -> list[str]:
+    """What would stop the exporters' start in the files the config names, one line each: each
+    file read as the start reads it, then the metrics server's certificate and key loaded.
+    The agent runs it at --check-config and before it starts, so both report the same lines."""
+    problems = files.problems(cfg)
+    if not problems:
+        try:
+            tls.ssl_context(cfg.export.prometheus.tls)
+        except ExportError as err:
+            problems.append(str(err))
+    return problems
 
 
 def start(cfg: Config, metrics: Metrics, health: HealthChecks) -> Exporters:

@@ -6,15 +6,7 @@ import base64
 import hmac
 
 from kubenpu.config import AuthConfig
-from kubenpu.export.errors import ExportError
-from kubenpu.export.files import read_regular
-
-
-def _read_secret(path: str, key: str) -> bytes:
-    secret = read_regular(path, key, limit=4096).strip()  # longer: an error, not cut short
-    if not secret:
-        raise ExportError(f"{key} {path} is empty")
-    return secret
+from kubenpu.export.files import read_secret
 
 
 class Auth:
@@ -25,10 +17,10 @@ class Auth:
         key = "export.prometheus.auth"
         self._basic = None
         if cfg.username:
-            password = _read_secret(cfg.password_file, f"{key}.password_file")
+            password = read_secret(cfg.password_file, f"{key}.password_file")
             self._basic = base64.b64encode(cfg.username.encode() + b":" + password)
         self._bearer = (
-            _read_secret(cfg.bearer_token_file, f"{key}.bearer_token_file")
+            read_secret(cfg.bearer_token_file, f"{key}.bearer_token_file")
             if cfg.bearer_token_file
             else None
         )

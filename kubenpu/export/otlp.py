@@ -128,8 +128,15 @@ def metrics_data(snapshot: _Snapshot, resource: Resource) -> MetricsData:
 def _otlp_exporter(cfg: OtlpConfig) -> MetricExporter:
     """Every setting is passed explicitly, so the exporter reads no environment of its own for
     them: kubenpu.config already applied the OTEL_* variables with their precedence."""
-    files = [cfg.certificate, cfg.client_key, cfg.client_certificate]
-    contents = [_read(f) for f in files]  # each a regular file, or the start fails
+    # Each a regular file, or the start fails (--check-config reads them the same way).
+    contents = [
+        read_regular(path, f"export.otlp.{key}") if path else None
+        for key, path in (
+            ("certificate", cfg.certificate),
+            ("client_key", cfg.client_key),
+            ("client_certificate", cfg.client_certificate),
+        )
+    ]
     if cfg.protocol == "http/protobuf":  # its exporter opens them again, by path
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
@@ -156,10 +163,6 @@ def _otlp_exporter(cfg: OtlpConfig) -> MetricExporter:
         headers=cfg.headers,
         timeout=cfg.timeout_seconds,
     )
-
-
-def _read(path: str) -> bytes | None:
-    return read_regular(path, "OTLP TLS file") if path else None
 
 
 class _LastMessage(logging.Handler):

@@ -161,6 +161,17 @@ READ_ERRORS = Spec(
     "{read}",
     "Reads of the kernel's counters that failed; retried at the next read, which loses nothing.",
 )
+# The sources of kubenpu.counters.read_timestamp, and the counters each brings up to date.
+COUNTER_SOURCES = ("kernel", "fdinfo", "telemetry")
+COUNTERS_READ = Spec(
+    "kubenpu.counters.read_timestamp",
+    "gauge",
+    "s",
+    "When (Unix time) the counters were last brought up to date, by source: kernel (calls, "
+    "drops and unattributed calls), fdinfo (engine time), telemetry (energy). Rate a counter "
+    "over the change of its source's timestamp, not over the time between two scrapes.",
+    ("source",),
+)
 PENDING_EXPIRED = Spec(
     "kubenpu.pending.expired_calls",
     "counter",
@@ -447,6 +458,7 @@ SPECS = (
     OVERFLOW_CALLS,
     LATE_SIGHTINGS,
     READ_ERRORS,
+    COUNTERS_READ,
     PENDING_EXPIRED,
     ENGINE_BUSY,
     ENGINE_CYCLES,

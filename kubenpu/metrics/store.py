@@ -27,6 +27,7 @@ from kubenpu.metrics.catalogue import (
     ALLOCATED_IDLE,
     ALLOCATED_IDLE_FOR,
     ALLOCATIONS_UNMAPPED,
+    COUNTERS_READ,
     CRI_BOUNDS,
     CRI_DURATION,
     CRI_ERRORS,
@@ -157,6 +158,7 @@ class Metrics:
         self._export_errors = 0
         self._late_sightings = 0
         self._read_errors = 0
+        self._counters_read: dict[str, float] = {}
         self._pending_expired = 0
         self._skipped = dict.fromkeys(SKIP_REASONS, 0)
         self._exhausted = dict.fromkeys(WHERE, 0)
@@ -297,6 +299,12 @@ class Metrics:
         with self._lock:
             self._read_errors += 1
 
+    def counters_read(self, source: str, at: float) -> None:
+        """The counters of `source` (COUNTER_SOURCES) now hold what was read at `at` (Unix
+        time): a reader rates them over the change of `at`."""
+        with self._lock:
+            self._counters_read[source] = at
+
     def pending_expired(self, n: int) -> None:
         """Calls also counted, with empty pod labels, through add_calls()."""
         with self._lock:
@@ -365,6 +373,13 @@ class Metrics:
                 (OVERFLOW_CALLS, [Point({}, self._overflow, self._start_ns)]),
                 (LATE_SIGHTINGS, [Point({}, self._late_sightings, self._start_ns)]),
                 (READ_ERRORS, [Point({}, self._read_errors, self._start_ns)]),
+                (
+                    COUNTERS_READ,
+                    [
+                        Point({"source": k}, t, self._start_ns)
+                        for k, t in self._counters_read.items()
+                    ],
+                ),
                 (PENDING_EXPIRED, [Point({}, self._pending_expired, self._start_ns)]),
                 *((spec, self._engine_points(spec)) for spec in ENGINE_COUNTERS),
                 (ENGINE_CAPACITY, self._gauge_points(self._capacity, ("engine",))),

@@ -8,8 +8,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from kubenpu.text import iec_bytes, printable
 from kubenpu.top.frames import Frame, Row, build_frame, sort_rows
-from kubenpu.top.sources import POD_LABELS, Source
+from kubenpu.top.sources import POD_LABELS, Source, TopError
 
 
 def fmt_duration(seconds: float | None) -> str:
@@ -36,6 +37,9 @@ class Column:
 
 
 OPTIONAL = 30  # columns below this priority go before any name is shortened
+# Per-engine busy columns go first; when they do, one BUSY% column (the busiest engine) takes
+# their place, kept before the per-kind rates.
+ENGINE_PRIORITY = 40
 
 
 def fmt_rate(x: float) -> str:
@@ -44,15 +48,11 @@ def fmt_rate(x: float) -> str:
     return f"{x:.0f}" if x >= 99.95 else f"{x:.1f}"
 
 
-def fmt_bytes(x: float) -> str:
-    for unit in ("", "K", "M", "G", "T"):
-        if x < 1024 or unit == "T":
-            return f"{x:.0f}{unit}" if unit == "" or x >= 100 else f"{x:.1f}{unit}"
-        x /= 1024
-    raise AssertionError("unreachable")
+def columns(frame: Frame, multi_node: bool, per_engine: bool = True) -> list[Column]:
+    """The frame's columns, each with its priority on a narrow terminal: the names, the total,
+    then what a pod does to the device (busy, memory, power) before the per-kind rates.
+    Busy is one column per engine (`per_engine`), or the busiest engine's."""
 
-
-def columns(frame: Frame, multi_node: bool) -> list[Column]:
     def name(title: str, attr: str, priority: int, shrink_to: int) -> Column:
         def cell(r: Row) -> str:
             # PCI domain 0000 is nearly universal: without it 80 columns hold longer pod names.
@@ -67,7 +67,7 @@ def columns(frame: Frame, multi_node: bool) -> list[Column]:
         def cell(r: Row) -> str:
             return f"{r.busy[engine]:.1f}" if engine in r.busy else "-"
 
-        return Column(f"{engine.upper()}%", "busy", cell, 40)
+        return Column(f"{engine.upper()}%", "busy", cell, ENGINE_PRIORITY)
 
     cols = [name("NODE", "node", 85, 6)] if multi_node else []
     cols += [
@@ -81,15 +81,18 @@ def columns(frame: Frame, multi_node: bool) -> list[Column]:
         rate("ALLOC/s", "alloc", 50),
         rate("WAIT/s", "wait", 55),
     ]
-    cols += [busy(e) for e in frame.engines]
+    if frame.engines and per_engine:
+        cols += [busy(e) for e in frame.engines]
+    elif frame.engines:
+        cols.append(Column("BUSY%", "busy", lambda r: f"{r.max_busy:.1f}" if r.busy else "-", 78))
     if frame.has_memory:
-        cols.append(Column("MEM", "memory", lambda r: fmt_bytes(r.mem) if r.memory else "-", 45))
-    if frame.has_allocations:  # ALLOC: the shares held; ALLOC/s is the alloc-class call rate
-        cols.append(Column("ALLOC", "shares", lambda r: f"{r.shares or 0:g}", 65))
-        cols.append(Column("IDLE FOR", "idle", lambda r: fmt_duration(r.idle_for), 64))
+        cols.append(Column("MEM", "memory", lambda r: iec_bytes(r.mem) if r.memory else "-", 76))
     if frame.has_energy:
-        watts = Column("W", "power", lambda r: "-" if r.watts is None else fmt_rate(r.watts), 42)
+        watts = Column("W", "power", lambda r: "-" if r.watts is None else fmt_rate(r.watts), 74)
         cols.append(watts)
+    if frame.has_allocations:  # SHARES, not ALLOC: ALLOC/s is the alloc-class call rate
+        cols.append(Column("SHARES", "shares", lambda r: f"{r.shares or 0:g}", 65))
+        cols.append(Column("IDLE FOR", "idle", lambda r: fmt_duration(r.idle_for), 64))
     return cols
 
 
@@ -132,14 +135,20 @@ def table(
 ) -> list[str]:
     """The column titles and one line per row, the sort column's title marked with `*`."""
     rows = sort_rows(frame.rows, sort, reverse)
-    cols = [
-        replace(c, title=c.title + "*", priority=1000) if c.sort == sort else c
-        for c in columns(frame, multi_node)
-    ]
-    fitted = layout(cols, rows, width)
-    lines = ["  ".join(_fit(c.title, w, c.numeric) for c, w in fitted)]
+
+    def fitted(per_engine: bool) -> list[tuple[Column, int]]:
+        cols = [
+            replace(c, title=c.title + "*", priority=1000) if c.sort == sort else c
+            for c in columns(frame, multi_node, per_engine)
+        ]
+        return layout(cols, rows, width)
+
+    fit = fitted(per_engine=True)
+    if sum(c.sort == "busy" for c, _ in fit) < len(frame.engines):  # not all engines fit
+        fit = fitted(per_engine=False)
+    lines = ["  ".join(_fit(c.title, w, c.numeric) for c, w in fit)]
     for r in rows:
-        lines.append("  ".join(_fit(c.cell(r), w, c.numeric) for c, w in fitted))
+        lines.append("  ".join(_fit(printable(c.cell(r)), w, c.numeric) for c, w in fit))
     return [line.rstrip() for line in lines]
 
 
@@ -158,7 +167,9 @@ def header(frame: Frame, source: Source, interval: float) -> list[str]:
         status += f"  overflow {frame.overflow:.0f}"
     if frame.malformed:
         status += f"  malformed lines {frame.malformed}"
-    return [first, f"devices ({len(frame.devices)}): {devices}", status]
+    return [
+        printable(line) for line in (first, f"devices ({len(frame.devices)}): {devices}", status)
+    ]
 
 
 def rows_json(frame: Frame, sort: str, multi_node: bool) -> list[dict[str, object]]:
@@ -166,18 +177,18 @@ def rows_json(frame: Frame, sort: str, multi_node: bool) -> list[dict[str, objec
     for r in sort_rows(frame.rows, sort):
         row: dict[str, object] = {"node": r.key.node} if multi_node else {}
         row.update({k: getattr(r.key, k) for k in POD_LABELS})
-        row["rates"] = {k: round(v, 3) for k, v in r.rates.items()}
+        row["calls_per_second"] = {k: round(v, 3) for k, v in r.rates.items()}
         if frame.engines:  # like fdinfo: only the engines and regions the row has
-            row["busy"] = {e: round(pct, 3) for e, pct in sorted(r.busy.items())}
+            row["busy_percent"] = {e: round(pct, 3) for e, pct in sorted(r.busy.items())}
         if frame.has_memory:
-            row["memory"] = {
+            row["memory_bytes"] = {
                 region: {state: int(b) for state, b in states.items()}
                 for region, states in sorted(r.memory.items())
             }
         if frame.has_allocations:
             row["allocated"] = {"shares": r.shares or 0, "idle_for_seconds": r.idle_for}
         if frame.has_energy:
-            row["watts"] = None if r.watts is None else round(r.watts, 3)
+            row["power_watts"] = None if r.watts is None else round(r.watts, 3)
         out.append(row)
     return out
 
@@ -185,12 +196,31 @@ def rows_json(frame: Frame, sort: str, multi_node: bool) -> list[dict[str, objec
 # --- the two modes -----------------------------------------------------------------------
 
 
-def once(source: Source, interval: float, output: str, sort: str, width: int = 10**6) -> str:
-    """Read (twice, `interval` apart, for a scrape), print one frame; the table fits `width`."""
-    reading = source.read()
-    if reading.rates is None:
-        time.sleep(interval)
+# How long --once waits for the agent's next reads: three of its 5 s reads of the kernel.
+ONCE_WAIT = 15.0
+
+
+def once(
+    source: Source,
+    interval: float,
+    output: str,
+    sort: str,
+    width: int = 10**6,
+    sleep: Callable[[float], None] = time.sleep,
+) -> str:
+    """Read every `interval` until every source the agent stamps has rates (a scrape: two of
+    the agent's reads), for at most ONCE_WAIT past the first; print one frame that fits
+    `width`. TopError when the calls have no rate by then."""
+    reading, waited = source.read(), 0.0
+    while (reading.rates is None or reading.unrated) and waited < max(ONCE_WAIT, interval):
+        sleep(interval)
+        waited += interval
         reading = source.read()
+    if reading.rates is None:
+        raise TopError(
+            f"{source.url}: the agent has not read its counters again in {waited:g} s (is it "
+            "live? see its /healthz)"
+        )
     frame = build_frame(reading, source.multi_node)
     if output == "json":
         return json.dumps(rows_json(frame, sort, source.multi_node), indent=2)

@@ -32,6 +32,15 @@ ENERGY = catalogue.POD_ENERGY.prometheus_name  # counter per pod and device: its
 KINDS = ("submit", "alloc", "wait")
 POD_LABELS = ("namespace", "pod", "container", "device", "vendor")
 RATED = (IOCTL, BUSY, DROPPED, UNATTRIBUTED, ENERGY)
+# When the agent last brought each source's counters up to date, and which counters those are:
+# a scrape between two of the agent's reads sees the same counts, so rates go over the change
+# of the source's stamp, not over the time between scrapes.
+STAMP = catalogue.COUNTERS_READ.prometheus_name
+SOURCES = {
+    "kernel": (IOCTL, DROPPED, UNATTRIBUTED),
+    "fdinfo": (BUSY,),
+    "telemetry": (ENERGY,),
+}
 
 
 class TopError(Exception):
@@ -92,6 +101,8 @@ class Reading:
     latest: list[Series]  # current values of every series
     rates: list[Series] | None  # per-second rates of the counters; None until two reads
     malformed: int = 0
+    # Sources whose counters have no rate yet (the agent has read them once since top began).
+    unrated: tuple[str, ...] = ()
 
 
 class Source(Protocol):
@@ -130,8 +141,20 @@ def counter_rates(before: list[Series], after: list[Series], seconds: float) -> 
     return rates
 
 
+@dataclass
+class _Read:
+    """One of the agent's reads of a source's counters, as the first scrape after it saw them."""
+
+    at: float  # the agent's stamp, or top's clock for an agent without stamps
+    stamped: bool
+    series: list[Series]
+    rates: list[Series] | None = None  # since the read before
+
+
 class ScrapeSource:
-    """One agent's /metrics; each read() rates the counters against the previous read."""
+    """One agent's /metrics. Each source's counters (SOURCES) are rated between two of the
+    agent's reads of them, over the change of its stamp; a scrape that finds no new read keeps
+    the last rates. An agent without stamps is rated over top's own clock between scrapes."""
 
     multi_node = False
 
@@ -141,7 +164,7 @@ class ScrapeSource:
         self.url = url
         self._timeout = timeout
         self._clock = clock
-        self._last: tuple[float, list[Series]] | None = None
+        self._reads: dict[str, _Read] = {}
 
     def read(self) -> Reading:
         text = _get(self.url, self._timeout, "text/plain;version=0.0.4")
@@ -149,11 +172,23 @@ class ScrapeSource:
         latest, bad = parse(text)
         if not any(s.name.startswith("kubenpu_") for s in latest):
             raise TopError(f"{self.url}: no kubenpu_ metrics there (not a KubeNPU agent?)")
-        rates = None
-        if self._last is not None and at > self._last[0]:
-            rates = counter_rates(self._last[1], latest, at - self._last[0])
-        self._last = (at, latest)
-        return Reading(latest, rates, bad)
+        stamps = {s.labels.get("source", ""): s.value for s in latest if s.name == STAMP}
+        for source, names in SOURCES.items():
+            stamp = stamps.get(source)
+            series = [s for s in latest if s.name in names]
+            self._step(source, _Read(at if stamp is None else stamp, stamp is not None, series))
+        rated = {source: r.rates for source, r in self._reads.items()}
+        rates = None if rated["kernel"] is None else [s for r in rated.values() for s in r or ()]
+        unrated = tuple(k for k, r in rated.items() if r is None and (k in stamps or not stamps))
+        return Reading(latest, rates, bad, unrated)
+
+    def _step(self, source: str, now: _Read) -> None:
+        last = self._reads.get(source)
+        if last is not None and last.stamped == now.stamped and now.at <= last.at:
+            return  # no new read: the last rates stand
+        if last is not None and last.stamped == now.stamped:  # one clock: a rate between them
+            now.rates = counter_rates(last.series, now.series, now.at - last.at)
+        self._reads[source] = now
 
 
 class PrometheusSource:

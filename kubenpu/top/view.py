@@ -27,6 +27,17 @@ class _View:
     reverse: bool = False
     frame: Frame | None = None
     error: str = ""
+    next_read: float = 0.0
+
+    def step(self, now: float) -> None:
+        """Read the source when a read is due at `now`; a failed read is shown, not raised."""
+        if now < self.next_read:
+            return
+        try:
+            self.frame, self.error = build_frame(self.source.read(), self.source.multi_node), ""
+        except TopError as e:
+            self.error = str(e)
+        self.next_read = now + self.interval
 
     def key(self, ch: int) -> bool:
         """Apply a key press; False means quit."""
@@ -65,6 +76,7 @@ def live(source: Source, interval: float, sort: str) -> None:
         raise TopError("this Python has no curses module; use --once") from None
     view = _View(source, interval, sort)
     view.frame = build_frame(source.read(), source.multi_node)
+    view.next_read = time.monotonic() + interval
     with contextlib.suppress(KeyboardInterrupt):
         curses.wrapper(_loop, view)
 
@@ -74,17 +86,10 @@ def _loop(screen: curses.window, view: _View) -> None:
 
     with contextlib.suppress(curses.error):  # terminals without cursor control
         curses.curs_set(0)
-    next_read = time.monotonic() + view.interval
     while True:
-        now = time.monotonic()
-        if now >= next_read:
-            try:
-                view.frame, view.error = build_frame(view.source.read(), view.source.multi_node), ""
-            except TopError as e:
-                view.error = str(e)
-            next_read = now + view.interval
+        view.step(time.monotonic())
         _draw(screen, view)
-        screen.timeout(max(0, int((next_read - time.monotonic()) * 1000)))
+        screen.timeout(max(0, int((view.next_read - time.monotonic()) * 1000)))
         ch = screen.getch()
         if ch != -1 and not view.key(ch):
             return

@@ -211,9 +211,9 @@ def client_series(clients: list[dict], pods: dict[str, tuple[str, str, str]]) ->
                     want[(metric, *who, engine)] += stats[key] * scale
             cap = ("kubenpu_engine_capacity", *who, engine)
             want[cap] = max(want[cap], stats.get("capacity", 1))
-        for region, states in c["memory"].items():
+        for region, states in c["memory"].items():  # {state}_bytes: the key names its unit
             for state, value in states.items():
-                want[("kubenpu_memory_bytes", *who, region, state)] += value
+                want[("kubenpu_memory_bytes", *who, region, state.removesuffix("_bytes"))] += value
     return dict(want)
 
 
