@@ -40,19 +40,31 @@ class IdFormat:
     resource: re.Pattern[str]
     # Named groups: `node` (a DRM/accel node name), `pci` (an address) or `serial`.
     id: re.Pattern[str]
+    drivers: tuple[str, ...]  # the sysfs drivers of the devices it advertises (docs/drivers.md)
 
 
 PLUGINS = (
     IdFormat(
-        "intel-gpu", re.compile(r"gpu\.intel\.com/(i915|xe)"), re.compile(r"(?P<node>card\d+)-\d+")
+        "intel-gpu",
+        re.compile(r"gpu\.intel\.com/(i915|xe)"),
+        re.compile(r"(?P<node>card\d+)-\d+"),
+        ("i915", "xe"),
     ),
     IdFormat(
-        "intel-npu", re.compile(r"npu\.intel\.com/accel"), re.compile(r"(?P<node>accel\d+)-\d+")
+        "intel-npu",
+        re.compile(r"npu\.intel\.com/accel"),
+        re.compile(r"(?P<node>accel\d+)-\d+"),
+        ("intel_vpu",),
     ),
     IdFormat(
-        "amd-gpu", re.compile(r"amd\.com/gpu"), re.compile(rf"(?P<pci>{PCI_ADDRESS.pattern})", re.I)
+        "amd-gpu",
+        re.compile(r"amd\.com/gpu"),
+        re.compile(rf"(?P<pci>{PCI_ADDRESS.pattern})", re.I),
+        ("amdgpu",),
     ),
-    IdFormat("habana", re.compile(r"habana\.ai/.+"), re.compile(r"(?P<serial>.+)")),
+    IdFormat(
+        "habana", re.compile(r"habana\.ai/.+"), re.compile(r"(?P<serial>.+)"), ("habanalabs",)
+    ),
 )
 _FALLBACK_PCI = re.compile(
     r"([0-9a-f]{4,})[:-]([0-9a-f]{2})[:-]([0-9a-f]{2})[.-]([0-7])(?![0-9a-f])", re.I
