@@ -56,7 +56,7 @@ PY
 "$("$here/k8s-tools.sh")/helm" package "$chart" -d "$out" >&2
 [[ -e $out/kubenpu-$chart_version.tgz ]] || die "helm package wrote no kubenpu-$chart_version.tgz"
 
-archive=$("$here/image.sh")
+archive=$("$here/image.sh" | tail -n1)  # its last line: buildah may print ids before it
 cp "$archive" "$out/kubenpu-agent-$version.oci.tar"
 
 (cd "$out" && sha256sum -- * >SHA256SUMS)
