@@ -731,14 +731,21 @@ def test_network_policy_admits_the_release_and_monitoring_namespaces_only() -> N
 
 def test_top_doc_reaches_the_agent_the_way_the_policy_admits() -> None:
     """docs/top.md's cluster commands: exec and port-forward into the agent's pod (inside it, so
-    no policy applies) on the chart's metrics port, or a pod in the agent's namespace."""
+    no policy applies) on the chart's metrics port, or a pod in the agent's namespace, which the
+    policy admits; never a node's address, which it does not."""
     text = (ROOT / "docs" / "top.md").read_text()
+    section = text[text.index("## Reaching an agent in a cluster") :].split("\n## ")[0]
     port = helm_values()["config"]["export"]["prometheus"]["port"]
-    assert "kubectl -n kubenpu exec daemonset/kubenpu -- kubenpuctl top" in text
-    assert f"kubectl -n kubenpu port-forward daemonset/kubenpu {port}:{port}" in text
-    assert "kubectl -n kubenpu run" in text  # a pod of the release's namespace
-    assert admitted(by_kind(render_helm())["NetworkPolicy"]["spec"], "kubenpu")
-    assert "NODE:8080" not in text, "a node's address is not admitted"
+    assert 'kubectl -n kubenpu exec -it "$POD" -c agent -- kubenpuctl top' in section
+    assert agent_of(render_helm())["name"] == "agent"
+    assert f"http://localhost:{port}/metrics" in section  # kubenpuctl top's default, in the pod
+    forwarded = re.search(r'port-forward "\$POD" \d+:(\d+)', section)
+    assert forwarded and int(forwarded.group(1)) == port
+    ns = re.search(r"kubectl -n (\S+) run top .*?--url http://POD_IP:(\d+)/", section, re.S)
+    assert ns and int(ns.group(2)) == port
+    assert admitted(by_kind(render_helm())["NetworkPolicy"]["spec"], ns.group(1))
+    assert "--url http://NODE:8080/metrics` or the pod's IP" in section  # named as refused
+    assert not admitted(by_kind(render_helm())["NetworkPolicy"]["spec"], "default")
 
 
 def test_monitoring_objects_follow_their_values() -> None:
