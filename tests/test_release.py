@@ -30,8 +30,10 @@ REPOSITORY = "kubenpu/kubenpu-agent"  # the chart's image.repository, under the 
 OBJECTS = {f"kubenpu/kernel/objects/kubenpu-{m}.bpf.o" for m in ("aggregate", "events")}
 
 
-def sh(*args: str | Path, timeout: float = 300) -> str:
-    proc = subprocess.run(list(map(str, args)), capture_output=True, text=True, timeout=timeout)
+def sh(*args: str | Path, timeout: float = 300, cwd: Path | None = None) -> str:
+    proc = subprocess.run(
+        list(map(str, args)), capture_output=True, text=True, timeout=timeout, cwd=cwd
+    )
     assert proc.returncode == 0, f"{args}: {proc.stdout}{proc.stderr}"
     return proc.stdout
 
@@ -52,7 +54,7 @@ def test_release_has_the_three_artifacts(release: Path) -> None:
     proc = subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=release, capture_output=True)
     assert proc.returncode == 0, proc.stdout
     for path in sorted(release.iterdir()):
-        print(f"{path.name}: {path.stat().st_size / 2**20:.1f} MiB")
+        print(f"{path.name}: {path.stat().st_size:,} bytes")
 
 
 def test_the_wheel_installs_an_agent_that_finds_both_objects(release: Path, tmp_path) -> None:
@@ -66,15 +68,16 @@ def test_the_wheel_installs_an_agent_that_finds_both_objects(release: Path, tmp_
         "import hashlib, kubenpu.kernel.core as c;"
         "print(*(hashlib.sha256(c.object_path(m).read_bytes()).hexdigest() for m in (1, 0)))"
     )
-    found = sh(python, "-c", check).split()
+    # outside the checkout, so that `import kubenpu` can only find the installed wheel
+    found = sh(python, "-c", check, cwd=tmp_path).split()
     built = [
         sh("sha256sum", ROOT / "kubenpu" / "kernel" / "objects" / f"kubenpu-{m}.bpf.o").split()[0]
         for m in ("aggregate", "events")
     ]
     assert found == built
-    assert sh(env_dir / "bin" / "kubenpu-agent", "--version").strip() == VERSION
+    assert sh(env_dir / "bin" / "kubenpu-agent", "--version", cwd=tmp_path).strip() == VERSION
     # the installed package is the wheel's, not this checkout
-    where = sh(python, "-c", "import kubenpu; print(kubenpu.__file__)")
+    where = sh(python, "-c", "import kubenpu; print(kubenpu.__file__)", cwd=tmp_path)
     assert where.startswith(str(env_dir)), where
 
 
