@@ -4,7 +4,7 @@ KERNEL ?= 6.12
 KERNELS ?= 6.1 6.12 7.3 6.12-lockdown
 PYTEST := .venv/bin/pytest
 
-.PHONY: all demo test unit e2e bench lint venv vm image bpf clean
+.PHONY: all demo test unit e2e bench lint venv vm image bpf release clean
 all: test
 
 venv:
@@ -48,6 +48,11 @@ vm:
 # under the cache; prints its size. Cached: unchanged inputs build nothing.
 image:
 	scripts/image.sh
+
+# The versioned artifacts under out/release/<version>/: the wheel with both CO-RE objects, the
+# chart (helm package) and the image (OCI archive), with SHA256SUMS. docs/upgrade.md publishes them.
+release: venv bpf
+	scripts/release.sh
 
 clean:
 	rm -rf out .venv .pytest_cache .ruff_cache kubenpu/kernel/objects

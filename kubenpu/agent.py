@@ -45,13 +45,30 @@ def raise_nofile() -> int:
     return hard
 
 
-def _uninstall(root: Path) -> int:
+def _uninstall(pin_dir: str | None, config_file: str) -> int:
+    """--uninstall: the pin directory is --pin-dir, else the config file's probe.pin_dir when
+    that file exists; no config file is needed. Says what it removed, or that there was nothing."""
+    if pin_dir is None and Path(config_file).exists():
+        try:
+            pin_dir = config.load(config_file).probe.pin_dir
+        except config.ConfigError as err:
+            for problem in err.problems:
+                print(f"kubenpu-agent: {problem}", file=sys.stderr)
+            return 2
+    if not pin_dir:
+        print("kubenpu-agent: nothing to remove: no pin directory (pass --pin-dir DIR)")
+        return 0
+    root = Path(pin_dir)
     try:
         n = uninstall(root)
     except OSError as err:
         print(f"kubenpu-agent: cannot remove {root}: {err}", file=sys.stderr)
         return 1
-    print(f"kubenpu-agent: removed {n} pinned probe(s) from {root}")
+    print(
+        f"kubenpu-agent: removed {n} pinned probe(s) from {root}"
+        if n
+        else f"kubenpu-agent: nothing pinned in {root}"
+    )
     return 0
 
 
@@ -77,10 +94,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--uninstall",
         action="store_true",
-        help="remove the probe pinned in probe.pin_dir (detaching it) and exit",
+        help="remove the probes pinned in --pin-dir or probe.pin_dir (detaching them) and exit",
+    )
+    parser.add_argument(
+        "--pin-dir",
+        metavar="DIR",
+        help="with --uninstall: the pin directory (default: probe.pin_dir of --config, if found)",
     )
     parser.add_argument("--version", action="version", version=__version__)
     args = parser.parse_args(argv)
+    if args.pin_dir is not None and not args.uninstall:
+        parser.error("--pin-dir goes with --uninstall")
+    if args.uninstall:
+        return _uninstall(args.pin_dir, args.config)
     if args.check_config:
         return config.check_config(args.check_config, export.certs.problems, export.check)
     path = config.path_to_load(args.config)
@@ -90,8 +116,6 @@ def main(argv: list[str] | None = None) -> int:
         for problem in err.problems:
             print(f"kubenpu-agent: {problem}", file=sys.stderr)
         return 2
-    if args.uninstall:
-        return _uninstall(Path(cfg.probe.pin_dir)) if cfg.probe.pin_dir else 0
     level = logging.DEBUG if args.debug else getattr(logging, cfg.log_level.upper())
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if path is None:

@@ -139,10 +139,15 @@ def chart_capabilities(hook: str, fdinfo: bool = False) -> list[str]:
 
 
 def render_helm(
-    values: dict[str, Any] | None = None, chart: Path = CHART, namespace: str = NAMESPACE
+    values: dict[str, Any] | None = None,
+    chart: Path = CHART,
+    namespace: str = NAMESPACE,
+    hooks: bool = False,
 ) -> list[dict[str, Any]]:
-    """`helm template` of the chart: its objects, parsed."""
-    proc = helm("template", RELEASE, str(chart), "--namespace", namespace, values=values)
+    """`helm template` of the chart: its objects, parsed; with `hooks`, also its Helm hooks (the
+    uninstall hook, which runs only at `helm uninstall`)."""
+    no_hooks = [] if hooks else ["--no-hooks"]
+    proc = helm("template", RELEASE, str(chart), "--namespace", namespace, *no_hooks, values=values)
     assert proc.returncode == 0, f"helm template: {proc.stderr}"
     return [d for d in yaml.safe_load_all(proc.stdout) if d]
 

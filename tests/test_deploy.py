@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -65,6 +66,30 @@ CR_KINDS = {"ServiceMonitor", "PrometheusRule"}  # CRDs: no bundled schema
 DIGEST = "sha256:" + "ab" * 32
 MONITORING = {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}}
 
+# The knobs every peer chart has (nameOverride, service.*, ...), all set at once.
+KNOBS: dict[str, Any] = {
+    "nameOverride": "npu",
+    "namespaceOverride": "observability",
+    "podLabels": {"team": "ml"},
+    "updateStrategy": {"type": "OnDelete"},
+    "service": {
+        "type": "ClusterIP",
+        "clusterIP": "",
+        "port": 9400,
+        "annotations": {"a": "b"},
+        "labels": {"tier": "node"},
+    },
+    "serviceMonitor": {
+        "enabled": True,
+        "scrapeTimeout": "5s",
+        "metricRelabelings": [{"action": "drop", "regex": "kubenpu_build_info"}],
+    },
+    "extraVolumes": [{"name": "ca", "configMap": {"name": "otlp-ca"}}],
+    "extraVolumeMounts": [{"name": "ca", "mountPath": "/etc/otlp-ca", "readOnly": True}],
+    "runtimeClassName": "runc",
+    "podSecurityContext": {"seLinuxOptions": {"type": "spc_t"}},
+}
+
 # The value sets the chart is linted, rendered and schema-checked with: every switch it has.
 VALUE_SETS: dict[str, dict[str, Any]] = {
     "defaults": {},
@@ -97,6 +122,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "imagePullSecrets": [{"name": "regcred"}],
         "extraEnv": [{"name": "EXTRA", "value": "x"}],
     },
+    "common knobs": KNOBS,
 }
 
 pytestmark = pytest.mark.tools
@@ -163,7 +189,9 @@ def helm_template_native(name: str, chart: str, opts_json: str) -> dict[str, Any
     jsonnet passes only primitives to native functions, hence opts as JSON text."""
     opts = json.loads(opts_json)
     path = Path(opts["calledFrom"]).parent / chart
-    objects = render_helm(opts.get("values"), chart=path, namespace=opts.get("namespace", ""))
+    objects = render_helm(
+        opts.get("values"), chart=path, namespace=opts.get("namespace", ""), hooks=True
+    )
     return {f"{o['kind']}_{o['metadata']['name']}".lower(): o for o in objects}
 
 
@@ -211,8 +239,17 @@ TANKA_LIB = "(import 'kubenpu/kubenpu.libsonnet')"
 TANKA_ENV = "(import 'environments/default/main.jsonnet')"
 
 
+def is_hook(doc: dict[str, Any]) -> bool:
+    return "helm.sh/hook" in doc["metadata"].get("annotations", {})
+
+
 def by_kind(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {d["kind"]: d for d in docs}
+    """The release's objects by kind (Helm's hooks, run only by helm uninstall, aside)."""
+    return {d["kind"]: d for d in docs if not is_hook(d)}
+
+
+def hooks(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {d["kind"]: d for d in docs if is_hook(d)}
 
 
 def daemonset(docs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -228,21 +265,39 @@ def agent_config(docs: list[dict[str, Any]]) -> dict[str, Any]:
     return yaml.safe_load(by_kind(docs)["ConfigMap"]["data"]["config.yaml"])
 
 
+CONFIG_HASH = re.compile(r"^(kubenpu-config)-[a-z0-9]{10}$")  # Kustomize's generator suffix
+
+
+def unhashed(name: str) -> str:
+    return CONFIG_HASH.sub(r"\1", name)
+
+
 def comparable(docs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
     """Objects keyed by kind and name, without the Namespace object (Helm and Tanka take it from
-    the command or the environment), with the config text parsed and the pod's volumes and the
-    containers' mounts in name order (a Kustomize patch moves what it patches or adds to the
-    front; the order means nothing)."""
+    the command or the environment) and Helm's hooks, with the config text parsed and the pod's
+    volumes and the containers' mounts in name order (a Kustomize patch moves what it patches or
+    adds to the front; the order means nothing). What rolls the agents on a config change is
+    each tool's own: Helm's checksum/config annotation, Kustomize's hash suffix on the
+    ConfigMap's name (test_a_config_change_rolls_the_agents), so both are left out."""
     out = {}
     for doc in docs:
-        if doc["kind"] == "Namespace":
+        if doc["kind"] == "Namespace" or is_hook(doc):
             continue
         doc = copy.deepcopy(doc)
         if doc["kind"] == "ConfigMap":
             doc["data"] = {k: yaml.safe_load(v) for k, v in doc["data"].items()}
+            doc["metadata"]["name"] = unhashed(doc["metadata"]["name"])
         if doc["kind"] == "DaemonSet":
-            pod = doc["spec"]["template"]["spec"]
+            template = doc["spec"]["template"]
+            annotations = template["metadata"].pop("annotations", {})
+            annotations.pop("checksum/config", None)
+            if annotations:
+                template["metadata"]["annotations"] = annotations
+            pod = template["spec"]
             pod["volumes"].sort(key=lambda v: v["name"])
+            for volume in pod["volumes"]:
+                if "configMap" in volume:
+                    volume["configMap"]["name"] = unhashed(volume["configMap"]["name"])
             for container in pod["containers"]:
                 container["volumeMounts"].sort(key=lambda m: m["name"])
         out[doc["kind"], doc["metadata"]["name"]] = doc
@@ -256,7 +311,12 @@ def security_mounts_and_config(docs: list[dict[str, Any]]) -> dict[str, Any]:
         "hostPID": pod.get("hostPID", False),
         "securityContext": agent["securityContext"],
         "volumeMounts": agent["volumeMounts"],
-        "volumes": pod["volumes"],
+        "volumes": [
+            {**v, "configMap": {"name": unhashed(v["configMap"]["name"])}}
+            if "configMap" in v
+            else v
+            for v in pod["volumes"]
+        ],
         "config": agent_config(docs),
     }
 
@@ -278,7 +338,15 @@ def test_values_yaml_satisfies_values_schema() -> None:
         ("criSocketDir", "run/containerd"),
         ("serviceMonitor__enabled", "yes"),
         ("image__digest", "latest"),
-        ("networkPolicy__from", []),  # an empty `from` would admit every source
+        ("networkPolicy__from", [{}]),  # an empty peer would admit every source
+        ("networkPolicy__monitoringNamespaces", ["Monitoring"]),
+        ("nameOverride", "Kube_NPU"),
+        ("namespaceOverride", "x" * 64),
+        ("updateStrategy", {"type": "Recreate"}),  # not a DaemonSet strategy
+        ("service__port", 0),
+        ("serviceMonitor__scrapeTimeout", "10 seconds"),
+        ("extraVolumeMounts", [{"name": "ca"}]),  # no mountPath
+        ("uninstallHook__timeoutSeconds", 0),
         ("privileged", True),  # not a key: the chart has no way to ask for it
     ],
 )
@@ -515,7 +583,7 @@ def test_chart_values_reach_the_objects() -> None:
     values = helm_values(
         criSocketDir="/run/k3s/containerd",
         priorityClassName="system-node-critical",
-        tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        tolerations=[{"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
         nodeSelector={"accel": "yes"},
         affinity=affinity,
         resources={"limits": {"memory": "1Gi"}},
@@ -617,23 +685,67 @@ def test_image_is_pulled_by_digest_when_one_is_given() -> None:
     assert pinned == f"kubenpu/kubenpu-agent:0.1.0@{DIGEST}"
 
 
-def test_network_policy_admits_scrapes_from_the_monitoring_namespace_only() -> None:
+def admitted(policy: dict[str, Any], namespace: str, port: str = "metrics") -> bool:
+    """Whether the policy admits a pod of `namespace` (labelled as Kubernetes labels every
+    namespace, kubernetes.io/metadata.name) to `port`: the peers the chart writes, namespace
+    selectors by matchLabels; any other peer form fails the test."""
+    labels = {"kubernetes.io/metadata.name": namespace}
+    for rule in policy["ingress"]:
+        if {"port": port, "protocol": "TCP"} not in rule["ports"]:
+            continue
+        for peer in rule["from"]:
+            assert set(peer) == {"namespaceSelector"}, f"a peer this check cannot read: {peer}"
+            if peer["namespaceSelector"]["matchLabels"].items() <= labels.items():
+                return True
+    return False
+
+
+def test_network_policy_admits_the_release_and_monitoring_namespaces_only() -> None:
+    """Pods of the release's namespace (docs/top.md: kubenpuctl top run beside the agents) and of
+    the monitoring namespaces reach the metrics port; others do not. kubectl exec and
+    port-forward connect from inside the agent's pod, which no NetworkPolicy filters."""
     docs = render_helm()
     policy = by_kind(docs)["NetworkPolicy"]["spec"]
     assert (
         policy["podSelector"]["matchLabels"] == daemonset(docs)["spec"]["selector"]["matchLabels"]
     )
     assert policy["policyTypes"] == ["Ingress"]
-    (rule,) = policy["ingress"]
-    assert rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]
-    monitoring = {"kubernetes.io/metadata.name": "monitoring"}
-    assert rule["from"] == [{"namespaceSelector": {"matchLabels": monitoring}}]
+    assert [admitted(policy, ns) for ns in ("kubenpu", "monitoring", "default")] == [1, 1, 0]
+    assert not admitted(policy, "kubenpu", port="other")
+    moved = by_kind(
+        render_helm(
+            {
+                "namespaceOverride": "npu",
+                "networkPolicy": {"monitoringNamespaces": ["observability"]},
+            }
+        )
+    )["NetworkPolicy"]["spec"]
+    assert [admitted(moved, ns) for ns in ("npu", "observability", "monitoring")] == [1, 1, 0]
     peers = [{"namespaceSelector": {"matchLabels": {"team": "observability"}}}]
     (rule,) = by_kind(render_helm({"networkPolicy": {"from": peers}}))["NetworkPolicy"]["spec"][
         "ingress"
     ]
-    assert rule["from"] == peers
+    assert rule["from"][-1:] == peers
     assert "NetworkPolicy" not in by_kind(render_helm(VALUE_SETS["no /metrics, no policy"]))
+
+
+def test_top_doc_reaches_the_agent_the_way_the_policy_admits() -> None:
+    """docs/top.md's cluster commands: exec and port-forward into the agent's pod (inside it, so
+    no policy applies) on the chart's metrics port, or a pod in the agent's namespace, which the
+    policy admits; never a node's address, which it does not."""
+    text = (ROOT / "docs" / "top.md").read_text()
+    section = text[text.index("## Reaching an agent in a cluster") :].split("\n## ")[0]
+    port = helm_values()["config"]["export"]["prometheus"]["port"]
+    assert 'kubectl -n kubenpu exec -it "$POD" -c agent -- kubenpuctl top' in section
+    assert agent_of(render_helm())["name"] == "agent"
+    assert f"http://localhost:{port}/metrics" in section  # kubenpuctl top's default, in the pod
+    forwarded = re.search(r'port-forward "\$POD" \d+:(\d+)', section)
+    assert forwarded and int(forwarded.group(1)) == port
+    ns = re.search(r"kubectl -n (\S+) run top .*?--url http://POD_IP:(\d+)/", section, re.S)
+    assert ns and int(ns.group(2)) == port
+    assert admitted(by_kind(render_helm())["NetworkPolicy"]["spec"], ns.group(1))
+    assert "--url http://NODE:8080/metrics` or the pod's IP" in section  # named as refused
+    assert not admitted(by_kind(render_helm())["NetworkPolicy"]["spec"], "default")
 
 
 def test_monitoring_objects_follow_their_values() -> None:
@@ -645,6 +757,193 @@ def test_monitoring_objects_follow_their_values() -> None:
     assert sm["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     assert sm["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
     assert docs["PrometheusRule"]["spec"] == load_yaml(CHART / "files" / "rules.yaml")
+
+
+# --- tests: the common knobs ---------------------------------------------------------------------
+
+
+def test_the_common_knobs_reach_the_objects() -> None:
+    docs = render_helm(KNOBS)
+    objects = by_kind(docs)
+    for doc in docs:
+        assert doc["metadata"]["namespace"] == "observability", doc["kind"]
+    ds, service = objects["DaemonSet"], objects["Service"]
+    # the release's name contains nameOverride: the objects keep the release's name
+    assert ds["metadata"]["name"] == "kubenpu"
+    assert ds["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"] == "npu"
+    pod = ds["spec"]["template"]
+    assert pod["metadata"]["labels"]["team"] == "ml"
+    assert "team" not in ds["spec"]["selector"]["matchLabels"]
+    assert ds["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    assert pod["spec"]["runtimeClassName"] == "runc"
+    assert pod["spec"]["securityContext"] == {"seLinuxOptions": {"type": "spc_t"}}
+    assert {"name": "ca", "configMap": {"name": "otlp-ca"}} in pod["spec"]["volumes"]
+    assert KNOBS["extraVolumeMounts"][0] in pod["spec"]["containers"][0]["volumeMounts"]
+    assert "clusterIP" not in service["spec"] and service["spec"]["type"] == "ClusterIP"
+    assert service["spec"]["ports"][0]["port"] == 9400
+    assert service["spec"]["ports"][0]["targetPort"] == "metrics"
+    assert service["metadata"]["annotations"] == {"a": "b"}
+    assert service["metadata"]["labels"]["tier"] == "node"
+    (endpoint,) = objects["ServiceMonitor"]["spec"]["endpoints"]
+    assert endpoint["scrapeTimeout"] == "5s"
+    assert endpoint["metricRelabelings"] == KNOBS["serviceMonitor"]["metricRelabelings"]
+    # the job label the alerts select on stays "kubenpu" whatever the name
+    job_label = objects["ServiceMonitor"]["spec"]["jobLabel"]
+    assert service["metadata"]["labels"][job_label] == "kubenpu"
+    assert 'job="kubenpu"' in (CHART / "files" / "rules.yaml").read_text()
+
+
+def test_object_names_follow_the_release_and_the_overrides() -> None:
+    def names(values: dict[str, Any], release: str = "kubenpu") -> set[str]:
+        proc = helm("template", release, str(CHART), "--namespace", "ns", values=values)
+        assert proc.returncode == 0, proc.stderr
+        return {d["metadata"]["name"] for d in yaml.safe_load_all(proc.stdout) if d}
+
+    assert names({}) == {"kubenpu", "kubenpu-config", "kubenpu-uninstall"}
+    assert "gpu-kubenpu" in names({}, release="gpu")
+    assert "kubenpu-prod" in names({}, release="kubenpu-prod")
+    assert "agents" in names({"fullnameOverride": "agents"}, release="gpu")
+    assert "Service" not in by_kind(render_helm({"service": {"enabled": False}}))
+
+
+def test_defaults_fit_a_first_install() -> None:
+    """system-node-critical, a memory request sized for the CO-RE default (the BCC fallback's
+    compile raises it), and a tolerations example that is not one vendor's GPU only."""
+    pod = daemonset(render_helm())["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == "system-node-critical"
+    core = pod["containers"][0]["resources"]
+    bcc = agent_of(render_helm(VALUE_SETS["bcc fallback"]))["resources"]
+    mib = lambda q: int(q.removesuffix("Mi"))  # noqa: E731
+    # docs/performance.md: the CO-RE agent's RSS is 61-66 MiB, BCC's 212-217 MiB
+    assert 66 < mib(core["requests"]["memory"]) < 212 < mib(bcc["requests"]["memory"])
+    assert mib(core["limits"]["memory"]) < mib(bcc["limits"]["memory"])
+    values = (CHART / "values.yaml").read_text()
+    assert "nvidia.com/gpu" not in values and "gpu.intel.com/i915" in values
+
+
+def test_notes_say_how_to_check_the_install() -> None:
+    proc = helm("install", "--dry-run", "kubenpu", str(CHART), "-n", "kubenpu")
+    assert proc.returncode == 0, proc.stderr
+    notes = proc.stdout.split("NOTES:", 1)[1]
+    assert "kubectl -n kubenpu rollout status daemonset/kubenpu" in notes
+    assert "exec daemonset/kubenpu -- kubenpuctl top --once --url http://localhost:8080" in notes
+    assert "port-forward daemonset/kubenpu 8080:8080" in notes
+    assert "docs/troubleshooting.md" in notes and (ROOT / "docs" / "troubleshooting.md").exists()
+
+
+# --- tests: a config change rolls the agents ------------------------------------------------------
+
+OTLP_ON = {"config": {"export": {"otlp": {"enabled": True}}}}
+
+
+def pod_template(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return daemonset(docs)["spec"]["template"]
+
+
+def test_a_config_change_rolls_the_agents(kustomizers: dict, tmp_path: Path) -> None:
+    """helm upgrade --set config...: the pod template changes (checksum/config), so the
+    DaemonSet rolls; a change elsewhere leaves the checksum alone. Tanka renders the chart;
+    Kustomize's configMapGenerator renames the ConfigMap the pod template names."""
+    before, after = pod_template(render_helm()), pod_template(render_helm(OTLP_ON))
+    checksum = lambda t: t["metadata"]["annotations"]["checksum/config"]  # noqa: E731
+    assert before != after and checksum(before) != checksum(after)
+    assert checksum(pod_template(render_helm({"podLabels": {"a": "b"}}))) == checksum(before)
+    tanka_on = tanka(TANKA_LIB + " { _config+:: " + json.dumps(OTLP_ON) + " }")
+    assert checksum(pod_template(tanka(TANKA_LIB))) == checksum(before)
+    assert checksum(pod_template(tanka_on)) == checksum(after)
+
+    changed = tmp_path / "kustomize"
+    shutil.copytree(KUSTOMIZE, changed)
+    config = changed / "base" / "config.yaml"
+    config.write_text(config.read_text().replace("log_level: info", "log_level: debug"))
+    for tool, build in kustomizers.items():
+        one = pod_template(docs_of(build(KUSTOMIZE / "base")))
+        two = pod_template(docs_of(build(changed / "base")))
+        names = [
+            v["configMap"]["name"]
+            for t in (one, two)
+            for v in t["spec"]["volumes"]
+            if "configMap" in v
+        ]
+        assert names[0] != names[1] and unhashed(names[0]) == unhashed(names[1]), tool
+        assert "annotations" not in one["metadata"], "a stale checksum in the Kustomize base"
+
+
+# --- tests: uninstall leaves nothing --------------------------------------------------------------
+
+
+def test_uninstall_hook_runs_the_uninstall_on_every_agent_node() -> None:
+    """pre-delete: a DaemonSet on the agent's nodes whose init container runs
+    `kubenpu-agent --uninstall --pin-dir <pin_dir>` (no config file, no capability), ready once
+    it ran; a Job (the only thing Helm waits for) waits for every node; the Job may read that one
+    DaemonSet and nothing else."""
+    docs = render_helm({"tolerations": [{"key": "amd.com/gpu", "operator": "Exists"}]}, hooks=True)
+    hook = hooks(docs)
+    agent_pod = daemonset(docs)["spec"]["template"]["spec"]
+    ds = hook["DaemonSet"]
+    pod = ds["spec"]["template"]["spec"]
+    for key in ("nodeSelector", "tolerations", "priorityClassName"):
+        assert pod[key] == agent_pod[key], key
+    (init,) = pod["initContainers"]
+    pin_dir = agent_config(docs)["probe"]["pin_dir"]
+    assert init["command"] == ["kubenpu-agent", "--uninstall", "--pin-dir", pin_dir]
+    assert init["image"] == agent_pod["containers"][0]["image"]
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert init["volumeMounts"] == [
+        {"name": "bpffs", "mountPath": BPFFS, "mountPropagation": "HostToContainer"}
+    ]
+    assert pod["volumes"] == [{"name": "bpffs", "hostPath": {"path": BPFFS, "type": "Directory"}}]
+    (done,) = pod["containers"]
+    assert "volumeMounts" not in done and not pod["automountServiceAccountToken"]
+    # selectors apart: neither DaemonSet (nor the Service) adopts the other's pods
+    agent_selector = daemonset(docs)["spec"]["selector"]["matchLabels"]
+    assert not agent_selector.items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+    job = hook["Job"]
+    assert (
+        not ds["spec"]["selector"]["matchLabels"].items()
+        <= job["spec"]["template"]["metadata"]["labels"].items()
+    )
+    (wait,) = job["spec"]["template"]["spec"]["containers"]
+    assert wait["command"][:5] == [
+        "python3",
+        "-m",
+        "kubenpu.rollout",
+        "kubenpu",
+        ds["metadata"]["name"],
+    ]
+    assert wait["securityContext"]["runAsNonRoot"] is True
+    assert hook["Role"]["rules"] == [
+        {
+            "apiGroups": ["apps"],
+            "resources": ["daemonsets"],
+            "resourceNames": [ds["metadata"]["name"]],
+            "verbs": ["get"],
+        }
+    ]
+    weight = lambda d: int(d["metadata"]["annotations"]["helm.sh/hook-weight"])  # noqa: E731
+    assert weight(hook["ServiceAccount"]) < weight(ds) < weight(job)
+    for doc in hook.values():
+        assert doc["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    assert hooks(render_helm({"config": {"probe": {"pin_dir": ""}}}, hooks=True)) == {}
+    assert hooks(render_helm({"uninstallHook": {"enabled": False}}, hooks=True)) == {}
+
+
+def test_kustomize_and_tanka_leave_the_hook_out_and_ship_it_apart(
+    kustomizers: dict, tmp_path: Path
+) -> None:
+    """tk and kubectl apply would run a hook at once: the Tanka library drops it, the Kustomize
+    base has none, and deploy/kustomize/uninstall is the hook's DaemonSet without Helm's
+    annotations, for `kubectl apply -k` after the agents are gone (docs/upgrade.md)."""
+    assert not [d for d in tanka(TANKA_LIB) if is_hook(d) or "uninstall" in d["metadata"]["name"]]
+    hook = hooks(render_helm(hooks=True))["DaemonSet"]
+    del hook["metadata"]["annotations"]
+    for tool, build in kustomizers.items():
+        assert not [d for d in kustomize(build, tmp_path) if "uninstall" in d["metadata"]["name"]]
+        assert docs_of(build(KUSTOMIZE / "uninstall")) == [hook], tool
+    doc = (ROOT / "docs" / "upgrade.md").read_text()
+    assert "kubectl apply -k deploy/kustomize/uninstall" in doc
+    assert "kubectl -n kubenpu rollout status daemonset/kubenpu-uninstall" in doc
 
 
 # --- tests: alerts and dashboards ----------------------------------------------------------------

@@ -14,6 +14,7 @@ import struct
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from helpers import in_private_bpffs
 
 from kubenpu.agent import main
@@ -401,6 +402,62 @@ def test_agent_uninstall_removes_the_pin_dir(tmp_path, capsys):
     assert main(["--config", str(config), "--uninstall"]) == 0
     assert not root.exists()
     assert "removed 1 pinned probe(s)" in capsys.readouterr().out
+
+
+def _pinned(root: Path, probes: int) -> Path:
+    for i in range(probes):
+        (root / f"{i:016x}").mkdir(parents=True)
+        (root / f"{i:016x}" / LINK_DRM).touch()  # bpffs pins are unlinked like files
+    return root
+
+
+def test_agent_uninstall_needs_no_config_file_with_pin_dir(tmp_path, capsys):
+    """As the chart's uninstall hook runs it: --pin-dir, and no config file anywhere."""
+    root = _pinned(tmp_path / "kubenpu", 2)
+    missing = tmp_path / "no-such-config.yaml"
+    assert main(["--config", str(missing), "--uninstall", "--pin-dir", str(root)]) == 0
+    assert not root.exists()
+    assert capsys.readouterr().out == f"kubenpu-agent: removed 2 pinned probe(s) from {root}\n"
+    # the default config path (/etc/kubenpu/config.yaml) need not exist either
+    assert main(["--uninstall", "--pin-dir", str(root)]) == 0
+    assert capsys.readouterr().out == f"kubenpu-agent: nothing pinned in {root}\n"
+
+
+def test_agent_uninstall_says_when_there_is_nothing(tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["--uninstall", "--pin-dir", str(empty)]) == 0
+    assert capsys.readouterr().out == f"kubenpu-agent: nothing pinned in {empty}\n"
+    assert not empty.exists()
+    # no --pin-dir and a config without probe.pin_dir (its default, off): nothing to name
+    config = tmp_path / "config.yaml"
+    config.write_text("log_level: info\n")
+    assert main(["--config", str(config), "--uninstall"]) == 0
+    assert "nothing to remove: no pin directory (pass --pin-dir DIR)" in capsys.readouterr().out
+    assert main(["--config", str(tmp_path / "none.yaml"), "--uninstall"]) == 0
+    assert "nothing to remove" in capsys.readouterr().out
+
+
+def test_agent_pin_dir_goes_with_uninstall(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--pin-dir", str(tmp_path)])
+    assert exit_.value.code == 2
+    assert "--pin-dir goes with --uninstall" in capsys.readouterr().err
+
+
+def test_agent_uninstall_reports_a_bad_config_and_a_failed_removal(tmp_path, capsys):
+    config = tmp_path / "config.yaml"
+    config.write_text("probe:\n  pin_dir: 5\n")
+    assert main(["--config", str(config), "--uninstall"]) == 2
+    assert "pin_dir" in capsys.readouterr().err
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    assert main(["--uninstall", "--pin-dir", str(not_a_dir)]) == 0  # no directory: no pins
+    capsys.readouterr()
+    root = _pinned(tmp_path / "stray", 1)
+    (root / "not-a-probe").write_text("x")  # bpffs holds only what was pinned; rmdir fails here
+    assert main(["--uninstall", "--pin-dir", str(root)]) == 1
+    assert capsys.readouterr().err.startswith(f"kubenpu-agent: cannot remove {root}: ")
 
 
 def _loaded_by_a_child(bpffs: Path) -> dict:

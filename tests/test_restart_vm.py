@@ -14,10 +14,11 @@ import os
 
 import pytest
 from guest import boot
-from helpers import chart_capabilities, helm_values
+from helpers import chart_capabilities, helm_values, render_helm
 
 KERNEL = os.environ.get("KUBENPU_RESTART_KERNEL", "6.12")
 HOOKS = ("security_file_ioctl", "drm_ioctl")
+PIN_DIR = helm_values()["config"]["probe"]["pin_dir"]
 LINKS = ["link-cgroup_mkdir", "link-security_file_ioctl", "link-security_file_ioctl_compat"]
 
 pytestmark = pytest.mark.vm
@@ -27,8 +28,9 @@ pytestmark = pytest.mark.vm
 def result(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("restart")
     plan = {
-        "pin_dir": helm_values()["config"]["probe"]["pin_dir"],
+        "pin_dir": PIN_DIR,
         "caps": {hook: chart_capabilities(hook) for hook in HOOKS},
+        "uninstall": uninstall_hook(),
     }
     (out / "plan.json").write_text(json.dumps(plan))
     found = json.loads((boot(KERNEL, "/src/tests/vm/restart.sh", out) / "result.json").read_text())
@@ -95,8 +97,27 @@ def test_a_crash_inside_a_hand_over_is_finished_by_the_next_start(result):
     assert crash["counted"] <= crash["issued"] <= crash["counted"] + crash["handover"]
 
 
+def uninstall_hook() -> dict:
+    """The command of the chart's pre-delete hook and the capabilities its container keeps."""
+    hook = next(
+        d
+        for d in render_helm(hooks=True)
+        if d["kind"] == "DaemonSet" and "helm.sh/hook" in d["metadata"].get("annotations", {})
+    )
+    (init,) = hook["spec"]["template"]["spec"]["initContainers"]
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert "--config" not in init["command"], "the hook needs no config file"
+    return {"command": init["command"], "caps": []}
+
+
 def test_uninstall_leaves_nothing_attached(result):
+    """After the uninstall hook's command: no pin directory, no program, no link of ours."""
     assert result["uninstall"]["rc"] == 0, result["uninstall"]["output"]
+    assert result["uninstall"]["output"].startswith("kubenpu-agent: removed ")
     assert result["programs_before_uninstall"], "the pinned probe did not survive the stop"
+    assert result["links_before_uninstall"], "no pinned link survived the stop"
+    assert result["links_after_uninstall"] == []
+    again = result["uninstall_again"]
+    assert again == {"rc": 0, "output": f"kubenpu-agent: nothing pinned in {PIN_DIR}\n"}
     assert result["programs_after_uninstall"] == []
     assert not result["pin_dir_exists"]

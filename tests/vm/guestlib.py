@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 PY = sys.executable
 DRMCALL = "/usr/local/bin/drmcall"  # tests/vm/src/drmcall.c, built into the root by build.sh
 ATTACHED = "probe attached: "  # the agent's start-up line once its probe is attached
-ATTACH_TIMEOUT = 300  # BCC's compile under TCG on a shared host
+ATTACH_TIMEOUT = 600  # BCC's compile under TCG on a shared host (over 300 s at load 14, 2 cores)
 MODES = ("aggregate", "events")  # probe.mode
 # The Prometheus endpoint every scenario configures and scrapes.
 PROMETHEUS = {"enabled": True, "host": "127.0.0.1", "port": 8080}

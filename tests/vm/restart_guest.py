@@ -17,7 +17,10 @@ phase, one cgroup:
    (E's gate at hand-over, D's device table emptied, D still attached) as a crash there would
    leave it; a second load runs in that window, its calls handover drops. E then starts, adopts
    and finishes the hand-over.
-4. uninstall: E stops, `kubenpu-agent --uninstall` removes the pins; no program of ours is left.
+4. uninstall: E stops, and the chart's uninstall hook command (as rendered, with its capability
+   set: none; no config file) removes the pins: the pin directory is gone, and neither a program
+   nor a link of ours is left (the kernel's own lists, as bpftool prog/link list reads them).
+   Run again, it says there was nothing.
 Times to the first metric (attach line and /metrics answering) and each agent's RSS are
 recorded for each start, all in this boot.
 """
@@ -52,7 +55,8 @@ from kubenpu.kernel.maps import empty_devices
 
 RATE = 2000  # calls/s of each load
 CGROUP = Path("/sys/fs/cgroup/restart-load")
-PLAN = json.loads(Path("/out/plan.json").read_text())  # {"pin_dir": ..., "caps": {hook: [...]}}
+# {"pin_dir": ..., "caps": {hook: [...]}, "uninstall": {"command": [...], "caps": [...]}}
+PLAN = json.loads(Path("/out/plan.json").read_text())
 PIN_DIR = PLAN["pin_dir"]
 # E's loader alone, with E's config: compile, attach with the gate closed, pin, exit.
 LOADER = """
@@ -142,6 +146,32 @@ def ours(before: set[str]) -> list[str]:
     return sorted(set(bpfsys.program_names()) - before)
 
 
+_LINK_GET_NEXT_ID = 31  # BPF_LINK_GET_NEXT_ID (include/uapi/linux/bpf.h)
+
+
+def link_ids() -> set[int]:
+    """The id of every BPF link in the kernel (what `bpftool link list` walks)."""
+    found, link_id = set(), 0
+    while True:
+        attr = bpfsys._attr("=III", link_id, 0, 0)
+        try:
+            bpfsys._bpf(_LINK_GET_NEXT_ID, attr, "listing links")
+        except bpfsys.BpfError as err:
+            if err.errno == 2:
+                return found
+            raise
+        link_id = int.from_bytes(bytes(attr)[4:8], sys.byteorder)
+        found.add(link_id)
+
+
+def uninstall_hook() -> dict:
+    """The chart's uninstall hook's command, with its capabilities, and no config file."""
+    hook = PLAN["uninstall"]
+    argv = [*launcher(hook["caps"]), PY, "-m", "kubenpu.agent", *hook["command"][1:]]
+    done = subprocess.run(argv, capture_output=True, text=True)
+    return {"rc": done.returncode, "output": done.stdout + done.stderr}
+
+
 def libbcc_mapped(pid: int) -> bool:
     """Whether BCC (and with it LLVM/clang) is in the process's memory."""
     return "libbcc" in Path(f"/proc/{pid}/maps").read_text()
@@ -197,6 +227,7 @@ def main() -> int:
     node = device_node(vgem, "card")
     CGROUP.mkdir(exist_ok=True)
     before = set(bpfsys.program_names())
+    links_before = link_ids()
     result: dict = {"pins": {}}
 
     a, result["cold"] = start(out, "cold", config(loader="bcc"))
@@ -244,14 +275,12 @@ def main() -> int:
     e.stop()
 
     result["programs_before_uninstall"] = ours(before)
-    done = subprocess.run(
-        [*caps(e_cfg), PY, "-m", "kubenpu.agent", "--config", str(e.config_file), "--uninstall"],
-        capture_output=True,
-        text=True,
-    )
-    result["uninstall"] = {"rc": done.returncode, "output": done.stdout + done.stderr}
+    result["links_before_uninstall"] = sorted(link_ids() - links_before)
+    result["uninstall"] = uninstall_hook()
     result["programs_after_uninstall"] = ours(before)
+    result["links_after_uninstall"] = sorted(link_ids() - links_before)
     result["pin_dir_exists"] = Path(PIN_DIR).exists()
+    result["uninstall_again"] = uninstall_hook()
     result["logs"] = {
         "cold": a.log(),
         "adopt": b.log(),

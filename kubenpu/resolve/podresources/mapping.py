@@ -37,6 +37,7 @@ class IdFormat:
     # render node's numbers, which must name one device), `pci` (an address), `platform` (a
     # platform device's name), `serial` (a board serial); none: `state` applies.
     id: re.Pattern[str]
+    drivers: tuple[str, ...] = ()  # the sysfs drivers of the devices it advertises (docs/drivers.md)
     state: Unmapped | None = None
 
 
@@ -50,19 +51,21 @@ PLUGINS = (
         f"{_INTEL} cmd/gpu_plugin/gpu_plugin.go scan(): <card>-<share below -shared-dev-num>",
         re.compile(r"gpu\.intel\.com/(i915|xe)"),
         re.compile(r"(?P<node>card\d+)-\d+"),
+        drivers=("i915", "xe"),
     ),
     IdFormat(
         "intel-gpu-monitoring",
         f"{_INTEL} cmd/gpu_plugin/gpu_plugin.go scan(): monitorID, <driver>_monitoring",
         re.compile(r"gpu\.intel\.com/(i915|xe)_monitoring"),
         re.compile(r"all"),
-        Unmapped.MONITORING,
+        state=Unmapped.MONITORING,
     ),
     IdFormat(
         "intel-npu",
         f"{_INTEL} cmd/npu_plugin/npu_plugin.go scan(): <accelN>-<share>",
         re.compile(r"npu\.intel\.com/accel"),
         re.compile(r"(?P<node>accel\d+)-\d+"),
+        drivers=("intel_vpu",),
     ),
     # amd.com/gpu, or amd.com/<compute>_<memory partition> (cpx_nps1) in the mixed strategy.
     IdFormat(
@@ -70,30 +73,35 @@ PLUGINS = (
         f"{_AMD_DP}: the PCI address of the amdgpu driver's device link",
         re.compile(r"amd\.com/.+"),
         re.compile(rf"(?P<pci>{PCI_ADDRESS.pattern})", re.I),
+        drivers=("amdgpu",),
     ),
     IdFormat(
         "amd-gpu-partition",
         f"{_AMD_DP}: an MI300 partition, /sys/devices/platform/amdgpu_xcp_N",
         re.compile(r"amd\.com/.+"),
         re.compile(r"(?P<platform>amdgpu_xcp_\d+)"),
+        drivers=("amdgpu",),
     ),
     IdFormat(
         "amd-dra",
         f"{_AMD_DRA}/deviceinfo.go CanonicalName(): gpu-<card>-<renderD minor>",
         re.compile(r"gpu\.amd\.com"),
         re.compile(r"gpu-(?P<card>\d+)-(?P<render>\d+)"),
+        drivers=("amdgpu",),
     ),
     IdFormat(
         "amd-dra-cdi",
         f"{_AMD_DRA}/cdi.go GetClaimDevices(): k8s.gpu.amd.com/gpu=<claim uid>-<device name>",
         re.compile(r"gpu\.amd\.com"),
         re.compile(r"k8s\.gpu\.amd\.com/gpu=[0-9a-f-]+-gpu-(?P<card>\d+)-(?P<render>\d+)"),
+        drivers=("amdgpu",),
     ),
     IdFormat(
         "habana",
         "HabanaAI/habanalabs-k8s-device-plugin habanalabs.go Devices(): hlml SerialNumber()",
         re.compile(r"habana\.ai/.+"),
         re.compile(r"(?P<serial>.+)"),
+        drivers=("habanalabs",),
     ),
 )
 _FALLBACK_PCI = re.compile(

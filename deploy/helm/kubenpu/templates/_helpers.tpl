@@ -1,7 +1,38 @@
-{{/* Labels on every object; the selector uses the same two. */}}
-{{- define "kubenpu.labels" -}}
-app.kubernetes.io/name: kubenpu
+{{/* The chart's name, or nameOverride. */}}
+{{- define "kubenpu.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Object names: fullnameOverride, else the release's name when it contains the chart's name
+(a release called kubenpu names its objects kubenpu), else <release>-<name>. */}}
+{{- define "kubenpu.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := include "kubenpu.name" . }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "kubenpu.namespace" -}}
+{{- default .Release.Namespace .Values.namespaceOverride }}
+{{- end }}
+
+{{/* The selector: fixed for the life of a release (a DaemonSet's selector cannot change). */}}
+{{- define "kubenpu.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "kubenpu.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* Labels on every object. part-of stays "kubenpu" whatever the names: the ServiceMonitor
+makes it the job label, which the alerts select on. */}}
+{{- define "kubenpu.labels" -}}
+{{ include "kubenpu.selectorLabels" . }}
+app.kubernetes.io/part-of: kubenpu
 {{- end }}
 
 {{/* The agent's config.yaml: .Values.config with the TLS and auth file paths of the mounted
@@ -35,4 +66,56 @@ Secrets filled in (the keys are the agent's own, config/kubenpu.yaml). */}}
 {{- with .Values.image -}}
 {{ .repository }}:{{ .tag }}{{ if $.Values.bccFallback }}-bcc{{ end }}{{ if .digest }}@{{ .digest }}{{ end }}
 {{- end }}
+{{- end }}
+
+{{/* Where the agent's pods run: the uninstall hook's pods run on the same nodes. */}}
+{{- define "kubenpu.placement" -}}
+{{- with .Values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- $nodeSelector := .Values.nodeSelector | default dict }}
+{{- if .Values.accel.required }}
+{{- $nodeSelector = merge (dict "kubenpu.io/accel" "true") $nodeSelector }}
+{{- end }}
+{{- with $nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.runtimeClassName }}
+runtimeClassName: {{ . }}
+{{- end }}
+{{- end }}
+
+{{- define "kubenpu.hookResources" -}}
+requests: {cpu: 10m, memory: 32Mi}
+limits: {memory: 128Mi}
+{{- end }}
+
+{{/* The uninstall DaemonSet's containers: root (the pins are root's files in bpffs), no
+capability, nothing writable but bpffs. */}}
+{{- define "kubenpu.hookContainer" -}}
+resources:
+  {{- include "kubenpu.hookResources" . | nindent 2 }}
+securityContext:
+  privileged: false
+  allowPrivilegeEscalation: false
+  readOnlyRootFilesystem: true
+  runAsUser: 0
+  runAsNonRoot: false
+  capabilities:
+    drop: [ALL]
+  seccompProfile:
+    {{- toYaml .Values.seccompProfile | nindent 4 }}
 {{- end }}
