@@ -37,7 +37,9 @@ class IdFormat:
     # render node's numbers, which must name one device), `pci` (an address), `platform` (a
     # platform device's name), `serial` (a board serial); none: `state` applies.
     id: re.Pattern[str]
-    drivers: tuple[str, ...] = ()  # the sysfs drivers of the devices it advertises (docs/drivers.md)
+    drivers: tuple[
+        str, ...
+    ] = ()  # the sysfs drivers of the devices it advertises (docs/drivers.md)
     state: Unmapped | None = None
 
 
