@@ -14,7 +14,14 @@ ROOT = Path(__file__).resolve().parents[1]
 # entry names a module and the modules below it (a package); the longest entry that names a
 # module is its layer. "kubenpu" names kubenpu/__init__.py alone.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("kubenpu", "kubenpu.descriptors", "kubenpu.services", "kubenpu.vendors"),
+    (
+        "kubenpu",
+        "kubenpu.descriptors",
+        "kubenpu.files",
+        "kubenpu.services",
+        "kubenpu.text",
+        "kubenpu.vendors",
+    ),
     ("kubenpu.discovery",),
     ("kubenpu.fdinfo",),
     ("kubenpu.kernel", "kubenpu.kernel.abi", "kubenpu.kernel.records", "kubenpu.kernel.errors"),
@@ -42,6 +49,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("kubenpu.agent",),
     ("kubenpu.top",),
     ("kubenpu.ctl",),
+    ("kubenpu.rollout",),
 )
 
 

@@ -70,8 +70,8 @@ def test_the_readme_opens_with_the_install_and_keeps_the_two_commands():
     opening = text[: text.index("## How it is tested")]
     assert not re.search(r"\d[\d,]* tests|from a fresh clone", opening), "statistics up front"
     for line in (
-        "make demo   # boots a QEMU guest with a virtual GPU, runs the agent and sample pods, "
-        "prints the kubenpu_ series",
+        "make demo   # a QEMU guest with virtual GPUs: the agent and sample pods, then kubenpuctl "
+        "devices and top",
         "make test   # lint, unit tests against real receivers and tools, and the real-kernel "
         "tests in QEMU",
     ):
