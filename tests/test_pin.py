@@ -268,13 +268,19 @@ def _events_agent(bpffs: Path) -> dict:
     return found
 
 
+def _left_pinned(root: Path, loader: MapLoader, calls: int) -> PinnedProbe:
+    """A probe that pinned itself under `root`, counted `calls` calls of KEY and closed (the
+    agent gone, its pins holding the maps)."""
+    probe = PinnedProbe(root, loader, [VGEM])
+    probe.start(lambda _: None)
+    loader.count(KEY, calls)
+    probe.close()
+    return probe
+
+
 def _reshaped(bpffs: Path) -> dict:
     root = bpffs / "kubenpu"
-    first = MapLoader("a")
-    probe = PinnedProbe(root, first, [VGEM])
-    probe.start(lambda _: None)
-    first.count(KEY, 5)
-    probe.close()
+    _left_pinned(root, MapLoader("a"), 5)
     # The same identity (digest "a") with its counts map sized otherwise: not to be adopted.
     loader = MapLoader("a", counts_entries=2048)
     again = PinnedProbe(root, loader, [VGEM])
@@ -305,11 +311,7 @@ def test_a_pinned_map_of_another_shape_is_handed_over_not_adopted():
 
 def _relaid(bpffs: Path) -> dict:
     root = bpffs / "kubenpu"
-    old_loader = MapLoader("old")
-    old = PinnedProbe(root, old_loader, [VGEM])
-    old.start(lambda _: None)
-    old_loader.count(KEY, 7)
-    old.close()
+    old = _left_pinned(root, MapLoader("old"), 7)
     # Its counts map replaced by one of another value size: its totals cannot be read as ours.
     (old.dir / "counts").unlink()
     other = bpfsys.map_create(abi.MAP_TYPE_PERCPU_HASH, 16, 16, 1024, "counts")
@@ -488,11 +490,7 @@ def _crash_mid_hand_over(bpffs: Path, gate_value: int, old_counting: bool) -> di
     """The state a crash leaves between the new probe's pinning and the end of its hand-over:
     the new probe pinned with its gate at `gate_value`, the old one counting or not."""
     root = bpffs / "kubenpu"
-    old_loader = MapLoader("old")
-    old = PinnedProbe(root, old_loader, [VGEM])
-    old.start(lambda _: None)
-    old_loader.count(KEY, 7)
-    old.close()
+    old = _left_pinned(root, MapLoader("old"), 7)
     new_loader = MapLoader("new")
     new = PinnedProbe(root, new_loader, [VGEM])
     new_loader.gate_open = False
