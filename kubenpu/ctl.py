@@ -282,12 +282,16 @@ def _cri_names(endpoint: str | None) -> dict[str, Attribution]:
             logging.warning("%s: no CRI socket at %s", fallback, path)
         return {}
     # Its warning speaks of retrying, as the agent does; one line here says what it means.
-    logging.getLogger("kubenpu.resolve.cri").setLevel(logging.ERROR)
+    # The level is put back: a caller in the same process (a test, an embedding) keeps its own.
+    cri_log = logging.getLogger("kubenpu.resolve.cri")
+    level = cri_log.level
+    cri_log.setLevel(logging.ERROR)
     client = CriClient(endpoint or DEFAULT_ENDPOINT, timeout=_CRI_SECONDS)
     try:
         listed = client.containers()
     finally:
         client.close()
+        cri_log.setLevel(level)
     if not listed:
         logging.warning("%s: the CRI at %s listed no container (not answering?)", fallback, path)
     return {cid: a for cid, a in listed.items() if a.pod}
