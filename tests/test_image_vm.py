@@ -6,9 +6,11 @@ chart is rendered by real helm; `pod_spec` below translates its agent container 
 ContainerConfig kubelet would send (securityContext, hostPath/ConfigMap/emptyDir mounts, env with
 fieldRefs and $(VAR) expansion, args, resources) and the probes, and refuses any field it does not
 translate, so a chart change cannot slip past unexercised. tests/vm/image_guest.py imports the
-image into the guest's containerd, runs that container and a workload pod, and records what the
-agent exported and what its process got. One deviation from a cluster: pods share the node's
-network namespace (the guest has no CNI); the chart's network setting is not under test here.
+image into a registry in the guest, has the guest's containerd pull the rendered image reference
+from it (the CRI's PullImage, as kubelet does), runs that container and a workload pod, and
+records what the agent exported and what its process got. One deviation from a cluster: pods
+share the node's network namespace (the guest has no CNI); the chart's network setting is not
+under test here.
 Kernel: KUBENPU_IMAGE_KERNEL (default 6.12).
 """
 
@@ -46,6 +48,7 @@ AGENT_POD = {
 VOLUMES = f"/var/lib/kubelet/pods/{AGENT_POD['uid']}/volumes"
 # The chart as an operator with a Collector would install it; OTLP every second so the run is short.
 VALUES = helm_values(
+    image__repository="127.0.0.1:5000/kubenpu/kubenpu-agent",  # tests/vm/image_guest.py's REGISTRY
     config__export__otlp__enabled=True,
     config__export__otlp__endpoint="http://127.0.0.1:4317",
     config__export__otlp__interval_seconds=1,
@@ -268,8 +271,17 @@ def test_the_node_has_no_kernel_headers(result):
     }
 
 
+def test_the_image_was_pulled_from_the_registry(result, agent_container):
+    """The node got the agent's image as a cluster's node does: containerd pulled the rendered
+    reference from a registry (its manifest fetched there), no archive imported."""
+    assert agent_container["image"].startswith("127.0.0.1:5000/kubenpu/kubenpu-agent:")
+    assert agent_container["image"] in result["images"]
+    assert result["pulled"].startswith("sha256:")
+    assert result["manifest_requests"] >= 1
+
+
 def test_agent_ran_from_the_chart_image_with_its_args(result, agent_container):
-    assert "docker.io/" + agent_container["image"] in result["images"]
+    assert agent_container["image"] in result["images"]
     cmdline = result["process"]["cmdline"]
     assert cmdline[-len(agent_container["args"]) :] == agent_container["args"]
     # the chart's default: the CO-RE object, loaded in the agent (no headers, no LLVM)

@@ -262,10 +262,11 @@ build_tool() {
 # rebuild the root under guests that may be running. One stamp per set (NAME.hash).
 #   NODE: a real container runtime for tests/vm/node_guest.py: containerd (CRI plugin built in),
 #     runc, and busybox-static for the test images; bpftrace for the benchmark's floor
-#     (bench/bench_guest.py).
+#     (bench/bench_guest.py); docker-registry and skopeo, the registry the image test's containerd
+#     pulls the agent's image from (tests/vm/image_guest.py).
 #   KBUILD: trixie's gcc 14 (what Debian built the 6.12 and 7.3 kernels with) and make, for the
 #     fdinfo test driver (build_testdrm).
-NODE_PACKAGES=(containerd runc busybox-static bpftrace)
+NODE_PACKAGES=(containerd runc busybox-static bpftrace docker-registry skopeo)
 KBUILD_PACKAGES=(gcc make libc6-dev)
 apt_into_root() {
   local name=$1 want

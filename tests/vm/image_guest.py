@@ -4,8 +4,10 @@ tests/test_image_vm.py builds the image (scripts/image.sh), renders the chart wi
 and translates the DaemonSet's agent container into CRI terms in /out/pod.json: a ContainerConfig
 (securityContext, mounts, env, args, resources), the files and directories kubelet would make for
 its volumes, the host paths that must exist, and the probes. Here, as root in the QEMU guest, this
-plays kubelet with tests/vm/node_guest.py's containerd and CRI client: it imports the image archive
-from /out, prepares the volumes, runs the agent pod and polls its startup probe, then runs a
+plays kubelet with tests/vm/node_guest.py's containerd and CRI client: it serves the image archive
+from /out in a registry of its own (Debian's docker-registry on 127.0.0.1:5000, filled by skopeo),
+has containerd pull the chart's image reference from it through the CRI's PullImage, as kubelet
+does, prepares the volumes, runs the agent pod and polls its startup probe, then runs a
 workload pod whose drmcall containers report what they issued. The node is headerless first
 (make_headerless), as the default images of the large managed offerings are. It records
 /metrics, OTLP, the probes, and what the agent process really got (capabilities, uid, seccomp,
@@ -46,6 +48,7 @@ from otlp_receiver import OtlpReceiver
 from kubenpu.resolve.cri import LABEL_CONTAINER
 
 CTR = ["ctr", "--address", SOCKET, "--namespace", "k8s.io"]
+REGISTRY = "127.0.0.1:5000"  # tests/test_image_vm.py's image.repository; containerd/certs.d
 STATUS_FIELDS = ("Uid", "Gid", "Seccomp", "NoNewPrivs")
 
 
@@ -150,9 +153,55 @@ class AgentPod:
         self.node.kubelet.call("StopContainer", request, pb.StopContainerResponse)
 
 
-def import_image(archive: Path) -> list[str]:
-    """`ctr images import` of the OCI archive (containerd unpacks it); the names it now knows."""
-    subprocess.run([*CTR, "images", "import", str(archive)], check=True)
+class Registry:
+    """Debian's docker-registry (the distribution API) on REGISTRY, plain HTTP, which
+    tests/vm/containerd/certs.d tells containerd; its log says what containerd fetched."""
+
+    def __init__(self, out: Path) -> None:
+        work = Path("/tmp/registry")
+        work.mkdir()
+        config = {  # JSON is YAML
+            "version": 0.1,
+            "log": {"accesslog": {"disabled": False}},
+            "storage": {"filesystem": {"rootdirectory": str(work / "data")}},
+            "http": {"addr": REGISTRY},
+        }
+        (work / "config.yml").write_text(json.dumps(config))
+        self.log_path = out / "registry.log"
+        log = self.log_path.open("w")
+        self._proc = subprocess.Popen(
+            ["docker-registry", "serve", str(work / "config.yml")], stdout=log, stderr=log
+        )
+        wait_for("the registry", self._answers)
+
+    def _answers(self) -> bool:
+        if self._proc.poll() is not None:
+            raise SystemExit(f"docker-registry exited {self._proc.returncode}; see registry.log")
+        try:
+            with urllib.request.urlopen(f"http://{REGISTRY}/v2/", timeout=5):
+                return True
+        except OSError:
+            return False
+
+    def push(self, archive: Path, image: str) -> None:
+        """What a user does with the release's archive (docs/upgrade.md): skopeo copy."""
+        subprocess.run(
+            ["skopeo", "copy", "--quiet", "--dest-tls-verify=false",
+             f"oci-archive:{archive}", f"docker://{image}"],
+            check=True,
+        )  # fmt: skip
+
+    def manifest_requests(self, repository: str) -> int:
+        """How many times the manifest of `repository` was fetched (GET, not HEAD)."""
+        return self.log_path.read_text().count(f'"GET /v2/{repository}/manifests/')
+
+    def stop(self) -> None:
+        self._proc.terminate()
+        self._proc.wait(timeout=30)
+
+
+def images() -> list[str]:
+    """The image names containerd knows."""
     listing = subprocess.run([*CTR, "images", "ls", "-q"], check=True, capture_output=True)
     return listing.stdout.decode().split()
 
@@ -196,9 +245,17 @@ def run(out: Path) -> dict:
     containerd = node.start_containerd()
     receiver = OtlpReceiver(port=OTLP_PORT)
     agent = AgentPod(node, spec)
+    registry = Registry(out)
+    image = spec["container"]["image"]["image"]
+    repository = image.partition("/")[2].rpartition(":")[0]
     try:
-        images = import_image(out / spec["image_archive"])
-        node.import_images()
+        registry.push(out / spec["image_archive"], image)
+        node.mark("image pushed")
+        pushed_gets = registry.manifest_requests(repository)  # skopeo's own, if any
+        pulled = node.kubelet.pull(image)
+        pulled_gets = registry.manifest_requests(repository) - pushed_gets
+        node.mark("image pulled")
+        node.import_images()  # the pause and workload images, made in the guest
         node.mark("images imported")
         prepare_volumes(spec)
         agent.start()
@@ -218,12 +275,15 @@ def run(out: Path) -> dict:
             agent.stop()
         (out / "agent.log").write_text(agent.log)
         receiver.stop()
+        registry.stop()
         containerd.terminate()
         containerd.wait(timeout=30)
     return {
         "kernel": os.uname().release,
         "headerless": headerless,
-        "images": images,
+        "images": images(),
+        "pulled": pulled,
+        "manifest_requests": pulled_gets,
         "startup_seconds": startup_seconds,
         "timings": node.timings,
         "expected": [{"labels": list(k), "value": v} for k, v in node.expected.items()],
