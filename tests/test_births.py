@@ -46,3 +46,22 @@ def test_births_without_a_listener_are_skipped_not_dropped() -> None:
     batch = tally.drain()
     assert batch.received == 0
     assert batch.dropped[Drop.BAD_RECORD] == 0
+
+
+def test_a_poll_that_fails_midway_keeps_what_it_delivered() -> None:
+    """ring_buffer__poll can fail after its callbacks consumed records: those calls stay in the
+    Tally and those births reach on_births; the records after stay in the ring for the next."""
+    kernel = FakeKernel(aggregate=False)
+    tally = Tally(max_keys=16)
+    births: list[Birth] = []
+    probe = Probe(kernel, tally, on_births=births.extend)
+    probe.start()
+    kernel.emit(BIRTH)
+    kernel.calls(Key(7, 226, 0, 2), 3)
+    kernel.poll_raises, kernel.poll_fails_after = OSError("polling the ring buffer"), 3
+    with pytest.raises(OSError):
+        probe.poll(0)
+    assert births == [Birth(7, 3)]
+    assert tally.drain().counts == {Key(7, 226, 0, 2): 2}
+    probe.poll(0)
+    assert tally.drain().counts == {Key(7, 226, 0, 2): 1}

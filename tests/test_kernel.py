@@ -5,14 +5,17 @@ import re
 from pathlib import Path
 
 import pytest
+from fakes import PerCpuBpf
 
 from kubenpu import vendors
+from kubenpu.events import Key
+from kubenpu.kernel import abi, maps
 from kubenpu.kernel.abi import dev_t
 from kubenpu.kernel.bcc import AttachPlan, BccKernel, attach_plans, source_text
 from kubenpu.kernel.core import CoreKernel
 from kubenpu.kernel.hooks import effective_capabilities, missing_privileges
 from kubenpu.kernel.loader import loaders
-from kubenpu.kernel.maps import device_slots, vendor_ids
+from kubenpu.kernel.maps import Maps, device_slots, vendor_ids
 
 KALLSYMS_6_8 = (
     "0000000000000000 T security_file_ioctl\n0000000000000000 T security_file_ioctl_compat\n"
@@ -141,3 +144,23 @@ def test_device_table_puts_drm_and_accel_nodes_in_the_array_and_others_in_the_ha
     slots, others = device_slots(by_node)
     assert {i: v for i, v in enumerate(slots) if v} == {0: 4, 128: 4, 257: 8}  # vendor id + 1
     assert others == {dev_t(226, 300): 3, dev_t(189, 4): 2}  # minors the array cannot index
+
+
+def test_per_cpu_maps_are_read_on_every_cpu(monkeypatch) -> None:
+    """The kernel keeps a per-CPU map's value as one u64 per possible CPU: the lost slots and
+    the counts (read in batches, a token between them) are the sums over all of them."""
+    bpf = PerCpuBpf()
+    assert bpf.ncpus >= 4
+    bpf.install(monkeypatch)
+    monkeypatch.setattr(maps, "_BATCH", 7)  # several batches of keys
+    lost_fd, counts_fd = 10, 11
+    for slot in range(len(abi.LOST_SLOTS)):
+        bpf.add(lost_fd, abi.U32.pack(slot), 100 + slot)
+    keys = [Key(1000 + i, 226, i % 3, 2) for i in range(30)]
+    for i, k in enumerate(keys):
+        bpf.add(counts_fd, abi.COUNT_KEY.pack(k.cgroup_id, dev_t(k.major, k.minor), k.kind), 50 + i)
+    read = Maps({abi.LOST: lost_fd, abi.COUNTS: counts_fd})
+    assert read.read_lost() == {name: 100 + slot for slot, name in enumerate(abi.LOST_SLOTS)}
+    assert read.read_counts() == {k: 50 + i for i, k in enumerate(keys)}
+    # No one CPU's slot holds a value: a reader of CPU 0 alone would read less.
+    assert all(max(v) < sum(v) for m in bpf.maps.values() for v in m.values())
