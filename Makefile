@@ -55,4 +55,4 @@ release: venv bpf
 	scripts/release.sh
 
 clean:
-	rm -rf out .venv .pytest_cache .ruff_cache kubenpu/kernel/objects
+	rm -rf out .venv .pytest_cache .ruff_cache .hypothesis kubenpu/kernel/objects

@@ -11,6 +11,10 @@ The model (docs/metrics.md#energy-per-pod):
   device's unattributed share, never to a pod.
 - The increment is split in whole µJ by largest remainder, so the shares sum to it exactly; the
   fractions a recipient was not given carry to its next interval, so rounding favours no one.
+
+A driver counter's step is checked against what the device could have made in the interval
+(`most_uj`): a rise past it, or a fall to a value past it, is no energy but a bad reading
+(docs/metrics.md#the-energy-counter-rule).
 """
 
 from __future__ import annotations
@@ -22,6 +26,14 @@ from typing import Generic, TypeVar
 
 IDLE = "idle"
 UNATTRIBUTED = "unattributed"
+# Telemetry's skip reasons for a counter step that is not taken as it reads.
+COUNTER_RESET = "counter_reset"
+COUNTER_IMPLAUSIBLE = "counter_implausible"
+# The most a device can draw: POWER_MARGIN times its highest power limit (the limit is what
+# firmware holds the average to; peaks and a counter updated late pass it, never twice over),
+# or FALLBACK_WATTS where the driver publishes no limit (more than any one accelerator draws).
+POWER_MARGIN = 2
+FALLBACK_WATTS = 3_000
 _WRAP_32 = 1 << 32
 
 _K = TypeVar("_K", bound=Hashable)
@@ -82,11 +94,34 @@ def weights(
     return {k: b[1] for k, b in busy.items()}, max(b[2] for b in busy.values())
 
 
+def most_uj(limit_uw: int | None, interval_ns: int) -> int:
+    """The most energy (µJ) the device could make in interval_ns, its highest power limit
+    limit_uw (None or 0: not published)."""
+    ceiling_uw = POWER_MARGIN * limit_uw if limit_uw else FALLBACK_WATTS * 1_000_000
+    return ceiling_uw * max(interval_ns, 0) // 1_000_000_000
+
+
+def step(last: int, new: int, most: int, wide: bool) -> tuple[int | None, str | None]:
+    """The µJ a driver counter made from last to new, when at most most µJ was possible, and the
+    skip reason if it is not new - last: COUNTER_RESET (counted from 0 since) or
+    COUNTER_IMPLAUSIBLE (None: no energy known). wide: the counter has read 2^32 or more, so it
+    is not 32 bits wide and cannot wrap there."""
+    delta = new - last
+    if 0 <= delta <= most:
+        return delta, None
+    if delta < 0 and not wide and last < _WRAP_32 <= last * 2 and delta + _WRAP_32 <= most:
+        return delta + _WRAP_32, None  # fell from the top half of 32 bits: a wrap
+    if delta < 0 and new <= most:
+        return new, COUNTER_RESET  # a restart (module reload): the counter since
+    return None, COUNTER_IMPLAUSIBLE  # more than the device can make, or a fall to no restart
+
+
 @dataclass
 class Meter(Generic[_K]):
     """One device's energy across reads, and its shares so far."""
 
     counter: int | None = None  # the driver's last energy counter value
+    wide: bool = False  # the counter has read 2^32 or more: no 32-bit wraps
     at_ns: int | None = None  # when the last read was
     source: str = ""  # driver or integrated, once known
     total_uj: int = 0  # energy since the agent started: what the shares sum to
@@ -96,26 +131,28 @@ class Meter(Generic[_K]):
     carry: dict[_K | str, Fraction] = field(default_factory=dict)
 
     def delta(
-        self, energy_uj: int | None, power_uw: int | None, now: int
-    ) -> tuple[int | None, int]:
-        """The µJ used since the last read (None: no energy source), and 1 on a counter reset."""
+        self, energy_uj: int | None, power_uw: int | None, now: int, limit_uw: int | None = None
+    ) -> tuple[int | None, str | None]:
+        """The µJ used since the last read (None: no energy source, or none known), and the skip
+        reason of a counter step not taken as it reads (see step; limit_uw: the device's
+        highest power limit). An implausible reading is the next one's baseline, so one bad
+        read costs one interval and a counter that jumped for good is followed from there."""
         if energy_uj is not None:
             self.source = "driver"
             last, self.counter = self.counter, energy_uj
-            if last is None:
-                return 0, 0  # the first reading is the baseline
-            delta = energy_uj - last
-            if delta >= 0:
-                return delta, 0
-            if last < _WRAP_32 <= last * 2:  # fell from the top half of 32 bits: a wrap
-                return delta + _WRAP_32, 0
-            return energy_uj, 1  # a reset (module reload): the counter since
+            if last is None or self.at_ns is None:
+                self.wide = energy_uj >= _WRAP_32
+                return 0, None  # the first reading is the baseline
+            delta, reason = step(last, energy_uj, most_uj(limit_uw, now - self.at_ns), self.wide)
+            # An implausible value proves nothing of the counter's width.
+            self.wide = self.wide or (reason != COUNTER_IMPLAUSIBLE and energy_uj >= _WRAP_32)
+            return delta, reason
         if power_uw is not None and self.at_ns is not None:
             self.source = "integrated"
             work = power_uw * (now - self.at_ns) + self.integrated_rem
             delta, self.integrated_rem = divmod(work, 1_000_000_000)
-            return delta, 0
-        return None, 0
+            return delta, None
+        return None, None
 
     def split(
         self, delta: int, interval_ns: int, busy: Mapping[_K | None, list[int]]

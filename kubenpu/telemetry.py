@@ -13,7 +13,8 @@ Every number goes through fdinfo's bounded parser. A listed file that is absent,
 counted by reason in ``Reading.skipped`` and read as nothing; nothing here raises on sysfs.
 
 ``Telemetry`` reads every device on the fdinfo interval (the agent's attribution thread, not the
-event path), keeps the device's energy counter across wraps and resets, integrates power where
+event path), keeps the device's energy counter across wraps and resets (each step held against
+the device's highest power limit: kubenpu.energy.step), integrates power where
 a driver has no energy counter, and splits each increment among pods (kubenpu.energy).
 """
 
@@ -53,7 +54,6 @@ from kubenpu.metrics.inputs import Where
 from kubenpu.metrics.store import Metrics
 
 MISSING = "missing"
-COUNTER_RESET = "counter_reset"
 _UNITLESS = {"": 1}
 _MAX_FILE = 4096  # a sysfs attribute is at most a page
 _HWMON = re.compile(r"(power|energy|temp|freq|in)(\d+)_(input|average|cap|max|crit|rated_max)")
@@ -146,6 +146,7 @@ class Reading:
     values: list[tuple[Spec, Attrs, float]] = field(default_factory=list)
     energy_uj: int | None = None  # the device's energy counter: first hwmon, lowest channel
     power_uw: int | None = None  # its power now: first hwmon, lowest channel
+    limit_uw: int | None = None  # its highest power limit, any sensor (POWER_LIMIT's values)
     skipped: Counter[str] = field(default_factory=Counter)
 
 
@@ -180,6 +181,8 @@ def read_device(device: Device, root: str | Path = "/") -> Reading:
         base = device_dir if item.base is Base.DEVICE else card_dir
         if base is not None:
             _read_driver_file(base, item, reading)
+    limits = [v for s, _, v in reading.values if s is POWER_LIMIT and v > 0]
+    reading.limit_uw = round(max(limits) * 1e6) if limits else None
     return reading
 
 
@@ -324,8 +327,9 @@ class Telemetry:
             skipped.update(reading.skipped)
             meter = self._meters[device.id]
             now = self._clock()
-            delta, reset = meter.delta(reading.energy_uj, reading.power_uw, now)
-            skipped[COUNTER_RESET] += reset
+            delta, skip = meter.delta(reading.energy_uj, reading.power_uw, now, reading.limit_uw)
+            if skip:
+                skipped[skip] += 1
             if delta is not None and meter.at_ns is not None:
                 self._split(meter, delta, now - meter.at_ns, busy.get(device.id, {}))
                 if reading.power_uw is None and now > meter.at_ns:  # i915, xe: no power file

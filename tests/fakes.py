@@ -2,17 +2,22 @@
 
 FakeKernel is the fake probe: it stands in for the kernel side (kubenpu/kernel/), the loaded BPF
 program, and feeds the real Probe recorded ring-buffer records and kernel map snapshots.
-FakeResolver answers as the Resolver does while a CRI lookup is pending (None), for as long as a
-test says.
+PerCpuBpf holds per-CPU BPF maps as the kernel does, a u64 on each of more CPUs than this host
+may have, for the bpf(2) calls kubenpu/kernel/maps.py makes. FakeResolver answers as the
+Resolver does while a CRI lookup is pending (None), for as long as a test says.
 """
 
 from __future__ import annotations
 
+import ctypes
 import struct
 import threading
 from collections.abc import Callable, Iterable
 
+import pytest
+
 from kubenpu.events import KERNEL_LOST, Key
+from kubenpu.kernel import abi, bpfsys
 from kubenpu.kernel.errors import ProbeError
 from kubenpu.resolve import Attribution
 
@@ -46,6 +51,9 @@ class FakeKernel:
         self.start_raises: Exception | None = None
         self.failing_reads = 0  # the next N reads raise ProbeError
         self.poll_raises: BaseException | None = None  # the next poll raises this
+        # The next poll delivers this many records, then raises poll_raises; the records not
+        # consumed stay in the ring for the next poll, as ring_buffer__poll leaves them.
+        self.poll_fails_after: int | None = None
         self.forgotten: list[Key] = []
         self.closed = False
         self._records: list[bytes] = []
@@ -77,15 +85,21 @@ class FakeKernel:
         self._wake.set()
 
     def poll(self, timeout_ms: int) -> None:
-        if (exc := self.poll_raises) is not None:
+        exc, after = self.poll_raises, self.poll_fails_after
+        if exc is not None and after is None:
             self.poll_raises = None
             raise exc
         self._wake.wait(timeout_ms / 1000)
         with self._lock:
-            records, self._records = self._records, []
-            self._wake.clear()
+            take = len(self._records) if exc is None else min(after or 0, len(self._records))
+            records, self._records = self._records[:take], self._records[take:]
+            if not self._records:
+                self._wake.clear()
         for data in records:
             self._on_record(data)
+        if exc is not None:
+            self.poll_raises = self.poll_fails_after = None
+            raise exc
 
     def _read(self, what: dict) -> dict:
         if self.failing_reads:
@@ -106,6 +120,49 @@ class FakeKernel:
 
     def close(self) -> None:
         self.closed = True
+
+
+class PerCpuBpf:
+    """Per-CPU maps (fd -> key bytes -> one u64 per CPU) behind bpfsys's possible_cpus, lookup
+    and lookup_batch, as strict as the kernel: every value is spread over `ncpus` CPUs (6, more
+    than this host's 2), so a reader of one CPU's slot, or of as many as the host has, reads
+    less; a buffer smaller than the kernel writes (8 bytes per CPU per key) fails the test."""
+
+    def __init__(self, ncpus: int = 6) -> None:
+        self.ncpus = ncpus
+        self.maps: dict[int, dict[bytes, list[int]]] = {}
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(bpfsys, "possible_cpus", lambda: self.ncpus)
+        monkeypatch.setattr(bpfsys, "lookup", self.lookup)
+        monkeypatch.setattr(bpfsys, "lookup_batch", self.lookup_batch)
+
+    def add(self, fd: int, key: bytes, n: int) -> None:
+        """n more on key, as programs on every CPU leave them: CPU c gets its share."""
+        slots = self.maps.setdefault(fd, {}).setdefault(key, [0] * self.ncpus)
+        for cpu in range(self.ncpus):
+            slots[cpu] += n // self.ncpus + (cpu < n % self.ncpus)
+
+    def lookup(self, fd: int, key: bytes, value_size: int) -> bytes | None:
+        assert value_size >= 8 * self.ncpus, "the kernel writes a u64 for every possible CPU"
+        slots = self.maps.get(fd, {}).get(key)
+        return None if slots is None else struct.pack(f"={self.ncpus}Q", *slots)
+
+    def lookup_batch(self, fd, token_in, token_out, keys, values, count) -> bool:  # type: ignore[no-untyped-def]
+        """BPF_MAP_LOOKUP_BATCH: up to count keys from token_in on, values key after key, each
+        a u64 per CPU; False with the last batch (the kernel's ENOENT)."""
+        room = count.value
+        assert len(keys) >= room and len(values) >= room * self.ncpus, "buffers too small"
+        items = sorted(self.maps.get(fd, {}).items())
+        start = 0 if token_in is None else token_in.value
+        chunk = items[start : start + room]
+        for i, (key, slots) in enumerate(chunk):
+            keys[i] = abi.CountKey.from_buffer_copy(key)
+            for cpu, value in enumerate(slots):
+                values[i * self.ncpus + cpu] = ctypes.c_uint64(value).value
+        count.value = len(chunk)
+        token_out.value = start + len(chunk)
+        return start + len(chunk) < len(items)
 
 
 class FakeResolver:

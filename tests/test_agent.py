@@ -456,6 +456,20 @@ def test_workers_survive_exceptions(mode, running, caplog):
     assert agent.health.live() == (True, "ok")
 
 
+def test_a_poll_failing_after_some_records_counts_them_and_logs(running, caplog):
+    """Records a poll delivered before it failed are counted, the rest at the next poll (none
+    twice: tests/test_births.py); the failure is logged."""
+    kernel, resolver = FakeKernel(aggregate=False), FakeResolver()
+    resolver.answers[9] = Attribution("ml", "trainer-0", "worker")
+    agent = make_agent(kernel, resolver, Clock())
+    agent.cycle = _always_reading(agent)
+    kernel.poll_raises, kernel.poll_fails_after = OSError("polling the ring buffer: EIO"), 2
+    kernel.calls(key(9), 5)
+    running(agent)
+    eventually(lambda: values(agent.metrics, IOCTL).get((*POD, "alloc")) == 5, "all 5 calls")
+    assert "poll failed (retrying): OSError: polling the ring buffer: EIO" in caplog.text
+
+
 class _SlowRuntime(FakeResolver):
     """A runtime whose Version call hangs until the test releases it."""
 

@@ -15,7 +15,7 @@ import yaml
 from helpers import CHART, chart_capabilities
 from test_imports import LAYERS
 
-from kubenpu import loop
+from kubenpu import energy, loop
 from kubenpu.config import ProbeConfig
 from kubenpu.kernel import abi
 from kubenpu.resolve import resolver
@@ -191,6 +191,28 @@ TIMINGS = [
     ),
     ("docs/configuration.md", r"one batch \(([\d.]+) s of events", loop._FLUSH_SECONDS),
 ]
+
+
+# (doc, the claim with the number in it, the constant it states)
+NUMBERS = [
+    (
+        "docs/metrics.md",
+        r"device could make in Δt:\s+(\d+) \N{MULTIPLICATION SIGN}\s+its highest power limit",
+        energy.POWER_MARGIN,
+    ),
+    (
+        "docs/metrics.md",
+        r"or\s+(\d+) W where the driver\s+publishes no limit",
+        energy.FALLBACK_WATTS,
+    ),
+]
+
+
+@pytest.mark.parametrize(("path", "claim", "number"), NUMBERS, ids=lambda t: str(t)[:40])
+def test_stated_numbers_are_the_codes(path, claim, number):
+    found = re.search(claim, _doc(path))
+    assert found, f"{path} no longer says {claim!r}: update NUMBERS with what it says now"
+    assert int(found.group(1)) == number
 
 
 @pytest.mark.parametrize(("path", "claim", "seconds"), TIMINGS, ids=lambda t: str(t)[:40])

@@ -1,18 +1,23 @@
 """Host-side checks of the kernel side's plumbing (kubenpu/kernel/): hooks, the BCC text, the
 loader choice. Loading and attaching run in the VM (test_e2e_vm); the ABI is tests/test_abi.py."""
 
+import ctypes
 import re
 from pathlib import Path
 
 import pytest
+from fakes import PerCpuBpf
+from helpers import make_config
 
 from kubenpu import vendors
+from kubenpu.events import Key
+from kubenpu.kernel import abi, core, maps
 from kubenpu.kernel.abi import dev_t
 from kubenpu.kernel.bcc import AttachPlan, BccKernel, attach_plans, source_text
 from kubenpu.kernel.core import CoreKernel
 from kubenpu.kernel.hooks import effective_capabilities, missing_privileges
 from kubenpu.kernel.loader import loaders
-from kubenpu.kernel.maps import device_slots, vendor_ids
+from kubenpu.kernel.maps import Maps, device_slots, vendor_ids
 
 KALLSYMS_6_8 = (
     "0000000000000000 T security_file_ioctl\n0000000000000000 T security_file_ioctl_compat\n"
@@ -141,3 +146,53 @@ def test_device_table_puts_drm_and_accel_nodes_in_the_array_and_others_in_the_ha
     slots, others = device_slots(by_node)
     assert {i: v for i, v in enumerate(slots) if v} == {0: 4, 128: 4, 257: 8}  # vendor id + 1
     assert others == {dev_t(226, 300): 3, dev_t(189, 4): 2}  # minors the array cannot index
+
+
+def test_per_cpu_maps_are_read_on_every_cpu(monkeypatch) -> None:
+    """The kernel keeps a per-CPU map's value as one u64 per possible CPU: the lost slots and
+    the counts (read in batches, a token between them) are the sums over all of them."""
+    bpf = PerCpuBpf()
+    assert bpf.ncpus >= 4
+    bpf.install(monkeypatch)
+    monkeypatch.setattr(maps, "_BATCH", 7)  # several batches of keys
+    lost_fd, counts_fd = 10, 11
+    for slot in range(len(abi.LOST_SLOTS)):
+        bpf.add(lost_fd, abi.U32.pack(slot), 100 + slot)
+    keys = [Key(1000 + i, 226, i % 3, 2) for i in range(30)]
+    for i, k in enumerate(keys):
+        bpf.add(counts_fd, abi.COUNT_KEY.pack(k.cgroup_id, dev_t(k.major, k.minor), k.kind), 50 + i)
+    read = Maps({abi.LOST: lost_fd, abi.COUNTS: counts_fd})
+    assert read.read_lost() == {name: 100 + slot for slot, name in enumerate(abi.LOST_SLOTS)}
+    assert read.read_counts() == {k: 50 + i for i, k in enumerate(keys)}
+    # No one CPU's slot holds a value: a reader of CPU 0 alone would read less.
+    assert all(max(v) < sum(v) for m in bpf.maps.values() for v in m.values())
+
+
+@pytest.mark.parametrize("mode", ["aggregate", "events"])
+def test_the_core_loader_sizes_its_maps_as_the_config_asks(tmp_path, monkeypatch, mode) -> None:
+    """probe.ringbuf_pages reaches libbpf's bpf_map__set_max_entries on the opened object
+    before its load (the load is refused here: no VM, no privileges), and `counts` keeps its
+    size; what the kernel then makes of them is checked in the VM (test_restart_vm)."""
+    if not core.object_path(mode == "aggregate").exists():
+        pytest.skip("make bpf has not built the CO-RE objects")
+    cfg = make_config(tmp_path, f"probe:\n  ringbuf_pages: 64\n  mode: {mode}\n")
+    own = ctypes.CDLL("libbpf.so.1")  # its own typed handles: the loader's stay as they are
+    find, entries = own.bpf_object__find_map_by_name, own.bpf_map__max_entries
+    find.restype, find.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_char_p]
+    entries.restype, entries.argtypes = ctypes.c_uint32, [ctypes.c_void_p]
+    sized: dict[str, int | None] = {}
+
+    def load(obj: int) -> int:
+        for name in (abi.EVENTS, abi.COUNTS):
+            found = find(obj, name.encode())
+            sized[name] = entries(found) if found else None
+        return -1  # EPERM, as an unprivileged load is answered
+
+    monkeypatch.setattr(core._libbpf().lib, "bpf_object__load", load)
+    [kernel] = loaders(
+        [], loader="core", mode=cfg.probe.mode, ringbuf_pages=cfg.probe.ringbuf_pages
+    )
+    with pytest.raises(core.ProbeError, match="loading the object"):
+        kernel.start(lambda _: None)
+    counts = abi.COUNTS_ENTRIES if mode == "aggregate" else None
+    assert sized == {abi.EVENTS: 64 * abi.PAGE, abi.COUNTS: counts}

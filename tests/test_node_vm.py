@@ -306,11 +306,12 @@ def energy(result) -> dict:
 
 
 def test_the_test_drivers_hwmon_reaches_metrics_with_exact_units(result, energy):
-    """power1_input 25,000,000 µW, power1_cap 150,000,000 µW, temp1_input 45,000 m°C."""
+    """power1_input 25,000,000 µW, power1_cap 10,000,000,000 µW (node_guest sets it: the
+    energy run's 9.6 kW must pass the counter rule), temp1_input 45,000 m°C."""
     scrape = energy["after"]
     assert list(_testdrm(scrape, "kubenpu_device_power_watts", sensor="power1").values()) == [25.0]
     limits = _testdrm(scrape, "kubenpu_device_power_limit_watts", limit="cap")
-    assert list(limits.values()) == [150.0]
+    assert list(limits.values()) == [10_000.0]
     temps = _testdrm(scrape, "kubenpu_device_temperature_celsius", sensor="temp1")
     assert list(temps.values()) == [45.0]
     (source,) = [dict(k)["source"] for k in _testdrm(scrape, "kubenpu_device_energy_joules_total")]

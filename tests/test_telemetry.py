@@ -152,7 +152,8 @@ def device_energy(metrics: Metrics) -> float:
 def test_driver_energy_across_a_reset_and_a_32_bit_wrap(tmp_path: Path) -> None:
     tel, metrics, clock, root = telemetry("intel-arc-xe", tmp_path)
     counter = xe_energy(root)
-    for raw, step in ((1_000, 0), (4_000, 5), (500, 5), ((1 << 32) - 100, 5), (400, 5)):
+    # The xe card's highest limit is power1_crit, 400 W: at most 800 W, 4294 J in 6 s.
+    for raw, step in ((1_000, 0), (4_000, 5), (500, 5), ((1 << 32) - 100, 6), (400, 5)):
         counter.write_text(f"{raw}\n")
         clock.ns += step * SECOND
         tel.read({})
@@ -162,6 +163,61 @@ def test_driver_energy_across_a_reset_and_a_32_bit_wrap(tmp_path: Path) -> None:
     # The derived power of the last interval: 500 µJ in 5 s.
     [(_, power)] = [(k, v) for k, v in values(metrics, POWER).items() if "derived" in k]
     assert power == 500 / 5 / 1e6
+
+
+def energy_steps(tmp_path: Path, steps: list[tuple[int, int]]) -> tuple[Metrics, int]:
+    """The xe card's counter read at (µJ, seconds after the last read), two pods busy half the
+    time each: its device energy in µJ and the metrics."""
+    tel, metrics, clock, root = telemetry("intel-arc-xe", tmp_path)
+    counter = xe_energy(root)
+    for raw, seconds in steps:
+        counter.write_text(f"{raw}\n")
+        clock.ns += seconds * SECOND
+        busy = {
+            "0000:03:00.0": {
+                Where(pod, pod, "c", "0000:03:00.0", "xe"): [seconds * SECOND // 2, 0, 0]
+                for pod in ("a", "b")
+            }
+        }
+        tel.read(busy)
+    return metrics, round(device_energy(metrics) * 1e6)
+
+
+def test_a_step_back_to_no_restart_is_implausible_not_a_reset(tmp_path: Path) -> None:
+    """1 µJ back on a counter at 10^12 µJ once added 10^12 µJ (1 MJ in 1 s) to the pods."""
+    metrics, total = energy_steps(tmp_path, [(10**12, 0), (10**12 - 1, 1), (10**12 + 99, 1)])
+    assert total == 100  # the bad step is no energy; the next read goes on from it
+    assert values(metrics, TELEMETRY_SKIPPED) == {("counter_implausible",): 1}
+    assert sum(values(metrics, POD_ENERGY).values()) * 1e6 <= 100
+
+
+def test_a_rise_past_the_devices_power_is_implausible(tmp_path: Path) -> None:
+    big = 1 << 60
+    metrics, total = energy_steps(tmp_path, [(5_000, 0), (5_000 + big, 5), (6_000 + big, 5)])
+    assert total == 1_000
+    assert values(metrics, TELEMETRY_SKIPPED) == {("counter_implausible",): 1}
+    # 800 W (2 x power1_crit) for 5 s is the most one read takes as real.
+    most = energy.POWER_MARGIN * 400 * 5 * 10**6
+    metrics, total = energy_steps(tmp_path / "b", [(0, 0), (most, 5), (2 * most + 1, 5)])
+    assert total == most
+    assert values(metrics, TELEMETRY_SKIPPED) == {("counter_implausible",): 1}
+
+
+def test_a_wide_counter_reset_from_the_top_half_of_32_bits_is_no_wrap(tmp_path: Path) -> None:
+    """Once read past 2^32 the counter is 64-bit: a later fall is a reset, not a 32-bit wrap."""
+    steps = [(5 << 32, 0), (10, 1), (3_000_000_010, 10), (100, 1)]
+    metrics, total = energy_steps(tmp_path, steps)
+    assert total == 10 + 3_000_000_000 + 100  # not 2^32 - 3e9 + 100 more for a wrap
+    assert values(metrics, TELEMETRY_SKIPPED) == {("counter_reset",): 2}
+
+
+def test_the_ceiling_is_the_margin_over_the_highest_limit_else_the_fallback() -> None:
+    assert energy.most_uj(400_000_000, 5 * SECOND) == energy.POWER_MARGIN * 400 * 5 * 10**6
+    assert energy.most_uj(None, SECOND) == energy.FALLBACK_WATTS * 10**6
+    assert energy.most_uj(0, SECOND) == energy.FALLBACK_WATTS * 10**6
+    assert reading("intel-arc-xe", "0000:03:00.0").limit_uw == 400_000_000  # power1_crit
+    assert reading("gaudi", "0000:33:00.0").limit_uw == 600_000_000  # habanalabs max_power
+    assert reading("intel-i915", "0000:00:02.0").limit_uw is None
 
 
 def test_power_is_integrated_where_the_driver_has_no_energy_counter(tmp_path: Path) -> None:

@@ -100,7 +100,7 @@ g.dashboard(
                 '{{node}} {{reason}}')],
       'short',
       g.pos(0, 40, 12, 8),
-      'missing: a driver file this kernel lacks; unreadable: hwmon answered an error (sensor off); counter_reset: the energy counter went down.',
+      'missing: a driver file this kernel lacks; unreadable: hwmon answered an error (sensor off); counter_reset: the energy counter went down to a value a restart explains; counter_implausible: it stepped further than the device power allows (no energy counted).',
     ),
     g.timeseries(
       'fdinfo items skipped, by reason',

@@ -385,7 +385,9 @@ TELEMETRY_SKIPPED = Spec(
     "Device telemetry files not used, by reason: missing (a listed driver file absent), "
     "unreadable (a read error: hwmon returns EIO/ENODATA for sensors off), malformed, "
     "out_of_range (past 2^63-1), counter_reset (the energy counter went down, not by a 32-bit "
-    "wrap: the increment since is its new value).",
+    "wrap, to a value the device could have made since a restart: the increment since is its "
+    "new value), counter_implausible (the energy counter rose by more, or fell to more, than "
+    "the device could make in the interval: no energy counted, the value is the next baseline).",
     ("reason",),
 )
 POD_ENERGY = Spec(

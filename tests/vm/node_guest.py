@@ -29,7 +29,7 @@ device), pod C (team-c/idle-0) one virtio-gpu by its PCI address and never calls
 an id of no known format (unmapped). A's sidecar and B's server call virtio-gpu unallocated.
 
 Device telemetry and energy per pod (issue 22): the test driver's hwmon (power1_input 25 W,
-power1_cap 150 W, temp1_input 45 °C; energy1_input +2 J per SUBMIT) on /metrics and over OTLP
+power1_cap set to 10 kW, temp1_input 45 °C; energy1_input +2 J per SUBMIT) on /metrics and over OTLP
 (a receiver in the guest). Then container "energy" in pods A and B opens a client each, waits
 (drmcall --wait-signal), and both make 36,000 and 12,000 SUBMITs at one signal, sent just after
 an fdinfo read: the next read's energy increase, 96,000 J, must split 72,000 / 24,000 exactly,
@@ -141,6 +141,9 @@ FDINFO_INTERVAL = 10  # fdinfo.interval_seconds (telemetry and the energy split 
 ENERGY_SUBMITS = {POD_A: 36_000, POD_B: 12_000}  # 1.25 ms busy each: 45 s and 15 s
 TESTDRM_PARAMS = Path("/sys/module/kubenpu_testdrm/parameters")
 UJ_PER_SUBMIT = 2_000_000  # the test driver's ENERGY_UJ_PER_SUBMIT
+# The energy run's 96,000 J in one 10 s interval is 9.6 kW: the agent takes a counter step as
+# real up to twice the device's highest power limit (docs/metrics.md#the-energy-counter-rule).
+POWER_CAP_UW = 10_000_000_000
 DEVICE_ENERGY = "kubenpu_device_energy_joules_total"
 
 
@@ -380,6 +383,8 @@ class Node:
         self.issued: dict[str, Counter[tuple[str, str, str]]] = {}  # per container attempt
         self.containers: dict[str, dict] = {}
         self.testdrm_skipped = load_testdrm()  # before discovery and the agent's start
+        if not self.testdrm_skipped:
+            (TESTDRM_PARAMS / "power_cap_uw").write_text(f"{POWER_CAP_UW}\n")
         found = discover("/")
         self.devices: dict[str, Device] = {d.vendor: d for d in found if d.vendor}
         self.testdrm = next((d for d in found if d.id == TESTDRM), None)
