@@ -51,12 +51,15 @@ from kubenpu.metrics.catalogue import (
 )
 from kubenpu.metrics.inputs import Where
 from kubenpu.metrics.store import Metrics
+from kubenpu.text import ascii_digits
 
 MISSING = "missing"
 COUNTER_RESET = "counter_reset"
 _UNITLESS = {"": 1}
 _MAX_FILE = 4096  # a sysfs attribute is at most a page
-_HWMON = re.compile(r"(power|energy|temp|freq|in)(\d+)_(input|average|cap|max|crit|rated_max)")
+_HWMON = re.compile(
+    r"(power|energy|temp|freq|in)(\d+)_(input|average|cap|max|crit|rated_max)", re.ASCII
+)
 _LABEL_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
 # PCI vendor ids to hw.vendor.
 _HW_VENDOR = {
@@ -196,7 +199,7 @@ def _hwmon_dirs(device_dir: Path) -> list[Path]:
         names = os.listdir(device_dir / "hwmon")
     except OSError:
         return []  # no hwmon device: many drivers register none
-    numbered = [(int(n[5:]), n) for n in names if n.startswith("hwmon") and n[5:].isdigit()]
+    numbered = [(int(n[5:]), n) for n in names if n.startswith("hwmon") and ascii_digits(n[5:])]
     return [device_dir / "hwmon" / n for _, n in sorted(numbered)]
 
 

@@ -320,3 +320,19 @@ def test_pod_energy_is_exported_under_its_prometheus_and_otlp_names(tmp_path: Pa
     assert 'kubenpu_energy_joules_total{container="main",device="platform:kubenpu_testdrm"' in text
     [(attrs, joules)] = rx.values("kubenpu.energy").items()
     assert joules == 1.500001 and ("pod", "a") in attrs
+
+
+def test_names_with_other_scripts_digits_are_not_sensors(tmp_path: Path) -> None:
+    """A directory hwmon² stopped every device's telemetry: '²'.isdigit() is true and int('²')
+    raised. power\\u0661_input read as channel 1 (int('\\u0661'), an Arabic-Indic one, is 1), a
+    second power1."""
+    shutil.copytree(TESTDATA / "amd-server", tmp_path, symlinks=True, dirs_exist_ok=True)
+    gpu = next(tmp_path.glob("sys/devices/*/*/0000:c3:00.0"))
+    before = read_device(*[d for d in discover(tmp_path) if d.driver == "amdgpu"], tmp_path)
+    (gpu / "hwmon/hwmon²").mkdir()
+    (gpu / "hwmon/hwmon²/power1_input").write_text("5000000\n")
+    (gpu / "hwmon/hwmon4/power\u0661_input").write_text("7000000\n")
+    [dev] = [d for d in discover(tmp_path) if d.driver == "amdgpu"]
+    got = read_device(dev, tmp_path)
+    assert got == before
+    assert got.power_uw == 63000000
