@@ -138,7 +138,8 @@ IOCTL_SERIES = Spec(
     "kubenpu.ioctl.series",
     "gauge",
     "{series}",
-    "kubenpu_ioctl_total series currently held (at most metrics.max_series, plus overflow).",
+    "kubenpu_ioctl_total series currently held (with the allocation and telemetry series at "
+    "most metrics.max_series, plus overflow).",
 )
 OVERFLOW_CALLS = Spec(
     "kubenpu.overflow_calls",
@@ -146,6 +147,18 @@ OVERFLOW_CALLS = Spec(
     "{call}",
     'Calls counted in the kubenpu_ioctl_total{otel_metric_overflow="true"} series because '
     "metrics.max_series was reached.",
+)
+# What holds series beside kubenpu_ioctl_total under metrics.max_series, and whose series the
+# cap leaves out (kubenpu.overflow_series).
+SERIES_SOURCES = ("allocations", "telemetry")
+OVERFLOW_SERIES = Spec(
+    "kubenpu.overflow_series",
+    "counter",
+    "{series}",
+    "Series left out of an allocations refresh or a device telemetry read because "
+    "metrics.max_series was reached, by source; counted at every refresh or read that leaves "
+    "them out.",
+    ("source",),
 )
 LATE_SIGHTINGS = Spec(
     "kubenpu.sightings.late",
@@ -456,6 +469,7 @@ SPECS = (
     EXPORT_ERRORS,
     IOCTL_SERIES,
     OVERFLOW_CALLS,
+    OVERFLOW_SERIES,
     LATE_SIGHTINGS,
     READ_ERRORS,
     COUNTERS_READ,
