@@ -398,7 +398,8 @@ TELEMETRY_SKIPPED = Spec(
     "Device telemetry files not used, by reason: missing (a listed driver file absent), "
     "unreadable (a read error: hwmon returns EIO/ENODATA for sensors off), malformed, "
     "out_of_range (past 2^63-1), counter_reset (the energy counter went down, not by a 32-bit "
-    "wrap: the increment since is its new value).",
+    "wrap: the increment since is its new value), deadline (a device's read still running "
+    "telemetry.deadline_seconds after it was due, counted at every read it holds up).",
     ("reason",),
 )
 POD_ENERGY = Spec(
@@ -425,6 +426,15 @@ ENERGY_UNATTRIBUTED = Spec(
     "waiting for the CRI).",
     ("device", "vendor"),
 )
+TELEMETRY_STALE = Spec(
+    "kubenpu.device.telemetry.stale",
+    "gauge",
+    "",
+    "1 while the device's last sysfs/hwmon read did not finish within telemetry.deadline_seconds "
+    "(a driver can block sysfs reads during a reset): its other telemetry series keep the values "
+    "of its last finished read; else 0.",
+    ("device", "vendor"),
+)
 TELEMETRY_SPECS = (
     POWER,
     POWER_LIMIT,
@@ -439,6 +449,7 @@ TELEMETRY_SPECS = (
     DEVICE_BUSY,
     ENERGY_IDLE,
     ENERGY_UNATTRIBUTED,
+    TELEMETRY_STALE,
 )
 DESCRIPTORS_EXHAUSTED = Spec(
     "kubenpu.descriptors.exhausted",
