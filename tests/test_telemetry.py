@@ -372,6 +372,11 @@ def stale(metrics: Metrics) -> dict[str, float]:
     return {p.attrs["device"]: p.value for p in points}
 
 
+def read_until_fresh(tel: Telemetry, metrics: Metrics, device: str) -> None:
+    """Reads until the device's late read is used (it returns a moment after the fake's read)."""
+    eventually(lambda: tel.read({}) is None and stale(metrics)[device] == 0, "the late read used")
+
+
 def test_a_read_that_blocks_is_skipped_its_device_marked_stale_and_never_read_twice(
     tmp_path: Path,
 ) -> None:
@@ -396,7 +401,7 @@ def test_a_read_that_blocks_is_skipped_its_device_marked_stale_and_never_read_tw
     finally:
         sensors.release.set()
     assert sensors.returned.wait(30)
-    tel.read({})  # the read that took long is used when it returns
+    read_until_fresh(tel, metrics, "0000:c3:00.0")  # the read that took long is used
     assert stale(metrics) == {"0000:02:00.0": 0, "0000:c3:00.0": 0}
     assert [v for k, v in values(metrics, POWER).items() if "0000:c3:00.0" in k] == [70.0]
     tel.read({})
@@ -425,6 +430,7 @@ def test_busy_time_handed_while_a_read_is_stuck_is_split_at_the_read_after(
         sensors.release.set()
     assert sensors.returned.wait(30)
     tel.read(busy(3))  # 2 s + 3 s busy of 5 s: all of the 3 J is a's
+    read_until_fresh(tel, metrics, "0000:03:00.0")
     assert values(metrics, POD_ENERGY, ("namespace", "container", "device", "vendor")) == {
         ("a",): 3.0
     }
