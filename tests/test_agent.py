@@ -673,7 +673,8 @@ def test_telemetry_is_read_right_after_fdinfo_with_its_busy_time(cgroups, resolv
     assert alone.busy == [{}]
 
 
-def test_a_sensor_read_that_never_returns_stalls_neither_counting_nor_liveness(cgroups, resolver):
+@pytest.mark.parametrize("returns", [False, True], ids=["never_returns", "takes_long"])
+def test_a_sensor_read_that_blocks_stalls_neither_counting_nor_liveness(cgroups, resolver, returns):
     """Telemetry was read on the attribution thread: a sysfs file that never answered (drivers
     block in sysfs during a GPU reset) stopped every pod's counting and /healthz went 503, so
     the kubelet restarted the agent into the same read."""
@@ -681,7 +682,8 @@ def test_a_sensor_read_that_never_returns_stalls_neither_counting_nor_liveness(c
 
     def blocked(device: Device, root: Path) -> Reading:
         reads.append(device.id)
-        release.wait()
+        if len(reads) == 1:  # the first read blocks; once it returns, the device reads again
+            release.wait()
         return Reading()
 
     kernel, clock, usage = FakeKernel(aggregate=True), Clock(), Usage()
@@ -711,6 +713,15 @@ def test_a_sensor_read_that_never_returns_stalls_neither_counting_nor_liveness(c
         )
         assert values(agent.metrics, TELEMETRY_STALE) == {("platform:vgem", "vgem"): 1}
         assert reads == ["platform:vgem"]  # no second read while the first is stuck
+        if returns:  # the late read is used at the next read, and the device is read again
+            release.set()
+
+            def fresh() -> bool:
+                agent.cycle()
+                clock.now += 5
+                return values(agent.metrics, TELEMETRY_STALE) == {} and len(reads) >= 2
+
+            eventually(fresh, "the device fresh again")  # values() leaves out the stale 0
     finally:
         release.set()
         telemetry.close()
