@@ -151,6 +151,8 @@ class FdinfoConfig(_Model):
 
 class TelemetryConfig(_Model):
     enabled: bool = True  # device power, energy, clocks from sysfs/hwmon, on the fdinfo interval
+    # Each device's sysfs/hwmon read must finish within this, or the device is marked stale.
+    deadline_seconds: float = Field(1, gt=0, le=60)
 
 
 class PrometheusConfig(_Model):

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from kubenpu.files import read_regular
+from kubenpu.text import ascii_int
 from kubenpu.vendors import for_driver
 
 log = logging.getLogger(__name__)
@@ -34,16 +35,16 @@ _MAX_FILE = 4096  # a sysfs attribute is at most a page
 # sysfs class -> the /dev directory the kernel names its nodes in (drm_devnode, accel_devnode).
 _CLASSES = {"drm": "dri", "accel": "accel"}
 # Connector entries (card0-HDMI-A-1), `version` and legacy controlD nodes are not nodes we count.
-_NODE_NAME = re.compile(r"(card|renderD|accel)\d+")
+_NODE_NAME = re.compile(r"(card|renderD|accel)\d+", re.ASCII)
 PCI_ADDRESS = re.compile(r"[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
-_VIRTIO_DEVICE = re.compile(r"virtio\d+")
+_VIRTIO_DEVICE = re.compile(r"virtio\d+", re.ASCII)
 _VIRTIO_TRANSPORT = "virtio-pci"
 # Platform devices a driver registers without binding to them, by name pattern, with the driver
 # whose plug-in counts their calls:
 # - amdgpu_xcp_N, an MI300 compute partition's DRM device (drivers/gpu/drm/amd/amdxcp/
 #   amdgpu_xcp_drv.c, amdgpu_xcp_drm_dev_alloc()); amdgpu_xcp.c amdgpu_xcp_dev_register() sends
 #   its ioctls to amdgpu's driver.
-_UNBOUND = ((re.compile(r"amdgpu_xcp_\d+"), "amdgpu"),)
+_UNBOUND = ((re.compile(r"amdgpu_xcp_\d+", re.ASCII), "amdgpu"),)
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ def _device(dev: Path, nodes: list[Node]) -> Device:
         plugin = for_driver(driver)
         ident, pci_id = pci.name, _pci_id(pci)
         # numa_node only exists on CONFIG_NUMA kernels; -1 means "no affinity".
-        numa = _parsed(pci / "numa_node", int, missing_ok=True)
+        numa = _parsed(pci / "numa_node", ascii_int, missing_ok=True)
         numa = None if numa is None or numa < 0 else numa
     return Device(
         id=ident,
@@ -202,7 +203,7 @@ def _parsed(path: Path, parse: Callable[[str], _T], missing_ok: bool = False) ->
 
 
 def _major_minor(text: str) -> tuple[int, int]:
-    major, minor = (int(n) for n in text.split(":"))
+    major, minor = (ascii_int(n) for n in text.split(":"))
     if major < 0 or minor < 0:
         raise ValueError(text)
     return major, minor

@@ -34,6 +34,7 @@ from typing import Generic, TypeVar
 from kubenpu.descriptors import exhausted
 from kubenpu.discovery import Device
 from kubenpu.files import read_regular
+from kubenpu.text import ascii_digits
 
 # Node directories (discovery's drm_devnode/accel_devnode names), as fd links spell them.
 _NODE_DIRS = ("/dev/dri/", "/dev/accel/")
@@ -82,7 +83,7 @@ _KEYS: tuple[tuple[str, str, str, dict[str, int]], ...] = (
 )
 _LEGACY_MEMORY = "drm-memory-"  # deprecated alias of drm-resident-
 # A u64 has 20 digits; a longer number is malformed (and int() raises past 4,300 digits).
-_VALUE = re.compile(r"(-?\d{1,20})\s*([A-Za-z]*)")
+_VALUE = re.compile(r"(-?\d{1,20})\s*([A-Za-z]*)", re.ASCII)
 MAX_VALUE = 2**63 - 1  # OTLP's int64 data points; a Prometheus float holds it too
 # A DRM fdinfo file is a few hundred bytes; what is past this is cut at a line and counted.
 _MAX_FDINFO = 64 * 1024
@@ -224,7 +225,7 @@ class FdinfoReader:
 
     def _all_pids(self) -> list[int]:
         try:
-            pids = sorted(int(name) for name in os.listdir(self._proc) if name.isdigit())
+            pids = sorted(int(name) for name in os.listdir(self._proc) if ascii_digits(name))
         except OSError:
             return []  # no proc: nothing to read (kubenpuctl checks the directory first)
         # Not the reader itself: the fd of its own fd/ listing would vanish under it every time.

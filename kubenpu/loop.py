@@ -85,7 +85,6 @@ class Agent:
             "poll": Streak("poll"),
             "attribution": Streak("attribution"),
             "fdinfo": Streak("reading fdinfo"),
-            "telemetry": Streak("reading device telemetry"),
         }
 
     def run(self) -> int:
@@ -154,8 +153,8 @@ class Agent:
 
     def cycle(self) -> None:
         """One attribution step: read the kernel (the counts map every _READ_SECONDS), count
-        what the Tally holds, read fdinfo every usage_interval and reap dead cgroups every
-        _REAP_SECONDS."""
+        what the Tally holds, read fdinfo every usage_interval (and hand its busy time to the
+        telemetry thread) and reap dead cgroups every _REAP_SECONDS."""
         now = self._clock()
         counts_due = now - self._last_counts >= _READ_SECONDS
         if self._read(counts_due) and counts_due:
@@ -167,7 +166,8 @@ class Agent:
                 self._stamped("fdinfo", self.usage.read)
             if self.telemetry is not None:  # right after fdinfo: energy splits by its busy time
                 busy = self.usage.interval_busy() if self.usage is not None else {}
-                self._stamped("telemetry", self.telemetry.read, busy)
+                # Handed over, not read here: a sysfs read can block for good (a GPU reset).
+                self.telemetry.submit(busy)
         if now - self._last_reap >= _REAP_SECONDS:
             self._reap()
             self._last_reap = now

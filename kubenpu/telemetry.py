@@ -12,16 +12,21 @@ Every number goes through fdinfo's bounded parser. A listed file that is absent,
 (hwmon answers EIO or ENODATA for a sensor that is off), a malformed or out-of-range value is
 counted by reason in ``Reading.skipped`` and read as nothing; nothing here raises on sysfs.
 
-``Telemetry`` reads every device on the fdinfo interval (the agent's attribution thread, not the
-event path), keeps the device's energy counter across wraps and resets (each step held against
-the device's highest power limit: kubenpu.energy.step), integrates power where
-a driver has no energy counter, and splits each increment among pods (kubenpu.energy).
+``Telemetry`` reads every device on the fdinfo interval on its own ``telemetry`` thread, each
+device's files on a daemon thread of their own within ``telemetry.deadline_seconds``: a driver
+can block a sysfs read for good (during a GPU reset), and that must hold up neither counting nor
+the other devices. It keeps the device's energy counter across wraps and resets (each step held
+against the device's highest power limit: kubenpu.energy.step), integrates power where a driver
+has no energy counter, and splits each increment among pods (kubenpu.energy) by the busy time
+the attribution thread hands it after each fdinfo read.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
@@ -43,6 +48,7 @@ from kubenpu.metrics.catalogue import (
     MEMORY_USED,
     POWER,
     POWER_LIMIT,
+    TELEMETRY_STALE,
     TEMPERATURE,
     THROTTLE,
     UTILIZATION,
@@ -52,11 +58,17 @@ from kubenpu.metrics.catalogue import (
 )
 from kubenpu.metrics.inputs import Where
 from kubenpu.metrics.store import Metrics
+from kubenpu.text import ascii_digits
+
+log = logging.getLogger(__name__)
 
 MISSING = "missing"
+DEADLINE = "deadline"  # a device's read still running at the deadline
 _UNITLESS = {"": 1}
 _MAX_FILE = 4096  # a sysfs attribute is at most a page
-_HWMON = re.compile(r"(power|energy|temp|freq|in)(\d+)_(input|average|cap|max|crit|rated_max)")
+_HWMON = re.compile(
+    r"(power|energy|temp|freq|in)(\d+)_(input|average|cap|max|crit|rated_max)", re.ASCII
+)
 _LABEL_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
 # PCI vendor ids to hw.vendor.
 _HW_VENDOR = {
@@ -199,7 +211,7 @@ def _hwmon_dirs(device_dir: Path) -> list[Path]:
         names = os.listdir(device_dir / "hwmon")
     except OSError:
         return []  # no hwmon device: many drivers register none
-    numbered = [(int(n[5:]), n) for n in names if n.startswith("hwmon") and n[5:].isdigit()]
+    numbered = [(int(n[5:]), n) for n in names if n.startswith("hwmon") and ascii_digits(n[5:])]
     return [device_dir / "hwmon" / n for _, n in sorted(numbered)]
 
 
@@ -300,46 +312,167 @@ def _label(path: Path) -> str | None:
 
 # Busy per recipient in one interval: [busy ns, busy cycles, elapsed cycles].
 Busy = Mapping[str, Mapping[Where | None, list[int]]]
+_DeviceBusy = dict[Where | None, list[int]]
+Points = list[tuple[Spec, Attrs, float]]
+Clock = Callable[[], int]
+
+
+def _add(into: _DeviceBusy, busy: Mapping[Where | None, list[int]]) -> None:
+    """Adds one interval's busy time to what is kept since the device's last read."""
+    for where, counts in busy.items():
+        kept = into.setdefault(where, [0] * len(counts))
+        kept[:] = [a + b for a, b in zip(kept, counts, strict=True)]
+
+
+class _Read:
+    """One device's read, on its own daemon thread: a sysfs read that blocks (a driver in a GPU
+    reset) holds that thread alone. Python cannot kill it, so the device gets no second read
+    until it returns."""
+
+    def __init__(
+        self, read: Callable[[Device, Path], Reading], device: Device, root: Path, clock: Clock
+    ) -> None:
+        self.done = threading.Event()
+        self.reading: Reading | None = None
+        self.at_ns = 0
+        self._args = (read, device, root, clock)
+        threading.Thread(target=self._run, name=f"telemetry {device.id}", daemon=True).start()
+
+    def _run(self) -> None:
+        read, device, root, clock = self._args
+        try:
+            self.reading = read(device, root)
+        except Exception:  # read_device does not raise on sysfs; anything else is a bug
+            log.exception("reading the telemetry of %s failed", device.id)
+        finally:
+            self.at_ns = clock()
+            self.done.set()
 
 
 class Telemetry:
-    """Reads every device's telemetry and turns energy increments into per-pod energy."""
+    """Reads every device's telemetry on its own thread and turns energy increments into
+    per-pod energy. The attribution thread only hands it busy time (`submit`): counting never
+    waits on sysfs. `read()` is one step; `start()` runs it at each `submit` until `close()`."""
 
     def __init__(
         self,
         devices: Iterable[Device],
         metrics: Metrics,
         root: str | Path = "/",
-        clock: Callable[[], int] = time.monotonic_ns,
+        clock: Clock = time.monotonic_ns,
+        deadline: float = 1.0,
+        read: Callable[[Device, Path], Reading] = read_device,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self._devices = list(devices)
         self._metrics = metrics
         self._root = Path(root)
         self._clock = clock
+        self._deadline = deadline
+        self._read_device = read
+        self._wall = wall  # the Unix time of reads, for kubenpu_counters_read_timestamp_seconds
         self._hw = {d.id: _hw_attrs(d) for d in self._devices}
         self._meters: dict[str, energy.Meter[Where]] = {d.id: energy.Meter() for d in self._devices}
+        self._reads: dict[str, _Read] = {}  # the devices' reads not applied yet
+        self._busy: dict[str, _DeviceBusy] = {d.id: {} for d in self._devices}  # since each read
+        self._last: dict[str, Points] = {}  # each device's points of its last finished read
+        self._lock = threading.Lock()
+        self._submitted: dict[str, _DeviceBusy] = {}  # busy time the thread has not taken yet
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, busy: Busy) -> None:
+        """Hands one fdinfo interval's busy time (Usage.interval_busy()) to the telemetry
+        thread, which reads at once. Never waits: busy time handed while a read is still
+        running is added up and split at the read after it."""
+        with self._lock:
+            for device, per in busy.items():
+                _add(self._submitted.setdefault(device, {}), per)
+        self._wake.set()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="telemetry", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stops the thread after its read; a device read stuck in sysfs is left behind (its
+        thread is a daemon)."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(self._deadline + 1)
+
+    def _loop(self) -> None:
+        while True:
+            self._wake.wait()
+            if self._stop.is_set():
+                return
+            self._wake.clear()
+            with self._lock:
+                busy, self._submitted = self._submitted, {}
+            try:
+                self.read(busy)
+            except Exception:  # no bad read may stop the next ones; counting never waits here
+                log.exception("telemetry read failed")
 
     def read(self, busy: Busy) -> None:
-        """One read of every device; busy is Usage.interval_busy() of the same interval."""
+        """One read of every device, each within the deadline, with the busy time of the same
+        interval. A device whose read is still running at the deadline is skipped (deadline)
+        and marked stale, its last values kept; it gets no new read until that one returns,
+        and the busy time meanwhile goes to the read that follows."""
+        at = self._wall()
+        for device, per in busy.items():
+            if device in self._busy:
+                _add(self._busy[device], per)
+        for device in self._devices:
+            if device.id not in self._reads:
+                self._reads[device.id] = _Read(self._read_device, device, self._root, self._clock)
+        until = time.monotonic() + self._deadline
         skipped: Counter[str] = Counter()
         for device in self._devices:
-            reading = read_device(device, self._root)
-            skipped.update(reading.skipped)
-            meter = self._meters[device.id]
-            now = self._clock()
-            delta, skip = meter.delta(reading.energy_uj, reading.power_uw, now, reading.limit_uw)
-            if skip:
-                skipped[skip] += 1
-            if delta is not None and meter.at_ns is not None:
-                self._split(meter, delta, now - meter.at_ns, busy.get(device.id, {}))
-                if reading.power_uw is None and now > meter.at_ns:  # i915, xe: no power file
-                    power = delta * 1e3 / (now - meter.at_ns)
-                    attrs = {"sensor": "energy", "chip": "", "source": "derived"}
-                    reading.values.append((POWER, attrs, power))
-            meter.at_ns = now
-            points = self._points(self._hw[device.id], meter, reading)
-            self._metrics.set_telemetry(device.id, points)
+            job = self._reads[device.id]
+            if not job.done.wait(max(0.0, until - time.monotonic())):
+                skipped[DEADLINE] += 1
+                self._stale(device)
+                continue
+            del self._reads[device.id]
+            if job.reading is None:
+                skipped[str(Skip.UNREADABLE)] += 1
+                self._stale(device)
+            else:
+                skipped.update(job.reading.skipped)
+                if reason := self._account(device, job.reading, job.at_ns):
+                    skipped[reason] += 1
         self._metrics.telemetry_skipped({r: n for r, n in skipped.items() if n})
+        self._metrics.counters_read("telemetry", at)
+
+    def _account(self, device: Device, reading: Reading, now: int) -> str | None:
+        """The device's series and energy split from a finished read; the skip reason of an
+        energy counter step not taken as it reads (kubenpu.energy.step)."""
+        meter = self._meters[device.id]
+        delta, reason = meter.delta(reading.energy_uj, reading.power_uw, now, reading.limit_uw)
+        busy, self._busy[device.id] = self._busy[device.id], {}
+        if delta is not None and meter.at_ns is not None:
+            self._split(meter, delta, now - meter.at_ns, busy)
+            if reading.power_uw is None and now > meter.at_ns:  # i915, xe: no power file
+                power = delta * 1e3 / (now - meter.at_ns)
+                attrs = {"sensor": "energy", "chip": "", "source": "derived"}
+                reading.values.append((POWER, attrs, power))
+        meter.at_ns = now
+        points = self._points(self._hw[device.id], meter, reading)
+        self._last[device.id] = points
+        self._metrics.set_telemetry(device.id, [*points, self._stale_point(device, 0.0)])
+        return reason
+
+    def _stale(self, device: Device) -> None:
+        """The device's last values stay, marked stale."""
+        points = self._last.get(device.id, [])
+        self._metrics.set_telemetry(device.id, [*points, self._stale_point(device, 1.0)])
+
+    def _stale_point(self, device: Device, value: float) -> tuple[Spec, Attrs, float]:
+        hw = self._hw[device.id]
+        return (TELEMETRY_STALE, {"device": hw["device"], "vendor": hw["vendor"]}, value)
 
     def _split(
         self,
@@ -353,9 +486,7 @@ class Telemetry:
                 self._metrics.add_energy(where, share)
 
     @staticmethod
-    def _points(
-        hw: Attrs, meter: energy.Meter[Where], reading: Reading
-    ) -> list[tuple[Spec, Attrs, float]]:
+    def _points(hw: Attrs, meter: energy.Meter[Where], reading: Reading) -> Points:
         points = [(spec, {**hw, **attrs}, value) for spec, attrs, value in reading.values]
         if meter.source:
             points.append((ENERGY, {**hw, "source": meter.source}, meter.total_uj / 1e6))

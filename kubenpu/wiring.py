@@ -136,8 +136,13 @@ def build(
     telemetry = None
     if cfg.telemetry.enabled:
         telemetry = Telemetry(
-            fdinfo_devices(found, cfg.discovery.ignore_devices), metrics, cfg.discovery.root
+            fdinfo_devices(found, cfg.discovery.ignore_devices),
+            metrics,
+            cfg.discovery.root,
+            deadline=cfg.telemetry.deadline_seconds,
         )
+        services.add("telemetry", telemetry.close)
+        telemetry.start()
     if activity is not None:
         _start_allocations(cfg, found, metrics, activity, services)
     p = cfg.probe

@@ -42,6 +42,8 @@ from kubenpu.metrics.catalogue import (
     PENDING_EXPIRED,
     READ_ERRORS,
     RECEIVED,
+    TELEMETRY_SKIPPED,
+    TELEMETRY_STALE,
     UNATTRIBUTED,
 )
 from kubenpu.metrics.store import Metrics
@@ -49,6 +51,8 @@ from kubenpu.probe import Probe
 from kubenpu.resolve import Attribution
 from kubenpu.resolve.resolver import Resolver
 from kubenpu.services import Services
+from kubenpu.telemetry import Reading
+from kubenpu.telemetry import Telemetry as RealTelemetry
 from kubenpu.wiring import fdinfo_devices, select_devices
 
 UID = "0e6f7c3a-1b2d-4c5e-8f9a-0b1c2d3e4f5a"
@@ -213,14 +217,11 @@ class Usage:
 class Telemetry:
     """Stands in for kubenpu.telemetry.Telemetry (tests/test_telemetry.py tests it)."""
 
-    def __init__(self, fail: bool = False) -> None:
+    def __init__(self) -> None:
         self.busy: list[dict] = []
-        self.fail = fail
 
-    def read(self, busy: dict) -> None:
+    def submit(self, busy: dict) -> None:
         self.busy.append(busy)
-        if self.fail:
-            raise OSError("sysfs went away")
 
 
 def make_agent(
@@ -231,9 +232,10 @@ def make_agent(
     usage=None,
     telemetry=None,
     activity: Activity | None = None,
+    metrics: Metrics | None = None,
 ) -> Agent:
     clock = clock or Clock()
-    tally, metrics = Tally(100), Metrics("node-1", series_ttl=ttl, max_series=100)
+    tally, metrics = Tally(100), metrics or Metrics("node-1", series_ttl=ttl, max_series=100)
     return Agent(
         probe=Probe(kernel, tally),
         tally=tally,
@@ -670,19 +672,73 @@ def test_fdinfo_is_read_every_interval_with_the_callers_the_probe_saw(cgroups, r
 
 def test_telemetry_is_read_right_after_fdinfo_with_its_busy_time(cgroups, resolver):
     kernel, clock, usage = FakeKernel(aggregate=False), Clock(), Usage()
-    failing = Telemetry(fail=True)
-    agent = make_agent(kernel, resolver, clock, usage=usage, telemetry=failing)
+    telemetry = Telemetry()
+    agent = make_agent(kernel, resolver, clock, usage=usage, telemetry=telemetry)
     agent.attach()
     agent.cycle()
     agent.cycle()  # within the interval: no read
     clock.now += 5
-    agent.cycle()  # a failing telemetry read stops neither fdinfo nor the next read
-    assert failing.busy == [{"dev": {None: [1, 0, 0]}}, {"dev": {None: [2, 0, 0]}}]
+    agent.cycle()
+    assert telemetry.busy == [{"dev": {None: [1, 0, 0]}}, {"dev": {None: [2, 0, 0]}}]
     assert usage.reads == 2
     alone = Telemetry()
     agent = make_agent(kernel, resolver, clock, telemetry=alone)  # fdinfo.enabled: false
     agent.cycle()
     assert alone.busy == [{}]
+
+
+@pytest.mark.parametrize("returns", [False, True], ids=["never_returns", "takes_long"])
+def test_a_sensor_read_that_blocks_stalls_neither_counting_nor_liveness(cgroups, resolver, returns):
+    """Telemetry was read on the attribution thread: a sysfs file that never answered (drivers
+    block in sysfs during a GPU reset) stopped every pod's counting and /healthz went 503, so
+    the kubelet restarted the agent into the same read."""
+    release, reads = threading.Event(), []
+
+    def blocked(device: Device, root: Path) -> Reading:
+        reads.append(device.id)
+        if len(reads) == 1:  # the first read blocks; once it returns, the device reads again
+            release.wait()
+        return Reading()
+
+    kernel, clock, usage = FakeKernel(aggregate=True), Clock(), Usage()
+    metrics = Metrics("node-1", series_ttl=300, max_series=100)
+    telemetry = RealTelemetry([VGEM], metrics, deadline=0.05, read=blocked)
+    agent = make_agent(kernel, resolver, clock, usage=usage, telemetry=telemetry, metrics=metrics)
+    telemetry.start()
+    pod = key(os.stat(cgroups / POD_DIR).st_ino)
+
+    def count_for_a_minute() -> None:
+        for _ in range(12):
+            kernel.calls(pod, 1)
+            agent.cycle()
+            clock.now += 5
+
+    try:
+        agent.attach()
+        counting = threading.Thread(target=count_for_a_minute, daemon=True)
+        counting.start()
+        counting.join(30)
+        assert not counting.is_alive(), "counting waited on the sensor"
+        assert values(agent.metrics, IOCTL) == {(*POD, "alloc"): 12}
+        assert usage.reads == 12
+        assert agent.health.live() == (True, "ok")
+        eventually(
+            lambda: values(agent.metrics, TELEMETRY_SKIPPED).get(("deadline",)), "a skip counted"
+        )
+        assert values(agent.metrics, TELEMETRY_STALE) == {("platform:vgem", "vgem"): 1}
+        assert reads == ["platform:vgem"]  # no second read while the first is stuck
+        if returns:  # the late read is used at the next read, and the device is read again
+            release.set()
+
+            def fresh() -> bool:
+                agent.cycle()
+                clock.now += 5
+                return values(agent.metrics, TELEMETRY_STALE) == {} and len(reads) >= 2
+
+            eventually(fresh, "the device fresh again")  # values() leaves out the stale 0
+    finally:
+        release.set()
+        telemetry.close()
 
 
 def test_the_version_is_the_packages():

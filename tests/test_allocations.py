@@ -397,7 +397,7 @@ def test_thousands_of_pods(kubelet: PodResourcesTestServer, sock: str) -> None:
     pods = [pod("ml", f"p{i}", [container("main", {I915: [f"card1-{i}"]})]) for i in range(5000)]
     pods += [pod("ml", f"q{i}", [container("main", {"x.com/y": [f"z{i}"]})]) for i in range(5000)]
     kubelet.set_state({"pods": pods})
-    metrics = Metrics("node", 300, 1000)
+    metrics = Metrics("node", 300, 15_001)  # allocation series count against max_series
     client = PodResourcesClient(sock)
     assert Allocations(client, mapper("hybrid-two-gpu"), metrics, 10, Activity(300)).refresh()
     assert len(points(metrics, ALLOCATED)) == 5000

@@ -340,6 +340,16 @@ def test_devices_escapes_control_characters_in_names(tmp_path: Path) -> None:
     assert "amd\\x1b]0;owned\\x07gpu" in result.stdout
 
 
+def test_devices_takes_names_with_other_scripts_digits(tmp_path: Path) -> None:
+    """A directory hwmon² made `devices` print a traceback: '²'.isdigit() is true, int('²')
+    raises."""
+    root = copy_tree(tmp_path, "amd-server")
+    (root / HWMON).with_name("hwmon²").mkdir()
+    result = run_bounded("devices", "--root", str(root))
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout.splitlines()[2].split()[-6:] == ["63", "W", "41", "°C", "1200", "MHz"]
+
+
 # --- docs/cli.md: each command's JSON, and a unit on every number's key ---------------------
 
 CLI_DOC = (REPO / "docs/cli.md").read_text()

@@ -983,7 +983,7 @@ def test_promtool_checks_the_prometheusrule(
     rule = by_kind(every_render["helm all options"])["PrometheusRule"]
     rules = tmp_path / "rules.yaml"
     rules.write_text(yaml.safe_dump(rule["spec"]))
-    assert "SUCCESS: 8 rules found" in run(tools / "promtool", "check", "rules", rules)
+    assert "SUCCESS: 10 rules found" in run(tools / "promtool", "check", "rules", rules)
 
 
 def test_promtool_unit_tests_of_the_alerts(tools: Path) -> None:

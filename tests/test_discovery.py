@@ -183,3 +183,25 @@ def test_unlistable_class_dir_warns(tmp_path: Path, caplog: pytest.LogCaptureFix
     (tmp_path / "sys/class/drm").write_text("not a directory")
     assert discover(tmp_path) == []
     assert "cannot list" in caplog.text
+
+
+def test_names_and_numbers_in_other_scripts_digits_are_not_nodes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """card\\u0661 matched (card|renderD|accel)\\d+ (a str pattern's \\d is any script's digit) and
+    int('\\u0661') (Arabic-Indic one) is 1: a node the kernel cannot have, with another node's
+    number."""
+    import shutil
+
+    root = tmp_path / "amd-server"
+    shutil.copytree(TESTDATA / "amd-server", root, symlinks=True)
+    before = discover(root)
+    card1 = root / "sys/class/drm/card1"
+    (root / "sys/class/drm/card\u0661").symlink_to(os.readlink(card1))
+    (root / "dev/dri/card\u0661").touch()
+    assert discover(root) == before
+    (card1 / "dev").write_text("226:\u0661\n")
+    with caplog.at_level(logging.WARNING, logger="kubenpu.discovery"):
+        [amd] = [d for d in discover(root) if d.driver == "amdgpu"]
+    assert [n.name for n in amd.nodes] == ["renderD128"]
+    assert "unexpected content '226:\u0661'" in caplog.text

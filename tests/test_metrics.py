@@ -16,17 +16,22 @@ from kubenpu import config, export
 from kubenpu.export import otlp
 from kubenpu.export.prometheus import PrometheusCollector
 from kubenpu.metrics.catalogue import (
+    ALLOCATED,
+    ALLOCATED_IDLE,
     DROP_REASONS,
     DROPPED,
     IOCTL,
     IOCTL_SERIES,
     OVERFLOW_ATTRS,
     OVERFLOW_CALLS,
+    OVERFLOW_SERIES,
+    POWER,
     SPECS,
     UNATTRIBUTED,
     UNATTRIBUTED_REASONS,
     Spec,
 )
+from kubenpu.metrics.inputs import AllocationState, Held
 from kubenpu.metrics.store import Metrics
 
 
@@ -122,6 +127,35 @@ def test_cardinality_cap_folds_new_series_into_overflow() -> None:
     }
     assert values(m, OVERFLOW_CALLS) == {(): 20}
     assert sum(got.values()) == 51  # nothing lost
+
+
+def _allocations(pods: int) -> AllocationState:
+    helds = [Held("ns", f"p{i}", "c", "0000:03:00.0", "gpu.intel.com/i915") for i in range(pods)]
+    return AllocationState(
+        shares=dict.fromkeys(helds, 1),
+        idle={h: (5.0, 1) for h in helds},
+        unallocated={("ns", "q", "c", "0000:03:00.0"): (3, 1)},
+    )
+
+
+def test_allocation_and_telemetry_series_count_against_the_cap() -> None:
+    """50,001 pods' allocations were ~150,000 series past metrics.max_series."""
+    m = Metrics("n", 60, 8)
+    calls(m, "ns", "p0", "c", 10)  # one ioctl series: 7 left
+    power = [(POWER, {"sensor": f"s{i}"}, 1.0) for i in range(4)]
+    m.set_telemetry("0000:03:00.0", power[:3])  # 4 left
+    m.set_allocations(_allocations(5))  # 2 series a Held: 2 Helds fit
+    assert {k[1] for k in values(m, ALLOCATED)} == {"p0", "p1"}
+    assert {k[1] for k in values(m, ALLOCATED_IDLE)} == {"p0", "p1"}
+    calls(m, "ns", "p9", "c", 4)  # the cap is full: folded into overflow
+    assert values(m, OVERFLOW_CALLS) == {(): 4}
+    assert values(m, OVERFLOW_SERIES) == {("allocations",): 3 * 2 + 1}  # and the unallocated
+    m.set_telemetry("0000:03:00.0", power)  # the device's own room is used again, and 1 more
+    assert len(values(m, POWER)) == 3
+    assert values(m, OVERFLOW_SERIES)[("telemetry",)] == 1
+    m.set_allocations(AllocationState())  # released: room for new pods' calls
+    calls(m, "ns", "p9", "c", 1)
+    assert values(m, IOCTL)[ioctl_key("ns", "p9", "c")] == 1
 
 
 def test_expired_series_free_the_cap_at_once_not_at_the_next_collect() -> None:

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import random
 import shutil
+import threading
+from collections import Counter
 from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
 
 import pytest
-from helpers import make_config, scrape, start_telemetry, values
+from helpers import eventually, make_config, scrape, start_telemetry, values
 from otlp_receiver import OtlpReceiver
 from prometheus_client.parser import text_string_to_metric_families
 from test_usage import POD_A, POD_B, Machine
@@ -32,6 +34,7 @@ from kubenpu.metrics.catalogue import (
     POWER,
     POWER_LIMIT,
     TELEMETRY_SKIPPED,
+    TELEMETRY_STALE,
     TEMPERATURE,
     THROTTLE,
     UTILIZATION,
@@ -39,7 +42,7 @@ from kubenpu.metrics.catalogue import (
 )
 from kubenpu.metrics.inputs import Where
 from kubenpu.metrics.store import Metrics
-from kubenpu.telemetry import Telemetry, read_device
+from kubenpu.telemetry import Reading, Telemetry, read_device
 
 TESTDATA = Path(__file__).parent / "testdata"
 SECOND = 1_000_000_000
@@ -376,3 +379,133 @@ def test_pod_energy_is_exported_under_its_prometheus_and_otlp_names(tmp_path: Pa
     assert 'kubenpu_energy_joules_total{container="main",device="platform:kubenpu_testdrm"' in text
     [(attrs, joules)] = rx.values("kubenpu.energy").items()
     assert joules == 1.500001 and ("pod", "a") in attrs
+
+
+def test_names_with_other_scripts_digits_are_not_sensors(tmp_path: Path) -> None:
+    """A directory hwmon² stopped every device's telemetry: '²'.isdigit() is true and int('²')
+    raised. power\\u0661_input read as channel 1 (int('\\u0661'), an Arabic-Indic one, is 1), a
+    second power1."""
+    shutil.copytree(TESTDATA / "amd-server", tmp_path, symlinks=True, dirs_exist_ok=True)
+    gpu = next(tmp_path.glob("sys/devices/*/*/0000:c3:00.0"))
+    before = read_device(*[d for d in discover(tmp_path) if d.driver == "amdgpu"], tmp_path)
+    (gpu / "hwmon/hwmon²").mkdir()
+    (gpu / "hwmon/hwmon²/power1_input").write_text("5000000\n")
+    (gpu / "hwmon/hwmon4/power\u0661_input").write_text("7000000\n")
+    [dev] = [d for d in discover(tmp_path) if d.driver == "amdgpu"]
+    got = read_device(dev, tmp_path)
+    assert got == before
+    assert got.power_uw == 63000000
+
+
+class Sensors:
+    """read_device, except that a read of `stuck` blocks until `release` is set, as a sysfs
+    read does while the driver resets the device."""
+
+    def __init__(self, stuck: str) -> None:
+        self.stuck = stuck
+        self.release, self.blocked, self.returned = (threading.Event() for _ in range(3))
+        self.started: Counter[str] = Counter()
+        self.fail = False
+
+    def __call__(self, device, root: Path) -> Reading:  # type: ignore[no-untyped-def]
+        self.started[device.id] += 1
+        if self.fail:
+            raise OSError("a bug, not sysfs")
+        if device.id == self.stuck and self.started[device.id] > 1:
+            self.blocked.set()
+            self.release.wait()
+        reading = read_device(device, root)
+        if device.id == self.stuck:
+            self.returned.set()
+        return reading
+
+
+DEADLINE = 0.2  # waited for each stuck read; no assertion is on time
+
+
+def stale(metrics: Metrics) -> dict[str, float]:
+    [points] = [p for s, p in metrics.collect() if s is TELEMETRY_STALE]
+    return {p.attrs["device"]: p.value for p in points}
+
+
+def read_until_fresh(tel: Telemetry, metrics: Metrics, device: str) -> None:
+    """Reads until the device's late read is used (it returns a moment after the fake's read)."""
+    eventually(lambda: tel.read({}) is None and stale(metrics)[device] == 0, "the late read used")
+
+
+def test_a_read_that_blocks_is_skipped_its_device_marked_stale_and_never_read_twice(
+    tmp_path: Path,
+) -> None:
+    """A sysfs read that never returned (a driver blocks them during a GPU reset) held up every
+    device's telemetry, and with it counting."""
+    shutil.copytree(TESTDATA / "amd-server", tmp_path, symlinks=True, dirs_exist_ok=True)
+    sensors, metrics = Sensors("0000:c3:00.0"), Metrics("node", 60, 1000)
+    tel = Telemetry(discover(tmp_path), metrics, tmp_path, Clock(), DEADLINE, sensors)
+    try:
+        tel.read({})
+        assert stale(metrics) == {"0000:02:00.0": 0, "0000:c3:00.0": 0}
+        hwmon = next(tmp_path.glob("sys/devices/*/*/0000:c3:00.0/hwmon/hwmon4"))
+        (hwmon / "power1_average").write_text("70000000\n")
+        for _ in range(2):  # stuck: skipped at each read, and no second read started
+            tel.read({})
+        assert sensors.blocked.is_set()
+        assert sensors.started == {"0000:02:00.0": 3, "0000:c3:00.0": 2}
+        assert values(metrics, TELEMETRY_SKIPPED) == {("deadline",): 2}
+        assert stale(metrics) == {"0000:02:00.0": 0, "0000:c3:00.0": 1}
+        [power] = [v for k, v in values(metrics, POWER).items() if "0000:c3:00.0" in k]
+        assert power == 63.0  # the last values stay
+    finally:
+        sensors.release.set()
+    assert sensors.returned.wait(30)
+    read_until_fresh(tel, metrics, "0000:c3:00.0")  # the read that took long is used
+    assert stale(metrics) == {"0000:02:00.0": 0, "0000:c3:00.0": 0}
+    assert [v for k, v in values(metrics, POWER).items() if "0000:c3:00.0" in k] == [70.0]
+    tel.read({})
+    assert sensors.started["0000:c3:00.0"] == 3
+
+
+def test_busy_time_handed_while_a_read_is_stuck_is_split_at_the_read_after(
+    tmp_path: Path,
+) -> None:
+    shutil.copytree(TESTDATA / "intel-arc-xe", tmp_path, symlinks=True, dirs_exist_ok=True)
+    sensors, metrics, clock = Sensors("0000:03:00.0"), Metrics("node", 60, 1000), Clock()
+    tel = Telemetry(discover(tmp_path), metrics, tmp_path, clock, DEADLINE, sensors)
+    counter = xe_energy(tmp_path)
+    a = Where("ns", "a", "c", "0000:03:00.0", "xe")
+
+    def busy(seconds: int) -> dict:
+        return {"0000:03:00.0": {a: [seconds * SECOND, 0, 0]}}
+
+    counter.write_text("1000000\n")
+    tel.read(busy(0))
+    clock.ns += 5 * SECOND  # the stuck read returns 5 s after the first
+    try:
+        tel.read(busy(2))
+    finally:
+        counter.write_text("4000000\n")
+        sensors.release.set()
+    assert sensors.returned.wait(30)
+    tel.read(busy(3))  # 2 s + 3 s busy of 5 s: all of the 3 J is a's
+    read_until_fresh(tel, metrics, "0000:03:00.0")
+    assert values(metrics, POD_ENERGY, ("namespace", "container", "device", "vendor")) == {
+        ("a",): 3.0
+    }
+    assert values(metrics, ENERGY_IDLE) == {}
+
+
+def test_a_read_that_raises_is_counted_and_the_next_one_runs(tmp_path: Path) -> None:
+    shutil.copytree(TESTDATA / "intel-arc-xe", tmp_path, symlinks=True, dirs_exist_ok=True)
+    sensors, metrics = Sensors(""), Metrics("node", 60, 1000)
+    tel = Telemetry(discover(tmp_path), metrics, tmp_path, Clock(), DEADLINE, sensors)
+    tel.start()
+    try:
+        sensors.fail = True
+        tel.submit({})
+        eventually(lambda: values(metrics, TELEMETRY_SKIPPED) or None, "the failed read counted")
+        assert values(metrics, TELEMETRY_SKIPPED) == {("unreadable",): 1}
+        assert stale(metrics) == {"0000:03:00.0": 1}
+        sensors.fail = False
+        tel.submit({})
+        eventually(lambda: stale(metrics) == {"0000:03:00.0": 0}, "the next read")
+    finally:
+        tel.close()

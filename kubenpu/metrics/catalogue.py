@@ -138,7 +138,8 @@ IOCTL_SERIES = Spec(
     "kubenpu.ioctl.series",
     "gauge",
     "{series}",
-    "kubenpu_ioctl_total series currently held (at most metrics.max_series, plus overflow).",
+    "kubenpu_ioctl_total series currently held (with the allocation and telemetry series at "
+    "most metrics.max_series, plus overflow).",
 )
 OVERFLOW_CALLS = Spec(
     "kubenpu.overflow_calls",
@@ -146,6 +147,18 @@ OVERFLOW_CALLS = Spec(
     "{call}",
     'Calls counted in the kubenpu_ioctl_total{otel_metric_overflow="true"} series because '
     "metrics.max_series was reached.",
+)
+# What holds series beside kubenpu_ioctl_total under metrics.max_series, and whose series the
+# cap leaves out (kubenpu.overflow_series).
+SERIES_SOURCES = ("allocations", "telemetry")
+OVERFLOW_SERIES = Spec(
+    "kubenpu.overflow_series",
+    "counter",
+    "{series}",
+    "Series left out of an allocations refresh or a device telemetry read because "
+    "metrics.max_series was reached, by source; counted at every refresh or read that leaves "
+    "them out.",
+    ("source",),
 )
 LATE_SIGHTINGS = Spec(
     "kubenpu.sightings.late",
@@ -387,7 +400,9 @@ TELEMETRY_SKIPPED = Spec(
     "out_of_range (past 2^63-1), counter_reset (the energy counter went down, not by a 32-bit "
     "wrap, to a value the device could have made since a restart: the increment since is its "
     "new value), counter_implausible (the energy counter rose by more, or fell to more, than "
-    "the device could make in the interval: no energy counted, the value is the next baseline).",
+    "the device could make in the interval: no energy counted, the value is the next "
+    "baseline), deadline (a device's read still running telemetry.deadline_seconds after it "
+    "was due, counted at every read it holds up).",
     ("reason",),
 )
 POD_ENERGY = Spec(
@@ -414,6 +429,15 @@ ENERGY_UNATTRIBUTED = Spec(
     "waiting for the CRI).",
     ("device", "vendor"),
 )
+TELEMETRY_STALE = Spec(
+    "kubenpu.device.telemetry.stale",
+    "gauge",
+    "",
+    "1 while the device's last sysfs/hwmon read did not finish within telemetry.deadline_seconds "
+    "(a driver can block sysfs reads during a reset): its other telemetry series keep the values "
+    "of its last finished read; else 0.",
+    ("device", "vendor"),
+)
 TELEMETRY_SPECS = (
     POWER,
     POWER_LIMIT,
@@ -428,6 +452,7 @@ TELEMETRY_SPECS = (
     DEVICE_BUSY,
     ENERGY_IDLE,
     ENERGY_UNATTRIBUTED,
+    TELEMETRY_STALE,
 )
 DESCRIPTORS_EXHAUSTED = Spec(
     "kubenpu.descriptors.exhausted",
@@ -458,6 +483,7 @@ SPECS = (
     EXPORT_ERRORS,
     IOCTL_SERIES,
     OVERFLOW_CALLS,
+    OVERFLOW_SERIES,
     LATE_SIGHTINGS,
     READ_ERRORS,
     COUNTERS_READ,
