@@ -1,14 +1,10 @@
-"""Liveness and readiness (/healthz, /readyz) from what the agent's workers report, and the
-log of a failing step's streak (its first failure and its recovery, not every repeat)."""
+"""Liveness and readiness (/healthz, /readyz) from what the agent's workers report."""
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable
-
-log = logging.getLogger("kubenpu")
 
 
 class Health:
@@ -54,21 +50,3 @@ class Health:
         if self._last_read is None:
             return False, "kernel counters not read yet"
         return True, "ok"
-
-
-class Streak:
-    """Logs the first failure of a streak and the recovery, not every repeat."""
-
-    def __init__(self, what: str) -> None:
-        self._what = what
-        self._failures = 0
-
-    def failed(self, exc: BaseException) -> None:
-        self._failures += 1
-        if self._failures == 1:
-            log.error("%s failed (retrying): %s: %s", self._what, type(exc).__name__, exc)
-
-    def ok(self) -> None:
-        if self._failures:
-            log.info("%s works again after %d failure(s)", self._what, self._failures)
-            self._failures = 0

@@ -13,9 +13,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from kubenpu.events import Tally
-from kubenpu.health import Health, Streak
+from kubenpu.health import Health
 from kubenpu.kernel.errors import ProbeError
 from kubenpu.probe import Probe
+from kubenpu.services import Streak
 
 if TYPE_CHECKING:
     from kubenpu.attribution import Attributor
@@ -80,11 +81,11 @@ class Agent:
         self.stop = threading.Event()
         self._answered = answered or threading.Event()  # set by the resolver's on_answer
         self._last_counts = self._last_reap = self._last_usage = -float("inf")
-        self._reads = Streak("reading the kernel's counters")
+        self._reads = Streak("reading the kernel's counters", log)
         self._steps = {
-            "poll": Streak("poll"),
-            "attribution": Streak("attribution"),
-            "fdinfo": Streak("reading fdinfo"),
+            "poll": Streak("poll", log),
+            "attribution": Streak("attribution", log),
+            "fdinfo": Streak("reading fdinfo", log),
         }
 
     def run(self) -> int:

@@ -67,3 +67,23 @@ def _stopped_within(stop: Callable[[], object], seconds: float) -> bool:
     worker.start()
     worker.join(max(seconds, 0.0))
     return not worker.is_alive()
+
+
+class Streak:
+    """The log of a step a service repeats: the first failure of a streak and the recovery,
+    not every repeat (a sysfs read or a kernel read failing each second would flood it)."""
+
+    def __init__(self, what: str, logger: logging.Logger) -> None:
+        self._what = what
+        self._log = logger
+        self._failures = 0
+
+    def failed(self, exc: BaseException) -> None:
+        self._failures += 1
+        if self._failures == 1:
+            self._log.error("%s failed (retrying): %s: %s", self._what, type(exc).__name__, exc)
+
+    def ok(self) -> None:
+        if self._failures:
+            self._log.info("%s works again after %d failure(s)", self._what, self._failures)
+            self._failures = 0

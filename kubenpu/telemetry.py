@@ -58,6 +58,7 @@ from kubenpu.metrics.catalogue import (
 )
 from kubenpu.metrics.inputs import Where
 from kubenpu.metrics.store import Metrics
+from kubenpu.services import Streak
 from kubenpu.text import ascii_digits
 
 log = logging.getLogger(__name__)
@@ -334,6 +335,7 @@ class _Read:
     ) -> None:
         self.done = threading.Event()
         self.reading: Reading | None = None
+        self.error: Exception | None = None  # what the read raised, for the device's Streak
         self.at_ns = 0
         self._args = (read, device, root, clock)
         threading.Thread(target=self._run, name=f"telemetry {device.id}", daemon=True).start()
@@ -342,8 +344,8 @@ class _Read:
         read, device, root, clock = self._args
         try:
             self.reading = read(device, root)
-        except Exception:  # read_device does not raise on sysfs; anything else is a bug
-            log.exception("reading the telemetry of %s failed", device.id)
+        except Exception as exc:  # read_device does not raise on sysfs; anything else is a bug
+            self.error = exc
         finally:
             self.at_ns = clock()
             self.done.set()
@@ -381,6 +383,8 @@ class Telemetry:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._failures = Streak("reading device telemetry", log)
+        self._streaks = {d.id: Streak(f"reading the telemetry of {d.id}", log) for d in devices}
 
     def submit(self, busy: Busy) -> None:
         """Hands one fdinfo interval's busy time (Usage.interval_busy()) to the telemetry
@@ -413,8 +417,10 @@ class Telemetry:
                 busy, self._submitted = self._submitted, {}
             try:
                 self.read(busy)
-            except Exception:  # no bad read may stop the next ones; counting never waits here
-                log.exception("telemetry read failed")
+            except Exception as exc:  # no bad read may stop the next ones
+                self._failures.failed(exc)
+            else:
+                self._failures.ok()
 
     def read(self, busy: Busy) -> None:
         """One read of every device, each within the deadline, with the busy time of the same
@@ -437,10 +443,13 @@ class Telemetry:
                 self._stale(device)
                 continue
             del self._reads[device.id]
+            streak = self._streaks[device.id]
             if job.reading is None:
+                streak.failed(job.error or RuntimeError("no reading"))
                 skipped[str(Skip.UNREADABLE)] += 1
                 self._stale(device)
             else:
+                streak.ok()
                 skipped.update(job.reading.skipped)
                 if reason := self._account(device, job.reading, job.at_ns):
                     skipped[reason] += 1

@@ -6,6 +6,7 @@ The clock is the test's: intervals are exact numbers of ns, so every split is kn
 
 from __future__ import annotations
 
+import logging
 import random
 import shutil
 import threading
@@ -493,19 +494,30 @@ def test_busy_time_handed_while_a_read_is_stuck_is_split_at_the_read_after(
     assert values(metrics, ENERGY_IDLE) == {}
 
 
-def test_a_read_that_raises_is_counted_and_the_next_one_runs(tmp_path: Path) -> None:
+def test_a_read_that_raises_is_counted_and_the_next_one_runs(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     shutil.copytree(TESTDATA / "intel-arc-xe", tmp_path, symlinks=True, dirs_exist_ok=True)
     sensors, metrics = Sensors(""), Metrics("node", 60, 1000)
     tel = Telemetry(discover(tmp_path), metrics, tmp_path, Clock(), DEADLINE, sensors)
     tel.start()
+    skipped = {("unreadable",): 2}
     try:
-        sensors.fail = True
-        tel.submit({})
-        eventually(lambda: values(metrics, TELEMETRY_SKIPPED) or None, "the failed read counted")
-        assert values(metrics, TELEMETRY_SKIPPED) == {("unreadable",): 1}
-        assert stale(metrics) == {"0000:03:00.0": 1}
-        sensors.fail = False
-        tel.submit({})
-        eventually(lambda: stale(metrics) == {"0000:03:00.0": 0}, "the next read")
+        with caplog.at_level(logging.INFO, logger="kubenpu.telemetry"):
+            sensors.fail = True
+            for _ in range(2):
+                tel.submit({})
+                eventually(lambda: values(metrics, TELEMETRY_SKIPPED) or None, "a failed read")
+            eventually(lambda: values(metrics, TELEMETRY_SKIPPED) == skipped, "two failed reads")
+            assert stale(metrics) == {"0000:03:00.0": 1}
+            sensors.fail = False
+            tel.submit({})
+            eventually(lambda: stale(metrics) == {"0000:03:00.0": 0}, "the next read")
     finally:
         tel.close()
+    # Once a streak, not once a read: a read failing each interval flooded the log.
+    failures = [r for r in caplog.records if "failed (retrying)" in r.getMessage()]
+    assert [r.getMessage() for r in failures] == [
+        "reading the telemetry of 0000:03:00.0 failed (retrying): OSError: a bug, not sysfs"
+    ]
+    assert "0000:03:00.0 works again after 2 failure(s)" in caplog.text
