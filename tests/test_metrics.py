@@ -87,6 +87,23 @@ def test_pod_series_retire_after_ttl_when_all_containers_are_gone() -> None:
     assert (values(m, IOCTL_SERIES), m.pods_held()) == ({}, 0)
 
 
+def test_two_pods_of_one_name_one_after_the_other_are_two_series_retiring_apart() -> None:
+    """A StatefulSet's pod-0 recreated: same namespace, pod and container names, a new uid.
+    The old pod's counts stay its own (and retire after the TTL); the new pod starts at 0."""
+    clock = Clock()
+    m = Metrics("n", 60, 100, clock)
+    calls(m, "ns", "p", "c", 2, uid="uid-old")
+    m.container_gone("ns", "p", "c", "uid-old")
+    calls(m, "ns", "p", "c", 3, uid="uid-new")
+    assert values(m, IOCTL) == {
+        ioctl_key("ns", "p", "c", uid="uid-old"): 2,
+        ioctl_key("ns", "p", "c", uid="uid-new"): 3,
+    }
+    clock.now += 60
+    assert values(m, IOCTL) == {ioctl_key("ns", "p", "c", uid="uid-new"): 3}
+    assert m.pods_held() == 1
+
+
 def test_containers_without_pod_labels_retire_each_on_its_own() -> None:
     clock = Clock()
     m = Metrics("n", 60, 100, clock)

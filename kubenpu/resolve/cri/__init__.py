@@ -201,7 +201,9 @@ def _attribution(status: api_pb2.ContainerStatus | api_pb2.Container) -> Attribu
     if not (labels.get(LABEL_NAMESPACE) and labels.get(LABEL_POD)):
         # A container kubelet did not create (e.g. started with ctr or nerdctl).
         return Attribution(container=container, reason=Unattributed.NOT_POD)
-    return Attribution(labels[LABEL_NAMESPACE], labels[LABEL_POD], container)
+    return Attribution(
+        labels[LABEL_NAMESPACE], labels[LABEL_POD], container, pod_uid=labels.get(LABEL_POD_UID, "")
+    )
 
 
 def _describe(endpoint: str, error: grpc.RpcError) -> str:
