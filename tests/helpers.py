@@ -73,8 +73,12 @@ def expected_counts(rows: list[dict]) -> dict[tuple, float]:
 
 
 def otlp_counts(points: list[dict]) -> dict[tuple, float]:
-    """The kubenpu.ioctl points an OTLP receiver got ([{attributes, value}]) by LABELS values."""
-    return {tuple(p["attributes"][k] for k in LABELS): p["value"] for p in points}
+    """The kubenpu.ioctl points an OTLP receiver got ([{attributes, value}]) by LABELS values:
+    each pod label read under its semconv attribute (K8S_ATTRIBUTES: the agents' default
+    export.otlp.attributes), so the key is ioctl_counts()' of the same series."""
+    return {
+        tuple(p["attributes"][K8S_ATTRIBUTES.get(k, k)] for k in LABELS): p["value"] for p in points
+    }
 
 
 # --- tools: the scripts/*.sh that fetch real tools print where they put them on their last line

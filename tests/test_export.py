@@ -23,13 +23,16 @@ from helpers import (
     calls,
     free_port,
     ioctl,
+    ioctl_counts,
     make_config,
+    otlp_counts,
     scrape,
     start_telemetry,
     values,
 )
 from opentelemetry.semconv.attributes import k8s_attributes
 from otlp_receiver import OtlpHttpReceiver, OtlpReceiver, attrs
+from vm.guestlib import parse
 
 from kubenpu import __version__, config, export
 from kubenpu.metrics.catalogue import (
@@ -943,3 +946,24 @@ def test_legacy_attributes_are_the_old_names_without_the_uid(tmp_path, receiver)
     # Without the uid the two pods are one series again, as before: their calls add up.
     [(key, n)] = receiver.values("kubenpu.ioctl").items()
     assert n == 5 and dict(key)["pod"] == "p"
+
+
+def test_the_vm_tests_projections_of_a_push_and_a_scrape_agree(tmp_path, receiver):
+    """otlp_counts() (a guest's OTLP points) and ioctl_counts() (its /metrics) key one series
+    alike: the VM tests compare both with the same expected counts."""
+    port = free_port()
+    text = otlp_yaml(receiver.port).replace(
+        "{enabled: false}", f"{{host: 127.0.0.1, port: {port}}}"
+    )
+    tel = start_telemetry(make_config(tmp_path, text))
+    try:
+        calls(tel.metrics, "ns", "p", "c", 42, uid=UID_A)
+        assert tel.pusher.push()
+        samples = parse(scrape(port))
+    finally:
+        tel.shutdown()
+    pushed = [
+        {"attributes": dict(a), "value": v} for a, v in receiver.values("kubenpu.ioctl").items()
+    ]
+    want = {("ns", "p", "c", "0000:03:00.0", "vgem", "submit"): 42}
+    assert otlp_counts(pushed) == ioctl_counts(samples) == want
