@@ -276,6 +276,7 @@ def test_help_texts_and_the_metrics_doc_agree(spec: Spec) -> None:
     assert row[1].startswith(f"`{spec.name}`")
     assert f"(`{spec.unit}`)" in row[1] if spec.unit else "(" not in row[1]
     assert row[-1].startswith(spec.description)
+    assert row[3] == ", ".join(f"`{label}`" for label in spec.labels)
 
 
 def test_every_reason_is_in_its_help_text() -> None:
