@@ -41,10 +41,11 @@ IOCTL_LABELS = {
 }
 
 
-def label(name: str, pushed: bool) -> str:
-    """A pod label as the receiver holds it: /metrics' own name, or the receiver's translation
-    of the semconv attribute a push carries (k8s.pod.name is k8s_pod_name)."""
-    return K8S_ATTRIBUTES.get(name, name).replace(".", "_") if pushed else name
+def label(name: str, semconv: bool) -> str:
+    """A pod label as the receiver holds it: /metrics' own name (and a legacy push's), or the
+    receiver's translation of the semconv attribute a push carries (k8s.pod.name is
+    k8s_pod_name)."""
+    return K8S_ATTRIBUTES.get(name, name).replace(".", "_") if semconv else name
 
 
 @pytest.fixture(scope="session")
@@ -115,13 +116,19 @@ def expected_names(pushed: bool = False) -> set[str]:
     return {s.translated_name if pushed else s.prometheus_name for s in SPECS}
 
 
-def check_series(prom: Prometheus, pushed: bool = False) -> None:
-    pod = label("pod", pushed)
+def check_series(prom: Prometheus, pushed: bool = False, attributes: str = "semconv") -> None:
+    """pushed: named by the receiver's translation; attributes: the push's pod attributes."""
+    semconv = pushed and attributes == "semconv"
+    pod = label("pod", semconv)
     [ioctl] = prom.wait_for(f'kubenpu_ioctl_total{{{pod}="p"}}')
     # job/instance come from the scrape, scope_* from VictoriaMetrics' OTLP translation.
     added = ("job", "instance", "scope_name", "scope_version")
     labels = {k: v for k, v in ioctl["metric"].items() if k not in added}
-    assert labels == {label(k, pushed): v for k, v in IOCTL_LABELS.items()}
+    legacy = pushed and attributes == "legacy"  # the old names, no uid
+    want = {
+        label(k, semconv): v for k, v in IOCTL_LABELS.items() if not (legacy and k == "pod_uid")
+    }
+    assert labels == want
     assert ioctl["value"][1] == "42"
     [host] = prom.query(f'kubenpu_ioctl_total{{{pod}=""}}')
     assert host["value"][1] == "5"
@@ -148,7 +155,8 @@ def check_series(prom: Prometheus, pushed: bool = False) -> None:
     }
 
 
-def test_otlp_http_push_into_a_prometheus_api(tools, tmp_path):
+@pytest.mark.parametrize("attributes", ["semconv", "legacy"])
+def test_otlp_http_push_into_a_prometheus_api(tools, tmp_path, attributes):
     for vm in start_victoria_metrics(tools, tmp_path):
         env = {
             "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
@@ -156,14 +164,18 @@ def test_otlp_http_push_into_a_prometheus_api(tools, tmp_path):
             "OTEL_METRICS_EXPORTER": "otlp",
         }
         tel = start_telemetry(
-            make_config(tmp_path, "export: {otlp: {interval_seconds: 3600}}", env)
+            make_config(
+                tmp_path,
+                f"export: {{otlp: {{interval_seconds: 3600, attributes: {attributes}}}}}",
+                env,
+            )
         )
         try:
             fill(tel)
             assert tel.pusher.push()
         finally:
             tel.shutdown()
-        check_series(vm, pushed=True)
+        check_series(vm, pushed=True, attributes=attributes)
 
 
 def test_prometheus_scrapes_metrics_and_promtool_is_clean(tools, tmp_path):

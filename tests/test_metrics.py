@@ -22,16 +22,18 @@ from kubenpu.metrics.catalogue import (
     DROPPED,
     IOCTL,
     IOCTL_SERIES,
+    K8S_ATTRIBUTES,
     OVERFLOW_ATTRS,
     OVERFLOW_CALLS,
     OVERFLOW_SERIES,
+    POD_LABELS,
     POWER,
     SPECS,
     UNATTRIBUTED,
     UNATTRIBUTED_REASONS,
     Spec,
 )
-from kubenpu.metrics.inputs import AllocationState, Held
+from kubenpu.metrics.inputs import AllocationState, Held, Where
 from kubenpu.metrics.store import Metrics
 
 
@@ -282,3 +284,9 @@ def test_help_texts_and_the_metrics_doc_agree(spec: Spec) -> None:
 def test_every_reason_is_in_its_help_text() -> None:
     for spec, reasons in ((DROPPED, DROP_REASONS), (UNATTRIBUTED, UNATTRIBUTED_REASONS)):
         assert [r for r in reasons if f"{r} (" not in spec.description] == []
+
+
+def test_the_pod_inputs_name_the_catalogues_pod_labels_in_order() -> None:
+    """Where's fields are the series' labels (Metrics builds attrs from Where._asdict())."""
+    assert Where._fields[: len(POD_LABELS)] == POD_LABELS
+    assert set(POD_LABELS) == K8S_ATTRIBUTES.keys()
