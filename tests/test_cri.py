@@ -230,6 +230,13 @@ def test_labels_past_kubernetes_limits_are_a_counted_skip(
     assert "longer than Kubernetes allows" in caplog.text
 
 
+def test_a_pod_uid_past_a_uuids_length_is_a_counted_skip(server: CriTestServer, sock: str) -> None:
+    server.add_container(OTHER, "n", "p", "c", pod_uid="u" * 37)
+    assert client(sock).lookup(OTHER) == Attribution(reason="label_too_long")
+    server.add_container(OTHER, "n", "p", "c", pod_uid="u" * 36)
+    assert client(sock).lookup(OTHER) == Attribution("n", "p", "c", pod_uid="u" * 36)
+
+
 def test_labels_at_kubernetes_limits_are_kept(server: CriTestServer, sock: str) -> None:
     server.add_container(OTHER, "n" * 63, "p" * 253, "c" * 63)
     assert client(sock).lookup(OTHER) == Attribution("n" * 63, "p" * 253, "c" * 63)
