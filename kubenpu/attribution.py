@@ -190,6 +190,7 @@ class Attributor:
             vendor=dev.vendor or "",
             kind=Kind(key.kind).label,
             n=n,
+            pod_uid=who.pod_uid,
         )
         if self._activity is not None and key.kind == Kind.SUBMIT:
             self._activity.submitted((who.namespace, who.pod, who.container, dev.id), n)
@@ -226,7 +227,7 @@ class Attributor:
         for cgroup_id in cgroup_ids:
             who = self._resolver.resolve(cgroup_id)
             if who is not None:  # a container without pod labels retires too
-                self._metrics.container_gone(who.namespace, who.pod, who.container)
+                self._metrics.container_gone(who.namespace, who.pod, who.container, who.pod_uid)
                 if self._activity is not None:
                     self._activity.gone(who.namespace, who.pod, who.container)
             self._resolver.forget(cgroup_id)

@@ -167,6 +167,10 @@ class PrometheusConfig(_Model):
 
 class OtlpConfig(_Model):
     enabled: bool = False
+    # The pod attributes' names: semconv = k8s.namespace.name, k8s.pod.name, k8s.pod.uid,
+    # k8s.container.name (metrics.catalogue.K8S_ATTRIBUTES); legacy = namespace, pod, container
+    # (the names before k8s.*), for pipelines built on them; kept for one release.
+    attributes: Literal["semconv", "legacy"] = "semconv"
     endpoint: _Str = "http://localhost:4317"
     protocol: Literal["grpc", "http/protobuf"] = "grpc"
     headers: dict[str, str] = Field({}, max_length=64)

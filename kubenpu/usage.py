@@ -225,7 +225,8 @@ class Usage:
 
     def _where(self, tracked: _Tracked) -> Where:
         who, device = tracked.who or Attribution(), tracked.client.device
-        return Where(who.namespace, who.pod, who.container, device, self._vendor.get(device, ""))
+        vendor = self._vendor.get(device, "")
+        return Where(who.namespace, who.pod, who.pod_uid, who.container, device, vendor)
 
     def _cgroup_id(self, client: Client) -> int | None:
         """The cgroup id of the client's lowest pid: its cgroup directory's inode."""

@@ -38,7 +38,7 @@ from vm.guestlib import (
 
 from kubenpu import config, export
 from kubenpu.export.server import HealthChecks
-from kubenpu.metrics.catalogue import IOCTL, Spec
+from kubenpu.metrics.catalogue import IOCTL, K8S_ATTRIBUTES, Spec
 from kubenpu.metrics.inputs import DeviceRow
 from kubenpu.metrics.store import Metrics
 from kubenpu.resolve import Attribution
@@ -73,8 +73,12 @@ def expected_counts(rows: list[dict]) -> dict[tuple, float]:
 
 
 def otlp_counts(points: list[dict]) -> dict[tuple, float]:
-    """The kubenpu.ioctl points an OTLP receiver got ([{attributes, value}]) by LABELS values."""
-    return {tuple(p["attributes"][k] for k in LABELS): p["value"] for p in points}
+    """The kubenpu.ioctl points an OTLP receiver got ([{attributes, value}]) by LABELS values:
+    each pod label read under its semconv attribute (K8S_ATTRIBUTES: the agents' default
+    export.otlp.attributes), so the key is ioctl_counts()' of the same series."""
+    return {
+        tuple(p["attributes"][K8S_ATTRIBUTES.get(k, k)] for k in LABELS): p["value"] for p in points
+    }
 
 
 # --- tools: the scripts/*.sh that fetch real tools print where they put them on their last line
@@ -224,25 +228,35 @@ def scrape(port: int) -> str:
 
 
 def values(metrics: Metrics, spec: Spec, skip: Collection[str] = ()) -> dict[tuple, Any]:
-    """{the values of a point's labels but `skip`: its value} of spec's points not at zero."""
+    """{the values of a point's labels but `skip`: its value} of spec's points not at zero. An
+    empty pod_uid (the tests' pods that have none) is left out too: a test that gives pods
+    uids sees them."""
     [points] = [p for s, p in metrics.collect() if s is spec]
     return {
-        tuple(v for k, v in p.attrs.items() if k not in skip): p.value for p in points if p.value
+        tuple(v for k, v in p.attrs.items() if k not in skip and (k, v) != ("pod_uid", "")): p.value
+        for p in points
+        if p.value
     }
 
 
-def ioctl_key(ns: str, pod: str, c: str, kind: str = "submit") -> tuple[str, ...]:
-    """The labels of the ioctl series calls() makes, in IOCTL.labels order."""
-    return (ns, pod, c, "0000:03:00.0", "vgem", kind)
+def ioctl_key(ns: str, pod: str, c: str, kind: str = "submit", uid: str = "") -> tuple[str, ...]:
+    """The labels of the ioctl series calls() makes, in IOCTL.labels order, as values() gives
+    them (no pod_uid when it is empty)."""
+    return (ns, pod, *((uid,) if uid else ()), c, "0000:03:00.0", "vgem", kind)
 
 
-def ioctl(ns: str, pod: str, c: str, kind: str = "submit") -> frozenset:
-    """The same series as an OTLP receiver's attribute set."""
-    return frozenset(zip(IOCTL.labels, ioctl_key(ns, pod, c, kind), strict=True))
+def ioctl(ns: str, pod: str, c: str, kind: str = "submit", uid: str = "") -> frozenset:
+    """The same series as an OTLP receiver's attribute set (export.otlp.attributes: semconv)."""
+    labels = (ns, pod, uid, c, "0000:03:00.0", "vgem", kind)
+    return frozenset(
+        (K8S_ATTRIBUTES.get(k, k), v) for k, v in zip(IOCTL.labels, labels, strict=True)
+    )
 
 
-def calls(m: Metrics, ns: str, pod: str, c: str, n: int = 1, kind: str = "submit") -> None:
-    m.add_calls(ns, pod, c, "0000:03:00.0", "vgem", kind, n)
+def calls(
+    m: Metrics, ns: str, pod: str, c: str, n: int = 1, kind: str = "submit", uid: str = ""
+) -> None:
+    m.add_calls(ns, pod, c, "0000:03:00.0", "vgem", kind, n, pod_uid=uid)
 
 
 # --- receivers: a real Prometheus / VictoriaMetrics (scripts/tools.sh) queried over its HTTP API

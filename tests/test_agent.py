@@ -92,7 +92,7 @@ def test_pod_and_host_calls_are_counted_with_a_reason_for_the_partial_ones(cgrou
     tally.add_event(record(Key(pod, 226, 7, 2)))  # a device the probe never listed
     attributor.flush(tally.drain())
     assert values(metrics, IOCTL) == {
-        ("ml", "trainer-0", "worker", "platform:vgem", "vgem", "alloc"): 3,
+        ("ml", "trainer-0", UID, "worker", "platform:vgem", "vgem", "alloc"): 3,
         ("", "", "", "platform:vgem", "vgem", "wait"): 1,
     }
     assert values(metrics, UNATTRIBUTED) == {("not_pod",): 1}
@@ -138,7 +138,7 @@ def test_containers_without_pod_labels_retire_and_free_the_cap(tmp_path, cgroups
         tally.add_event(record(key(pod)))
         attributor.flush(tally.drain())
         assert values(metrics, IOCTL) == {
-            ("ml", "trainer-0", "worker", "platform:vgem", "vgem", "alloc"): 1
+            ("ml", "trainer-0", UID, "worker", "platform:vgem", "vgem", "alloc"): 1
         }
         assert values(metrics, OVERFLOW_CALLS) == {}
     finally:
@@ -184,7 +184,7 @@ def test_bad_config_is_one_line_per_problem_and_exit_2(tmp_path, capsys):
 
 # --- the agent loop, with the fake kernel ---------------------------------------------------
 
-POD = ("ml", "trainer-0", "worker", "platform:vgem", "vgem")
+POD = ("ml", "trainer-0", UID, "worker", "platform:vgem", "vgem")
 
 
 class Exporters:
@@ -443,7 +443,7 @@ def running() -> Iterator[Callable[..., None]]:
 @pytest.mark.parametrize("mode", ["events", "aggregate"])
 def test_workers_survive_exceptions(mode, running, caplog):
     kernel, resolver = FakeKernel(aggregate=mode == "aggregate"), FakeResolver()
-    resolver.answers[9] = Attribution("ml", "trainer-0", "worker")
+    resolver.answers[9] = Attribution("ml", "trainer-0", "worker", pod_uid=UID)
     agent = make_agent(kernel, resolver, Clock())
     agent.cycle = _always_reading(agent)
     running(agent)
@@ -462,7 +462,7 @@ def test_a_poll_failing_after_some_records_counts_them_and_logs(running, caplog)
     """Records a poll delivered before it failed are counted, the rest at the next poll (none
     twice: tests/test_births.py); the failure is logged."""
     kernel, resolver = FakeKernel(aggregate=False), FakeResolver()
-    resolver.answers[9] = Attribution("ml", "trainer-0", "worker")
+    resolver.answers[9] = Attribution("ml", "trainer-0", "worker", pod_uid=UID)
     agent = make_agent(kernel, resolver, Clock())
     agent.cycle = _always_reading(agent)
     kernel.poll_raises, kernel.poll_fails_after = OSError("polling the ring buffer: EIO"), 2
@@ -486,7 +486,7 @@ class _SlowRuntime(FakeResolver):
 
 def test_a_runtime_slow_to_answer_delays_neither_attach_nor_the_first_read(running):
     kernel, resolver = FakeKernel(aggregate=True), _SlowRuntime()
-    resolver.answers[9] = Attribution("ml", "trainer-0", "worker")
+    resolver.answers[9] = Attribution("ml", "trainer-0", "worker", pod_uid=UID)
     kernel.counts[key(9)] = 4  # an adopted probe's totals
     agent = make_agent(kernel, resolver)
     try:
@@ -558,7 +558,7 @@ def test_pending_counts_are_attributed_when_the_answer_comes():
     assert values(metrics, IOCTL) == {} and attributor.pending() == 1
     tally.add(key(9), 1)
     attributor.flush(tally.drain())
-    resolver.answers[9] = Attribution("ml", "trainer-0", "worker")
+    resolver.answers[9] = Attribution("ml", "trainer-0", "worker", pod_uid=UID)
     attributor.flush(tally.drain())
     assert values(metrics, IOCTL) == {(*POD, "alloc"): 5}
     assert attributor.pending() == 0 and values(metrics, UNATTRIBUTED) == {}
@@ -574,7 +574,7 @@ class _AnswersDuringAFlush(FakeResolver):
 
     def resolve(self, cgroup_id: int) -> Attribution | None:
         if cgroup_id == 2:
-            self.answers[1] = Attribution("ml", "trainer-0", "worker")
+            self.answers[1] = Attribution("ml", "trainer-0", "worker", pod_uid=UID)
             self.clock.now += 1
         if cgroup_id == 3 and self.seen_before_3 is None:
             self.seen_before_3 = values(self.metrics, IOCTL)

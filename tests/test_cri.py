@@ -55,8 +55,8 @@ def client(sock: str, **kw: Any) -> CriClient:
 def test_labels_resolved(server: CriTestServer, sock: str) -> None:
     requests = Requests()
     c = client(sock, on_request=requests)
-    assert c.lookup(CID) == Attribution("ml", "trainer-0", "worker")
-    assert c.lookup(CID) == Attribution("ml", "trainer-0", "worker")
+    assert c.lookup(CID) == Attribution("ml", "trainer-0", "worker", pod_uid="u-1")
+    assert c.lookup(CID) == Attribution("ml", "trainer-0", "worker", pod_uid="u-1")
     assert server.requests[CID] == 2
     assert requests.oks == [True, True]
 
@@ -75,7 +75,7 @@ def test_the_list_names_every_container_in_one_request(server: CriTestServer, so
     server.add_container(OTHER, "", "", "adhoc")
     requests = Requests()
     assert client(sock, on_request=requests).containers() == {
-        CID: Attribution("ml", "trainer-0", "worker"),
+        CID: Attribution("ml", "trainer-0", "worker", pod_uid="u-1"),
         OTHER: Attribution(container="adhoc", reason="not_pod"),
     }
     assert server.lists == 1 and requests.oks == [True]
@@ -120,7 +120,7 @@ def test_server_down_then_recovers_after_back_off(server: CriTestServer, sock: s
     assert server.requests[CID] == 0
 
     clock.now += 2
-    assert c.lookup(CID) == Attribution("ml", "trainer-0", "worker")
+    assert c.lookup(CID) == Attribution("ml", "trainer-0", "worker", pod_uid="u-1")
     assert requests.oks == [False, True]
 
 
@@ -169,13 +169,13 @@ def test_script_mode_rereads_the_containers_file(tmp_path: Path, sock: str) -> N
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == f"listening on unix:{sock}"
         c = client(sock)
-        assert c.lookup(CID) == Attribution("ml", "p", "c")
+        assert c.lookup(CID) == Attribution("ml", "p", "c", pod_uid="u")
         assert c.lookup(OTHER) == Attribution(reason="container_not_found")
 
         new = tmp_path / "containers.json.new"
         new.write_text(json.dumps([entry, {**entry, "id": OTHER, "container": "d"}]))
         os.replace(new, file)
-        assert c.lookup(OTHER) == Attribution("ml", "p", "d")
+        assert c.lookup(OTHER) == Attribution("ml", "p", "d", pod_uid="u")
     finally:
         proc.terminate()
         assert proc.wait(timeout=30) == 0
@@ -228,6 +228,13 @@ def test_labels_past_kubernetes_limits_are_a_counted_skip(
         assert client(sock).lookup(OTHER) == Attribution(reason="label_too_long")
         assert client(sock).containers()[OTHER] == Attribution(reason="label_too_long")
     assert "longer than Kubernetes allows" in caplog.text
+
+
+def test_a_pod_uid_past_a_uuids_length_is_a_counted_skip(server: CriTestServer, sock: str) -> None:
+    server.add_container(OTHER, "n", "p", "c", pod_uid="u" * 37)
+    assert client(sock).lookup(OTHER) == Attribution(reason="label_too_long")
+    server.add_container(OTHER, "n", "p", "c", pod_uid="u" * 36)
+    assert client(sock).lookup(OTHER) == Attribution("n", "p", "c", pod_uid="u" * 36)
 
 
 def test_labels_at_kubernetes_limits_are_kept(server: CriTestServer, sock: str) -> None:

@@ -27,7 +27,7 @@ import pytest
 import yaml
 from helpers import CHART, helm, helm_values, k8s_tools, render_helm, script_output
 
-from kubenpu.metrics.catalogue import SPECS
+from kubenpu.metrics.catalogue import K8S_ATTRIBUTES, SPECS
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -1094,6 +1094,27 @@ def test_collector_config_is_consistent() -> None:
     receiver = config["receivers"]["otlp"]["protocols"]
     assert receiver["grpc"]["endpoint"].endswith(f":{ports['otlp-grpc']}")
     assert receiver["http"]["endpoint"].endswith(f":{ports['otlp-http']}")
+
+
+def test_the_collector_gives_remote_write_the_scrapes_pod_labels() -> None:
+    """Remote write feeds the dashboards, which query /metrics' labels: the transform sets each
+    from its semconv attribute (catalogue.K8S_ATTRIBUTES), then drops the k8s.* pod keys."""
+    config = load_yaml(DEPLOY / "otel" / "collector.yaml")
+    pipeline = config["service"]["pipelines"]["metrics"]
+    assert "transform/prometheus_labels" in pipeline["processors"]
+    [block] = config["processors"]["transform/prometheus_labels"]["metric_statements"]
+    assert block["context"] == "datapoint"
+    *sets, drop = block["statements"]
+    assert sets == [
+        f'set(attributes["{ours}"], attributes["{theirs}"]) where attributes["{theirs}"] != nil'
+        for ours, theirs in K8S_ATTRIBUTES.items()
+    ]
+    pattern = re.fullmatch(r'delete_matching_keys\(attributes, "(.*)"\)', drop)
+    assert pattern is not None
+    regex = pattern[1].replace("\\\\", "\\")  # the OTTL string's escapes
+    assert {k for k in [*K8S_ATTRIBUTES.values(), "k8s.node.name"] if re.search(regex, k)} == set(
+        K8S_ATTRIBUTES.values()
+    )
 
 
 def dockerfile() -> list[tuple[str, str]]:

@@ -23,20 +23,28 @@ from helpers import (
     calls,
     free_port,
     ioctl,
+    ioctl_counts,
     make_config,
+    otlp_counts,
     scrape,
     start_telemetry,
     values,
 )
+from opentelemetry.semconv.attributes import k8s_attributes
 from otlp_receiver import OtlpHttpReceiver, OtlpReceiver, attrs
+from vm.guestlib import parse
 
 from kubenpu import __version__, config, export
 from kubenpu.metrics.catalogue import (
     ENGINE_BUSY,
+    ENGINE_COUNTERS,
     ENGINE_CYCLES,
     EXPORT_ERRORS,
     FDINFO_SKIPPED,
+    K8S_ATTRIBUTES,
     OVERFLOW_ATTRS,
+    POD_LABELS,
+    SPECS,
     Spec,
 )
 from kubenpu.metrics.inputs import DeviceRow, Where
@@ -675,7 +683,7 @@ def test_concurrent_scrapes_share_renders_but_never_get_an_older_one(tmp_path):
         'kubenpu_ioctl_total{container="c",device="0000:03:00.0",kind="submit",'
         in (bodies["second"])
     )
-    assert 'pod="p",vendor="vgem"} 5.0' in bodies["second"]
+    assert 'pod="p",pod_uid="",vendor="vgem"} 5.0' in bodies["second"]
 
 
 @pytest.mark.parametrize("otlp_enabled", [False, True])
@@ -724,7 +732,7 @@ def start_pushing(
     return start_telemetry(cfg)
 
 
-CYCLES_WHERE = Where("ns", "p", "c", "0000:03:00.0", "xe")
+CYCLES_WHERE = Where("ns", "p", "", "c", "0000:03:00.0", "xe")
 
 
 def test_a_counter_past_int64_is_pushed_as_a_double(tmp_path, any_receiver):
@@ -821,7 +829,7 @@ def test_a_large_push_is_split_into_requests_the_receiver_takes(tmp_path, any_re
         for _, metric in rx.metrics(i):
             if metric.name == "kubenpu.ioctl":
                 for p in metric.sum.data_points:
-                    delivered[attrs(p.attributes)["pod"]] = p.as_int
+                    delivered[attrs(p.attributes)["k8s.pod.name"]] = p.as_int
     assert len(delivered) == series
     assert sum(delivered.values()) == series * (series + 1) // 2
 
@@ -860,3 +868,102 @@ def test_probes_are_answered_while_idle_connections_fill_the_cap(tmp_path, monke
         for s in idle:
             s.close()
         tel.shutdown()
+
+
+# --- pod attributes: the OTel semantic conventions (docs/metrics.md, Pod attributes on OTLP)
+
+# Each k8s.* attribute a per-pod point carries: our label, the attribute, and the spec that
+# defines it (open-telemetry/semantic-conventions; the stable names are also the SDK's
+# opentelemetry.semconv.attributes.k8s_attributes, generated from that file).
+SEMCONV = [
+    ("namespace", k8s_attributes.K8S_NAMESPACE_NAME, "model/k8s/registry.yaml"),
+    ("pod", k8s_attributes.K8S_POD_NAME, "model/k8s/registry.yaml"),
+    ("pod_uid", k8s_attributes.K8S_POD_UID, "model/k8s/registry.yaml"),
+    ("container", k8s_attributes.K8S_CONTAINER_NAME, "model/k8s/registry.yaml"),
+]
+POD_SPECS = [spec for spec in SPECS if set(POD_LABELS) <= set(spec.labels)]
+UID_A, UID_B = "8f2c3a10-0000-4000-8000-00000000000a", "8f2c3a10-0000-4000-8000-00000000000b"
+
+
+def push_pods(tmp_path: Path, rx: OtlpReceiver, attributes: str) -> None:
+    """Two pods of one name, one after the other (uids a, b), with calls, engine time, memory,
+    capacity and energy: every per-pod series the store makes from an Attribution."""
+    text = otlp_yaml(rx.port, f"    attributes: {attributes}\n")
+    tel = start_telemetry(make_config(tmp_path, text))
+    try:
+        m = tel.metrics
+        capacity, memory = {}, {}
+        for uid, n in ((UID_A, 2), (UID_B, 3)):
+            calls(m, "ns", "p", "c", n, uid=uid)
+            where = Where("ns", "p", uid, "c", "0000:03:00.0", "vgem")
+            for spec in ENGINE_COUNTERS:
+                m.add_engine(spec, where, "render", n)
+            m.add_energy(where, n * 1_000_000)
+            capacity[(where, "render")] = 1
+            memory[(where, "vram0", "resident")] = n
+        m.set_usage_gauges(capacity, memory)
+        assert tel.pusher.push()
+    finally:
+        tel.shutdown()
+
+
+def points(rx: OtlpReceiver, name: str) -> list[dict[str, object]]:
+    metric = rx.metric(name)
+    data = metric.sum.data_points if metric.HasField("sum") else metric.gauge.data_points
+    return [attrs(p.attributes) for p in data]
+
+
+def test_the_semconv_table_is_the_catalogues_and_names_stable_attributes():
+    assert {ours: theirs for ours, theirs, _ in SEMCONV} == K8S_ATTRIBUTES
+    assert set(POD_LABELS) == set(K8S_ATTRIBUTES)
+    assert all(spec.endswith("registry.yaml") for _, _, spec in SEMCONV)
+    assert {s.name for s in POD_SPECS} >= {"kubenpu.ioctl", "kubenpu.energy", "kubenpu.memory"}
+
+
+def test_per_pod_points_carry_exactly_the_k8s_attributes_and_the_uid_parts_two_pods(
+    tmp_path, receiver
+):
+    push_pods(tmp_path, receiver, "semconv")
+    k8s = {theirs for _, theirs, _ in SEMCONV}
+    for spec in POD_SPECS:
+        got = points(receiver, spec.name)
+        own = set(spec.labels) - set(POD_LABELS)
+        assert [set(p) for p in got] == [k8s | own] * len(got), spec.name
+        # Same namespace, pod and container names: k8s.pod.uid makes them two series.
+        assert sorted(p["k8s.pod.uid"] for p in got) == [UID_A, UID_B], spec.name
+        assert {(p["k8s.namespace.name"], p["k8s.pod.name"]) for p in got} == {("ns", "p")}
+    assert receiver.values("kubenpu.ioctl") == {
+        ioctl("ns", "p", "c", uid=UID_A): 2,
+        ioctl("ns", "p", "c", uid=UID_B): 3,
+    }
+
+
+def test_legacy_attributes_are_the_old_names_without_the_uid(tmp_path, receiver):
+    push_pods(tmp_path, receiver, "legacy")
+    for spec in POD_SPECS:
+        got = points(receiver, spec.name)
+        assert [set(p) for p in got] == [set(spec.labels) - {"pod_uid"}] * len(got), spec.name
+    # Without the uid the two pods are one series again, as before: their calls add up.
+    [(key, n)] = receiver.values("kubenpu.ioctl").items()
+    assert n == 5 and dict(key)["pod"] == "p"
+
+
+def test_the_vm_tests_projections_of_a_push_and_a_scrape_agree(tmp_path, receiver):
+    """otlp_counts() (a guest's OTLP points) and ioctl_counts() (its /metrics) key one series
+    alike: the VM tests compare both with the same expected counts."""
+    port = free_port()
+    text = otlp_yaml(receiver.port).replace(
+        "{enabled: false}", f"{{host: 127.0.0.1, port: {port}}}"
+    )
+    tel = start_telemetry(make_config(tmp_path, text))
+    try:
+        calls(tel.metrics, "ns", "p", "c", 42, uid=UID_A)
+        assert tel.pusher.push()
+        samples = parse(scrape(port))
+    finally:
+        tel.shutdown()
+    pushed = [
+        {"attributes": dict(a), "value": v} for a, v in receiver.values("kubenpu.ioctl").items()
+    ]
+    want = {("ns", "p", "c", "0000:03:00.0", "vgem", "submit"): 42}
+    assert otlp_counts(pushed) == ioctl_counts(samples) == want

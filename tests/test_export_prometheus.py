@@ -24,7 +24,7 @@ from helpers import (
 )
 
 from kubenpu import export
-from kubenpu.metrics.catalogue import ENGINE_COUNTERS, SPECS, TELEMETRY_SPECS
+from kubenpu.metrics.catalogue import ENGINE_COUNTERS, K8S_ATTRIBUTES, SPECS, TELEMETRY_SPECS
 from kubenpu.metrics.inputs import AllocationState, Held, Where
 
 pytestmark = pytest.mark.tools
@@ -33,11 +33,19 @@ IOCTL_LABELS = {
     "__name__": "kubenpu_ioctl_total",
     "namespace": "ns",
     "pod": "p",
+    "pod_uid": "u-1",
     "container": "c",
     "device": "0000:03:00.0",
     "vendor": "vgem",
     "kind": "submit",
 }
+
+
+def label(name: str, semconv: bool) -> str:
+    """A pod label as the receiver holds it: /metrics' own name (and a legacy push's), or the
+    receiver's translation of the semconv attribute a push carries (k8s.pod.name is
+    k8s_pod_name)."""
+    return K8S_ATTRIBUTES.get(name, name).replace(".", "_") if semconv else name
 
 
 @pytest.fixture(scope="session")
@@ -76,7 +84,7 @@ def start_victoria_metrics(tools: Path, tmp: Path) -> Iterator[Prometheus]:
 
 def fill(tel: export.Exporters) -> None:
     m = tel.metrics
-    calls(m, "ns", "p", "c", 42)
+    calls(m, "ns", "p", "c", 42, uid="u-1")
     calls(m, "", "", "", 5)
     m.unattributed("cri_error", 5)
     m.dropped("ringbuf_full", 3)
@@ -84,7 +92,7 @@ def fill(tel: export.Exporters) -> None:
     m.index_rebuilt()
     m.cri_request(0.004, True)
     m.set_devices([VGEM_ROW])
-    where = Where("ns", "p", "c", "0000:03:00.0", "vgem")
+    where = Where("ns", "p", "u-1", "c", "0000:03:00.0", "vgem")
     for spec in ENGINE_COUNTERS:
         m.add_engine(spec, where, "render", 2.5)
     m.set_usage_gauges({(where, "render"): 1}, {(where, "vram0", "resident"): 4096})
@@ -108,14 +116,21 @@ def expected_names(pushed: bool = False) -> set[str]:
     return {s.translated_name if pushed else s.prometheus_name for s in SPECS}
 
 
-def check_series(prom: Prometheus, pushed: bool = False) -> None:
-    [ioctl] = prom.wait_for('kubenpu_ioctl_total{pod="p"}')
+def check_series(prom: Prometheus, pushed: bool = False, attributes: str = "semconv") -> None:
+    """pushed: named by the receiver's translation; attributes: the push's pod attributes."""
+    semconv = pushed and attributes == "semconv"
+    pod = label("pod", semconv)
+    [ioctl] = prom.wait_for(f'kubenpu_ioctl_total{{{pod}="p"}}')
     # job/instance come from the scrape, scope_* from VictoriaMetrics' OTLP translation.
     added = ("job", "instance", "scope_name", "scope_version")
     labels = {k: v for k, v in ioctl["metric"].items() if k not in added}
-    assert labels == IOCTL_LABELS
+    legacy = pushed and attributes == "legacy"  # the old names, no uid
+    want = {
+        label(k, semconv): v for k, v in IOCTL_LABELS.items() if not (legacy and k == "pod_uid")
+    }
+    assert labels == want
     assert ioctl["value"][1] == "42"
-    [host] = prom.query('kubenpu_ioctl_total{pod=""}')
+    [host] = prom.query(f'kubenpu_ioctl_total{{{pod}=""}}')
     assert host["value"][1] == "5"
     [info] = prom.query("kubenpu_device_info")
     assert {k: info["metric"][k] for k in VGEM_INFO} == VGEM_INFO
@@ -123,14 +138,14 @@ def check_series(prom: Prometheus, pushed: bool = False) -> None:
     assert prom.query('kubenpu_events_dropped_total{reason="ringbuf_full"}')[0]["value"][1] == "3"
     assert prom.query("kubenpu_events_received_total")[0]["value"][1] == "47"
     assert prom.query("kubenpu_cri_request_duration_seconds_count")[0]["value"][1] == "1"
-    busy = prom.query('kubenpu_engine_busy_seconds_total{pod="p",engine="render"}')
+    busy = prom.query(f'kubenpu_engine_busy_seconds_total{{{pod}="p",engine="render"}}')
     assert busy[0]["value"][1] == "2.5"
     memory = prom.query('kubenpu_memory_bytes{region="vram0",state="resident"}')
     assert memory[0]["value"][1] == "4096"
-    allocated = prom.query('kubenpu_device_allocated{pod="p",resource="gpu.intel.com/i915"}')
+    allocated = prom.query(f'kubenpu_device_allocated{{{pod}="p",resource="gpu.intel.com/i915"}}')
     assert allocated[0]["value"][1] == "2"
     assert prom.query("kubenpu_device_allocated_idle_seconds_total")[0]["value"][1] == "120"
-    assert prom.query('kubenpu_device_unallocated_calls_total{pod="q"}')[0]["value"][1] == "4"
+    assert prom.query(f'kubenpu_device_unallocated_calls_total{{{pod}="q"}}')[0]["value"][1] == "4"
     names = {r["metric"]["__name__"] for r in prom.query('{__name__=~"(kubenpu|hw)_.*"}')}
     histogram = {n for n in names if n.startswith("kubenpu_cri_request_duration_seconds_")}
     want = expected_names(pushed) - {"kubenpu_cri_request_duration_seconds"}
@@ -140,7 +155,8 @@ def check_series(prom: Prometheus, pushed: bool = False) -> None:
     }
 
 
-def test_otlp_http_push_into_a_prometheus_api(tools, tmp_path):
+@pytest.mark.parametrize("attributes", ["semconv", "legacy"])
+def test_otlp_http_push_into_a_prometheus_api(tools, tmp_path, attributes):
     for vm in start_victoria_metrics(tools, tmp_path):
         env = {
             "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
@@ -148,14 +164,18 @@ def test_otlp_http_push_into_a_prometheus_api(tools, tmp_path):
             "OTEL_METRICS_EXPORTER": "otlp",
         }
         tel = start_telemetry(
-            make_config(tmp_path, "export: {otlp: {interval_seconds: 3600}}", env)
+            make_config(
+                tmp_path,
+                f"export: {{otlp: {{interval_seconds: 3600, attributes: {attributes}}}}}",
+                env,
+            )
         )
         try:
             fill(tel)
             assert tel.pusher.push()
         finally:
             tel.shutdown()
-        check_series(vm, pushed=True)
+        check_series(vm, pushed=True, attributes=attributes)
 
 
 def test_prometheus_scrapes_metrics_and_promtool_is_clean(tools, tmp_path):

@@ -22,16 +22,18 @@ from kubenpu.metrics.catalogue import (
     DROPPED,
     IOCTL,
     IOCTL_SERIES,
+    K8S_ATTRIBUTES,
     OVERFLOW_ATTRS,
     OVERFLOW_CALLS,
     OVERFLOW_SERIES,
+    POD_LABELS,
     POWER,
     SPECS,
     UNATTRIBUTED,
     UNATTRIBUTED_REASONS,
     Spec,
 )
-from kubenpu.metrics.inputs import AllocationState, Held
+from kubenpu.metrics.inputs import AllocationState, Held, Where
 from kubenpu.metrics.store import Metrics
 
 
@@ -85,6 +87,23 @@ def test_pod_series_retire_after_ttl_when_all_containers_are_gone() -> None:
     clock.now += 1
     assert values(m, IOCTL) == {}
     assert (values(m, IOCTL_SERIES), m.pods_held()) == ({}, 0)
+
+
+def test_two_pods_of_one_name_one_after_the_other_are_two_series_retiring_apart() -> None:
+    """A StatefulSet's pod-0 recreated: same namespace, pod and container names, a new uid.
+    The old pod's counts stay its own (and retire after the TTL); the new pod starts at 0."""
+    clock = Clock()
+    m = Metrics("n", 60, 100, clock)
+    calls(m, "ns", "p", "c", 2, uid="uid-old")
+    m.container_gone("ns", "p", "c", "uid-old")
+    calls(m, "ns", "p", "c", 3, uid="uid-new")
+    assert values(m, IOCTL) == {
+        ioctl_key("ns", "p", "c", uid="uid-old"): 2,
+        ioctl_key("ns", "p", "c", uid="uid-new"): 3,
+    }
+    clock.now += 60
+    assert values(m, IOCTL) == {ioctl_key("ns", "p", "c", uid="uid-new"): 3}
+    assert m.pods_held() == 1
 
 
 def test_containers_without_pod_labels_retire_each_on_its_own() -> None:
@@ -259,8 +278,15 @@ def test_help_texts_and_the_metrics_doc_agree(spec: Spec) -> None:
     assert row[1].startswith(f"`{spec.name}`")
     assert f"(`{spec.unit}`)" in row[1] if spec.unit else "(" not in row[1]
     assert row[-1].startswith(spec.description)
+    assert row[3] == ", ".join(f"`{label}`" for label in spec.labels)
 
 
 def test_every_reason_is_in_its_help_text() -> None:
     for spec, reasons in ((DROPPED, DROP_REASONS), (UNATTRIBUTED, UNATTRIBUTED_REASONS)):
         assert [r for r in reasons if f"{r} (" not in spec.description] == []
+
+
+def test_the_pod_inputs_name_the_catalogues_pod_labels_in_order() -> None:
+    """Where's fields are the series' labels (Metrics builds attrs from Where._asdict())."""
+    assert Where._fields[: len(POD_LABELS)] == POD_LABELS
+    assert set(POD_LABELS) == K8S_ATTRIBUTES.keys()

@@ -99,9 +99,21 @@ def settled_as(resolver: Resolver, cgroup_id: int, expected: Attribution) -> Non
 def test_containers_resolve(tree: Tree, server: CriTestServer, resolver: Resolver) -> None:
     worker, sidecar = tree.mkdir(tree.container(WORKER)), tree.mkdir(tree.container(SIDECAR))
     assert resolver.resolve(worker) is None  # pending: the lookup runs off this thread
-    assert resolved(resolver, worker) == Attribution("ml", "trainer-0", "worker")
-    assert resolved(resolver, sidecar) == Attribution("ml", "trainer-0", "sidecar")
+    assert resolved(resolver, worker) == Attribution("ml", "trainer-0", "worker", pod_uid=UID)
+    assert resolved(resolver, sidecar) == Attribution("ml", "trainer-0", "sidecar", pod_uid=UID)
     assert resolver.rebuilds == 1
+
+
+def test_the_pod_uid_is_the_cris_else_the_cgroup_paths(
+    tree: Tree, server: CriTestServer, resolver: Resolver
+) -> None:
+    """The runtime's io.kubernetes.pod.uid label names the pod; a runtime that does not copy
+    it still gives the pod its uid, from the pod's cgroup directory."""
+    cris, bare = "1" * 64, "2" * 64
+    server.add_container(cris, "ml", "trainer-0", "a", pod_uid="cri-uid")
+    server.add_container(bare, "ml", "trainer-0", "b")
+    assert resolved(resolver, tree.mkdir(tree.container(cris))).pod_uid == "cri-uid"
+    assert resolved(resolver, tree.mkdir(tree.container(bare))).pod_uid == UID
 
 
 def test_partial_reasons(tree: Tree, server: CriTestServer, resolver: Resolver) -> None:
@@ -161,7 +173,7 @@ def test_not_found_is_retried_with_back_off(
 
     server.add_container(UNKNOWN, "ml", "trainer-0", "late", pod_uid=UID)
     clock.now += 1
-    assert resolved(resolver, late) == Attribution("ml", "trainer-0", "late")
+    assert resolved(resolver, late) == Attribution("ml", "trainer-0", "late", pod_uid=UID)
     assert server.requests[UNKNOWN] == 3
 
 
@@ -186,7 +198,7 @@ def test_cri_error_is_retried_after_back_off(
     assert resolver.resolve(worker) is None
     assert resolver.settle(worker) == Attribution(reason="cri_error")
     clock.now += 31
-    assert resolved(resolver, worker) == Attribution("ml", "trainer-0", "worker")
+    assert resolved(resolver, worker) == Attribution("ml", "trainer-0", "worker", pod_uid=UID)
     assert requests == [False, True]
     assert resolver.rebuilds == 1
     resolver.close()
@@ -207,7 +219,7 @@ def test_slow_cri_never_delays_a_known_pod(
         server.hold()
         assert all(resolver.resolve(c) is None for c in new.values())
         assert server.wait_in_flight(4)
-        assert resolver.resolve(known) == Attribution("ml", "trainer-0", "worker")
+        assert resolver.resolve(known) == Attribution("ml", "trainer-0", "worker", pod_uid=UID)
         assert resolver.resolve(tree.mkdir("system.slice/sshd.service")).reason == "not_pod"
         assert all(resolver.resolve(c) is None for c in new.values())
         assert server.in_flight == 4
@@ -246,7 +258,7 @@ def test_short_lived_container_is_attributed_after_its_cgroup_is_gone(
     container = tree.mkdir(tree.container(SIDECAR))
     resolver.cgroups_born([(container, pod)])
     os.rename(tree.root / tree.container(SIDECAR), tree.root.parent / "gone")  # keeps the inode
-    assert resolved(resolver, container) == Attribution("ml", "trainer-0", "sidecar")
+    assert resolved(resolver, container) == Attribution("ml", "trainer-0", "sidecar", pod_uid=UID)
     assert not resolver.alive(container)
     assert resolver.rebuilds == rebuilds
 
@@ -345,13 +357,13 @@ def test_a_lookup_that_raises_reads_as_cri_error(
 def test_the_first_lookup_takes_every_name_from_the_runtimes_list(tree, server, resolver):
     server.listed = True
     worker, sidecar = tree.mkdir(tree.container(WORKER)), tree.mkdir(tree.container(SIDECAR))
-    assert resolved(resolver, worker) == Attribution("ml", "trainer-0", "worker")
-    assert resolved(resolver, sidecar) == Attribution("ml", "trainer-0", "sidecar")
+    assert resolved(resolver, worker) == Attribution("ml", "trainer-0", "worker", pod_uid=UID)
+    assert resolved(resolver, sidecar) == Attribution("ml", "trainer-0", "sidecar", pod_uid=UID)
     assert server.lists == 1 and server.requests == {}
     # A container the list lacks (created since) is looked up alone; the list is not asked again.
     server.add_container(UNKNOWN, "ml", "trainer-0", "late", pod_uid=UID)
     late = tree.mkdir(tree.container(UNKNOWN))
-    assert resolved(resolver, late) == Attribution("ml", "trainer-0", "late")
+    assert resolved(resolver, late) == Attribution("ml", "trainer-0", "late", pod_uid=UID)
     assert server.lists == 1 and server.requests == {UNKNOWN: 1}
 
 
@@ -372,7 +384,7 @@ def test_a_runtime_down_at_the_list_is_retried_with_single_lookups(tree, server,
         settled_as(resolver, worker, CRI_ERROR)
         server.set_unavailable(False)
         clock.now += 30  # the CRI client's back-off after the failed list
-        assert resolved(resolver, worker) == Attribution("ml", "trainer-0", "worker")
+        assert resolved(resolver, worker) == Attribution("ml", "trainer-0", "worker", pod_uid=UID)
         assert server.lists == 1 and server.requests == {WORKER: 1}
     finally:
         resolver.close()
@@ -385,7 +397,7 @@ def test_every_finished_lookup_is_announced(tree, server, tmp_path):
         worker, unknown = tree.mkdir(tree.container(WORKER)), tree.mkdir(tree.container(UNKNOWN))
         assert resolver.resolve(worker) is None and resolver.resolve(unknown) is None
         assert answered.acquire(timeout=30) and answered.acquire(timeout=30)
-        assert resolver.resolve(worker) == Attribution("ml", "trainer-0", "worker")
+        assert resolver.resolve(worker) == Attribution("ml", "trainer-0", "worker", pod_uid=UID)
         assert resolver.settle(unknown) == NOT_FOUND
     finally:
         resolver.close()

@@ -179,7 +179,7 @@ def energy_steps(tmp_path: Path, steps: list[tuple[int, int]]) -> tuple[Metrics,
         clock.ns += seconds * SECOND
         busy = {
             "0000:03:00.0": {
-                Where(pod, pod, "c", "0000:03:00.0", "xe"): [seconds * SECOND // 2, 0, 0]
+                Where(pod, pod, "", "c", "0000:03:00.0", "xe"): [seconds * SECOND // 2, 0, 0]
                 for pod in ("a", "b")
             }
         }
@@ -375,11 +375,11 @@ def test_metrics_and_otlp_carry_every_fixture_drivers_telemetry(tmp_path: Path) 
 
 
 def test_pod_energy_is_exported_under_its_prometheus_and_otlp_names(tmp_path: Path) -> None:
-    where = Where("ns", "a", "main", "platform:kubenpu_testdrm", "kubenpu_testdrm")
+    where = Where("ns", "a", "", "main", "platform:kubenpu_testdrm", "kubenpu_testdrm")
     rx, text = push_and_scrape(tmp_path, lambda metrics: metrics.add_energy(where, 1_500_001))
     assert 'kubenpu_energy_joules_total{container="main",device="platform:kubenpu_testdrm"' in text
     [(attrs, joules)] = rx.values("kubenpu.energy").items()
-    assert joules == 1.500001 and ("pod", "a") in attrs
+    assert joules == 1.500001 and ("k8s.pod.name", "a") in attrs
 
 
 def test_names_with_other_scripts_digits_are_not_sensors(tmp_path: Path) -> None:
@@ -472,7 +472,7 @@ def test_busy_time_handed_while_a_read_is_stuck_is_split_at_the_read_after(
     sensors, metrics, clock = Sensors("0000:03:00.0"), Metrics("node", 60, 1000), Clock()
     tel = Telemetry(discover(tmp_path), metrics, tmp_path, clock, DEADLINE, sensors)
     counter = xe_energy(tmp_path)
-    a = Where("ns", "a", "c", "0000:03:00.0", "xe")
+    a = Where("ns", "a", "", "c", "0000:03:00.0", "xe")
 
     def busy(seconds: int) -> dict:
         return {"0000:03:00.0": {a: [seconds * SECOND, 0, 0]}}

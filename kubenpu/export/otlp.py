@@ -31,7 +31,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from kubenpu import __version__
 from kubenpu.config import OtlpConfig
 from kubenpu.export.files import read_regular
-from kubenpu.metrics.catalogue import CRI_BOUNDS, Spec
+from kubenpu.metrics.catalogue import CRI_BOUNDS, K8S_ATTRIBUTES, Attrs, Spec
 from kubenpu.metrics.store import Hist, Metrics, Point
 
 log = logging.getLogger(__name__)
@@ -58,6 +58,35 @@ def _wire(value: float) -> float:
     double, as Prometheus would hold it; float() raises only past 1e308 (Metrics refuses
     such increments), caught by _send()."""
     return value if not isinstance(value, int) or value in _INT64 else float(value)
+
+
+def otlp_names(snapshot: _Snapshot, attributes: str) -> _Snapshot:
+    """The snapshot with each point's pod labels under their OTLP names (export.otlp.attributes):
+    semconv renames them by K8S_ATTRIBUTES; legacy keeps namespace, pod and container and leaves
+    pod_uid out, so a pipeline built on the old names gets the series it got before."""
+    if attributes == "legacy":
+        return [(spec, _legacy(points)) for spec, points in snapshot]
+    return [(spec, [_semconv(p) for p in points]) for spec, points in snapshot]
+
+
+def _semconv(p: Point) -> Point:
+    return p._replace(attrs={K8S_ATTRIBUTES.get(k, k): v for k, v in p.attrs.items()})
+
+
+def _legacy(points: list[Point]) -> list[Point]:
+    """The points without pod_uid. Two pods of one name (one after the other) are one series
+    again, as before the uid: their values are summed (a histogram has no pod labels), from the
+    earlier start."""
+    merged: dict[frozenset[tuple[str, object]], Point] = {}
+    for p in points:
+        attrs: Attrs = {k: v for k, v in p.attrs.items() if k != "pod_uid"}
+        key = frozenset(attrs.items())
+        had = merged.get(key)
+        if had is None or isinstance(p.value, Hist) or isinstance(had.value, Hist):
+            merged[key] = Point(attrs, p.value, p.start_ns)
+        else:
+            merged[key] = Point(attrs, had.value + p.value, min(had.start_ns, p.start_ns))
+    return list(merged.values())
 
 
 def _attrs_bytes(attrs: Mapping[str, object]) -> int:
@@ -206,7 +235,7 @@ class OtlpPusher:
     def push(self) -> bool:
         """One snapshot, in requests of at most max_request_bytes, within one timeout."""
         try:
-            reason = self._send(self._metrics.collect())
+            reason = self._send(otlp_names(self._metrics.collect(), self._cfg.attributes))
         except Exception as err:  # e.g. a value the encoder refuses: this push fails, not the next
             reason = f"cannot encode the push: {type(err).__name__}: {err}"
         if reason is None:

@@ -28,6 +28,18 @@ _PROM_UNITS = {
     "V": "volts",
     "1": "ratio",
 }
+# A pod's identity: our label (/metrics) -> the OTel semantic conventions' attribute (stable, in
+# open-telemetry/semantic-conventions model/k8s/registry.yaml), the name OTLP points carry with
+# export.otlp.attributes: semconv, so they join the Collector's k8sattributes and kubeletstats
+# data. The one table of it: export.otlp renames by it, tests and docs read it.
+K8S_ATTRIBUTES = {
+    "namespace": "k8s.namespace.name",
+    "pod": "k8s.pod.name",
+    "pod_uid": "k8s.pod.uid",
+    "container": "k8s.container.name",
+}
+# The labels that name whose calls, engine time, memory or energy a series counts.
+POD_LABELS = ("namespace", "pod", "pod_uid", "container")
 CRI_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -71,7 +83,7 @@ IOCTL = Spec(
     "{call}",
     "Driver ioctl calls (submit, alloc, wait) made by processes, per container and device. "
     "Counts calls, not utilisation.",
-    ("namespace", "pod", "container", "device", "vendor", "kind"),
+    (*POD_LABELS, "device", "vendor", "kind"),
 )
 DEVICE_INFO = Spec(
     "kubenpu.device.info",
@@ -192,7 +204,7 @@ PENDING_EXPIRED = Spec(
     "Calls held while the CRI could not name their pod, then counted with empty pod labels "
     "after attribution.pending_seconds.",
 )
-_POD = ("namespace", "pod", "container", "device", "vendor")
+_POD = (*POD_LABELS, "device", "vendor")
 ENGINE_BUSY = Spec(
     "kubenpu.engine.busy",
     "counter",

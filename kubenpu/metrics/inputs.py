@@ -44,6 +44,7 @@ class Where(NamedTuple):
 
     namespace: str
     pod: str
+    pod_uid: str  # the Attribution's: two same-named pods are two series
     container: str
     device: str
     vendor: str

@@ -82,9 +82,10 @@ class Point(NamedTuple):
 
 # (container, device, vendor, engine) -> value, per engine counter Spec
 _EngineKey = tuple[str, str, str, str]
-# What retires as one: (namespace, pod, "") for a pod; (namespace, "", container) for a
-# container without pod labels (started with ctr or nerdctl), whose name is its only identity.
-_Unit = tuple[str, str, str]
+# What retires as one: (namespace, pod, pod uid, "") for a pod (two pods of one name, one after
+# the other, are two units); (namespace, "", "", container) for a container without pod labels
+# (started with ctr or nerdctl), whose name is its only identity.
+_Unit = tuple[str, str, str, str]
 
 
 def _finite(value: float) -> bool:
@@ -130,8 +131,8 @@ def _capped(state: AllocationState, room: int) -> tuple[AllocationState, int]:
     return kept, dropped
 
 
-def _unit(namespace: str, pod: str, container: str) -> _Unit:
-    return (namespace, pod, "") if pod else (namespace, "", container)
+def _unit(namespace: str, pod: str, container: str, pod_uid: str = "") -> _Unit:
+    return (namespace, pod, pod_uid, "") if pod else (namespace, "", "", container)
 
 
 @dataclass
@@ -159,7 +160,7 @@ class _Histogram:
 
 
 class Metrics:
-    """Counts per (namespace, pod, container, device, vendor, kind), plus self-metrics.
+    """Counts per (namespace, pod, pod uid, container, device, vendor, kind), plus self-metrics.
 
     Lifecycle: a container is live from its first call until `container_gone()`; when every
     container of a pod seen here is gone, the pod's series are exported for `series_ttl` more
@@ -221,9 +222,10 @@ class Metrics:
         vendor: str,
         kind: str,
         n: int = 1,
+        pod_uid: str = "",
     ) -> None:
         key = (container, device, vendor, kind)
-        unit = _unit(namespace, pod, container)
+        unit = _unit(namespace, pod, container, pod_uid)
         with self._lock:
             rec = self._pods.get(unit)
             if rec is None or key not in rec.series:
@@ -255,7 +257,7 @@ class Metrics:
         pod's calls.
         One that would take the counter past what a double holds is skipped (out_of_range):
         a value no exporter can encode failed every push and scrape while the pod lived."""
-        unit = _unit(where.namespace, where.pod, where.container)
+        unit = _unit(where.namespace, where.pod, where.container, where.pod_uid)
         with self._lock:
             rec = self._pods.get(unit)
             key = (where.container, where.device, where.vendor, engine)
@@ -324,9 +326,9 @@ class Metrics:
         with self._lock:
             self._certificates = dict(not_after)
 
-    def container_gone(self, namespace: str, pod: str, container: str) -> None:
+    def container_gone(self, namespace: str, pod: str, container: str, pod_uid: str = "") -> None:
         """The container's cgroup is gone. Unknown containers are ignored."""
-        unit = _unit(namespace, pod, container)
+        unit = _unit(namespace, pod, container, pod_uid)
         with self._lock:
             rec = self._pods.get(unit)
             if rec is None or container not in rec.live:
@@ -497,19 +499,19 @@ class Metrics:
 
     def _energy_points(self) -> list[Point]:
         return [
-            Point(Where(ns, pod, c, d, v)._asdict(), uj / 1e6, rec.start_ns)
-            for (ns, pod, _), rec in self._pods.items()
+            Point(Where(ns, pod, uid, c, d, v)._asdict(), uj / 1e6, rec.start_ns)
+            for (ns, pod, uid, _), rec in self._pods.items()
             for (c, d, v, _), uj in rec.engines.get(POD_ENERGY, {}).items()
         ]
 
     def _engine_points(self, spec: Spec) -> list[Point]:
         return [
             Point(
-                {**Where(ns, pod, c, d, v)._asdict(), "engine": e},
+                {**Where(ns, pod, uid, c, d, v)._asdict(), "engine": e},
                 value,
                 rec.start_ns,
             )
-            for (ns, pod, _), rec in self._pods.items()
+            for (ns, pod, uid, _), rec in self._pods.items()
             for (c, d, v, e), value in rec.engines.get(spec, {}).items()
         ]
 
@@ -522,11 +524,11 @@ class Metrics:
     def _ioctl_points(self) -> list[Point]:
         points = [
             Point(
-                {"namespace": ns, "pod": pod, "container": c, "device": d, "vendor": v, "kind": k},
+                {**Where(ns, pod, uid, c, d, v)._asdict(), "kind": k},
                 n,
                 rec.start_ns,
             )
-            for (ns, pod, _), rec in self._pods.items()
+            for (ns, pod, uid, _), rec in self._pods.items()
             for (c, d, v, k), n in rec.series.items()
         ]
         if self._overflow:

@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kubenpu.resolve import DEFAULT_ENDPOINT, containers
 from kubenpu.resolve.cgroups import CgroupIndex
@@ -82,6 +82,7 @@ class Resolver:
         self._on_answer = on_answer
         self._answers: dict[int, Attribution] = {}  # final answers per cgroup
         self._container_ids: dict[int, str] = {}  # cgroups waiting for (or given) a CRI answer
+        self._path_uids: dict[int, str] = {}  # their pod uids, as their cgroup paths give them
         self._lookups: dict[str, _Lookup] = {}  # per container id, while a cgroup refers to it
         self._list_lock = threading.Lock()  # pool threads wait for the one list
         # The list's answers not taken yet: at most the containers on the node when it was asked.
@@ -107,12 +108,20 @@ class Resolver:
             if isinstance(local, Attribution):
                 self._answers[cgroup_id] = local
                 return local
-            container_id = self._container_ids[cgroup_id] = local
+            container_id = self._container_ids[cgroup_id] = local[0]
+            self._path_uids[cgroup_id] = local[1]
         lookup = self._lookups.setdefault(container_id, _Lookup())
         lookup.cgroups.add(cgroup_id)
         answer = self._poll(container_id, lookup)
         if answer is not None:
-            self._answers[cgroup_id] = answer
+            answer = self._answers[cgroup_id] = self._with_uid(cgroup_id, answer)
+        return answer
+
+    def _with_uid(self, cgroup_id: int, answer: Attribution) -> Attribution:
+        """The CRI's answer, with the cgroup path's pod uid if the runtime's labels lack one (a
+        runtime that does not copy io.kubernetes.pod.uid): a pod is never left without it."""
+        if answer.pod and not answer.pod_uid:
+            return replace(answer, pod_uid=self._path_uids.get(cgroup_id, ""))
         return answer
 
     def prefetch(self, cgroup_ids: Iterable[int]) -> None:
@@ -144,6 +153,7 @@ class Resolver:
         self._answers.pop(cgroup_id, None)
         self._index.forget(cgroup_id)
         container_id = self._container_ids.pop(cgroup_id, None)
+        self._path_uids.pop(cgroup_id, None)
         lookup = self._lookups.get(container_id) if container_id is not None else None
         if lookup is not None:
             lookup.cgroups.discard(cgroup_id)
@@ -160,8 +170,9 @@ class Resolver:
         self._cri.close()
         self._pool.shutdown(wait=True)
 
-    def _local(self, cgroup_id: int) -> Attribution | str:
-        """The final answer the cgroup tree gives, or the container id to ask the CRI about."""
+    def _local(self, cgroup_id: int) -> Attribution | tuple[str, str]:
+        """The final answer the cgroup tree gives, or the container id to ask the CRI about
+        and the pod uid in the path."""
         path = self._index.path(cgroup_id)
         if path is None:
             return Attribution(reason=Unattributed.NOT_INDEXED)
@@ -170,7 +181,7 @@ class Resolver:
             return Attribution(reason=Unattributed.NOT_POD)
         if pod.container_id is None:
             return Attribution(reason=Unattributed.CONTAINER_NOT_FOUND)
-        return pod.container_id
+        return pod.container_id, pod.pod_uid
 
     def _poll(self, container_id: str, lookup: _Lookup) -> Attribution | None:
         """A finished lookup's answer; starts one when none runs and a retry is due."""

@@ -28,8 +28,9 @@ LABEL_CONTAINER = "io.kubernetes.container.name"
 
 # Kubernetes' own limits: a namespace and a container name are DNS labels (63), a pod name a
 # DNS subdomain (253). A container kubelet did not create is named by its CRI metadata, which
-# has no limit of Kubernetes': it gets the subdomain's. Longer: label_too_long, empty labels.
-LABEL_LIMITS = {LABEL_NAMESPACE: 63, LABEL_POD: 253, LABEL_CONTAINER: 63}
+# has no limit of Kubernetes': it gets the subdomain's. A pod uid is a UUID (36; a static pod's
+# is kubelet's 32-digit hash). Longer: label_too_long, empty labels.
+LABEL_LIMITS = {LABEL_NAMESPACE: 63, LABEL_POD: 253, LABEL_CONTAINER: 63, LABEL_POD_UID: 36}
 _NAME_LIMIT = 253
 # The runtime's name and version go into one log line.
 _VERSION_LIMIT = 128
@@ -193,7 +194,8 @@ def _attribution(status: api_pb2.ContainerStatus | api_pb2.Container) -> Attribu
     ):
         log.warning(
             "CRI container %.64s: a label longer than Kubernetes allows (namespace and "
-            "container 63, pod 253 characters): its calls get empty labels (label_too_long)",
+            "container 63, pod 253, pod uid 36 characters): its calls get empty labels "
+            "(label_too_long)",
             status.id,
         )
         return Attribution(reason=Unattributed.LABEL_TOO_LONG)
@@ -201,7 +203,9 @@ def _attribution(status: api_pb2.ContainerStatus | api_pb2.Container) -> Attribu
     if not (labels.get(LABEL_NAMESPACE) and labels.get(LABEL_POD)):
         # A container kubelet did not create (e.g. started with ctr or nerdctl).
         return Attribution(container=container, reason=Unattributed.NOT_POD)
-    return Attribution(labels[LABEL_NAMESPACE], labels[LABEL_POD], container)
+    return Attribution(
+        labels[LABEL_NAMESPACE], labels[LABEL_POD], container, pod_uid=labels.get(LABEL_POD_UID, "")
+    )
 
 
 def _describe(endpoint: str, error: grpc.RpcError) -> str:
