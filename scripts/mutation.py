@@ -17,6 +17,7 @@ before the next module. Prints killed / total per module and lists the survivors
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -56,6 +57,9 @@ def run_one(module: str, children: int) -> None:
     """In this process: mutmut run with the config narrowed to module and its tests."""
     from mutmut import configuration
 
+    # tests/testdata holds sysfs trees whose device links point back up the tree: mutmut's
+    # copytree into mutants/ would follow them without end (gigabytes); copy them as links.
+    shutil.copytree = functools.partial(shutil.copytree, symlinks=True)
     base = configuration.config()
     configuration._config = dataclasses.replace(
         base,
