@@ -17,13 +17,13 @@ before the next module. Prints killed / total per module and lists the survivors
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -59,7 +59,12 @@ def run_one(module: str, children: int) -> None:
 
     # tests/testdata holds sysfs trees whose device links point back up the tree: mutmut's
     # copytree into mutants/ would follow them without end (gigabytes); copy them as links.
-    shutil.copytree = functools.partial(shutil.copytree, symlinks=True)
+    copytree = shutil.copytree
+
+    def copy_links(src: Path, dst: Path, symlinks: bool = True, *args: Any, **kwargs: Any) -> Any:
+        return copytree(src, dst, True, *args, **kwargs)
+
+    shutil.copytree = copy_links
     base = configuration.config()
     configuration._config = dataclasses.replace(
         base,
