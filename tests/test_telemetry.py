@@ -521,3 +521,19 @@ def test_a_read_that_raises_is_counted_and_the_next_one_runs(
         "reading the telemetry of 0000:03:00.0 failed (retrying): OSError: a bug, not sysfs"
     ]
     assert "0000:03:00.0 works again after 2 failure(s)" in caplog.text
+
+
+def test_energy_step_at_the_wrap_and_reset_boundaries() -> None:
+    """Each edge of the 32-bit wrap rule and the restart rule, one value either side (mutmut
+    found them untested)."""
+    wrap = 1 << 32
+    # last exactly 2^32 is not a 32-bit counter's top half: a fall from it is a restart
+    assert energy.step(wrap, 5, 10**12, False) == (5, energy.COUNTER_RESET)
+    # last exactly 2^31 is the top half's first value: a fall from it is a wrap
+    assert energy.step(1 << 31, 10, (1 << 31) + 10, False) == ((1 << 31) + 10, None)
+    # last just below 2^31 is the bottom half: a fall to 0 is a restart, not a wrap
+    assert energy.step((1 << 31) - 1, 0, wrap, False) == (0, energy.COUNTER_RESET)
+    # a wrap that made exactly the most the device could make is taken
+    assert energy.step(wrap - 10, 5, 15, False) == (15, None)
+    # a restart to exactly the most the device could make since is taken
+    assert energy.step(100, 50, 50, False) == (50, energy.COUNTER_RESET)
