@@ -146,6 +146,16 @@ def ours(before: set[str]) -> list[str]:
     return sorted(set(bpfsys.program_names()) - before)
 
 
+def ours_once_released(before: set[str], seconds: float = 60) -> list[str]:
+    """ours() after the kernel freed what the uninstall released: a program whose last link and
+    pin are gone is freed after an RCU grace period, which under TCG can outlast the uninstall's
+    return (seen once in a CI run: drm_ioctl still listed). What is still held stays listed."""
+    deadline = time.monotonic() + seconds
+    while (left := ours(before)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
+
+
 _LINK_GET_NEXT_ID = 31  # BPF_LINK_GET_NEXT_ID (include/uapi/linux/bpf.h)
 
 
@@ -277,7 +287,7 @@ def main() -> int:
     result["programs_before_uninstall"] = ours(before)
     result["links_before_uninstall"] = sorted(link_ids() - links_before)
     result["uninstall"] = uninstall_hook()
-    result["programs_after_uninstall"] = ours(before)
+    result["programs_after_uninstall"] = ours_once_released(before)
     result["links_after_uninstall"] = sorted(link_ids() - links_before)
     result["pin_dir_exists"] = Path(PIN_DIR).exists()
     result["uninstall_again"] = uninstall_hook()
