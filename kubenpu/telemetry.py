@@ -319,7 +319,9 @@ Clock = Callable[[], int]
 
 
 def _add(into: _DeviceBusy, busy: Mapping[Where | None, list[int]]) -> None:
-    """Adds one interval's busy time to what is kept since the device's last read."""
+    """Adds one interval's busy time to what is kept since the device's last read. Successive
+    intervals, so elapsed cycles add too (usage._add_busy merges the clients of one interval,
+    where the elapsed cycles are one clock's and the largest stands)."""
     for where, counts in busy.items():
         kept = into.setdefault(where, [0] * len(counts))
         kept[:] = [a + b for a, b in zip(kept, counts, strict=True)]
