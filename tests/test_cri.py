@@ -7,12 +7,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from cri_server import RUNTIME_NAME, CriTestServer
 from fakes import Clock
 
 from kubenpu.resolve import Attribution
-from kubenpu.resolve.cri import CriClient, grpc_target
+from kubenpu.resolve.cri import CriClient, api_pb2, api_pb2_grpc, dial, grpc_target
 
 CID = "a" * 64
 OTHER = "b" * 64
@@ -122,6 +123,26 @@ def test_server_down_then_recovers_after_back_off(server: CriTestServer, sock: s
     clock.now += 2
     assert c.lookup(CID) == Attribution("ml", "trainer-0", "worker", pod_uid="u-1")
     assert requests.oks == [False, True]
+
+
+def test_redial_does_not_inherit_a_failed_connection(server: CriTestServer, sock: str) -> None:
+    """A channel opened to redial after a failure gets a connection of its own. With gRPC's
+    shared subchannels it took the failed channel's, still in its reconnect back-off, and
+    failed at once with the old error (two CI runs: a restarted kubelet stayed unreachable)."""
+    server.stop()
+    failed = dial(sock)
+    with pytest.raises(grpc.RpcError):  # its connection now backs off, for a second or more
+        api_pb2_grpc.RuntimeServiceStub(failed).Version(api_pb2.VersionRequest(), timeout=TIMEOUT)
+    server.start(sock)
+    fresh = dial(sock)
+    try:
+        answer = api_pb2_grpc.RuntimeServiceStub(fresh).Version(
+            api_pb2.VersionRequest(), timeout=TIMEOUT
+        )
+    finally:
+        fresh.close()
+        failed.close()
+    assert answer.runtime_name == RUNTIME_NAME
 
 
 def test_unavailable_status_is_not_cached(server: CriTestServer, sock: str) -> None:

@@ -40,7 +40,8 @@ _VERSION_LIMIT = 128
 # (ok=False).
 RequestObserver = Callable[[float, bool], None]
 
-# Kubelet's limit for CRI messages: a list of every container on a busy node fits.
+# Kubelet's limit for CRI and PodResources messages: a list of every container on a busy node
+# fits.
 _MAX_MESSAGE_BYTES = 16 << 20
 # Failures that are answers: the runtime is up, it just has nothing for this request (an unknown
 # container, a method it lacks, a list over the message limit). No back-off follows them.
@@ -57,6 +58,20 @@ def grpc_target(endpoint: str) -> str:
     if endpoint.startswith("unix:"):
         return endpoint
     return f"unix://{endpoint}" if endpoint.startswith("/") else f"unix:{endpoint}"
+
+
+def dial(endpoint: str) -> grpc.Channel:
+    """A channel with its own subchannels. gRPC shares subchannels among channels to one
+    address by default, so a channel opened to redial after a failure could take over the
+    closed one's subchannel, still in its reconnect back-off, and fail at once with the old
+    error (a restarted kubelet or runtime unreachable for up to gRPC's 120 s back-off)."""
+    return grpc.insecure_channel(
+        grpc_target(endpoint),
+        options=[
+            ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+            ("grpc.use_local_subchannel_pool", 1),
+        ],
+    )
 
 
 def socket_path(endpoint: str) -> str:
@@ -130,10 +145,7 @@ class CriClient:
             if self._closed or (self._down_until is not None and self._clock() < self._down_until):
                 return Unattributed.CRI_ERROR
             if self._stub is None:
-                self._channel = grpc.insecure_channel(
-                    grpc_target(self._endpoint),
-                    options=[("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES)],
-                )
+                self._channel = dial(self._endpoint)
                 self._stub = api_pb2_grpc.RuntimeServiceStub(self._channel)
             channel, stub = self._channel, self._stub
         start = time.monotonic()

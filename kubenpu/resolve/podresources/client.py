@@ -18,13 +18,10 @@ from dataclasses import dataclass, replace
 
 import grpc
 
-from kubenpu.resolve.cri import grpc_target
+from kubenpu.resolve.cri import dial
 from kubenpu.resolve.podresources import DEFAULT_SOCKET, api_pb2, api_pb2_grpc
 
 log = logging.getLogger(__name__)
-
-# A List of every pod on a busy node fits (the kubelet's own limit for the API is 16 MiB).
-_MAX_MESSAGE_BYTES = 16 << 20
 
 
 class PodResourcesError(Exception):
@@ -112,10 +109,7 @@ class PodResourcesClient:
             if self._closed:
                 raise PodResourcesError(f"{self._socket}: closed")
             if self._channel is None:
-                self._channel = grpc.insecure_channel(
-                    grpc_target(self._socket),
-                    options=[("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES)],
-                )
+                self._channel = dial(self._socket)
                 self._allocatable = None  # a new connection learns it again
             return self._channel
 
