@@ -63,18 +63,30 @@ def _decode(mask: str) -> list[str]:
 
 
 def process_caps(pid: int) -> dict:
-    """The capability sets of the agent once setpriv has exec'd it (before that: setpriv's)."""
+    """The capability sets of the agent once setpriv has exec'd it (before that: setpriv's).
+    /proc/PID/exe names the new program before execve installs its credentials, so until then
+    the status still shows setpriv's: a permitted set wider than the bounding set it already
+    lowered (one CI run read them). An exec'd program's permitted set is within its bounding
+    set, so the read is retried until it is."""
     proc = Path(f"/proc/{pid}")
     deadline = time.monotonic() + 30
-    while not (proc / "exe").resolve().name.startswith("python"):
+    while not _execd(proc, status := _status(proc)):
         if time.monotonic() > deadline:
-            raise SystemExit(f"pid {pid} never became the agent")
+            raise SystemExit(f"pid {pid} never became the agent: {status}")
         time.sleep(0.05)
-    status = dict(
-        line.split(":\t", 1) for line in (proc / "status").read_text().splitlines() if ":\t" in line
-    )
     found = {f: status[f].strip() for f in STATUS_FIELDS}
     return {f: (v if f == "NoNewPrivs" else _decode(v)) for f, v in found.items()}
+
+
+def _status(proc: Path) -> dict[str, str]:
+    text = (proc / "status").read_text()
+    return dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
+
+
+def _execd(proc: Path, status: dict[str, str]) -> bool:
+    if not (proc / "exe").resolve().name.startswith("python"):
+        return False
+    return int(status["CapPrm"], 16) & ~int(status["CapBnd"], 16) == 0
 
 
 class LeastPrivilegeScenario(Scenario):
