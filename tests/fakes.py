@@ -19,6 +19,7 @@ import pytest
 from kubenpu.events import KERNEL_LOST, Key
 from kubenpu.kernel import abi, bpfsys
 from kubenpu.kernel.errors import ProbeError
+from kubenpu.kernel.records import Durations
 from kubenpu.resolve import Attribution
 
 _RECORD = struct.Struct("<QQIIIIII")  # the C struct event, packed independently of kubenpu
@@ -47,6 +48,7 @@ class FakeKernel:
         self.aggregate = aggregate
         self.attach = attach
         self.counts: dict[Key, int] = {}  # the counts map, cumulative
+        self.durations: dict[Key, Durations] = {}  # the durations map, cumulative
         self.lost = dict.fromkeys(KERNEL_LOST, 0)  # the lost array, cumulative
         self.start_raises: Exception | None = None
         self.failing_reads = 0  # the next N reads raise ProbeError
@@ -77,6 +79,20 @@ class FakeKernel:
         self.counts[key] = self.counts.get(key, 0) + n
         if first:
             self.emit(record(key))
+
+    def timed(self, key: Key, nanoseconds: Iterable[int], ret: int = 0) -> None:
+        """Calls of `key` that returned `ret` after these durations, as the exit program adds
+        them to `durations` (its bucket math is abi.duration_slot's)."""
+        old = self.durations.get(key) or Durations(
+            0, (0,) * abi.DURATION_SLOTS, (0,) * len(abi.ERRORS)
+        )
+        slots, errors, total = list(old.slots), list(old.errors), old.sum_ns
+        for ns in nanoseconds:
+            slots[abi.duration_slot(ns)] += 1
+            total += ns
+            if (slot := abi.error_slot(ret)) is not None:
+                errors[slot] += 1
+        self.durations[key] = Durations(total, tuple(slots), tuple(errors))
 
     def emit(self, *records: bytes) -> None:
         """Raw records into the ring buffer, whatever they hold."""
@@ -113,10 +129,14 @@ class FakeKernel:
     def read_counts(self) -> dict[Key, int]:
         return self._read(self.counts)
 
+    def read_durations(self) -> dict[Key, Durations]:
+        return self._read(self.durations)
+
     def forget_counts(self, keys: Iterable[Key]) -> None:
         for key in keys:
             self.forgotten.append(key)
             self.counts.pop(key, None)
+            self.durations.pop(key, None)
 
     def close(self) -> None:
         self.closed = True

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Hashable
 from fractions import Fraction
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 from opentelemetry.sdk.resources import Resource
@@ -24,6 +24,7 @@ from kubenpu.allocations import Allocations
 from kubenpu.discovery import Device
 from kubenpu.export import otlp
 from kubenpu.fdinfo import _FREQ, _SIZE, MAX_VALUE, Skip, parse_number
+from kubenpu.kernel import abi
 from kubenpu.metrics.catalogue import ALLOCATED_IDLE, ALLOCATED_IDLE_FOR, ENERGY, IOCTL, POWER
 from kubenpu.metrics.store import Metrics, Point
 from kubenpu.resolve.podresources.client import Allocated
@@ -249,3 +250,37 @@ def test_the_idle_streak_never_passes_the_idle_total(steps) -> None:
             if pod in submitting:
                 assert streaks[pod] == 0
         total_before = {p: totals[p] for p in holding}
+
+
+# --- the kernel's duration buckets (abi.duration_slot mirrors bpf/kubenpu.bpf.c) -------------
+
+
+@PROPERTY
+@given(st.integers(0, 2**40))
+@example(954)  # 0.03 % over the first edge: units of 2^-30 s put it under
+@example(1_953_125)  # 2^-9 s exactly: the bucket under it
+@example(64_000_000_000)
+def test_a_duration_lands_in_the_bucket_of_its_exponential_histogram_index(ns) -> None:
+    """Slot s > 0 holds (2^(i/4), 2^((i+1)/4)] seconds, i = s - 1 + FIRST_INDEX: the integer
+    math agrees with the exact bounds but within 2 ppm of an edge (a unit is 1 ppm of the first)."""
+    slot = abi.duration_slot(ns)
+    seconds = Fraction(ns, SECOND)
+    low = Fraction(2) ** Fraction(abi.FIRST_INDEX, 4)
+    if slot == 0:
+        assert seconds <= low * (1 + Fraction(2, 10**6))
+        return
+    if slot == abi.BUCKETS + 1:
+        assert seconds >= 64 * (1 - Fraction(2, 10**6))
+        return
+    index = slot - 1 + abi.FIRST_INDEX
+    lower, upper = 2 ** (index / 4), 2 ** ((index + 1) / 4)
+    assert lower * (1 - 2e-6) <= float(seconds) <= upper * (1 + 2e-6)
+
+
+def test_every_errno_has_one_slot_and_the_rest_are_other() -> None:
+    numbers = [n for ns in abi.ERRNOS.values() for n in ns]
+    assert len(numbers) == len(set(numbers))
+    assert abi.error_slot(0) is None and abi.error_slot(7) is None
+    assert abi.ERRORS[abi.error_slot(-512)] == "EINTR"  # ERESTARTSYS, as the caller sees it
+    assert abi.ERRORS[abi.error_slot(-62)] == "ETIME"
+    assert abi.ERRORS[abi.error_slot(-71)] == "other"  # EPROTO

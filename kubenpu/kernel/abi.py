@@ -123,6 +123,77 @@ def map_shapes(aggregate: bool, ringbuf_pages: int, counts_entries: int) -> dict
     return shapes
 
 
+# --- durations and return values of counted calls (docs/latency.md) ------------------------------
+# Aggregate mode, CO-RE loader. The entry (the hook's fentry) keeps {ts, rdev, kind} in the task's
+# storage; the exit (EXIT_PROGRAMS) adds the call to `durations`, a hash shared by the CPUs
+# (atomic adds: per-CPU values would be DURATION_VALUE x CPUs x keys, 125 MB at 128 CPUs and
+# 1,000 keys).
+DURATIONS = "durations"  # COUNT_KEY -> DURATION_VALUE (hash)
+STARTS = "starts"  # task storage: the task's counted call in flight
+TEMPLATE = "template"  # one zero DURATION_VALUE a new key is inserted from (array)
+DURATIONS_ENTRIES = 4096  # the default size of `durations`: 4,096 x 976 B = 3.8 MiB
+# The buckets are those of an OpenTelemetry exponential histogram at scale 2 (and a Prometheus
+# native histogram at schema 2), in seconds: bucket index i holds (2^(i/4), 2^((i+1)/4)].
+SCALE = 2
+FIRST_INDEX = -80  # (2^-20 s, 2^-19.75 s]: from 0.95 us
+BUCKETS = 104  # indexes FIRST_INDEX .. FIRST_INDEX + 103: up to 2^6 s = 64 s
+# A value's slots: [0] at most 2^-20 s (under), [1 + i - FIRST_INDEX] bucket i, [BUCKETS + 1] over
+# 64 s.
+DURATION_SLOTS = BUCKETS + 2
+# The kernel's bucket math, integer only (bpf/kubenpu.bpf.c duration_slot, mirrored below): ns
+# to units of 2^-40 s (a unit is 1 ppm of the first edge) as ns * NS_TO_UNITS >> 16, then the
+# power of two and which quarter of it.
+NS_TO_UNITS = 72057594  # round(2^40 / 10^9 * 2^16)
+OVER_NS = 64_000_000_000
+QUARTERS = (0x9837F0518DB8A800, 0xB504F333F9DE6800, 0xD744FCCAD69D6800)  # 2^(q/4) * 2^63
+# The return values counted by name (errno numbers of include/uapi/asm-generic/errno*.h and
+# include/linux/errno.h); any other negative value is `other`. The restart codes a signal leaves
+# before the syscall returns read as EINTR, as the caller sees them.
+ERRNOS = {
+    "EINTR": (4, 512, 513, 514, 516),  # + ERESTARTSYS, _NOINTR, _NOHAND, _RESTARTBLOCK
+    "EAGAIN": (11,),
+    "ETIME": (62,),
+    "ETIMEDOUT": (110,),
+    "ENOMEM": (12,),
+    "ENOSPC": (28,),
+    "EINVAL": (22,),
+    "ENOENT": (2,),
+    "EFAULT": (14,),
+    "EPERM": (1,),
+    "EACCES": (13,),
+    "EIO": (5,),
+    "ENODEV": (19,),
+    "ECANCELED": (125,),
+}
+ERRORS = (*ERRNOS, "other")  # a value's error slots, in this order
+# struct durations: u64 sum_ns, u64 slots[DURATION_SLOTS], u64 errors[len(ERRORS)]
+DURATION_VALUE = struct.Struct(f"=Q{DURATION_SLOTS}Q{len(ERRORS)}Q")
+
+
+def duration_slot(ns: int) -> int:
+    """The slot the kernel adds a call of `ns` nanoseconds to (its integer math, step by step)."""
+    if ns > OVER_NS:
+        return BUCKETS + 1
+    units = (ns * NS_TO_UNITS) >> 16
+    if units <= 1 << 20:
+        return 0
+    below = units - 1  # an exact power of two ends the bucket under it
+    power = below.bit_length() - 1
+    top = (below << (63 - power)) & ((1 << 64) - 1)
+    index = 4 * (power - 40) + sum(top > q for q in QUARTERS)
+    return min(1 + index - FIRST_INDEX, BUCKETS + 1)
+
+
+def error_slot(ret: int) -> int | None:
+    """The error slot of a return value; None for a success (0 or more)."""
+    if ret >= 0:
+        return None
+    for slot, numbers in enumerate(ERRNOS.values()):
+        if -ret in numbers:
+            return slot
+    return len(ERRORS) - 1
+
+
 # --- programs ------------------------------------------------------------------------------------
 BIRTHS = "kubenpu_cgroup_mkdir"  # tp_btf/cgroup_mkdir
 BIRTHS_TRACEPOINT = "cgroup_mkdir"

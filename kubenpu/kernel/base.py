@@ -12,7 +12,7 @@ from typing import Protocol
 from kubenpu.discovery import Device
 from kubenpu.kernel import abi, bpfsys, hooks
 from kubenpu.kernel.maps import Maps
-from kubenpu.kernel.records import Key
+from kubenpu.kernel.records import Durations, Key
 
 
 class Kernel(Protocol):
@@ -35,7 +35,14 @@ class Kernel(Protocol):
         """Aggregate mode's counts map, cumulative. Raises ProbeError or OSError."""
         ...
 
-    def forget_counts(self, keys: Iterable[Key]) -> None: ...
+    def read_durations(self) -> dict[Key, Durations]:
+        """The `durations` map, cumulative; empty where the program times no call (events
+        mode, BCC, no exit to hook). Raises ProbeError or OSError."""
+        ...
+
+    def forget_counts(self, keys: Iterable[Key]) -> None:
+        """Drop the keys' counts and durations (their cgroup is gone)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -66,6 +73,8 @@ class Reads(Protocol):
 
     def read_counts(self) -> dict[Key, int]: ...
 
+    def read_durations(self) -> dict[Key, Durations]: ...
+
     def forget_counts(self, keys: Iterable[Key]) -> None: ...
 
 
@@ -81,6 +90,9 @@ class Forwarded:
 
     def read_counts(self) -> dict[Key, int]:
         return self._reads().read_counts()
+
+    def read_durations(self) -> dict[Key, Durations]:
+        return self._reads().read_durations()
 
     def forget_counts(self, keys: Iterable[Key]) -> None:
         self._reads().forget_counts(keys)

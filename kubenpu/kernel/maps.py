@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from kubenpu.discovery import Device
 from kubenpu.kernel import abi, bpfsys
 from kubenpu.kernel.errors import ProbeError
-from kubenpu.kernel.records import Key
+from kubenpu.kernel.records import Durations, Key
 from kubenpu.vendors import all_vendors, core
 
 _BATCH = 4096  # keys per BPF_MAP_LOOKUP_BATCH call
@@ -145,9 +145,30 @@ class Maps:
             self._reader = CountsReader(self.fds[abi.COUNTS])
         return self._reader.read()
 
-    def forget_counts(self, keys: Iterable[Key]) -> None:
-        fd = self.fds[abi.COUNTS]
-        for key in keys:
-            bpfsys.delete(
-                fd, abi.COUNT_KEY.pack(key.cgroup_id, abi.dev_t(key.major, key.minor), key.kind)
+    def read_durations(self) -> dict[Key, Durations]:
+        """Every key's durations; empty for a program without the map."""
+        fd = self.fds.get(abi.DURATIONS)
+        if fd is None:
+            return {}
+        found = {}
+        for raw_key in bpfsys.keys(fd, abi.COUNT_KEY.size):
+            raw = bpfsys.lookup(fd, raw_key, abi.DURATION_VALUE.size)
+            if raw is None:  # deleted since the keys were listed
+                continue
+            cgroup_id, rdev, kind = abi.COUNT_KEY.unpack(raw_key)
+            values = abi.DURATION_VALUE.unpack(raw)
+            slots = values[1 : 1 + abi.DURATION_SLOTS]
+            found[Key(cgroup_id, *abi.split_dev_t(rdev), kind)] = Durations(
+                values[0], slots, values[1 + abi.DURATION_SLOTS :]
             )
+        return found
+
+    def forget_counts(self, keys: Iterable[Key]) -> None:
+        fds = [
+            self.fds[abi.COUNTS],
+            *([self.fds[abi.DURATIONS]] if abi.DURATIONS in self.fds else []),
+        ]
+        for key in keys:
+            packed = abi.COUNT_KEY.pack(key.cgroup_id, abi.dev_t(key.major, key.minor), key.kind)
+            for fd in fds:
+                bpfsys.delete(fd, packed)

@@ -26,3 +26,12 @@ class Key(NamedTuple):
 class Birth(NamedTuple):
     cgroup_id: int
     parent_id: int
+
+
+class Durations(NamedTuple):
+    """One key's value of the `durations` map, cumulative: the sum of the durations, the calls
+    by slot (abi.DURATION_SLOTS: under, the buckets, over) and by error (abi.ERRORS)."""
+
+    sum_ns: int
+    slots: tuple[int, ...]
+    errors: tuple[int, ...]
