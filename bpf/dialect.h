@@ -58,5 +58,8 @@ char LICENSE[] SEC("license") = "GPL";
 #ifndef COUNTS_ENTRIES
 #define COUNTS_ENTRIES 16384
 #endif
+#ifndef DURATIONS_ENTRIES
+#define DURATIONS_ENTRIES 4096
+#endif
 
 #endif

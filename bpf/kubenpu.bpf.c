@@ -76,12 +76,15 @@ DECLARE_RINGBUF(events, RINGBUF_PAGES);
  *     both modes): no call is lost, the cgroup is only resolved later, from a walk of the tree,
  *     instead of at once (a self-metric);
  * [3] handover: a call made while this program took over from a pinned one (gate HANDOVER):
- *     counted once by the retiring program or not at all (docs/pinning.md). */
-DECLARE_PERCPU_ARRAY(lost, u64, 4);
+ *     counted once by the retiring program or not at all (docs/pinning.md);
+ * [4] untimed: a counted call whose duration was not kept (`durations` had no room for a new
+ *     key, or no task storage for the entry). */
+DECLARE_PERCPU_ARRAY(lost, u64, 5);
 #define LOST_RINGBUF_FULL 0
 #define LOST_MAP_FULL 1
 #define LOST_LATE_SIGHTING 2
 #define LOST_HANDOVER 3
+#define LOST_UNTIMED 4
 
 /* Whether this program counts (docs/pinning.md, hand-over): user space sets it.
  * CLOSED while a pinned program it replaces still counts, HANDOVER while that one is detached,
@@ -104,6 +107,42 @@ struct count_key {
     u32 kind;
 };
 DECLARE_PERCPU_HASH(counts, struct count_key, u64, COUNTS_ENTRIES);
+#endif
+
+/* Durations and return values (docs/latency.md): aggregate mode, CO-RE only. The counting entry
+ * keeps {ts, key} in the task's storage (no hash insert and delete per call, and it goes with the
+ * task); an exit program adds the call to `durations`. The value is shared by the CPUs and added
+ * to atomically: per CPU it would be 976 B x CPUs x keys (125 MB at 128 CPUs, 1,000 keys). */
+#if defined(KUBENPU_AGGREGATE) && !defined(KUBENPU_BCC)
+#define KUBENPU_DURATIONS
+/* The bucket scheme (kubenpu/kernel/abi.py, which mirrors duration_slot below): an
+ * OpenTelemetry exponential histogram at scale 2 in seconds, indexes FIRST_INDEX on. */
+#define BUCKETS 104
+#define DURATION_SLOTS (BUCKETS + 2)
+#define FIRST_INDEX (-80)
+#define OVER_NS 64000000000ULL
+#define NS_TO_UNITS 72057594ULL
+#define ERROR_SLOTS 15
+struct start {
+    u64 ts_ns;
+    u64 cgroup_id;
+    u32 rdev;
+    u32 kind;
+};
+struct durations {
+    u64 sum_ns;
+    u64 slots[DURATION_SLOTS];
+    u64 errors[ERROR_SLOTS];
+};
+struct {
+    __uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+    __uint(map_flags, BPF_F_NO_PREALLOC);
+    __type(key, int);
+    __type(value, struct start);
+} starts SEC(".maps");
+DECLARE_HASH(durations, struct count_key, struct durations, DURATIONS_ENTRIES);
+/* The zero value a new key is inserted from (976 B: more than the BPF stack holds). */
+DECLARE_ARRAY(template, struct durations, 1);
 #endif
 
 #include "map_calls.h"
@@ -152,6 +191,110 @@ static __always_inline void emit(u64 cgroup_id, u32 rdev, u32 cmd, u32 kind)
     ring_submit(e);
 }
 
+#ifdef KUBENPU_DURATIONS
+static __always_inline void start_timing(struct count_key *key)
+{
+    struct start *s = bpf_task_storage_get(&starts, bpf_get_current_task_btf(), 0,
+                                           BPF_LOCAL_STORAGE_GET_F_CREATE);
+    if (!s) {
+        count_lost(LOST_UNTIMED);
+        return;
+    }
+    s->cgroup_id = key->cgroup_id;
+    s->rdev = key->rdev;
+    s->kind = key->kind;
+    s->ts_ns = bpf_ktime_get_ns();  /* last: the exit reads a call once ts_ns is set */
+}
+
+/* The highest set bit of v (v > 0), without a loop. */
+static __always_inline u32 msb64(u64 v)
+{
+    u32 r = 0;
+    if (v >> 32) { v >>= 32; r += 32; }
+    if (v >> 16) { v >>= 16; r += 16; }
+    if (v >> 8) { v >>= 8; r += 8; }
+    if (v >> 4) { v >>= 4; r += 4; }
+    if (v >> 2) { v >>= 2; r += 2; }
+    if (v >> 1) r += 1;
+    return r;
+}
+
+/* The slot of a duration: ns to units of 2^-40 s, the power of two, and which quarter of it
+ * (thresholds 2^(q/4) * 2^63). An exact power of two ends the bucket under it, hence units - 1. */
+static __always_inline u32 duration_slot(u64 ns)
+{
+    if (ns > OVER_NS)
+        return BUCKETS + 1;
+    u64 units = (ns * NS_TO_UNITS) >> 16;
+    if (units <= (1ULL << 20))
+        return 0;
+    u64 below = units - 1;
+    u32 power = msb64(below);
+    u64 top = below << (63 - power);
+    int index = 4 * ((int)power - 40) + (top > 0x9837F0518DB8A800ULL) +
+                (top > 0xB504F333F9DE6800ULL) + (top > 0xD744FCCAD69D6800ULL);
+    int slot = 1 + index - FIRST_INDEX;
+    return slot > BUCKETS + 1 ? BUCKETS + 1 : (u32)slot;
+}
+
+/* abi.ERRORS' slot of an errno (a positive number). */
+static __always_inline u32 error_slot(long err)
+{
+    switch (err) {
+    case 4: case 512: case 513: case 514: case 516: return 0;  /* EINTR, ERESTART* */
+    case 11: return 1;   /* EAGAIN */
+    case 62: return 2;   /* ETIME */
+    case 110: return 3;  /* ETIMEDOUT */
+    case 12: return 4;   /* ENOMEM */
+    case 28: return 5;   /* ENOSPC */
+    case 22: return 6;   /* EINVAL */
+    case 2: return 7;    /* ENOENT */
+    case 14: return 8;   /* EFAULT */
+    case 1: return 9;    /* EPERM */
+    case 13: return 10;  /* EACCES */
+    case 5: return 11;   /* EIO */
+    case 19: return 12;  /* ENODEV */
+    case 125: return 13; /* ECANCELED */
+    default: return ERROR_SLOTS - 1;  /* other */
+    }
+}
+
+/* The exit of a call the entry timed: its duration and return value into `durations`. */
+static __always_inline int finish_timing(long ret)
+{
+    struct start *s = bpf_task_storage_get(&starts, bpf_get_current_task_btf(), 0, 0);
+    if (!s || !s->ts_ns)
+        return 0;
+    u64 ns = bpf_ktime_get_ns() - s->ts_ns;
+    s->ts_ns = 0;
+    struct count_key key = {.cgroup_id = s->cgroup_id, .rdev = s->rdev, .kind = s->kind};
+    struct durations *d = bpf_map_lookup_elem(&durations, &key);
+    if (!d) {
+        u32 zero = 0;
+        struct durations *blank = bpf_map_lookup_elem(&template, &zero);
+        if (blank)
+            bpf_map_update_elem(&durations, &key, blank, BPF_NOEXIST);
+        d = bpf_map_lookup_elem(&durations, &key);  /* ours, or another CPU's insert */
+        if (!d) {
+            count_lost(LOST_UNTIMED);
+            return 0;
+        }
+    }
+    __sync_fetch_and_add(&d->sum_ns, ns);
+    u32 slot = duration_slot(ns);
+    if (slot < DURATION_SLOTS)
+        __sync_fetch_and_add(&d->slots[slot], 1);
+    if (ret < 0) {
+        u32 e = error_slot(-ret);
+        if (e < ERROR_SLOTS)
+            __sync_fetch_and_add(&d->errors[e], 1);
+    }
+    return 0;
+}
+#elif defined(KUBENPU_AGGREGATE)
+static __always_inline void start_timing(struct count_key *key) {}
+#endif
+
 static __always_inline int handle(u32 rdev, u32 cmd)
 {
     /* The caller has checked the type byte ('d'). */
@@ -181,6 +324,7 @@ static __always_inline int handle(u32 rdev, u32 cmd)
     u64 *n = count_of(&ck);
     if (n) {
         (*n)++;  /* this CPU's slot: no atomics needed */
+        start_timing(&ck);
         return 0;
     }
     u64 one = 1;
@@ -188,12 +332,15 @@ static __always_inline int handle(u32 rdev, u32 cmd)
      * hears of each key once. */
     if (count_insert(&ck, &one) != 0) {
         n = count_of(&ck);  /* another CPU inserted it meanwhile */
-        if (n)
+        if (n) {
             (*n)++;
-        else
+            start_timing(&ck);
+        } else {
             count_lost(LOST_MAP_FULL);
+        }
         return 0;
     }
+    start_timing(&ck);
 #endif
     emit(cgroup_id, rdev, cmd, *kind);
     return 0;
@@ -250,6 +397,52 @@ int BPF_PROG(kubenpu_drm_ioctl, struct file *filp, unsigned int cmd, unsigned lo
 {
     return on_ioctl(filp, cmd);
 }
+
+#ifdef KUBENPU_DURATIONS
+/* The exits (abi.EXIT_PROGRAMS). The LSM hook returns before the driver runs, so its calls end
+ * at the ioctl syscall's return: every ioctl of the node passes there, and leaves at the type
+ * test, as at the entry. The syscall's argument registers are arch-specific. */
+#if defined(__TARGET_ARCH_x86)
+#define SYSCALL_CMD(regs) ((regs)->si)
+#define COMPAT_CMD(regs) ((regs)->cx)
+#define SYS_EXIT "fexit/__x64_sys_ioctl"
+#define COMPAT_EXIT "fexit/__ia32_compat_sys_ioctl"
+#elif defined(__TARGET_ARCH_arm64)
+#define SYSCALL_CMD(regs) ((regs)->regs[1])
+#define COMPAT_CMD(regs) ((regs)->regs[1])
+#define SYS_EXIT "fexit/__arm64_sys_ioctl"
+#define COMPAT_EXIT "fexit/__arm64_compat_sys_ioctl"
+#endif
+
+#ifdef SYS_EXIT
+static __always_inline int on_exit(unsigned long cmd, long ret)
+{
+    if (((cmd >> 8) & 0xff) != DRM_IOCTL_TYPE)
+        return 0;
+    return finish_timing(ret);
+}
+
+SEC(SYS_EXIT)
+int BPF_PROG(kubenpu_sys_exit, const struct pt_regs *regs, long ret)
+{
+    return on_exit(SYSCALL_CMD(regs), ret);
+}
+
+SEC(COMPAT_EXIT)
+int BPF_PROG(kubenpu_compat_exit, const struct pt_regs *regs, long ret)
+{
+    return on_exit(COMPAT_CMD(regs), ret);
+}
+#endif
+
+SEC("fexit/drm_ioctl")
+int BPF_PROG(kubenpu_drm_exit, struct file *filp, unsigned int cmd, unsigned long arg, long ret)
+{
+    if (((cmd >> 8) & 0xff) != DRM_IOCTL_TYPE)
+        return 0;
+    return finish_timing(ret);
+}
+#endif
 #endif
 
 /* tp_btf/cgroup_mkdir. BCC cannot load a tp_btf program itself, so the BCC loader loads this one

@@ -50,6 +50,20 @@ struct cgroup {
     struct cgroup_root *root;
 };
 
+/* The ioctl syscall's registers, read by the exit programs (abi.EXIT_PROGRAMS). */
+#if defined(__TARGET_ARCH_x86)
+struct pt_regs {
+    unsigned long si;
+    unsigned long cx;
+};
+#elif defined(__TARGET_ARCH_arm64)
+struct pt_regs {
+    u64 regs[31];
+};
+#endif
+
+struct task_struct;
+
 #pragma clang attribute pop
 
 #endif

@@ -116,6 +116,8 @@ class Attributor:
             self._metrics.dropped(reason, n)
         if batch.late_sightings:
             self._metrics.late_sightings(batch.late_sightings)
+        if batch.untimed:
+            self._metrics.untimed(batch.untimed)
         counts = batch.counts
         retry_at = self._clock() + _RETRY_PENDING_SECONDS
         while counts:  # popped as counted: a caller can put back what an exception left

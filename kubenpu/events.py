@@ -35,9 +35,10 @@ class Drop(StrEnum):
 
 # What each slot of the BPF `lost` array counts, by index (abi.LOST_SLOTS). late_sighting loses
 # no call: the ring buffer had no room for an aggregate-mode first sighting, so the new cgroup is
-# resolved at the next map read instead of at once; every other slot is a Drop.
-LATE_SIGHTING = "late_sighting"
-KERNEL_LOST = tuple(name if name == LATE_SIGHTING else Drop(name) for name in LOST_SLOTS)
+# resolved at the next map read instead of at once. untimed loses no call either, only its
+# duration. Every other slot is a Drop.
+LATE_SIGHTING, UNTIMED = "late_sighting", "untimed"
+KERNEL_LOST = tuple(n if n in (LATE_SIGHTING, UNTIMED) else Drop(n) for n in LOST_SLOTS)
 
 
 class BadRecord(ValueError):
@@ -72,6 +73,7 @@ class Batch:
     dropped: Counter[Drop] = field(default_factory=Counter)  # calls lost, by reason
     received: int = 0  # calls seen, counted or not
     late_sightings: int = 0  # first sightings the kernel ring buffer had no room for
+    untimed: int = 0  # counted calls whose duration the kernel could not keep
     sighted: set[int] = field(default_factory=set)  # cgroup ids announced by first sightings
     tgids: set[int] = field(default_factory=set)  # callers: every event's, each sighting's
     events: list[Event] = field(default_factory=list)  # kept only when tracing
@@ -123,6 +125,8 @@ class Tally:
             for name, n in lost.items():
                 if name == LATE_SIGHTING:
                     self._batch.late_sightings += n
+                elif name == UNTIMED:
+                    self._batch.untimed += n
                 else:
                     self._batch.dropped[Drop(name)] += n
 

@@ -38,6 +38,7 @@ from vm.guestlib import (
 
 from kubenpu import config, export
 from kubenpu.export.server import HealthChecks
+from kubenpu.kernel import abi
 from kubenpu.metrics.catalogue import IOCTL, K8S_ATTRIBUTES, Spec
 from kubenpu.metrics.inputs import DeviceRow
 from kubenpu.metrics.store import Metrics
@@ -82,6 +83,26 @@ def otlp_counts(points: list[dict]) -> dict[tuple, float]:
 
 
 # --- tools: the scripts/*.sh that fetch real tools print where they put them on their last line
+
+
+def timed_calls_mismatches(durations: list[dict], returns: list[dict]) -> list[str]:
+    """The kernel's `durations` map (a guest's kernel_durations()) against what drmcall's calls
+    returned (guestlib.Returns): every key has exactly its calls in its buckets and its failures
+    by error, and a key of one call holds it in the bucket its own duration (the sum) implies,
+    by abi.duration_slot, which mirrors the kernel's math. Empty when all hold."""
+    found = {tuple(d["key"]): d for d in durations}
+    wrong = []
+    for want in returns:
+        key, got = tuple(want["key"]), found.get(tuple(want["key"]))
+        if got is None:
+            wrong.append(f"{key}: not timed ({want['calls']} calls)")
+            continue
+        errors = {e: n for e, n in got["errors"].items() if n}
+        if (sum(got["slots"]), errors) != (want["calls"], want["errors"]):
+            wrong.append(f"{key}: {sum(got['slots'])} timed, {errors}; want {want}")
+        if want["calls"] == 1 and got["slots"][abi.duration_slot(got["sum_ns"])] != 1:
+            wrong.append(f"{key}: one call of {got['sum_ns']} ns in {got['slots']}")
+    return wrong
 
 
 def script_output(name: str, timeout: float = 900) -> str:

@@ -21,7 +21,14 @@ from kubenpu.kernel.core import object_path
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = (ROOT / "bpf" / "kubenpu.bpf.c").read_text()
-MAP_TYPES = {"hash": 1, "array": 2, "percpu_hash": 5, "percpu_array": 6, "ringbuf": 27}
+MAP_TYPES = {
+    "hash": 1,
+    "array": 2,
+    "percpu_hash": 5,
+    "percpu_array": 6,
+    "ringbuf": 27,
+    "task_storage": 29,
+}
 
 
 def defines(prefix: str) -> dict[str, int]:
@@ -127,16 +134,30 @@ def test_object_maps_match_the_abi(built):
     if aggregate:
         key = abi.COUNT_KEY.size
         expected[abi.COUNTS] = (MAP_TYPES["percpu_hash"], key, u64, abi.COUNTS_ENTRIES)
+        value = abi.DURATION_VALUE.size
+        expected[abi.DURATIONS] = (MAP_TYPES["hash"], key, value, abi.DURATIONS_ENTRIES)
+        expected[abi.STARTS] = (MAP_TYPES["task_storage"], u32, abi.START.size, 0)
+        expected[abi.TEMPLATE] = (MAP_TYPES["array"], u32, value, 1)
     # libbpf adds the object's .rodata/.bss only when it has globals; it has none
     assert maps == expected
     # what an adoption checks pinned maps against (kernel/pins.py), at the object's default sizes
-    assert abi.map_shapes(aggregate, 256, abi.COUNTS_ENTRIES) == expected
+    durations = abi.DURATIONS_ENTRIES if aggregate else 0
+    assert abi.map_shapes(aggregate, 256, abi.COUNTS_ENTRIES, durations) == expected
 
 
 def test_object_programs_match_the_abi(built):
     programs = _Object(built[1]).programs()
     expected = {name: f"fentry/{function}" for function, name in abi.IOCTL_PROGRAMS.items()}
     expected[abi.BIRTHS] = f"tp_btf/{abi.BIRTHS_TRACEPOINT}"
+    if built[0]:  # the exits of this build's architecture (x86 here)
+        expected.update(
+            {
+                program: f"fexit/{function}"
+                for exits in abi.EXIT_PROGRAMS.values()
+                for function, program in exits.items()
+                if not function.startswith("__arm64")
+            }
+        )
     assert programs == expected
 
 
@@ -148,7 +169,12 @@ def _source_struct(name: str) -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize(
     ("name", "packing"),
-    [("event", abi.EVENT), ("birth", abi.BIRTH), ("count_key", abi.COUNT_KEY)],
+    [
+        ("event", abi.EVENT),
+        ("birth", abi.BIRTH),
+        ("count_key", abi.COUNT_KEY),
+        ("start", abi.START),
+    ],
 )
 def test_struct_layouts_match_the_source(name: str, packing: struct.Struct):
     fields = _source_struct(name)
@@ -171,3 +197,30 @@ def test_count_key_in_the_object_matches_ctypes():
         ctypes.sizeof(abi.CountKey),
         [(n, getattr(abi.CountKey, n).offset) for n, _ in abi.CountKey._fields_],
     )
+
+
+def test_the_duration_math_matches_the_source():
+    """bpf/kubenpu.bpf.c's duration_slot and error_slot against abi's mirror of them."""
+    assert f"#define BUCKETS {abi.BUCKETS}\n" in SOURCE
+    assert f"#define FIRST_INDEX ({abi.FIRST_INDEX})" in SOURCE
+    assert f"#define NS_TO_UNITS {abi.NS_TO_UNITS}ULL" in SOURCE
+    assert f"#define OVER_NS {abi.OVER_NS}ULL" in SOURCE
+    assert f"#define ERROR_SLOTS {len(abi.ERRORS)}" in SOURCE
+    assert "(ns * NS_TO_UNITS) >> 16" in SOURCE and "units <= (1ULL << 20)" in SOURCE
+    assert "4 * ((int)power - 40)" in SOURCE
+    quarters = re.findall(r"top > (0x[0-9A-F]+)ULL", SOURCE)
+    assert [int(q, 16) for q in quarters] == list(abi.QUARTERS)
+    body = re.search(
+        r"static __always_inline u32 error_slot\(long err\)\n\{(.*?)\n\}", SOURCE, re.S
+    )
+    cases: dict[int, list[int]] = {}
+    for line in body[1].splitlines():
+        if m := re.search(r"return (\d+);", line):
+            for number in re.findall(r"case (\d+):", line):
+                cases.setdefault(int(m[1]), []).append(int(number))
+    assert cases == {i: list(ns) for i, ns in enumerate(abi.ERRNOS.values())}
+    assert "default: return ERROR_SLOTS - 1;" in body[1]
+    [(fields)] = re.findall(r"struct durations \{(.*?)\};", SOURCE, re.S)
+    assert re.findall(r"u64 (\w+)", fields) == ["sum_ns", "slots", "errors"]
+    assert "slots[DURATION_SLOTS]" in fields and "errors[ERROR_SLOTS]" in fields
+    assert abi.DURATION_VALUE.size == 8 * (1 + abi.DURATION_SLOTS + len(abi.ERRORS))

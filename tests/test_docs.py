@@ -301,13 +301,14 @@ def test_the_metrics_doc_names_every_drivers_telemetry_file():
 
 
 # --- the map lists: each doc names every map abi.py has, and no other -----------------------------
-ALL_MAPS = {*abi.MAPS, abi.COUNTS}
+ALL_MAPS = {*abi.MAPS, abi.COUNTS, *abi.DURATION_MAPS}
 MAP_TYPE_NAMES = {
     abi.MAP_TYPE_HASH: "hash",
     abi.MAP_TYPE_ARRAY: "array",
     abi.MAP_TYPE_PERCPU_HASH: "percpu_hash",
     abi.MAP_TYPE_PERCPU_ARRAY: "percpu_array",
     abi.MAP_TYPE_RINGBUF: "ringbuf",
+    abi.MAP_TYPE_TASK_STORAGE: "task_storage",
 }
 
 
@@ -337,7 +338,9 @@ def test_the_pin_table_names_every_map():
 
 def test_the_core_map_table_is_the_abis():
     rows = _table("docs/core.md", "| map |")
-    shapes = abi.map_shapes(True, ProbeConfig().ringbuf_pages, abi.COUNTS_ENTRIES)
+    shapes = abi.map_shapes(
+        True, ProbeConfig().ringbuf_pages, abi.COUNTS_ENTRIES, abi.DURATIONS_ENTRIES
+    )
     assert {r[0].strip("`"): (r[1], *map(int, r[2:5])) for r in rows} == {
         name: (MAP_TYPE_NAMES[s.type], s.key_size, s.value_size, s.max_entries)
         for name, s in shapes.items()

@@ -26,6 +26,7 @@ from helpers import (
     expected_counts,
     ioctl_counts,
     otlp_counts,
+    timed_calls_mismatches,
 )
 
 KERNELS = kernel_matrix("KUBENPU_E2E_KERNELS")
@@ -73,6 +74,15 @@ def test_prometheus_counts_equal_issued_calls(result):
 
 def test_otlp_counts_equal_issued_calls(result):
     assert otlp_counts(result["otlp"]) == expected_counts(result["expected"])
+
+
+def test_kernel_times_every_counted_call_and_counts_its_errors(result, guest_run: GuestRun):
+    """CO-RE aggregate mode times calls (docs/latency.md); BCC and events mode do not."""
+    if result["mode"] != "aggregate" or guest_run.loader != "core":
+        assert result["durations"] == []
+        return
+    assert len(result["returns"]) > 5  # keys of every pod, the host, both devices and kinds
+    assert timed_calls_mismatches(result["durations"], result["returns"]) == []
 
 
 def test_host_process_is_unattributed_not_dropped(result):

@@ -33,6 +33,7 @@ from helpers import (
     helm_values,
     ioctl_counts,
     otlp_counts,
+    timed_calls_mismatches,
 )
 
 KERNELS = kernel_matrix("KUBENPU_LEAST_PRIVILEGE_KERNELS")
@@ -116,6 +117,9 @@ def test_agent_counts_exactly_with_chart_capabilities(guest_out, hook):
     assert otlp_counts(result["otlp"]) == expected
     assert by_reason(prom, "kubenpu_unattributed_calls_total") == result["expected_unattributed"]
     assert by_reason(prom, "kubenpu_events_dropped_total") == {}
+    # every counted call timed, each failure counted by error, 32-bit callers included
+    assert len(result["returns"]) > 5
+    assert timed_calls_mismatches(result["durations"], result["returns"]) == []
 
 
 @pytest.mark.parametrize(("hook", "name"), REFUSED_RUNS)

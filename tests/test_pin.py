@@ -207,7 +207,7 @@ def test_a_restart_adopts_the_pins_and_reads_on_from_the_kernel_totals():
     # vgem's card0 (226:0) is slot 0 of the array, as vendor id + 1
     assert found["minors"] == {0: vendor_ids()["vgem"] + 1}
     assert set(tables([VGEM])[0]) == {dev_t(226, 0)}
-    assert found["lost"] == {"ringbuf_full": 0, "map_full": 0, "late_sighting": 0, "handover": 0}
+    assert found["lost"] == dict.fromkeys(abi.LOST_SLOTS, 0)
     assert found["gate"] == GATE_OPEN
 
 

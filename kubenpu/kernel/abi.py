@@ -90,12 +90,12 @@ def ioctl_index(vendor: int, nr: int) -> int:
 GATE_CLOSED, GATE_OPEN, GATE_HANDOVER = 0, 1, 2
 
 # --- the `lost` slots, by index (LOST_* in the C source) ----------------------------------------
-LOST_SLOTS = ("ringbuf_full", "map_full", "late_sighting", "handover")
+LOST_SLOTS = ("ringbuf_full", "map_full", "late_sighting", "handover", "untimed")
 
 # --- every map's shape: a pinned map is adopted only if it matches (docs/pinning.md) ----------
 # enum bpf_map_type (include/uapi/linux/bpf.h)
 MAP_TYPE_HASH, MAP_TYPE_ARRAY, MAP_TYPE_PERCPU_HASH, MAP_TYPE_PERCPU_ARRAY = 1, 2, 5, 6
-MAP_TYPE_RINGBUF = 27
+MAP_TYPE_RINGBUF, MAP_TYPE_TASK_STORAGE = 27, 29
 
 
 class MapShape(NamedTuple):
@@ -107,8 +107,11 @@ class MapShape(NamedTuple):
     max_entries: int
 
 
-def map_shapes(aggregate: bool, ringbuf_pages: int, counts_entries: int) -> dict[str, MapShape]:
-    """Every map of a program built with these sizes (MAPS, and COUNTS in aggregate mode)."""
+def map_shapes(
+    aggregate: bool, ringbuf_pages: int, counts_entries: int, durations_entries: int = 0
+) -> dict[str, MapShape]:
+    """Every map of a program built with these sizes (MAPS, COUNTS in aggregate mode, and the
+    durations maps where durations_entries is set: the CO-RE aggregate object)."""
     u32, u64 = U32.size, U64.size
     shapes = {
         MINORS: MapShape(MAP_TYPE_ARRAY, u32, u32, MINORS_ENTRIES),
@@ -120,6 +123,11 @@ def map_shapes(aggregate: bool, ringbuf_pages: int, counts_entries: int) -> dict
     }
     if aggregate:
         shapes[COUNTS] = MapShape(MAP_TYPE_PERCPU_HASH, COUNT_KEY.size, u64, counts_entries)
+    if durations_entries:
+        value = DURATION_VALUE.size
+        shapes[DURATIONS] = MapShape(MAP_TYPE_HASH, COUNT_KEY.size, value, durations_entries)
+        shapes[STARTS] = MapShape(MAP_TYPE_TASK_STORAGE, u32, START.size, 0)
+        shapes[TEMPLATE] = MapShape(MAP_TYPE_ARRAY, u32, value, 1)
     return shapes
 
 
@@ -131,6 +139,7 @@ def map_shapes(aggregate: bool, ringbuf_pages: int, counts_entries: int) -> dict
 DURATIONS = "durations"  # COUNT_KEY -> DURATION_VALUE (hash)
 STARTS = "starts"  # task storage: the task's counted call in flight
 TEMPLATE = "template"  # one zero DURATION_VALUE a new key is inserted from (array)
+DURATION_MAPS = (DURATIONS, STARTS, TEMPLATE)
 DURATIONS_ENTRIES = 4096  # the default size of `durations`: 4,096 x 976 B = 3.8 MiB
 # The buckets are those of an OpenTelemetry exponential histogram at scale 2 (and a Prometheus
 # native histogram at schema 2), in seconds: bucket index i holds (2^(i/4), 2^((i+1)/4)].
@@ -166,6 +175,8 @@ ERRNOS = {
     "ECANCELED": (125,),
 }
 ERRORS = (*ERRNOS, "other")  # a value's error slots, in this order
+# struct start: u64 ts_ns, u64 cgroup_id, u32 rdev, u32 kind (the task's call in flight)
+START = struct.Struct("=QQII")
 # struct durations: u64 sum_ns, u64 slots[DURATION_SLOTS], u64 errors[len(ERRORS)]
 DURATION_VALUE = struct.Struct(f"=Q{DURATION_SLOTS}Q{len(ERRORS)}Q")
 
@@ -204,3 +215,16 @@ IOCTL_PROGRAMS = {
     "drm_ioctl": "kubenpu_drm_ioctl",
 }
 LINK = "link-"  # the pin name of an attachment (a bpf_link): link-<function>
+# The exits that end a timed call, by hook: function -> the CO-RE object's fexit program. The LSM
+# hook returns before the driver runs, so its calls end at the ioctl syscall's return (the
+# object has the names of its build's architecture; the loader attaches those the kernel has).
+EXIT_PROGRAMS = {
+    "security_file_ioctl": {
+        "__x64_sys_ioctl": "kubenpu_sys_exit",
+        "__ia32_compat_sys_ioctl": "kubenpu_compat_exit",
+        "__arm64_sys_ioctl": "kubenpu_sys_exit",
+        "__arm64_compat_sys_ioctl": "kubenpu_compat_exit",
+    },
+    "drm_ioctl": {"drm_ioctl": "kubenpu_drm_exit"},
+}
+EXIT_LINK = f"{LINK}exit-"  # the pin name of an exit's attachment: link-exit-<function>

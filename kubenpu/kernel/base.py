@@ -123,6 +123,7 @@ class MapKernel(Forwarded):
 
 class LoaderBase(MapKernel):
     loader: str  # "bcc" or "core": part of a pinned probe's identity
+    times_calls = False  # whether its aggregate program has the durations maps (CO-RE)
 
     def __init__(
         self,
@@ -147,7 +148,9 @@ class LoaderBase(MapKernel):
         self._maps: Maps | None = None
 
     def shapes(self) -> dict[str, abi.MapShape]:
-        return abi.map_shapes(self.aggregate, self._ringbuf_pages, self._counts_entries)
+        timed = self.aggregate and self.times_calls
+        durations = abi.DURATIONS_ENTRIES if timed else 0
+        return abi.map_shapes(self.aggregate, self._ringbuf_pages, self._counts_entries, durations)
 
     def _fill(self, fds: dict[str, int]) -> None:
         """The loaded program's maps: the device and ioctl tables, and the gate."""

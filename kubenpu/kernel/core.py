@@ -124,6 +124,7 @@ class CoreKernel(LoaderBase):
     deletes on one other."""
 
     loader = "core"
+    times_calls = True
 
     def __init__(
         self,
@@ -194,18 +195,27 @@ class CoreKernel(LoaderBase):
             err = ctypes.get_errno()
             cause = Cause.OBJECT_CORRUPT if err in _CORRUPT else Cause.OTHER
             raise ProbeError(f"opening {self._object()}: {self._lib.why(err)}", cause)
+        shapes = self.shapes()
         self._map(abi.EVENTS, self._ringbuf_pages * abi.PAGE)
-        if self.aggregate:
-            self._map(abi.COUNTS, self._counts_entries)
+        for name in (abi.COUNTS, abi.DURATIONS):
+            if name in shapes:
+                self._map(name, shapes[name].max_entries)
         wanted = {abi.IOCTL_PROGRAMS[f] for f in functions} | {abi.BIRTHS}
+        wanted |= set(self._exits().values())
         prog = lib.bpf_object__next_program(self._obj, None)
         while prog:
             lib.bpf_program__set_autoload(prog, lib.bpf_program__name(prog).decode() in wanted)
             prog = lib.bpf_object__next_program(self._obj, prog)
         if (err := lib.bpf_object__load(self._obj)) < 0:
             raise ProbeError(f"loading the object: {self._lib.why(err)}")
-        names = (*abi.MAPS, *([abi.COUNTS] if self.aggregate else []))
-        self._fill({n: lib.bpf_map__fd(self._map(n)) for n in names})
+        self._fill({n: lib.bpf_map__fd(self._map(n)) for n in shapes})
+
+    def _exits(self) -> dict[str, str]:
+        """The exit programs this kernel has functions for, by function: none in events mode."""
+        if not self.aggregate:
+            return {}
+        exits = abi.EXIT_PROGRAMS[self.hook]
+        return {f: p for f, p in exits.items() if f == "drm_ioctl" or hooks.kernel_has(f)}
 
     def _map(self, name: str, max_entries: int | None = None) -> int:
         lib = self._lib.lib
@@ -219,6 +229,9 @@ class CoreKernel(LoaderBase):
     def _attach_all(self, functions: list[str]) -> None:
         if self.before_attach is not None:
             self.before_attach()
+        # Exits first: a call that entered before its exit was attached would leave its start
+        # for the task's next DRM ioctl to end, with a wrong duration.
+        self._attach_exits()
         for function in functions:
             self._links[f"{abi.LINK}{function}"] = self._attach_program(
                 abi.IOCTL_PROGRAMS[function]
@@ -229,6 +242,20 @@ class CoreKernel(LoaderBase):
             log.warning(
                 "cgroup births unavailable (%s): short-lived containers may lose their pod", err
             )
+
+    def _attach_exits(self) -> None:
+        """Optional: without an exit the calls are counted, not timed."""
+        exits = self._exits()
+        if self.aggregate and not exits:
+            log.warning(
+                "call durations unavailable: the kernel has none of %s",
+                ", ".join(abi.EXIT_PROGRAMS[self.hook]),
+            )
+        for function, program in exits.items():
+            try:
+                self._links[f"{abi.EXIT_LINK}{function}"] = self._attach_program(program)
+            except ProbeError as err:
+                log.warning("call durations unavailable from %s: %s", function, err)
 
     def _attach_program(self, name: str) -> int:
         lib = self._lib.lib

@@ -125,7 +125,8 @@ class PinnedKernel(MapKernel):
     def open(self, names: Iterable[str] = abi.MAPS) -> None:
         """Open the pinned maps `names` (and `counts` in aggregate mode). Raises
         bpfsys.BpfError, or Incompatible before any map is written."""
-        for name in (*names, *([abi.COUNTS] if self.aggregate else [])):
+        timed = [n for n in abi.DURATION_MAPS if (self.dir / n).exists()]
+        for name in (*names, *([abi.COUNTS] if self.aggregate else []), *timed):
             self._fds[name] = bpfsys.obj_get(self.dir / name)
             if name in self._shapes:
                 self._check(name, bpfsys.map_shape(self._fds[name]), self._shapes[name])

@@ -180,6 +180,14 @@ LATE_SIGHTINGS = Spec(
     "no room to announce. No call is lost; the cgroup is resolved later, from a walk of the "
     "cgroup tree, instead of at once.",
 )
+UNTIMED = Spec(
+    "kubenpu.ioctl.untimed",
+    "counter",
+    "{call}",
+    "Counted calls whose duration the kernel could not keep: its durations map had no room for "
+    "a new key, or the task no storage for the call's entry. The call is counted; only its "
+    "duration and return value are missing from kubenpu_ioctl_duration_seconds.",
+)
 READ_ERRORS = Spec(
     "kubenpu.probe.read.errors",
     "counter",
@@ -497,6 +505,7 @@ SPECS = (
     OVERFLOW_CALLS,
     OVERFLOW_SERIES,
     LATE_SIGHTINGS,
+    UNTIMED,
     READ_ERRORS,
     COUNTERS_READ,
     PENDING_EXPIRED,

@@ -60,6 +60,7 @@ from kubenpu.metrics.catalogue import (
     UNALLOCATED_CALLS,
     UNATTRIBUTED,
     UNATTRIBUTED_REASONS,
+    UNTIMED,
     Attrs,
     Spec,
 )
@@ -198,6 +199,7 @@ class Metrics:
         self._cri_errors = 0
         self._export_errors = 0
         self._late_sightings = 0
+        self._untimed = 0
         self._read_errors = 0
         self._counters_read: dict[str, float] = {}
         self._pending_expired = 0
@@ -351,6 +353,10 @@ class Metrics:
         with self._lock:
             self._late_sightings += n
 
+    def untimed(self, n: int) -> None:
+        with self._lock:
+            self._untimed += n
+
     def read_error(self) -> None:
         with self._lock:
             self._read_errors += 1
@@ -435,6 +441,7 @@ class Metrics:
                     ],
                 ),
                 (LATE_SIGHTINGS, [Point({}, self._late_sightings, self._start_ns)]),
+                (UNTIMED, [Point({}, self._untimed, self._start_ns)]),
                 (READ_ERRORS, [Point({}, self._read_errors, self._start_ns)]),
                 (
                     COUNTERS_READ,

@@ -41,6 +41,7 @@ from guestlib import (
     VIRTGPU_WAIT,
     Agent,
     Call,
+    Returns,
     Samples,
     add_container,
     cgroupfs_cgroup,
@@ -48,6 +49,7 @@ from guestlib import (
     drmcall,
     drmcall_argv,
     ioctl_counts,
+    kernel_durations,
     load_testdrm,
     scrape,
     start_podresources,
@@ -170,6 +172,7 @@ class Scenario:
         # The recording's fdinfo source, loaded before the agent discovers devices.
         self.testdrm_skipped = load_testdrm() if self.records else "not recording"
         found = discover("/")
+        self.returns = Returns(found)
         devices = {d.vendor: d for d in found if d.vendor}
         self.vgem, self.virtio = devices["vgem"], devices["virtio_gpu"]
         self.bochs = next(d for d in found if d.driver == "bochs-drm")
@@ -202,7 +205,7 @@ class Scenario:
             call(vr, VERSION, 4),
             Call(vr, TCGETS, 64, 4, raw=True),
         ]
-        drmcall(plan, cgroup)
+        self.returns.add(cgroup, plan, drmcall(plan, cgroup))
         self.expect(pod, self.vgem, "alloc", 5 * vgem_scale)
         self.expect(pod, self.vgem, "submit", 3 * vgem_scale)
         self.expect(pod, self.vgem, "wait", 2 * vgem_scale)
@@ -294,6 +297,8 @@ class Scenario:
             host = CGROUP / "system.slice" / "host-tool.service"
             self.workload(None, host, vgem_scale=2, virtio_scale=0)
             self.unlisted_device(systemd_cgroup(pod_a))
+            # Before the recording's pods come and go (a gone cgroup's keys are forgotten).
+            durations, returns = kernel_durations(), self.returns.report()
             if self.records:
                 self.record(cri, pod_a, pod_b)
             prom, otlp = self.settle(receiver)
@@ -315,6 +320,8 @@ class Scenario:
             "testdrm_skipped": self.testdrm_skipped,
             "prometheus": prom,
             "otlp": otlp,
+            "durations": durations,
+            "returns": returns,
             "agent_log": agent.log(),
         }
 

@@ -9,7 +9,9 @@ It knows the agent only by its command line, its config file and its start-up li
 
 from __future__ import annotations
 
+import ctypes
 import json
+import os
 import subprocess
 import sys
 import time
@@ -23,6 +25,8 @@ from typing import TYPE_CHECKING
 from prometheus_client.parser import text_string_to_metric_families
 
 from kubenpu.discovery import Device
+from kubenpu.kernel import abi, bpfsys
+from kubenpu.kernel.maps import Maps, tables
 
 if TYPE_CHECKING:
     from cri_server import CriTestServer  # tests/, on the path of every script that plays CRI
@@ -339,3 +343,88 @@ def run_scenario(name: str, scenario: Callable[[Path], dict]) -> int:
     (out / "result.json").write_text(json.dumps(result, indent=1, sort_keys=True))
     print(f"{name} scenario done on {result['kernel']} in {result['guest_seconds']}s", flush=True)
     return 0
+
+
+class Returns:
+    """What the counted calls of drmcall's steps returned, per key of the kernel's `durations`
+    map ({cgroup id, dev_t, kind}): the calls, and the failures by abi.ERRORS name. Which calls
+    count is decided as the kernel decides it, from the tables the agent fills it with."""
+
+    def __init__(self, devices: Sequence[Device]) -> None:
+        self._by_node, self._ioctls = tables(devices)
+        self.calls: Counter[tuple[int, int, int]] = Counter()
+        self.errors: Counter[tuple[int, int, int, str]] = Counter()
+
+    def add(self, cgroup: Path, calls: Sequence[Call], found: Sequence[dict]) -> None:
+        cgroup_id = cgroup.stat().st_ino  # a cgroup v2 directory's inode is its kernfs id
+        for c, report in zip(calls, found, strict=True):
+            key = self._key(cgroup_id, c)
+            if key is None or not c.count:
+                continue
+            self.calls[key] += c.count
+            for number, n in report["errnos"].items():
+                self.errors[(*key, abi.ERRORS[abi.error_slot(-int(number))])] += n
+
+    def _key(self, cgroup_id: int, c: Call) -> tuple[int, int, int] | None:
+        cmd = c.nr if c.raw else 0
+        if c.raw and (cmd >> 8) & 0xFF != abi.DRM_IOCTL_TYPE:
+            return None
+        nr = cmd & 0xFF if c.raw else c.nr
+        rdev = os.stat(c.path).st_rdev
+        vendor = self._by_node.get(abi.dev_t(os.major(rdev), os.minor(rdev)))
+        if vendor is None:
+            return None
+        slot = vendor if abi.DRM_COMMAND_BASE <= nr < abi.DRM_COMMAND_END else abi.VENDOR_CORE
+        kind = self._ioctls.get(abi.ioctl_index(slot, nr), 0)
+        return (cgroup_id, abi.dev_t(os.major(rdev), os.minor(rdev)), kind) if kind else None
+
+    def report(self) -> list[dict]:
+        """Every key whose cgroup still exists, with its calls and errors, for the host."""
+        return [
+            {
+                "key": list(key),
+                "calls": n,
+                "errors": {e: m for (*k, e), m in self.errors.items() if tuple(k) == key},
+            }
+            for key, n in sorted(self.calls.items())
+        ]
+
+
+_MAP_GET_NEXT_ID, _MAP_GET_FD_BY_ID, _OBJ_GET_INFO_BY_FD = 12, 14, 15  # include/uapi/linux/bpf.h
+
+
+def kernel_durations() -> list[dict]:
+    """The `durations` map of the loaded probe (found by name and value size), as the host
+    reads it: every key with its sum, slots and errors. Empty if no program has one."""
+    map_id = 0
+    while True:
+        attr = bpfsys._attr("=III", map_id, 0, 0)
+        try:
+            bpfsys._bpf(_MAP_GET_NEXT_ID, attr, "listing maps")
+        except bpfsys.BpfError as err:
+            if err.errno == 2:
+                return []
+            raise
+        map_id = int.from_bytes(bytes(attr)[4:8], sys.byteorder)
+        fd = bpfsys._bpf(_MAP_GET_FD_BY_ID, bpfsys._attr("=III", map_id, 0, 0), "opening a map")
+        try:
+            info = ctypes.create_string_buffer(80)
+            bpfsys._bpf(
+                _OBJ_GET_INFO_BY_FD,
+                bpfsys._attr("=IIQ", fd, len(info), bpfsys._addr(info)),
+                "map info",
+            )
+            name = info.raw[24:40].split(b"\0")[0].decode()
+            if name == abi.DURATIONS and bpfsys.map_shape(fd).value_size == abi.DURATION_VALUE.size:
+                found = Maps({abi.DURATIONS: fd}).read_durations()
+                return [
+                    {
+                        "key": [k.cgroup_id, abi.dev_t(k.major, k.minor), k.kind],
+                        "sum_ns": d.sum_ns,
+                        "slots": list(d.slots),
+                        "errors": dict(zip(abi.ERRORS, d.errors, strict=True)),
+                    }
+                    for k, d in found.items()
+                ]
+        finally:
+            os.close(fd)

@@ -114,7 +114,8 @@ class LeastPrivilegeScenario(Scenario):
             Call(vg, TCGETS, 64, 3, raw=True),  # not a DRM ioctl: not counted
         ]
         argv = [DRMCALL32, *drmcall_argv(calls, cgroup)[1:]]
-        reports(subprocess.run(argv, check=True, capture_output=True, text=True).stdout, calls)
+        done = subprocess.run(argv, check=True, capture_output=True, text=True)
+        self.returns.add(cgroup, calls, reports(done.stdout, calls))
         self.expect(pod, self.vgem, "alloc", 3 * vgem_scale)
         self.expect(pod, self.vgem, "submit", 2 * vgem_scale)
         self.expect(pod, self.vgem, "wait", 1 * vgem_scale)

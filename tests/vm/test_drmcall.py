@@ -96,3 +96,11 @@ def test_wait_signal_holds_the_steps_after_it_until_sigusr1(drmcall):
     rest, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0
     assert '"calls": 2' in rest
+
+
+def test_failed_calls_are_counted_by_errno(drmcall):
+    """/dev/null rejects every ioctl with ENOTTY: each step reports how many."""
+    done = run(drmcall, ["--raw", "/dev/null", "0x5401", "64", "3", "/dev/null", "0xC3", "40", "2"])
+    assert done.returncode == 0, done.stderr
+    calls = [Call("/dev/null", 0x5401, 64, 3, raw=True), Call("/dev/null", 0xC3, 40, 2)]
+    assert [r["errnos"] for r in reports(done.stdout, calls)] == [{"25": 3}, {"25": 2}]

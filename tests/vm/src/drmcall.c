@@ -17,12 +17,15 @@
  * step, sleeps until killed. --wait-signal prints {"waiting": true} and waits for SIGUSR1 before
  * the steps that follow, so a test starts several processes' calls at one moment (SIGUSR1 is
  * blocked from the start: one sent before the wait is not lost).
+ * Each report counts the calls that failed, by errno ("errnos": {"22": 5}): what the kernel's
+ * error counts per {cgroup, device, kind} must show.
  */
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
 #include <sys/ioctl.h>
 #include <time.h>
 #include <unistd.h>
@@ -30,8 +33,10 @@
 #define DRM_IOWR_CMD(nr, size) _IOC(_IOC_READ | _IOC_WRITE, 'd', (nr), (size))
 #define BATCH 1000
 #define MAX_SIZE 4096
+#define MAX_ERRNO 4096
 
 static int hold; /* --hold: keep every step's fd open, then sleep until killed */
+static long errs[MAX_ERRNO]; /* the step's failed calls, by errno */
 
 static double now(void)
 {
@@ -62,6 +67,27 @@ static int enter_cgroup(const char *dir)
     return 0;
 }
 
+/* One call; a failure is counted by errno. */
+static void call(int fd, unsigned long cmd, void *buf)
+{
+    if (ioctl(fd, cmd, buf) < 0 && errno > 0 && errno < MAX_ERRNO)
+        errs[errno]++;
+}
+
+static void print_report(const char *path, unsigned long cmd, long count, double elapsed)
+{
+    printf("{\"device\": \"%s\", \"cmd\": %lu, \"calls\": %ld, \"seconds\": %.6f, \"errnos\": {",
+           path, cmd, count, elapsed);
+    const char *sep = "";
+    for (int e = 0; e < MAX_ERRNO; e++) {
+        if (errs[e]) {
+            printf("%s\"%d\": %ld", sep, e, errs[e]);
+            sep = ", ";
+        }
+    }
+    printf("}}\n");
+}
+
 static int run_step(const char *path, unsigned long cmd, unsigned size, long count, double rate)
 {
     static unsigned char buf[MAX_SIZE];
@@ -70,18 +96,18 @@ static int run_step(const char *path, unsigned long cmd, unsigned size, long cou
         perror(path);
         return 1;
     }
+    memset(errs, 0, sizeof(errs));
     double start = now();
     for (long i = 0; i < count; i++) {
         memset(buf, 0, size);
-        ioctl(fd, cmd, buf);
+        call(fd, cmd, buf);
         if (rate > 0 && (i + 1) % BATCH == 0)
             pace(start, i + 1, rate);
     }
     double elapsed = now() - start;
     if (!hold)
         close(fd);
-    printf("{\"device\": \"%s\", \"cmd\": %lu, \"calls\": %ld, \"seconds\": %.6f}\n", path, cmd,
-           count, elapsed);
+    print_report(path, cmd, count, elapsed);
     return 0;
 }
 
