@@ -88,6 +88,19 @@ ONE_LINERS = {
     f" /args.file->f_inode->i_rdev >> 20 == {DRM_MAJOR}/ {{ @[cgroup, args.cmd] = count(); }}",
     "drm_ioctl": "fentry:drm:drm_ioctl { @[cgroup, args.cmd] = count(); }",
 }
+# The floor of call durations (docs/latency.md): the same counts, plus an entry timestamp per
+# thread and a histogram at the exit KubeNPU uses. The exit leaves at the type test first, as
+# KubeNPU's does, so other ioctls pay what KubeNPU's make them pay.
+TIMED_ONE_LINERS = {
+    "security_file_ioctl": ONE_LINERS["security_file_ioctl"].replace(
+        "count(); }", "count(); @start[tid] = nsecs; }"
+    )
+    + " fexit:vmlinux:__x64_sys_ioctl /((args.regs->si >> 8) & 0xff) == 100 && @start[tid]/"
+    " { @ns = hist(nsecs - @start[tid]); delete(@start[tid]); }",
+    "drm_ioctl": ONE_LINERS["drm_ioctl"].replace("count(); }", "count(); @start[tid] = nsecs; }")
+    + " fexit:drm:drm_ioctl /@start[tid]/"
+    " { @ns = hist(nsecs - @start[tid]); delete(@start[tid]); }",
+}
 BPFTRACE_ATTACHED = "bpftrace attached"
 PIN_DIR = "/sys/fs/bpf/kubenpu-bench"  # probe.pin_dir of the restart rows
 RESTART_RATE = 2000  # calls/s of the paced load across the restart
@@ -230,9 +243,10 @@ class Bpftrace(Usage):
     """The floor: bpftrace running ONE_LINERS[hook], started and attached. Its map is read once,
     when it stops: bpftrace prints it on SIGINT."""
 
-    def __init__(self, out: Path, hook: str) -> None:
-        self.log_file = out / f"bpftrace-{hook}.log"
-        program = f'BEGIN {{ printf("{BPFTRACE_ATTACHED}\\n"); }} {ONE_LINERS[hook]}'
+    def __init__(self, out: Path, hook: str, programs: dict[str, str] = ONE_LINERS) -> None:
+        timed = "-timed" if programs is TIMED_ONE_LINERS else ""
+        self.log_file = out / f"bpftrace{timed}-{hook}.log"
+        program = f'BEGIN {{ printf("{BPFTRACE_ATTACHED}\\n"); }} {programs[hook]}'
         self.started = time.monotonic()
         with open(self.log_file, "w") as log:
             self.proc = subprocess.Popen(
@@ -372,15 +386,17 @@ class Bench:
         return found
 
     def floor_hooks(self, measure: Callable[[], dict[str, list[float]]]) -> dict:
-        """hooks()'s loops under each bpftrace one-liner, as "bpftrace HOOK"."""
+        """hooks()'s loops under each bpftrace one-liner, as "bpftrace HOOK", and under each
+        timed one (entry timestamp, exit histogram), as "bpftrace-timed HOOK"."""
         found = {}
-        for hook in ONE_LINERS:
-            print(f"== bpftrace on {hook}", flush=True)
-            tracer = Bpftrace(self.out, hook)
-            try:
-                found[f"bpftrace {hook}"] = measure()
-            finally:
-                tracer.stop()
+        for name, programs in (("bpftrace", ONE_LINERS), ("bpftrace-timed", TIMED_ONE_LINERS)):
+            for hook in programs:
+                print(f"== {name} on {hook}", flush=True)
+                tracer = Bpftrace(self.out, hook, programs)
+                try:
+                    found[f"{name} {hook}"] = measure()
+                finally:
+                    tracer.stop()
         return found
 
     def calibrate(self) -> tuple[int, float]:

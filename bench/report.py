@@ -266,9 +266,26 @@ def hooks(b: dict) -> str:
         f"### Cost per ioctl by probe.hook\n\nMedians of tight loops of {b['hooks_loop_calls']} "
         "calls (`drmcall`): TCGETS on a pty (not a DRM ioctl: security_file_ioctl sees it, "
         "drm_ioctl does not) and DRM_IOCTL_MODE_CREATE_DUMB on vgem (counted by both); the agent "
-        "in aggregate mode, then (bpftrace HOOK) the floor's one-liner on that hook; the no-agent "
-        "loops ran before and after.\n\n" + table(head, rows)
+        "in aggregate mode, then (bpftrace HOOK) the floor's one-liner on that hook, and "
+        "(bpftrace-timed HOOK) the same with an entry timestamp and an exit histogram, the floor "
+        "of call durations (docs/latency.md); the no-agent loops ran before and after.\n\n"
+        + table(head, rows)
+        + _timed_ratios(h, base["drm"])
     )
+
+
+def _timed_ratios(h: dict, base: float) -> str:
+    """Per hook: the DRM call's added ns with KubeNPU (which times it) over the timed floor's."""
+    lines = []
+    for hook in (k.removeprefix("bpftrace-timed ") for k in h if k.startswith("bpftrace-timed ")):
+        if hook in h:
+            ours = statistics.median(h[hook]["drm"]) - base
+            floor = statistics.median(h[f"bpftrace-timed {hook}"]["drm"]) - base
+            ratio = f": {ours / floor:.2f}x" if floor > 0 else ""
+            lines.append(f"- {hook}: {ours:.0f} ns added against {floor:.0f}{ratio}")
+    if not lines:
+        return ""
+    return "\n\nA counted and timed DRM call against the timed floor:\n\n" + "\n".join(lines) + "\n"
 
 
 def micro(m: dict) -> str:
