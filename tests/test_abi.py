@@ -17,7 +17,8 @@ import pytest
 from kubenpu import vendors
 from kubenpu.events import KERNEL_LOST
 from kubenpu.kernel import abi
-from kubenpu.kernel.core import object_path
+from kubenpu.kernel.bcc import BccKernel
+from kubenpu.kernel.core import CoreKernel, object_path
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = (ROOT / "bpf" / "kubenpu.bpf.c").read_text()
@@ -224,3 +225,15 @@ def test_the_duration_math_matches_the_source():
     assert re.findall(r"u64 (\w+)", fields) == ["sum_ns", "slots", "errors"]
     assert "slots[DURATION_SLOTS]" in fields and "errors[ERROR_SLOTS]" in fields
     assert abi.DURATION_VALUE.size == 8 * (1 + abi.DURATION_SLOTS + len(abi.ERRORS))
+
+
+@pytest.mark.parametrize(
+    ("loader", "mode", "timed"),
+    [("core", "aggregate", True), ("core", "events", False), ("bcc", "aggregate", False)],
+)
+def test_only_the_core_aggregate_probe_has_the_durations_maps(loader, mode, timed):
+    """What a pinned probe must match (kernel/pins.py): the durations maps where the program
+    times calls (docs/latency.md), none elsewhere."""
+    kernel = (CoreKernel if loader == "core" else BccKernel)([], mode=mode)
+    names = set(kernel.shapes()) & set(abi.DURATION_MAPS)
+    assert names == (set(abi.DURATION_MAPS) if timed else set())
