@@ -155,6 +155,11 @@ class Tally:
             self._batch.sighted.add(cgroup_id)
             self._batch.tgids.add(tgid)
 
+    def sighted(self) -> bool:
+        """Whether a new key was announced since the last drain."""
+        with self._lock:
+            return bool(self._batch.sighted)
+
     def drain(self) -> Batch:
         with self._lock:
             batch, self._batch = self._batch, Batch()

@@ -36,6 +36,9 @@ _ANSWERS_EVERY_SECONDS = 0.1
 # Aggregate mode reads the kernel's counts this often: its cost grows with the number of keys,
 # not with the call rate, and scrapes and pushes (15 s by default) see counts at most this old.
 _READ_SECONDS = 5.0
+# A new key's first sighting brings the next read forward to this long after the last: a new
+# pod's first calls show within about a second, and pods starting at once cost one read a second.
+_NEW_KEY_READ_SECONDS = 1.0
 _REAP_SECONDS = 5.0
 # Liveness fails when the kernel's counters were last read longer ago than this many reads.
 _STALE_READS = 3
@@ -81,6 +84,7 @@ class Agent:
         self.stop = threading.Event()
         self._answered = answered or threading.Event()  # set by the resolver's on_answer
         self._last_counts = self._last_reap = self._last_usage = -float("inf")
+        self._new_keys = False  # sighted since the last counts read
         self._reads = Streak("reading the kernel's counters", log)
         self._steps = {
             "poll": Streak("poll", log),
@@ -153,13 +157,16 @@ class Agent:
         return True
 
     def cycle(self) -> None:
-        """One attribution step: read the kernel (the counts map every _READ_SECONDS), count
-        what the Tally holds, read fdinfo every usage_interval (and hand its busy time to the
-        telemetry thread) and reap dead cgroups every _REAP_SECONDS."""
+        """One attribution step: read the kernel (the counts map every _READ_SECONDS, or
+        _NEW_KEY_READ_SECONDS after a new key), count what the Tally holds, read fdinfo every
+        usage_interval (and hand its busy time to the telemetry thread) and reap dead cgroups
+        every _REAP_SECONDS."""
         now = self._clock()
-        counts_due = now - self._last_counts >= _READ_SECONDS
+        self._new_keys = self._new_keys or self.tally.sighted()
+        since = now - self._last_counts
+        counts_due = since >= _READ_SECONDS or (self._new_keys and since >= _NEW_KEY_READ_SECONDS)
         if self._read(counts_due) and counts_due:
-            self._last_counts = now
+            self._last_counts, self._new_keys = now, False
         self._flush()
         if now - self._last_usage >= self._usage_interval:
             self._last_usage = now

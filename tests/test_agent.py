@@ -860,3 +860,28 @@ def test_a_flood_of_births_for_vanished_cgroups_delays_no_later_call(
     agent.cycle()
     assert values(agent.metrics, IOCTL) == {(*POD, "alloc"): 1}
     assert scans.count(str(parent)) <= 3
+
+
+def test_a_new_key_brings_the_counts_read_forward(cgroups, resolver):
+    """A new pod's first calls are read a second after the last read, not at the next 5 s one;
+    calls of known keys wait for the regular read."""
+    kernel, clock = FakeKernel(aggregate=True), Clock()
+    agent = make_agent(kernel, resolver, clock)
+    agent.attach()
+    agent.cycle()  # the first read, of an empty map
+    pod = key(os.stat(cgroups / POD_DIR).st_ino)
+    kernel.calls(pod, 4)  # a first sighting, and the map's count
+    kernel.poll(0)
+    clock.now += 0.5
+    agent.cycle()
+    assert values(agent.metrics, IOCTL) == {}  # not a second yet
+    clock.now += 0.5
+    agent.cycle()
+    assert values(agent.metrics, IOCTL) == {(*POD, "alloc"): 4}
+    kernel.calls(pod, 2)  # a known key: no sighting
+    clock.now += 1
+    agent.cycle()
+    assert values(agent.metrics, IOCTL) == {(*POD, "alloc"): 4}
+    clock.now += 4
+    agent.cycle()
+    assert values(agent.metrics, IOCTL) == {(*POD, "alloc"): 6}
