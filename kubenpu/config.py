@@ -62,6 +62,8 @@ class ProbeConfig(_Model):
     # auto: core, and bcc when the kernel refuses the object (docs/core.md)
     loader: Literal["auto", "core", "bcc"] = "auto"
     ringbuf_pages: int = Field(256, gt=0, le=65536)
+    # time counted calls and count their errors (CO-RE, aggregate mode; docs/latency.md)
+    durations: bool = True
     queue_size: int = Field(65536, gt=0, le=16_777_216)
     pin_dir: _Str = ""  # bpffs directory to pin the probe in (docs/pinning.md); "" = off
 

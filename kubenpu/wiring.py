@@ -153,6 +153,7 @@ def build(
         hook=p.hook,
         attach=p.attach,
         ringbuf_pages=p.ringbuf_pages,
+        durations=p.durations,
         debug=debug,
     )
     kernel = open_kernel(tried, devices, p.pin_dir)

@@ -132,10 +132,12 @@ class CoreKernel(LoaderBase):
         *,
         path: Path | None = None,
         alone: bool = False,
+        durations: bool = True,
         **settings,
     ) -> None:
         super().__init__(devices, **settings)
         self._path = path
+        self._durations = durations  # attach the exits (probe.durations)
         self._alone = alone  # no BCC fallback after it: a kernel without BTF says how to allow one
         self._lib: _Libbpf | None = None
         self._obj: int | None = None
@@ -155,7 +157,7 @@ class CoreKernel(LoaderBase):
         object has a digest too: its start() says what is missing."""
         path = self._path or object_path(self.aggregate)
         h = hashlib.sha256(path.read_bytes() if path.exists() else os.fsencode(path))
-        h.update(f"{self._ringbuf_pages} {self._counts_entries}".encode())
+        h.update(f"{self._ringbuf_pages} {self._counts_entries} {self._durations}".encode())
         return h.hexdigest()
 
     def start(self, on_record: Callable[[bytes], None]) -> str:
@@ -211,8 +213,9 @@ class CoreKernel(LoaderBase):
         self._fill({n: lib.bpf_map__fd(self._map(n)) for n in shapes})
 
     def _exits(self) -> dict[str, str]:
-        """The exit programs this kernel has functions for, by function: none in events mode."""
-        if not self.aggregate:
+        """The exit programs this kernel has functions for, by function: none in events mode or
+        with probe.durations off."""
+        if not (self.aggregate and self._durations):
             return {}
         exits = abi.EXIT_PROGRAMS[self.hook]
         return {f: p for f, p in exits.items() if f == "drm_ioctl" or hooks.kernel_has(f)}
@@ -246,7 +249,7 @@ class CoreKernel(LoaderBase):
     def _attach_exits(self) -> None:
         """Optional: without an exit the calls are counted, not timed."""
         exits = self._exits()
-        if self.aggregate and not exits:
+        if self.aggregate and self._durations and not exits:
             log.warning(
                 "call durations unavailable: the kernel has none of %s",
                 ", ".join(abi.EXIT_PROGRAMS[self.hook]),

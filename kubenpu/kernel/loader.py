@@ -71,12 +71,13 @@ def loaders(
     hook: str = hooks.DEFAULT_HOOK,
     attach: str = "auto",
     ringbuf_pages: int = 256,
+    durations: bool = True,
     debug: bool = False,
 ) -> list[Loader]:
     """The loaders `probe.loader` allows, in the order tried. The kprobe attach exists only in
-    BCC, so `attach: kprobe` leaves the CO-RE loader out."""
+    BCC, so `attach: kprobe` leaves the CO-RE loader out; only the CO-RE object times calls."""
     sizes = {"mode": mode, "hook": hook, "attach": attach, "ringbuf_pages": ringbuf_pages}
-    core = CoreKernel(devices, **sizes, alone=loader == "core")
+    core = CoreKernel(devices, **sizes, alone=loader == "core", durations=durations)
     bcc = BccKernel(devices, **sizes, debug=debug)
     if loader == "core":
         return [core]
