@@ -223,9 +223,10 @@ class Measured(Agent, Usage):
         hook: str | None = None,
         pin_dir: str = "",
         loader: str = "auto",
+        durations: bool = True,
     ) -> None:
         self.mode = mode
-        probe = {"mode": mode, "pin_dir": pin_dir, "loader": loader}
+        probe = {"mode": mode, "pin_dir": pin_dir, "loader": loader, "durations": durations}
         config = {
             "probe": {**probe, **({"hook": hook} if hook else {})},
             # The CRI test server shares the guest's emulated CPUs with the agent and the load:
@@ -235,6 +236,7 @@ class Measured(Agent, Usage):
         }
         parts = ("agent", mode, *([hook] if hook else []), *(["pinned"] if pin_dir else []))
         parts += (loader,) if loader != "auto" else ()
+        parts += () if durations else ("untimed",)
         super().__init__(out, config, name="-".join(parts))
         self.attach()
 
@@ -372,14 +374,16 @@ class Bench:
             return {name: [self.tight(c) for _ in range(REPEATS)] for name, c in calls.items()}
 
         found = {"none": measure()}
-        for hook in HOOKS:
-            print(f"== hook {hook}: starting the agent", flush=True)
-            agent = Measured(self.out, "aggregate", hook)
+        # Each hook timed (the default), then with probe.durations off (no exit programs).
+        for hook, timed in ((h, t) for h in HOOKS for t in (True, False)):
+            name = hook if timed else f"{hook} untimed"
+            print(f"== hook {name}: starting the agent", flush=True)
+            agent = Measured(self.out, "aggregate", hook, durations=timed)
             try:
-                found[hook] = measure()
+                found[name] = measure()
             finally:
                 agent.stop(timeout=60)
-            print(f"  {hook}: {found[hook]}", flush=True)
+            print(f"  {name}: {found[name]}", flush=True)
         found |= self.floor_hooks(measure)
         for name, ns in measure().items():
             found["none"][name] += ns

@@ -143,6 +143,9 @@ struct {
 DECLARE_HASH(durations, struct count_key, struct durations, DURATIONS_ENTRIES);
 /* The zero value a new key is inserted from (976 B: more than the BPF stack holds). */
 DECLARE_ARRAY(template, struct durations, 1);
+/* Whether counted calls are timed (probe.durations): user space fills it before attach. Off, a
+ * call costs one inlined array read more than before, not a task-storage write. */
+DECLARE_ARRAY(timing, u32, 1);
 #endif
 
 #include "map_calls.h"
@@ -194,6 +197,10 @@ static __always_inline void emit(u64 cgroup_id, u32 rdev, u32 cmd, u32 kind)
 #ifdef KUBENPU_DURATIONS
 static __always_inline void start_timing(struct count_key *key)
 {
+    u32 zero = 0;
+    u32 *on = bpf_map_lookup_elem(&timing, &zero);
+    if (!on || !*on)
+        return;
     struct start *s = bpf_task_storage_get(&starts, bpf_get_current_task_btf(), 0,
                                            BPF_LOCAL_STORAGE_GET_F_CREATE);
     if (!s) {

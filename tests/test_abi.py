@@ -139,6 +139,7 @@ def test_object_maps_match_the_abi(built):
         expected[abi.DURATIONS] = (MAP_TYPES["hash"], key, value, abi.DURATIONS_ENTRIES)
         expected[abi.STARTS] = (MAP_TYPES["task_storage"], u32, abi.START.size, 0)
         expected[abi.TEMPLATE] = (MAP_TYPES["array"], u32, value, 1)
+        expected[abi.TIMING] = (MAP_TYPES["array"], u32, u32, 1)
     # libbpf adds the object's .rodata/.bss only when it has globals; it has none
     assert maps == expected
     # what an adoption checks pinned maps against (kernel/pins.py), at the object's default sizes

@@ -128,6 +128,7 @@ def map_shapes(
         shapes[DURATIONS] = MapShape(MAP_TYPE_HASH, COUNT_KEY.size, value, durations_entries)
         shapes[STARTS] = MapShape(MAP_TYPE_TASK_STORAGE, u32, START.size, 0)
         shapes[TEMPLATE] = MapShape(MAP_TYPE_ARRAY, u32, value, 1)
+        shapes[TIMING] = MapShape(MAP_TYPE_ARRAY, u32, u32, 1)
     return shapes
 
 
@@ -139,7 +140,8 @@ def map_shapes(
 DURATIONS = "durations"  # COUNT_KEY -> DURATION_VALUE (hash)
 STARTS = "starts"  # task storage: the task's counted call in flight
 TEMPLATE = "template"  # one zero DURATION_VALUE a new key is inserted from (array)
-DURATION_MAPS = (DURATIONS, STARTS, TEMPLATE)
+TIMING = "timing"  # u32 at index 0: 1 = time counted calls (probe.durations), 0 = not (array)
+DURATION_MAPS = (DURATIONS, STARTS, TEMPLATE, TIMING)
 DURATIONS_ENTRIES = 4096  # the default size of `durations`: 4,096 x 976 B = 3.8 MiB
 # The buckets are those of an OpenTelemetry exponential histogram at scale 2 (and a Prometheus
 # native histogram at schema 2), in seconds: bucket index i holds (2^(i/4), 2^((i+1)/4)].

@@ -211,6 +211,8 @@ class CoreKernel(LoaderBase):
         if (err := lib.bpf_object__load(self._obj)) < 0:
             raise ProbeError(f"loading the object: {self._lib.why(err)}")
         self._fill({n: lib.bpf_map__fd(self._map(n)) for n in shapes})
+        if abi.TIMING in shapes:
+            self._maps.set_timing(self._durations)
 
     def _exits(self) -> dict[str, str]:
         """The exit programs this kernel has functions for, by function: none in events mode or

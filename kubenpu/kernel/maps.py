@@ -129,6 +129,10 @@ class Maps:
     def set_gate(self, value: int) -> None:
         bpfsys.update(self.fds[abi.GATE], abi.U32.pack(0), abi.U32.pack(value))
 
+    def set_timing(self, on: bool) -> None:
+        """Whether counted calls are timed (probe.durations), before attach."""
+        bpfsys.update(self.fds[abi.TIMING], abi.U32.pack(0), abi.U32.pack(int(on)))
+
     def read_lost(self) -> dict[str, int]:
         """The `lost` slots, cumulative, by abi.LOST_SLOTS name; a slot an older program lacks
         reads 0."""
