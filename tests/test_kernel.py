@@ -2,6 +2,7 @@
 loader choice. Loading and attaching run in the VM (test_e2e_vm); the ABI is tests/test_abi.py."""
 
 import ctypes
+import os
 import re
 from pathlib import Path
 
@@ -10,14 +11,16 @@ from fakes import PerCpuBpf
 from helpers import make_config
 
 from kubenpu import vendors
+from kubenpu.discovery import Device, Node
 from kubenpu.events import Key
-from kubenpu.kernel import abi, core, maps
+from kubenpu.kernel import abi, bpfsys, core, maps
 from kubenpu.kernel.abi import dev_t
 from kubenpu.kernel.bcc import AttachPlan, BccKernel, attach_plans, source_text
 from kubenpu.kernel.core import CoreKernel
 from kubenpu.kernel.hooks import effective_capabilities, missing_privileges
 from kubenpu.kernel.loader import loaders
 from kubenpu.kernel.maps import Maps, device_slots, vendor_ids
+from kubenpu.kernel.records import Durations
 
 KALLSYMS_6_8 = (
     "0000000000000000 T security_file_ioctl\n0000000000000000 T security_file_ioctl_compat\n"
@@ -196,3 +199,116 @@ def test_the_core_loader_sizes_its_maps_as_the_config_asks(tmp_path, monkeypatch
         kernel.start(lambda _: None)
     counts = abi.COUNTS_ENTRIES if mode == "aggregate" else None
     assert sized == {abi.EVENTS: 64 * abi.PAGE, abi.COUNTS: counts}
+
+
+def _durations_value(sum_ns: int, slots: dict[int, int], errors: dict[str, int]) -> bytes:
+    all_slots = [slots.get(i, 0) for i in range(abi.DURATION_SLOTS)]
+    all_errors = [errors.get(name, 0) for name in abi.ERRORS]
+    return abi.DURATION_VALUE.pack(sum_ns, *all_slots, *all_errors)
+
+
+def test_durations_are_read_and_forgotten_with_the_counts() -> None:
+    """Real kernel maps of the program's shapes (bpf(2) on the host: no program runs): every
+    key's sum, slots and errors read back in place, and forget_counts deletes a gone cgroup's
+    key from both maps, leaving the others."""
+    shapes = abi.map_shapes(True, 1, 64, 64)
+    fds = {
+        name: bpfsys.map_create(*shapes[name], name)
+        for name in (abi.COUNTS, abi.DURATIONS, abi.LOST, abi.GATE)
+    }
+    try:
+        gone, kept = Key(1234, 226, 1, 3), Key(99, 261, 0, 1)
+        values = {
+            gone: (5_000_000, {1: 2, 57: 3, abi.BUCKETS + 1: 1}, {"ETIME": 4, "other": 1}),
+            kept: (17, {0: 1}, {}),
+        }
+        for key, (total, slots, errors) in values.items():
+            packed = abi.COUNT_KEY.pack(key.cgroup_id, dev_t(key.major, key.minor), key.kind)
+            bpfsys.update(fds[abi.DURATIONS], packed, _durations_value(total, slots, errors))
+            bpfsys.update(fds[abi.COUNTS], packed, b"\0" * 8 * bpfsys.possible_cpus())
+        read = Maps(fds).read_durations()
+        assert set(read) == {gone, kept}
+        assert read[gone].sum_ns == 5_000_000
+        assert {i: n for i, n in enumerate(read[gone].slots) if n} == {1: 2, 57: 3, 105: 1}
+        errors = dict(zip(abi.ERRORS, read[gone].errors, strict=True))
+        assert {e: n for e, n in errors.items() if n} == {"ETIME": 4, "other": 1}
+        assert read[kept] == Durations(17, (1,) + (0,) * (abi.DURATION_SLOTS - 1), (0,) * 15)
+        Maps(fds).forget_counts([gone])
+        assert set(Maps(fds).read_durations()) == {kept}
+        assert set(Maps(fds).read_counts()) == {kept}
+        assert Maps({abi.COUNTS: fds[abi.COUNTS]}).read_durations() == {}  # no timing program
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_the_timing_switch_and_the_gate_are_written_where_the_program_reads_them(on) -> None:
+    """The entry reads slot 0 of `timing` and of `gate` (bpf/kubenpu.bpf.c)."""
+    shapes = abi.map_shapes(True, 1, 64, 64)
+    fds = {name: bpfsys.map_create(*shapes[name], name) for name in (abi.TIMING, abi.GATE)}
+    try:
+        Maps(fds).set_timing(on)
+        Maps(fds).set_gate(abi.GATE_HANDOVER)
+        zero = abi.U32.pack(0)
+        assert bpfsys.lookup(fds[abi.TIMING], zero, 4) == abi.U32.pack(int(on))
+        assert bpfsys.lookup(fds[abi.GATE], zero, 4) == abi.U32.pack(abi.GATE_HANDOVER)
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+
+
+def test_the_device_and_ioctl_tables_are_what_the_kernel_filters_by() -> None:
+    """fill() on real maps: a DRM and an accel node in `minors` (vendor id + 1), a node of
+    another major in `devices`, each vendor's nrs (and the core's) in `ioctls`; a second fill
+    without the accel device clears its slot and the hash's stale entry; empty_devices (the
+    hand-over) leaves nothing counted."""
+    shapes = abi.map_shapes(True, 1, 64)
+    names = (abi.MINORS, abi.DEVICES, abi.IOCTLS)
+    fds = {name: bpfsys.map_create(*shapes[name], name) for name in names}
+    ids = vendor_ids()
+    vgem = Device(
+        "platform:vgem", "vgem", None, None, (Node("/dev/dri/card0", "card0", 226, 0),), "vgem"
+    )
+    ivpu = Device(
+        "0000:00:0b.0",
+        "intel_vpu",
+        None,
+        None,
+        (Node("/dev/accel/accel0", "accel0", 261, 0), Node("/dev/x", "x", 189, 4)),
+        "ivpu",
+    )
+
+    def table(name: str, size: int) -> dict[int, int]:
+        found = {}
+        for i in range(size):
+            raw = bpfsys.lookup(fds[name], abi.U32.pack(i), 4)
+            if raw and (v := abi.U32.unpack(raw)[0]):
+                found[i] = v
+        return found
+
+    def others() -> dict[int, int]:
+        raw = {k: bpfsys.lookup(fds[abi.DEVICES], k, 4) for k in bpfsys.keys(fds[abi.DEVICES], 4)}
+        return {abi.U32.unpack(k)[0]: abi.U32.unpack(v)[0] for k, v in raw.items()}
+
+    try:
+        Maps(fds).fill([vgem, ivpu])
+        assert table(abi.MINORS, abi.MINORS_ENTRIES) == {0: ids["vgem"] + 1, 256: ids["ivpu"] + 1}
+        assert others() == {dev_t(189, 4): ids["ivpu"]}
+        ioctls = table(abi.IOCTLS, abi.IOCTL_SLOTS)
+        for vendor in (vendors.core(), vendors.by_name("vgem"), vendors.by_name("ivpu")):
+            for i in vendor.ioctls:
+                assert ioctls[abi.ioctl_index(ids[vendor.name], i.nr)] == int(i.kind)
+        assert len(ioctls) == sum(
+            len(v.ioctls)
+            for v in (vendors.core(), vendors.by_name("vgem"), vendors.by_name("ivpu"))
+        )
+        Maps(fds).fill([vgem])
+        assert table(abi.MINORS, abi.MINORS_ENTRIES) == {0: ids["vgem"] + 1}
+        assert others() == {}
+        Maps(fds).fill([vgem, ivpu])
+        maps.empty_devices(fds)
+        assert (table(abi.MINORS, abi.MINORS_ENTRIES), others()) == ({}, {})
+    finally:
+        for fd in fds.values():
+            os.close(fd)
