@@ -13,6 +13,8 @@ from typing import Protocol, TextIO
 from kubenpu.activity import Activity
 from kubenpu.discovery import Device
 from kubenpu.events import Batch, Drop, Key
+from kubenpu.kernel.records import Durations
+from kubenpu.metrics.inputs import Where
 from kubenpu.metrics.store import Metrics
 from kubenpu.resolve import Attribution, Unattributed
 from kubenpu.vendors import Kind
@@ -133,6 +135,23 @@ class Attributor:
         self._retry_pending()
         if self._trace:
             self._print_trace(batch)
+
+    def timed(self, durations: dict[Key, Durations]) -> None:
+        """The kernel's cumulative durations by key, to the series their calls are counted
+        under. A key whose pod is not named yet (held, or unknown to the resolver) waits for
+        the next read, which has its totals; one on a device not listed is left out, as its
+        calls are (device_unknown)."""
+        for key, value in durations.items():
+            dev = self._by_node.get((key.major, key.minor))
+            if dev is None or key.cgroup_id in self._pending:
+                continue
+            who = self._resolver.resolve(key.cgroup_id)
+            if who is None:
+                continue
+            where = Where(
+                who.namespace, who.pod, who.pod_uid, who.container, dev.id, dev.vendor or ""
+            )
+            self._metrics.set_durations(where, Kind(key.kind).label, key, value)
 
     def pending(self) -> int:
         """Keys held for a pod the resolver cannot name yet."""

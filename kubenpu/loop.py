@@ -165,9 +165,12 @@ class Agent:
         self._new_keys = self._new_keys or self.tally.sighted()
         since = now - self._last_counts
         counts_due = since >= _READ_SECONDS or (self._new_keys and since >= _NEW_KEY_READ_SECONDS)
-        if self._read(counts_due) and counts_due:
+        timed = self._read(counts_due) and counts_due
+        if timed:
             self._last_counts, self._new_keys = now, False
         self._flush()
+        if timed:  # after the flush: the read's new keys are counted, so their series exist
+            self.attributor.timed(self.probe.durations)
         if now - self._last_usage >= self._usage_interval:
             self._last_usage = now
             if self.usage is not None:
@@ -185,6 +188,7 @@ class Agent:
         self._read(counts=True)
         self._flush()
         self.attributor.settle_all()
+        self.attributor.timed(self.probe.durations)
 
     def _stamped(self, source: str, read: Callable[..., object], *args: object) -> None:
         """A guarded read whose success stamps its counters with the time it started."""
@@ -213,6 +217,7 @@ class Agent:
         if not dead or not self._read(counts=True):
             return
         self._flush()
+        self.attributor.timed(self.probe.durations)  # the gone cgroups' last totals
         self.probe.forget(self.attributor.forget(dead))
 
     def _flush(self) -> None:

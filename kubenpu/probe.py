@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from kubenpu.events import BadRecord, Birth, Deltas, Drop, Key, Tally, birth
 from kubenpu.kernel.loader import Kernel
+from kubenpu.kernel.records import Durations
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,9 @@ class Probe:
         self._counts: Deltas[Key] = Deltas()
         self._lost: Deltas[str] = Deltas()
         self._bad_records = 0
+        # The kernel's call durations, cumulative, as of the last counts read (empty where the
+        # kernel times nothing).
+        self.durations: dict[Key, Durations] = {}
 
     def start(self) -> str:
         """Load and attach the program; returns the attach used. Raises ProbeError."""
@@ -79,6 +83,7 @@ class Probe:
         self._tally.kernel_lost(self._lost.step(self._kernel.read_lost()))
         if self._aggregate and counts:
             self._tally.add_counts(self._counts.step(self._kernel.read_counts()))
+            self.durations = self._kernel.read_durations()
 
     def forget(self, keys: list[Key]) -> None:
         """Free the kernel entries of cgroups that are gone (no process can add to them)."""

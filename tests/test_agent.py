@@ -37,6 +37,8 @@ from kubenpu.metrics.catalogue import (
     DROPPED,
     INDEX_REBUILDS,
     IOCTL,
+    IOCTL_DURATION,
+    IOCTL_ERRORS,
     LATE_SIGHTINGS,
     OVERFLOW_CALLS,
     PENDING_EXPIRED,
@@ -885,3 +887,32 @@ def test_a_new_key_brings_the_counts_read_forward(cgroups, resolver):
     clock.now += 4
     agent.cycle()
     assert values(agent.metrics, IOCTL) == {(*POD, "alloc"): 6}
+
+
+def test_the_kernels_call_durations_reach_the_pods_series(cgroups, resolver):
+    """A read of the counts also reads the durations: the pod's histogram holds the kernel's
+    buckets as they are, and its errors by name; a later read replaces the cumulative totals,
+    never adds them twice."""
+    kernel, clock = FakeKernel(aggregate=True), Clock()
+    agent = make_agent(kernel, resolver, clock)
+    agent.attach()
+    pod = key(os.stat(cgroups / POD_DIR).st_ino, kind=3)
+    kernel.calls(pod, 3)
+    kernel.timed(pod, [2_000_000, 2_100_000], ret=-62)  # two waits that timed out
+    kernel.timed(pod, [50_000])
+    kernel.poll(0)
+    agent.cycle()
+    [hist] = values(agent.metrics, IOCTL_DURATION).values()
+    assert {i: n for i, n in enumerate(hist.slots) if n} == {45: 2, 23: 1}
+    assert hist.total == pytest.approx(4_150_000 / 1e9)
+    assert values(agent.metrics, IOCTL_ERRORS) == {(*POD, "wait", "ETIME"): 2}
+    clock.now += 5
+    kernel.calls(pod, 1)
+    kernel.timed(pod, [50_000], ret=-12)
+    agent.cycle()
+    [hist] = values(agent.metrics, IOCTL_DURATION).values()
+    assert hist.count == 4
+    assert values(agent.metrics, IOCTL_ERRORS) == {
+        (*POD, "wait", "ETIME"): 2,
+        (*POD, "wait", "ENOMEM"): 1,
+    }

@@ -35,6 +35,8 @@ from otlp_receiver import OtlpHttpReceiver, OtlpReceiver, attrs
 from vm.guestlib import parse
 
 from kubenpu import __version__, config, export
+from kubenpu.kernel import abi
+from kubenpu.kernel.records import Durations, Key
 from kubenpu.metrics.catalogue import (
     ENGINE_BUSY,
     ENGINE_COUNTERS,
@@ -75,6 +77,45 @@ def receiver() -> Iterator[OtlpReceiver]:
 def clean_resource_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for var in ("OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES"):
         monkeypatch.delenv(var, raising=False)
+
+
+def test_call_durations_push_as_the_kernels_exponential_buckets(tmp_path, receiver):
+    """The kernel's buckets go out as they are: an ExponentialHistogram at scale 2 from index
+    -80, the calls of at most 2^-20 s as its zero bucket, over 64 s in the bucket above 64 s;
+    two cgroups of one container summed bucket by bucket; errors by name beside it."""
+    cfg = make_config(tmp_path, otlp_yaml(receiver.port))
+    tel = start_telemetry(cfg)
+    where = Where("ns", "p", "u-1", "c", "0000:03:00.0", "vgem")
+    slots = [0] * abi.DURATION_SLOTS
+    slots[0], slots[45], slots[abi.BUCKETS + 1] = 1, 2, 1  # under, (1.95, 2.32] ms, over 64 s
+    errors = [0] * len(abi.ERRORS)
+    errors[abi.ERRORS.index("ENOMEM")] = 2
+    try:
+        m = tel.metrics
+        calls(m, "ns", "p", "c", 6, kind="alloc", uid="u-1")
+        m.set_durations(
+            where, "alloc", Key(1, 226, 0, 2), Durations(70_000, tuple(slots), tuple(errors))
+        )
+        m.set_durations(
+            where, "alloc", Key(2, 226, 0, 2), Durations(30_000, tuple(slots), (0,) * 15)
+        )
+        m.set_durations(where, "wait", Key(2, 226, 0, 3), Durations(1, tuple(slots), (0,) * 15))
+        assert tel.pusher.push()
+    finally:
+        tel.shutdown()
+    metric = receiver.metric("kubenpu.ioctl.duration")
+    assert (metric.unit, metric.exponential_histogram.aggregation_temporality) == ("s", 2)
+    [point] = metric.exponential_histogram.data_points  # no calls counted for wait: not timed
+    assert attrs(point.attributes)[k8s_attributes.K8S_POD_NAME] == "p"
+    assert (point.scale, point.positive.offset, point.zero_count) == (2, -80, 2)
+    counts = list(point.positive.bucket_counts)
+    assert len(counts) == abi.BUCKETS + 1
+    assert {abi.FIRST_INDEX + i: n for i, n in enumerate(counts) if n} == {-36: 4, 24: 2}
+    assert (point.count, point.sum) == (8, 100_000 / 1e9)
+    assert (point.min, point.max) == (0.0, 2 ** (25 / 4))  # bucket bounds: no extremes kept
+    errors_sent = receiver.values("kubenpu.ioctl.errors")
+    assert [dict(k)["error"] for k in errors_sent] == ["ENOMEM"]
+    assert list(errors_sent.values()) == [2]
 
 
 def test_grpc_push_exact_values_resource_and_headers(tmp_path, receiver, clean_resource_env):
@@ -886,8 +927,9 @@ UID_A, UID_B = "8f2c3a10-0000-4000-8000-00000000000a", "8f2c3a10-0000-4000-8000-
 
 
 def push_pods(tmp_path: Path, rx: OtlpReceiver, attributes: str) -> None:
-    """Two pods of one name, one after the other (uids a, b), with calls, engine time, memory,
-    capacity and energy: every per-pod series the store makes from an Attribution."""
+    """Two pods of one name, one after the other (uids a, b), with calls, their durations and
+    errors, engine time, memory, capacity and energy: every per-pod series the store makes
+    from an Attribution."""
     text = otlp_yaml(rx.port, f"    attributes: {attributes}\n")
     tel = start_telemetry(make_config(tmp_path, text))
     try:
@@ -899,6 +941,9 @@ def push_pods(tmp_path: Path, rx: OtlpReceiver, attributes: str) -> None:
             for spec in ENGINE_COUNTERS:
                 m.add_engine(spec, where, "render", n)
             m.add_energy(where, n * 1_000_000)
+            slots = (n,) + (0,) * (abi.DURATION_SLOTS - 1)
+            errors = (n,) + (0,) * (len(abi.ERRORS) - 1)
+            m.set_durations(where, "submit", Key(n, 226, 0, 1), Durations(n, slots, errors))
             capacity[(where, "render")] = 1
             memory[(where, "vram0", "resident")] = n
         m.set_usage_gauges(capacity, memory)
@@ -909,7 +954,7 @@ def push_pods(tmp_path: Path, rx: OtlpReceiver, attributes: str) -> None:
 
 def points(rx: OtlpReceiver, name: str) -> list[dict[str, object]]:
     metric = rx.metric(name)
-    data = metric.sum.data_points if metric.HasField("sum") else metric.gauge.data_points
+    data = getattr(metric, metric.WhichOneof("data")).data_points
     return [attrs(p.attributes) for p in data]
 
 
@@ -946,6 +991,8 @@ def test_legacy_attributes_are_the_old_names_without_the_uid(tmp_path, receiver)
     # Without the uid the two pods are one series again, as before: their calls add up.
     [(key, n)] = receiver.values("kubenpu.ioctl").items()
     assert n == 5 and dict(key)["pod"] == "p"
+    [timed] = receiver.metric("kubenpu.ioctl.duration").exponential_histogram.data_points
+    assert (timed.zero_count, timed.count, timed.sum) == (5, 5, 5e-9)  # bucket by bucket
 
 
 def test_the_vm_tests_projections_of_a_push_and_a_scrape_agree(tmp_path, receiver):

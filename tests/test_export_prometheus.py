@@ -24,6 +24,8 @@ from helpers import (
 )
 
 from kubenpu import export
+from kubenpu.kernel import abi
+from kubenpu.kernel.records import Durations, Key
 from kubenpu.metrics.catalogue import ENGINE_COUNTERS, K8S_ATTRIBUTES, SPECS, TELEMETRY_SPECS
 from kubenpu.metrics.inputs import AllocationState, Held, Where
 
@@ -108,6 +110,13 @@ def fill(tel: export.Exporters) -> None:
     m.add_energy(where, 2_000_000)
     m.set_certificates({"export.prometheus.tls.cert_file": 1.9e9})
     m.counters_read("kernel", 1.8e9)
+    m.set_durations(where, "submit", Key(7, 226, 0, 1), TIMED)
+
+
+# Two calls of 2.0 ms (bucket -36, (1.95, 2.32] ms), one of 50 ms (bucket -18, (44.2, 52.6]
+# ms), one under 2^-20 s; one of them failed with ETIME.
+_SLOTS = dict.fromkeys(range(abi.DURATION_SLOTS), 0) | {0: 1, 45: 2, 63: 1}
+TIMED = Durations(54_000_500, tuple(_SLOTS.values()), tuple(int(e == "ETIME") for e in abi.ERRORS))
 
 
 def expected_names(pushed: bool = False) -> set[str]:
@@ -146,13 +155,18 @@ def check_series(prom: Prometheus, pushed: bool = False, attributes: str = "semc
     assert allocated[0]["value"][1] == "2"
     assert prom.query("kubenpu_device_allocated_idle_seconds_total")[0]["value"][1] == "120"
     assert prom.query(f'kubenpu_device_unallocated_calls_total{{{pod}="q"}}')[0]["value"][1] == "4"
+    timed = f'{{{pod}="p",kind="submit"}}'
+    assert prom.query(f"kubenpu_ioctl_duration_seconds_count{timed}")[0]["value"][1] == "4"
+    assert (
+        float(prom.query(f"kubenpu_ioctl_duration_seconds_sum{timed}")[0]["value"][1]) == 0.0540005
+    )
+    etime = prom.query(f'kubenpu_ioctl_errors_total{{{pod}="p",error="ETIME"}}')
+    assert etime[0]["value"][1] == "1"
     names = {r["metric"]["__name__"] for r in prom.query('{__name__=~"(kubenpu|hw)_.*"}')}
-    histogram = {n for n in names if n.startswith("kubenpu_cri_request_duration_seconds_")}
-    want = expected_names(pushed) - {"kubenpu_cri_request_duration_seconds"}
-    assert names - histogram == want
-    assert histogram == {
-        f"kubenpu_cri_request_duration_seconds_{s}" for s in ("bucket", "count", "sum")
-    }
+    histograms = ("kubenpu_cri_request_duration_seconds", "kubenpu_ioctl_duration_seconds")
+    parts = {f"{h}_{s}" for h in histograms for s in ("bucket", "count", "sum")}
+    assert names - parts == expected_names(pushed) - set(histograms)
+    assert parts <= names
 
 
 @pytest.mark.parametrize("attributes", ["semconv", "legacy"])
@@ -197,5 +211,11 @@ def test_prometheus_scrapes_metrics_and_promtool_is_clean(tools, tmp_path):
         for prom in start_prometheus(tools, tmp_path, port):
             check_series(prom)
             assert prom.query('up{job="kubenpu"}')[0]["value"][1] == "1"
+            # Classic buckets at every other power of two: 2^-8 s holds the call under 2^-20 s
+            # and both of 2 ms; 2^-4 s the 50 ms one too; nothing is re-binned.
+            edges = {"0.00390625": "3", "0.0625": "4", "9.5367431640625e-07": "1", "+Inf": "4"}
+            for le, n in edges.items():
+                [b] = prom.query(f'kubenpu_ioctl_duration_seconds_bucket{{le="{le}"}}')
+                assert b["value"][1] == n, le
     finally:
         tel.shutdown()

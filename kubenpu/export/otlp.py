@@ -13,6 +13,9 @@ from collections.abc import Iterable, Mapping
 import grpc
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
+    Buckets,
+    ExponentialHistogram,
+    ExponentialHistogramDataPoint,
     Gauge,
     Histogram,
     HistogramDataPoint,
@@ -31,8 +34,9 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from kubenpu import __version__
 from kubenpu.config import OtlpConfig
 from kubenpu.export.files import read_regular
+from kubenpu.kernel import abi
 from kubenpu.metrics.catalogue import CRI_BOUNDS, K8S_ATTRIBUTES, Attrs, Spec
-from kubenpu.metrics.store import Hist, Metrics, Point
+from kubenpu.metrics.store import ExpHist, Hist, Metrics, Point
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +53,7 @@ _INT64 = range(-(2**63), 2**63)
 _ATTR_BYTES = 4 * 5  # KeyValue, its key, its AnyValue and the string: tag and length each
 _NUMBER_BYTES = 3 * 9 + 5  # start, time, value (fixed 8 bytes each), the point's tag and length
 _HIST_BYTES = (5 + 2 * len(CRI_BOUNDS) + 1) * 9 + 3 * 5  # fixed fields, packed bounds, buckets
+_EXP_BYTES = (6 + abi.DURATION_SLOTS) * 9 + 4 * 5  # fixed fields, bucket counts, their messages
 _METRIC_BYTES = 6 * 5  # the metric, its name, description, unit, data message, temporality
 _REQUEST_BYTES = 8 * 5  # resource and scope metrics, resource, scope, its name and version
 
@@ -75,8 +80,8 @@ def _semconv(p: Point) -> Point:
 
 def _legacy(points: list[Point]) -> list[Point]:
     """The points without pod_uid. Two pods of one name (one after the other) are one series
-    again, as before the uid: their values are summed (a histogram has no pod labels), from the
-    earlier start."""
+    again, as before the uid: their values are summed (the CRI histogram has no pod labels; the
+    call durations' sum bucket by bucket), from the earlier start."""
     merged: dict[frozenset[tuple[str, object]], Point] = {}
     for p in points:
         attrs: Attrs = {k: v for k, v in p.attrs.items() if k != "pod_uid"}
@@ -94,7 +99,10 @@ def _attrs_bytes(attrs: Mapping[str, object]) -> int:
 
 
 def _point_bytes(spec: Spec, point: Point) -> int:
-    fixed = _HIST_BYTES if spec.kind == "histogram" else _NUMBER_BYTES
+    if isinstance(point.value, ExpHist):
+        fixed = _EXP_BYTES
+    else:
+        fixed = _HIST_BYTES if spec.kind == "histogram" else _NUMBER_BYTES
     return fixed + _attrs_bytes(point.attrs)
 
 
@@ -124,10 +132,12 @@ def batches(snapshot: _Snapshot, resource: Resource, max_bytes: int) -> Iterable
 
 def _otlp_metric(spec: Spec, points: list[Point], now: int) -> Metric:
     cumulative = AggregationTemporality.CUMULATIVE
-    if spec.kind == "histogram":
-        data: Sum | Gauge | Histogram = Histogram(
-            [_hist_point(p, now) for p in points], aggregation_temporality=cumulative
+    if points and isinstance(points[0].value, ExpHist):
+        data: Sum | Gauge | Histogram | ExponentialHistogram = ExponentialHistogram(
+            [_exp_point(p, now) for p in points], aggregation_temporality=cumulative
         )
+    elif spec.kind == "histogram":
+        data = Histogram([_hist_point(p, now) for p in points], aggregation_temporality=cumulative)
     else:
         nums = [NumberDataPoint(p.attrs, p.start_ns, now, _wire(p.value)) for p in points]
         data = (
@@ -144,6 +154,32 @@ def _hist_point(p: Point, now: int) -> HistogramDataPoint:
     low, high = (h.low, h.high) if h.count else (0.0, 0.0)
     return HistogramDataPoint(
         p.attrs, p.start_ns, now, h.count, h.total, list(h.buckets), list(CRI_BOUNDS), low, high
+    )
+
+
+def _exp_point(p: Point, now: int) -> ExponentialHistogramDataPoint:
+    """The kernel's buckets as they are (docs/latency.md): at scale abi.SCALE from index
+    abi.FIRST_INDEX; the calls of at most 2^-20 s as the zero bucket, and those over 64 s in
+    the bucket above 64 s. The kernel keeps no extremes: min and max are the bounds of the
+    lowest and highest buckets that hold a call."""
+    h = p.value
+    assert isinstance(h, ExpHist)
+    held = [i for i, n in enumerate(h.slots) if n]
+    low = 0.0 if not held or held[0] == 0 else 2 ** ((held[0] - 1 + abi.FIRST_INDEX) / 4)
+    high = 0.0 if not held else 2 ** ((max(held[-1], 1) + abi.FIRST_INDEX) / 4)
+    return ExponentialHistogramDataPoint(
+        p.attrs,
+        p.start_ns,
+        now,
+        h.count,
+        h.total,
+        abi.SCALE,
+        h.slots[0],
+        Buckets(abi.FIRST_INDEX, list(h.slots[1:])),
+        Buckets(0, []),
+        0,
+        low,
+        high,
     )
 
 

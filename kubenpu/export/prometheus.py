@@ -11,8 +11,15 @@ from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
 from prometheus_client.core import Metric as PromMetric
 from prometheus_client.registry import Collector
 
+from kubenpu.kernel import abi
 from kubenpu.metrics.catalogue import CRI_BOUNDS, Spec
-from kubenpu.metrics.store import Hist, Metrics, Point
+from kubenpu.metrics.store import ExpHist, Hist, Metrics, Point
+
+# The classic buckets of an ExpHist: every other power of two of its range, 2^-20 s to 2^6 s,
+# each an edge of the kernel's buckets, so no count is re-binned. `le` 2^k holds the under
+# slot and every bucket whose upper bound 2^((i+1)/4) is at most 2^k: the slots before
+# 4k + 1 - FIRST_INDEX.
+EXP_EDGES = tuple((2.0**k, 4 * k + 1 - abi.FIRST_INDEX) for k in range(abi.FIRST_INDEX // 4, 7, 2))
 
 
 def _label_name(key: str) -> str:
@@ -43,17 +50,27 @@ class PrometheusCollector(Collector):
         fam = PromMetric(name.removesuffix("_total"), spec.description, spec.kind)
         for p in points:
             labels = {_label_name(k): _label_value(v) for k, v in p.attrs.items()}
-            if isinstance(p.value, Hist):
-                cumulative = 0
-                for bound, n in zip((*CRI_BOUNDS, float("inf")), p.value.buckets, strict=True):
-                    cumulative += n
-                    le = "+Inf" if bound == float("inf") else repr(bound)
-                    fam.add_sample(name + "_bucket", {**labels, "le": le}, cumulative)
+            if isinstance(p.value, Hist | ExpHist):
+                for le, n in _cumulative(p.value):
+                    fam.add_sample(name + "_bucket", {**labels, "le": le}, n)
                 fam.add_sample(name + "_count", labels, p.value.count)
                 fam.add_sample(name + "_sum", labels, p.value.total)
             else:
                 fam.add_sample(name, labels, p.value)
         return fam
+
+
+def _cumulative(h: Hist | ExpHist) -> Iterator[tuple[str, int]]:
+    """(le, calls at most le) of a histogram's classic buckets, +Inf last."""
+    if isinstance(h, ExpHist):
+        for edge, end in EXP_EDGES:
+            yield repr(edge), sum(h.slots[:end])
+    else:
+        cumulative = 0
+        for bound, n in zip(CRI_BOUNDS, h.buckets, strict=False):
+            cumulative += n
+            yield repr(bound), cumulative
+    yield "+Inf", h.count
 
 
 def wsgi_app(metrics: Metrics, resource: Resource) -> Callable[..., Iterable[bytes]]:

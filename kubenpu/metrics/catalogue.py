@@ -85,6 +85,23 @@ IOCTL = Spec(
     "Counts calls, not utilisation.",
     (*POD_LABELS, "device", "vendor", "kind"),
 )
+IOCTL_DURATION = Spec(
+    "kubenpu.ioctl.duration",
+    "histogram",
+    "s",
+    "How long counted driver calls took, from the hook's entry to the call's return, per "
+    "container and device; the kernel's buckets (docs/latency.md). CO-RE loader, aggregate mode.",
+    (*POD_LABELS, "device", "vendor", "kind"),
+)
+IOCTL_ERRORS = Spec(
+    "kubenpu.ioctl.errors",
+    "counter",
+    "{call}",
+    "Counted driver calls that failed, by errno name (EINTR, EAGAIN, ETIME, ETIMEDOUT, ENOMEM, "
+    "ENOSPC, EINVAL, ENOENT, EFAULT, EPERM, EACCES, EIO, ENODEV, ECANCELED, other); the calls "
+    "are also in kubenpu_ioctl_total.",
+    (*POD_LABELS, "device", "vendor", "kind", "error"),
+)
 DEVICE_INFO = Spec(
     "kubenpu.device.info",
     "gauge",
@@ -162,14 +179,14 @@ OVERFLOW_CALLS = Spec(
 )
 # What holds series beside kubenpu_ioctl_total under metrics.max_series, and whose series the
 # cap leaves out (kubenpu.overflow_series).
-SERIES_SOURCES = ("allocations", "telemetry")
+SERIES_SOURCES = ("allocations", "telemetry", "durations")
 OVERFLOW_SERIES = Spec(
     "kubenpu.overflow_series",
     "counter",
     "{series}",
-    "Series left out of an allocations refresh or a device telemetry read because "
-    "metrics.max_series was reached, by source; counted at every refresh or read that leaves "
-    "them out.",
+    "Series left out of an allocations refresh, a device telemetry read or a read of the "
+    "kernel's call durations because metrics.max_series was reached, by source; counted at "
+    "every refresh or read that leaves them out.",
     ("source",),
 )
 LATE_SIGHTINGS = Spec(
@@ -493,6 +510,8 @@ TLS_EXPIRY = Spec(
 )
 SPECS = (
     IOCTL,
+    IOCTL_DURATION,
+    IOCTL_ERRORS,
     DEVICE_INFO,
     DROPPED,
     INDEX_REBUILDS,

@@ -16,12 +16,14 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from kubenpu.descriptors import WHERE
 from kubenpu.fdinfo import Skip
+from kubenpu.kernel.abi import ERRORS
+from kubenpu.kernel.records import Durations, Key
 from kubenpu.metrics.catalogue import (
     ALLOCATED,
     ALLOCATED_IDLE,
@@ -41,6 +43,8 @@ from kubenpu.metrics.catalogue import (
     FDINFO_SKIPPED,
     INDEX_REBUILDS,
     IOCTL,
+    IOCTL_DURATION,
+    IOCTL_ERRORS,
     IOCTL_SERIES,
     LATE_SIGHTINGS,
     MEMORY,
@@ -75,9 +79,28 @@ class Hist(NamedTuple):
     high: float
 
 
+class ExpHist(NamedTuple):
+    """A histogram in the kernel's buckets (kernel/abi.py, docs/latency.md): an OpenTelemetry
+    exponential histogram at scale abi.SCALE. `slots`: calls at most 2^-20 s, then bucket by
+    bucket from index abi.FIRST_INDEX, then over 64 s; `total`: their sum in seconds. Summed
+    slot by slot over the cgroups of one series."""
+
+    slots: tuple[int, ...]
+    total: float
+
+    @property
+    def count(self) -> int:
+        return sum(self.slots)
+
+    def __add__(self, other: object) -> ExpHist:  # not a tuple's concatenation
+        assert isinstance(other, ExpHist)
+        slots = tuple(a + b for a, b in zip(self.slots, other.slots, strict=True))
+        return ExpHist(slots, self.total + other.total)
+
+
 class Point(NamedTuple):
     attrs: Attrs
-    value: float | Hist
+    value: float | Hist | ExpHist
     start_ns: int
 
 
@@ -87,6 +110,12 @@ _EngineKey = tuple[str, str, str, str]
 # the other, are two units); (namespace, "", "", container) for a container without pod labels
 # (started with ctr or nerdctl), whose name is its only identity.
 _Unit = tuple[str, str, str, str]
+
+
+def _summed(timed: list[Durations]) -> ExpHist:
+    """One series' histogram: its keys' (cgroups') durations summed slot by slot."""
+    slots = tuple(map(sum, zip(*(x.slots for x in timed), strict=True)))
+    return ExpHist(slots, sum(x.sum_ns for x in timed) / 1e9)
 
 
 def _finite(value: float) -> bool:
@@ -141,6 +170,8 @@ class _Pod:
     start_ns: int
     live: set[str] = field(default_factory=set)
     series: dict[tuple[str, str, str, str], int] = field(default_factory=dict)
+    # per series, the kernel's cumulative durations of each of its keys (cgroups)
+    timed: dict[tuple[str, str, str, str], dict[Key, Durations]] = field(default_factory=dict)
     engines: dict[Spec, dict[_EngineKey, float]] = field(default_factory=dict)
 
 
@@ -186,6 +217,7 @@ class Metrics:
         self._pods: dict[_Unit, _Pod] = {}
         self._gone: dict[_Unit, float] = {}  # insertion order = order of going
         self._nseries = 0  # kubenpu_ioctl_total's; the allocations' and telemetry's beside
+        self._timed_series = 0  # kubenpu_ioctl_duration_seconds' (its error series go with it)
         self._allocation_series = 0
         self._telemetry_series = 0
         self._overflow = 0
@@ -244,9 +276,29 @@ class Metrics:
             rec.series[key] += n
             self._live(rec, unit, container)
 
+    def set_durations(self, where: Where, kind: str, key: Key, value: Durations) -> None:
+        """The kernel's cumulative durations and errors of one key (a cgroup's calls of one
+        device and kind) of the series `where` + `kind`, whose calls add_calls() counted. A
+        series whose calls are not counted (capped) is not timed either; a new histogram takes
+        room under metrics.max_series as one series."""
+        unit = _unit(where.namespace, where.pod, where.container, where.pod_uid)
+        series = (where.container, where.device, where.vendor, kind)
+        with self._lock:
+            rec = self._pods.get(unit)
+            if rec is None or series not in rec.series:
+                return
+            if series not in rec.timed:
+                if self._held() >= self._max:
+                    self._overflow_series["durations"] += 1
+                    return
+                rec.timed[series] = {}
+                self._timed_series += 1
+            rec.timed[series][key] = value
+
     def _held(self) -> int:
         """The series under metrics.max_series. Caller holds the lock."""
-        return self._nseries + self._allocation_series + self._telemetry_series
+        held = self._nseries + self._timed_series
+        return held + self._allocation_series + self._telemetry_series
 
     def _live(self, rec: _Pod, unit: _Unit, container: str) -> None:
         """The container counts (again): its unit is not retiring. Caller holds the lock."""
@@ -409,7 +461,9 @@ class Metrics:
             if now - since < self._ttl:
                 break
             del self._gone[key]
-            self._nseries -= len(self._pods.pop(key).series)
+            rec = self._pods.pop(key)
+            self._nseries -= len(rec.series)
+            self._timed_series -= len(rec.timed)
 
     def collect(self) -> list[tuple[Spec, list[Point]]]:
         """Retire expired series, then snapshot every metric (cumulative values)."""
@@ -417,6 +471,8 @@ class Metrics:
             self._sweep()
             return [
                 (IOCTL, self._ioctl_points()),
+                (IOCTL_DURATION, self._duration_points()),
+                (IOCTL_ERRORS, self._error_points()),
                 (
                     DEVICE_INFO,
                     [
@@ -527,6 +583,26 @@ class Metrics:
             Point({**key[0]._asdict(), **dict(zip(names, key[1:], strict=True))}, v, self._start_ns)
             for key, v in values.items()
         ]
+
+    def _timed(self) -> Iterator[tuple[Attrs, int, list[Durations]]]:
+        """Every timed series' attributes, start and its keys' durations. Caller holds the
+        lock."""
+        for (ns, pod, uid, _), rec in self._pods.items():
+            for (c, d, v, k), keys in rec.timed.items():
+                attrs = {**Where(ns, pod, uid, c, d, v)._asdict(), "kind": k}
+                yield attrs, rec.start_ns, list(keys.values())
+
+    def _duration_points(self) -> list[Point]:
+        return [Point(attrs, _summed(timed), start) for attrs, start, timed in self._timed()]
+
+    def _error_points(self) -> list[Point]:
+        points = []
+        for attrs, start, timed in self._timed():
+            totals = map(sum, zip(*(x.errors for x in timed), strict=True))
+            for name, n in zip(ERRORS, totals, strict=True):
+                if n:
+                    points.append(Point({**attrs, "error": name}, n, start))
+        return points
 
     def _ioctl_points(self) -> list[Point]:
         points = [
