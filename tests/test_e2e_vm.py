@@ -83,6 +83,8 @@ def test_kernel_times_every_counted_call_and_counts_its_errors(result, guest_run
         return
     assert len(result["returns"]) > 5  # keys of every pod, the host, both devices and kinds
     assert timed_calls_mismatches(result["durations"], result["returns"]) == []
+    timed = ioctl_counts(result["prometheus"], "kubenpu_ioctl_duration_seconds_count")
+    assert timed == expected_counts(result["expected"])  # every counted call, on /metrics
 
 
 def test_host_process_is_unattributed_not_dropped(result):

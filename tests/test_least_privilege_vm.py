@@ -120,6 +120,7 @@ def test_agent_counts_exactly_with_chart_capabilities(guest_out, hook):
     # every counted call timed, each failure counted by error, 32-bit callers included
     assert len(result["returns"]) > 5
     assert timed_calls_mismatches(result["durations"], result["returns"]) == []
+    assert ioctl_counts(prom, "kubenpu_ioctl_duration_seconds_count") == expected  # on /metrics
 
 
 @pytest.mark.parametrize(("hook", "name"), REFUSED_RUNS)

@@ -26,6 +26,7 @@ from helpers import free_port, receiver_tools, run_server, script_output
 from prometheus_client.parser import text_string_to_metric_families
 
 from kubenpu import top
+from kubenpu.top.render import columns
 from kubenpu.top.sources import ALLOCATED
 from kubenpu.top.view import _View
 
@@ -810,12 +811,18 @@ def test_top_imports_the_metric_catalogue_alone() -> None:
 
 
 def every_family(joules: float, text: str) -> str:
-    """An fdinfo snapshot with energy and an allocation for trainer-0: every column top has."""
+    """An fdinfo snapshot with energy, an allocation and call durations for trainer-0: every
+    column top has (`joules` also sets the waits timed and their errors)."""
     place = 'container="main",device="0000:00:02.0",namespace="ml",pod="trainer-0"'
     alloc = f'{place},resource="gpu.intel.com/i915"'
+    wait = f'{place},vendor="i915",kind="wait"'
+    hist = "kubenpu_ioctl_duration_seconds_bucket"
     return with_energy(text, joules) + (
         f"kubenpu_device_allocated{{{alloc}}} 1\n"
         f"kubenpu_device_allocated_idle_for_seconds{{{alloc}}} 0\n"
+        f'{hist}{{{wait},le="0.00390625"}} {joules:.0f}\n'
+        f'{hist}{{{wait},le="+Inf"}} {joules:.0f}\n'
+        f'kubenpu_ioctl_errors_total{{{wait},error="ETIME"}} {joules / 10:.0f}\n'
     )
 
 
@@ -823,8 +830,10 @@ def narrowing(frame: top.frames.Frame) -> list[str]:
     """The columns in the order they leave the table as the terminal narrows."""
     gone, last = [], None
     for width in range(250, 20, -1):
-        titles = top.render.table(frame, "total", width)[0].split()
-        titles = [t for t in titles if t not in ("IDLE", "FOR")] + ["IDLE FOR"] * ("IDLE" in titles)
+        header = top.render.table(frame, "total", width)[0]
+        for two in ("IDLE FOR", "WAIT p99"):  # the titles of two words
+            header = header.replace(two, two.replace(" ", "_"))
+        titles = [t.replace("_", " ") for t in header.split()]
         if last is not None:
             gone += [t for t in last if t not in titles and t not in gone]
         last = titles
@@ -866,3 +875,36 @@ def test_names_are_printed_with_control_characters_escaped():
     lines = top.render.table(frame, "total", 200)
     assert not any("\x1b" in line for line in lines)
     assert any("tr\\x1b[2Jainer-0" in line for line in lines)
+
+
+def test_wait_p99_and_errors_come_from_the_duration_buckets_and_the_error_counters():
+    """Two scrapes 2 s apart: the pod's waits rose by 200 in the interval, 199 of them within
+    2^-4 s, 190 within 2^-8 s (classic buckets of the kernel's): p99 is the 2^-4 s bound; the
+    4 failed calls are 2 a second. Another pod that did not wait has no p99."""
+    labels = 'namespace="ml",pod="p",container="c",device="0000:03:00.0",vendor="amdgpu"'
+    other = labels.replace('pod="p"', 'pod="q"')
+
+    def scrape(waits: int, within_16ms: int, within_4ms: int, errors: int) -> str:
+        h = "kubenpu_ioctl_duration_seconds_bucket"
+        return "\n".join(
+            [
+                f'kubenpu_ioctl_total{{{labels},kind="wait"}} {waits}',
+                f'kubenpu_ioctl_total{{{other},kind="wait"}} 0',
+                f'{h}{{{labels},kind="wait",le="0.00390625"}} {within_4ms}',
+                f'{h}{{{labels},kind="wait",le="0.0625"}} {within_16ms}',
+                f'{h}{{{labels},kind="wait",le="+Inf"}} {waits}',
+                f'{h}{{{other},kind="wait",le="+Inf"}} 0',
+                f'kubenpu_ioctl_errors_total{{{labels},kind="wait",error="ETIME"}} {errors}',
+                "",
+            ]
+        )
+
+    before, _ = top.parse(scrape(100, 100, 100, 1))
+    after, _ = top.parse(scrape(300, 299, 290, 5))
+    frame = top.build_frame(top.Reading(after, top.counter_rates(before, after, 2.0)), False)
+    rows = {r.key.pod: r for r in frame.rows}
+    assert (rows["p"].wait_p99, rows["p"].errors) == (0.0625, 2.0)
+    assert (rows["q"].wait_p99, rows["q"].errors) == (None, 0.0)
+    cols = {c.title: c for c in columns(frame, multi_node=False)}
+    assert cols["WAIT p99"].cell(rows["p"]) == "62.5" and cols["WAIT p99"].cell(rows["q"]) == "-"
+    assert cols["ERR/s"].cell(rows["p"]) == "2.0"

@@ -10,10 +10,12 @@ from typing import NamedTuple
 
 from kubenpu.top.sources import (
     ALLOCATED,
+    BUCKETS,
     BUSY,
     DEVICE_INFO,
     DROPPED,
     ENERGY,
+    ERRORS,
     IDLE_FOR,
     IOCTL,
     KINDS,
@@ -47,6 +49,8 @@ class Row:
     shares: float | None = None  # allocated by the kubelet; None: not allocated
     idle_for: float | None = None
     watts: float | None = None  # the pod's share of the device's power (energy per pod)
+    errors: float = 0.0  # failed calls per second
+    wait_p99: float | None = None  # s: the bound of the bucket holding the waits' 99th percentile
 
     @property
     def total(self) -> float:
@@ -73,6 +77,7 @@ class Frame:
     measuring: bool
     has_allocations: bool = False  # no rates yet (the first scrape)
     has_energy: bool = False  # no rates yet (the first scrape)
+    has_durations: bool = False
     calls: float = 0.0
     dropped: float = 0.0
     dropped_rate: float = 0.0
@@ -114,6 +119,9 @@ def build_frame(reading: Reading, multi_node: bool) -> Frame:
     for s in rated[ENERGY]:
         r = row(s)
         r.watts = (r.watts or 0.0) + s.value
+    for s in rated[ERRORS]:
+        row(s).errors += s.value
+    _wait_p99(rated[BUCKETS], row)
     for s in by_name[MEMORY]:
         states = row(s).memory.setdefault(s.labels.get("region", ""), {})
         state = s.labels.get("state", "")
@@ -134,6 +142,7 @@ def build_frame(reading: Reading, multi_node: bool) -> Frame:
         has_memory=bool(by_name[MEMORY]),
         has_allocations=bool(by_name[ALLOCATED]),
         has_energy=bool(by_name[ENERGY]),
+        has_durations=bool(by_name[BUCKETS]),
         measuring=reading.rates is None,
         calls=sum(s.value for s in rated[IOCTL]),
         dropped=_sum(by_name[DROPPED]),
@@ -161,6 +170,24 @@ def _allocations(
             r.idle_for = max(r.idle_for or 0.0, s.value)
 
 
+def _wait_p99(buckets: list[Series], row: Callable[[Series], Row]) -> None:
+    """Each row's 99th percentile of its waits over the rates' interval: the smallest `le`
+    whose rate holds 99 % of the +Inf rate (the bucket's upper bound; inf: over the last).
+    A row that waited not at all in the interval keeps None."""
+    by_row: dict[RowKey, tuple[Row, dict[float, float]]] = {}
+    for s in buckets:
+        if s.labels.get("kind") != "wait" or "le" not in s.labels:
+            continue
+        r = row(s)
+        rates = by_row.setdefault(r.key, (r, {}))[1]
+        le = float(s.labels["le"])
+        rates[le] = rates.get(le, 0.0) + s.value
+    for r, rates in by_row.values():
+        total = rates.get(float("inf"), 0.0)
+        if total > 0:
+            r.wait_p99 = min(le for le, n in rates.items() if n >= 0.99 * total)
+
+
 def _distinct(values: Iterable[str]) -> list[str]:
     return sorted({v for v in values if v})
 
@@ -182,6 +209,8 @@ SORTS: dict[str, tuple[str, Callable[[Row], float | str]]] = {
     "shares": ("h", lambda r: r.shares or 0.0),
     "idle": ("i", lambda r: r.idle_for or 0.0),
     "power": ("e", lambda r: r.watts or 0.0),
+    "p99": ("l", lambda r: r.wait_p99 or 0.0),
+    "errors": ("x", lambda r: r.errors),
     "node": ("o", lambda r: r.key.node),
     "namespace": ("n", lambda r: r.key.namespace),
     "pod": ("p", lambda r: r.key.pod),
@@ -190,7 +219,19 @@ SORTS: dict[str, tuple[str, Callable[[Row], float | str]]] = {
     "vendor": ("v", lambda r: r.key.vendor),
 }
 SORT_KEYS = {key: name for name, (key, _) in SORTS.items()}
-NUMERIC = ("total", "submit", "alloc", "wait", "busy", "memory", "shares", "idle", "power")
+NUMERIC = (
+    "total",
+    "submit",
+    "alloc",
+    "wait",
+    "busy",
+    "memory",
+    "shares",
+    "idle",
+    "power",
+    "p99",
+    "errors",
+)
 
 
 def sort_rows(rows: list[Row], by: str, reverse: bool = False) -> list[Row]:

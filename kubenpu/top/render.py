@@ -42,6 +42,16 @@ OPTIONAL = 30  # columns below this priority go before any name is shortened
 ENGINE_PRIORITY = 40
 
 
+def fmt_ms(seconds: float | None) -> str:
+    """A bucket bound in milliseconds; ">64s" past the last; "-" for none."""
+    if seconds is None:
+        return "-"
+    if seconds == float("inf"):
+        return ">64s"
+    ms = seconds * 1000
+    return f"{ms:.3g}" if ms < 100 else f"{ms:.0f}"
+
+
 def fmt_rate(x: float) -> str:
     if x >= 9999.5:
         return f"{x / 1000:.1f}k"
@@ -90,6 +100,9 @@ def columns(frame: Frame, multi_node: bool, per_engine: bool = True) -> list[Col
     if frame.has_energy:
         watts = Column("W", "power", lambda r: "-" if r.watts is None else fmt_rate(r.watts), 74)
         cols.append(watts)
+    if frame.has_durations:
+        cols.append(Column("WAIT p99", "p99", lambda r: fmt_ms(r.wait_p99), 58))
+        cols.append(Column("ERR/s", "errors", lambda r: fmt_rate(r.errors), 57))
     if frame.has_allocations:  # SHARES, not ALLOC: ALLOC/s is the alloc-class call rate
         cols.append(Column("SHARES", "shares", lambda r: f"{r.shares or 0:g}", 65))
         cols.append(Column("IDLE FOR", "idle", lambda r: fmt_duration(r.idle_for), 64))
@@ -189,6 +202,9 @@ def rows_json(frame: Frame, sort: str, multi_node: bool) -> list[dict[str, objec
             row["allocated"] = {"shares": r.shares or 0, "idle_for_seconds": r.idle_for}
         if frame.has_energy:
             row["power_watts"] = None if r.watts is None else round(r.watts, 3)
+        if frame.has_durations:
+            row["wait_p99_seconds"] = r.wait_p99
+            row["errors_per_second"] = round(r.errors, 3)
         out.append(row)
     return out
 

@@ -29,15 +29,18 @@ MEMORY = catalogue.MEMORY.prometheus_name  # gauge per ...,region,state
 ALLOCATED = catalogue.ALLOCATED.prometheus_name  # gauge per ...,resource: shares held
 IDLE_FOR = catalogue.ALLOCATED_IDLE_FOR.prometheus_name  # gauge: the current idle streak
 ENERGY = catalogue.POD_ENERGY.prometheus_name  # counter per pod and device: its rate is W
+# The call durations (probe.durations); top shows WAIT p99 and ERR/s when they appear.
+BUCKETS = catalogue.IOCTL_DURATION.prometheus_name + "_bucket"  # counter per ...,kind,le
+ERRORS = catalogue.IOCTL_ERRORS.prometheus_name  # counter per ...,kind,error
 KINDS = ("submit", "alloc", "wait")
 POD_LABELS = ("namespace", "pod", "container", "device", "vendor")
-RATED = (IOCTL, BUSY, DROPPED, UNATTRIBUTED, ENERGY)
+RATED = (IOCTL, BUSY, DROPPED, UNATTRIBUTED, ENERGY, BUCKETS, ERRORS)
 # When the agent last brought each source's counters up to date, and which counters those are:
 # a scrape between two of the agent's reads sees the same counts, so rates go over the change
 # of the source's stamp, not over the time between scrapes.
 STAMP = catalogue.COUNTERS_READ.prometheus_name
 SOURCES = {
-    "kernel": (IOCTL, DROPPED, UNATTRIBUTED),
+    "kernel": (IOCTL, DROPPED, UNATTRIBUTED, BUCKETS, ERRORS),
     "fdinfo": (BUSY,),
     "telemetry": (ENERGY,),
 }

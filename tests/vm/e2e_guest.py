@@ -60,6 +60,7 @@ from otlp_receiver import OtlpReceiver
 from kubenpu.discovery import discover
 
 SETTLE_TIMEOUT = 60
+TIMED_COUNT = "kubenpu_ioctl_duration_seconds_count"  # the timed calls, per ioctl series
 # With this kernel argument the first mode also records timestamped scrapes while pods make
 # calls (RECORD_ROUNDS, RECORD_INTERVAL seconds apart) into OUT/MODE/recording.json, for the host
 # to backfill into a real Prometheus and run every dashboard query on (tests/test_e2e_vm.py).
@@ -267,9 +268,16 @@ class Scenario:
             prom, otlp = self.scrape(), self.otlp_points(receiver)
             got_prom = sum(ioctl_counts(prom).values())
             got_otlp = sum(p["value"] for p in otlp)
-            if (got_prom >= want and got_otlp >= want) or time.monotonic() > deadline:
+            # The calls' durations come with the same read, a moment after their counts.
+            timed = sum(ioctl_counts(prom, TIMED_COUNT).values()) if self.timed else want
+            if (min(got_prom, got_otlp, timed) >= want) or time.monotonic() > deadline:
                 return prom, otlp
             time.sleep(1)
+
+    @property
+    def timed(self) -> bool:
+        """Whether this run's probe times calls (the CO-RE object in aggregate mode)."""
+        return self.mode == "aggregate" and self.loader != "bcc"
 
     @property
     def cri_socket(self) -> str:

@@ -158,9 +158,12 @@ def scrape(save_to: Path | None = None, timeout: float = 5) -> Samples:
     return parse(text)
 
 
-def ioctl_counts(samples: Samples) -> dict[tuple[str, ...], float]:
-    """kubenpu_ioctl_total by its LABELS values."""
-    series = samples.get("kubenpu_ioctl_total", [])
+def ioctl_counts(
+    samples: Samples, name: str = "kubenpu_ioctl_total"
+) -> dict[tuple[str, ...], float]:
+    """kubenpu_ioctl_total (or a series of the same labels: the timed calls' count,
+    kubenpu_ioctl_duration_seconds_count) by its LABELS values."""
+    series = samples.get(name, [])
     return {tuple(s["labels"][k] for k in LABELS): s["value"] for s in series}
 
 
