@@ -24,6 +24,7 @@ from kubenpu.fdinfo import Client, FdinfoReader
 from kubenpu.resolve import DEFAULT_ENDPOINT, Attribution, containers
 from kubenpu.telemetry import Summary, read_device
 from kubenpu.text import iec_bytes, printable
+from kubenpu.top import latency
 from kubenpu.vendors import Vendor, all_vendors, by_name, core, for_driver
 
 PROG = "kubenpuctl"
@@ -90,8 +91,34 @@ def _parser() -> argparse.ArgumentParser:
     ioctls.add_argument("--output", "-o", choices=("table", "tsv", "json"), default="table")
     ioctls.set_defaults(run=_ioctls)
     _top_parser(commands)
+    _latency_parser(commands)
     _allocations_parser(commands)
     return parser
+
+
+def _latency_parser(commands: argparse._SubParsersAction) -> None:
+    latency = commands.add_parser(
+        "latency", help="one pod's call durations and errors, from an agent's /metrics"
+    )
+    latency.add_argument("pod", metavar="NAMESPACE/POD", help="the pod, e.g. ml/trainer-0")
+    latency.add_argument(
+        "--url", default="http://localhost:8080/metrics", help="the agent's /metrics (default)"
+    )
+    latency.add_argument("--output", "-o", choices=("table", "json"), default="table")
+    latency.set_defaults(run=_latency)
+
+
+def _latency(args: argparse.Namespace) -> str:
+    namespace, slash, pod = args.pod.partition("/")
+    if not (slash and namespace and pod):
+        raise UsageError(f"{args.pod!r} is not NAMESPACE/POD")
+    try:
+        found = latency.read(args.url, namespace, pod)
+    except kubenpu_top.TopError as e:
+        raise UsageError(str(e)) from None
+    if args.output == "json":
+        return json.dumps([h.as_json() for h in found], indent=2)
+    return latency.render(found, namespace, pod)
 
 
 def _allocations_parser(commands: argparse._SubParsersAction) -> None:

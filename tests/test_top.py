@@ -26,6 +26,7 @@ from helpers import free_port, receiver_tools, run_server, script_output
 from prometheus_client.parser import text_string_to_metric_families
 
 from kubenpu import top
+from kubenpu.ctl import main as ctl_main
 from kubenpu.top.render import columns
 from kubenpu.top.sources import ALLOCATED
 from kubenpu.top.view import _View
@@ -908,3 +909,43 @@ def test_wait_p99_and_errors_come_from_the_duration_buckets_and_the_error_counte
     cols = {c.title: c for c in columns(frame, multi_node=False)}
     assert cols["WAIT p99"].cell(rows["p"]) == "62.5" and cols["WAIT p99"].cell(rows["q"]) == "-"
     assert cols["ERR/s"].cell(rows["p"]) == "2.0"
+
+
+def test_latency_prints_one_pods_histogram_and_errors(serve, capsys):
+    """kubenpuctl latency against a served /metrics: the pod's buckets (the calls in each, from
+    the cumulative counts), its total, and its errors; another pod's series are left out; the
+    JSON keys are docs/cli.md's."""
+    labels = 'namespace="ml",pod="p",container="c",device="0000:03:00.0",vendor="v",kind="wait"'
+    other = labels.replace('pod="p"', 'pod="q"')
+    h = "kubenpu_ioctl_duration_seconds"
+    text = "\n".join(
+        [
+            f'{h}_bucket{{{labels},le="9.5367431640625e-07"}} 1',
+            f'{h}_bucket{{{labels},le="0.00390625"}} 5',
+            f'{h}_bucket{{{labels},le="+Inf"}} 6',
+            f"{h}_count{{{labels}}} 6",
+            f"{h}_sum{{{labels}}} 0.25",
+            f'{h}_bucket{{{other},le="+Inf"}} 9',
+            f'kubenpu_ioctl_errors_total{{{labels},error="ETIME"}} 2',
+            "",
+        ]
+    )
+    server = serve(sequence(text, text))
+    assert ctl_main(["latency", "ml/p", "--url", server.url]) == 0
+    out = capsys.readouterr().out
+    assert "ml/p c 0000:03:00.0 wait: 6 calls, 0.25 s" in out
+    assert [line.split()[-2:] for line in out.splitlines() if "<=" in line] == [
+        ["1", "#######"],
+        ["4", "###########################"],
+        ["1", "#######"],
+    ]
+    assert "errors: ETIME 2" in out
+    assert ctl_main(["latency", "ml/p", "--url", server.url, "-o", "json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)
+    assert [b["calls"] for b in row["buckets"]] == [1, 4, 1] and row["errors"] == {"ETIME": 2}
+    from test_ctl import check_documented
+
+    check_documented("latency", [row])
+    assert ctl_main(["latency", "ml/none", "--url", server.url]) == 0
+    assert "no timed calls" in capsys.readouterr().out
+    assert ctl_main(["latency", "no-slash", "--url", server.url]) == 2
