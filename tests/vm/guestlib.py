@@ -17,7 +17,7 @@ import sys
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -393,23 +393,35 @@ class Returns:
         ]
 
 
-_MAP_GET_NEXT_ID, _MAP_GET_FD_BY_ID, _OBJ_GET_INFO_BY_FD = 12, 14, 15  # include/uapi/linux/bpf.h
+# include/uapi/linux/bpf.h
+MAP_GET_NEXT_ID, LINK_GET_NEXT_ID, _MAP_GET_FD_BY_ID, _OBJ_GET_INFO_BY_FD = 12, 31, 14, 15
+
+
+def object_ids(get_next_id: int) -> Iterator[int]:
+    """The id of every BPF object of one kind in the kernel (what `bpftool map/link list`
+    walks): BPF_MAP_GET_NEXT_ID, BPF_LINK_GET_NEXT_ID, ..."""
+    object_id = 0
+    while True:
+        attr = bpfsys._attr("=III", object_id, 0, 0)
+        try:
+            bpfsys._bpf(get_next_id, attr, "listing BPF objects")
+        except bpfsys.BpfError as err:
+            if err.errno == 2:
+                return
+            raise
+        object_id = int.from_bytes(bytes(attr)[4:8], sys.byteorder)
+        yield object_id
 
 
 def kernel_durations() -> list[dict]:
     """The `durations` map of the loaded probe (found by name and value size), as the host
     reads it: every key with its sum, slots and errors. Empty if no program has one."""
-    map_id = 0
-    while True:
-        attr = bpfsys._attr("=III", map_id, 0, 0)
+    for map_id in object_ids(MAP_GET_NEXT_ID):
         try:
-            bpfsys._bpf(_MAP_GET_NEXT_ID, attr, "listing maps")
-        except bpfsys.BpfError as err:
-            if err.errno == 2:
-                return []
-            raise
-        map_id = int.from_bytes(bytes(attr)[4:8], sys.byteorder)
-        fd = bpfsys._bpf(_MAP_GET_FD_BY_ID, bpfsys._attr("=III", map_id, 0, 0), "opening a map")
+            attr = bpfsys._attr("=III", map_id, 0, 0)
+            fd = bpfsys._bpf(_MAP_GET_FD_BY_ID, attr, "opening a map")
+        except bpfsys.BpfError:
+            continue  # freed meanwhile
         try:
             info = ctypes.create_string_buffer(80)
             bpfsys._bpf(
@@ -431,3 +443,4 @@ def kernel_durations() -> list[dict]:
                 ]
         finally:
             os.close(fd)
+    return []

@@ -37,6 +37,7 @@ import urllib.error
 from pathlib import Path
 
 from guestlib import (
+    LINK_GET_NEXT_ID,
     PROMETHEUS,
     PY,
     SYNCOBJ_WAIT,
@@ -45,6 +46,7 @@ from guestlib import (
     by_reason,
     device_node,
     drmcall_argv,
+    object_ids,
     scrape,
 )
 from least_privilege_guest import launcher
@@ -156,22 +158,9 @@ def ours_once_released(before: set[str], seconds: float = 60) -> list[str]:
     return left
 
 
-_LINK_GET_NEXT_ID = 31  # BPF_LINK_GET_NEXT_ID (include/uapi/linux/bpf.h)
-
-
 def link_ids() -> set[int]:
     """The id of every BPF link in the kernel (what `bpftool link list` walks)."""
-    found, link_id = set(), 0
-    while True:
-        attr = bpfsys._attr("=III", link_id, 0, 0)
-        try:
-            bpfsys._bpf(_LINK_GET_NEXT_ID, attr, "listing links")
-        except bpfsys.BpfError as err:
-            if err.errno == 2:
-                return found
-            raise
-        link_id = int.from_bytes(bytes(attr)[4:8], sys.byteorder)
-        found.add(link_id)
+    return set(object_ids(LINK_GET_NEXT_ID))
 
 
 def uninstall_hook() -> dict:
