@@ -40,16 +40,21 @@ from kubenpu.fdinfo import Skip, parse_number
 from kubenpu.files import read_regular
 from kubenpu.metrics.catalogue import (
     DEVICE_BUSY,
+    DEVICE_ERRORS,
+    DEVICE_STATUS,
     ENERGY,
     ENERGY_IDLE,
     ENERGY_UNATTRIBUTED,
     FREQUENCY,
+    MEMORY_BUSY,
     MEMORY_LIMIT,
     MEMORY_USED,
+    MEMORY_UTILIZATION,
     POWER,
     POWER_LIMIT,
     TELEMETRY_STALE,
     TEMPERATURE,
+    TEMPERATURE_LIMIT,
     THROTTLE,
     UTILIZATION,
     VOLTAGE,
@@ -68,8 +73,14 @@ DEADLINE = "deadline"  # a device's read still running at the deadline
 _UNITLESS = {"": 1}
 _MAX_FILE = 4096  # a sysfs attribute is at most a page
 _HWMON = re.compile(
-    r"(power|energy|temp|freq|in)(\d+)_(input|average|cap|max|crit|rated_max)", re.ASCII
+    r"(power|energy|temp|freq|in)(\d+)_(input|average|cap|max|crit|rated_max|emergency)", re.ASCII
 )
+# hwmon's limit files (Documentation/hwmon/sysfs-interface.rst) as semconv's hw.limit_type
+# (model/hardware/registry.yaml; a custom value where none of its values applies).
+_POWER_LIMITS = {"cap": "throttled", "max": "max", "crit": "critical", "rated_max": "rated_max"}
+_TEMP_LIMITS = {"max": "high.degraded", "crit": "high.critical", "emergency": "high.emergency"}
+# The telemetry of a sensor, a component of its own in semconv: its hw.type.
+_SENSOR_TYPES = {TEMPERATURE: "temperature", TEMPERATURE_LIMIT: "temperature", VOLTAGE: "voltage"}
 _LABEL_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
 # PCI vendor ids to hw.vendor.
 _HW_VENDOR = {
@@ -78,7 +89,40 @@ _HW_VENDOR = {
     "1da3": "Habana",
     "10de": "NVIDIA",
     "17cb": "Qualcomm",
+    "1af4": "Red Hat",
 }
+# hw.vendor of platform (non-PCI) devices, by driver: the IP's designer, as the drivers'
+# Kconfig names it (drivers/gpu/drm/<driver>/Kconfig, drivers/accel/rocket/Kconfig).
+_PLATFORM_VENDORS = {
+    "panfrost": "Arm",
+    "panthor": "Arm",
+    "lima": "Arm",
+    "etnaviv": "Vivante",
+    "v3d": "Broadcom",
+    "vc4": "Broadcom",
+    "msm": "Qualcomm",
+    "rocket": "Rockchip",
+}
+# Driver -> its descriptive files, as catalogue.HW_DESCRIPTIVE attributes. amdgpu:
+# amdgpu_fru_eeprom.c (product_name, serial_number from the board's FRU; amdgpu_device.c on
+# older kernels), amdgpu_atombios.c (vbios_version). Every
+# module with a MODULE_VERSION has /sys/module/<driver>/version (hw.driver_version).
+DESCRIPTIVE_FILES: dict[str, tuple[tuple[str, str], ...]] = {
+    "amdgpu": (
+        ("product_name", "hw.model"),
+        ("serial_number", "hw.serial_number"),
+        ("vbios_version", "hw.firmware_version"),
+    ),
+}
+_DESCRIPTIVE_CHARS = re.compile(r"[^ -~]+")  # printable ASCII only: it is a label value
+# Driver -> its error counter files: a directory of <block>_err_count files, each lines of
+# "<type>: <count>". amdgpu: amdgpu_ras.c amdgpu_ras_sysfs_read ("ue: %lu\nce: %lu\n", plus
+# "de: %lu" for UMC since 6.10; "Query currently inaccessible" while RAS is not ready).
+ERROR_FILES = {"amdgpu": "ras"}
+_ERROR_TYPES = {"ue": "uncorrected", "ce": "corrected", "de": "deferred"}
+_ERROR_SUFFIX = "_err_count"
+# hw.status: each state is a point, 1 for the device's state now.
+STATES = ("ok", "degraded", "failed")
 
 
 class Base(Enum):
@@ -128,8 +172,8 @@ DRIVER_FILES: dict[str, tuple[DriverFile, ...]] = {
         DriverFile((_XE_FREQ + "throttle/reason_*",), THROTTLE, (("domain", "gt0"),)),
     ),
     "amdgpu": (
-        DriverFile(("gpu_busy_percent",), UTILIZATION, (("task", "gpu"),), divisor=100),
-        DriverFile(("mem_busy_percent",), UTILIZATION, (("task", "memory"),), divisor=100),
+        DriverFile(("gpu_busy_percent",), UTILIZATION, (("task", "general"),), divisor=100),
+        DriverFile(("mem_busy_percent",), MEMORY_BUSY, divisor=100),
         DriverFile(("mem_info_vram_used",), MEMORY_USED, (("region", "vram"),)),
         DriverFile(("mem_info_vram_total",), MEMORY_LIMIT, (("region", "vram"),)),
     ),
@@ -145,7 +189,7 @@ DRIVER_FILES: dict[str, tuple[DriverFile, ...]] = {
         DriverFile(
             ("max_power",),
             POWER_LIMIT,
-            (("sensor", "max_power"), ("chip", ""), ("limit", "max")),
+            (("sensor", "max_power"), ("chip", ""), ("limit", "throttled")),
             divisor=1000,
         ),
     ),
@@ -161,6 +205,8 @@ class Reading:
     power_uw: int | None = None  # its power now: first hwmon, lowest channel
     limit_uw: int | None = None  # its highest power limit, any sensor (POWER_LIMIT's values)
     skipped: Counter[str] = field(default_factory=Counter)
+    descriptive: dict[str, str] = field(default_factory=dict)  # catalogue.HW_DESCRIPTIVE
+    uncorrected: int = 0  # the driver's uncorrected errors, every block
 
 
 @dataclass(frozen=True)
@@ -170,6 +216,8 @@ class Summary:
     power_watts: float | None
     temperature_celsius: float | None
     frequency_mhz: float | None
+    uncorrected: int | None  # None: the driver publishes no error counts
+    health: str  # hw.state by its rule, but for wedged: that takes the agent's uevents
 
     @classmethod
     def of(cls, reading: Reading) -> Summary:
@@ -178,7 +226,19 @@ class Summary:
             return next(found, None)
 
         freq = first(FREQUENCY, state="actual")
-        return cls(first(POWER), first(TEMPERATURE), None if freq is None else freq / 1e6)
+        counted = first(DEVICE_ERRORS) is not None
+        return cls(
+            first(POWER),
+            first(TEMPERATURE),
+            None if freq is None else freq / 1e6,
+            reading.uncorrected if counted else None,
+            _health(reading),
+        )
+
+
+def _health(reading: Reading) -> str:
+    """hw.state of a device not wedged: degraded while the driver counts uncorrected errors."""
+    return "degraded" if reading.uncorrected else "ok"
 
 
 def read_device(device: Device, root: str | Path = "/") -> Reading:
@@ -196,7 +256,65 @@ def read_device(device: Device, root: str | Path = "/") -> Reading:
             _read_driver_file(base, item, reading)
     limits = [v for s, _, v in reading.values if s is POWER_LIMIT and v > 0]
     reading.limit_uw = round(max(limits) * 1e6) if limits else None
+    reading.values.extend(_memory_utilization(reading.values))
+    if folder := ERROR_FILES.get(device.driver or ""):
+        _read_errors(device_dir / folder, reading)
+    reading.descriptive = _descriptive(device, device_dir, Path(root))
     return reading
+
+
+def _read_errors(folder: Path, reading: Reading) -> None:
+    try:
+        names = sorted(n for n in os.listdir(folder) if n.endswith(_ERROR_SUFFIX))
+    except OSError:
+        return  # no RAS: the board or the kernel has none (amdgpu consumer cards)
+    for name in names:
+        text = _text(folder / name, reading, missing_ok=False)
+        counts = None if text is None else _error_counts(text)
+        if counts is None:
+            if text is not None:  # "Query currently inaccessible", or not the driver's format
+                reading.skipped[str(Skip.MALFORMED)] += 1
+            continue
+        block = _LABEL_CHARS.sub("_", name.removesuffix(_ERROR_SUFFIX))[:64]
+        for kind, n in counts.items():
+            reading.values.append((DEVICE_ERRORS, {"block": block, "type": kind}, n))
+        reading.uncorrected += counts.get("uncorrected", 0)
+
+
+def _error_counts(text: str) -> dict[str, int] | None:
+    """{type: count} of an err_count file's lines; None unless every line is `<type>: <n>`
+    with a known type and a number (the file counts since the driver loaded)."""
+    counts = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        number = parse_number(value.strip(), _UNITLESS)
+        if not sep or key not in _ERROR_TYPES or isinstance(number, Skip):
+            return None
+        counts[_ERROR_TYPES[key]] = number
+    return counts or None
+
+
+def _memory_utilization(values: Points) -> Points:
+    """Memory used over memory size, per region that has both."""
+    sizes = {a.get("region"): v for s, a, v in values if s is MEMORY_LIMIT and v > 0}
+    return [
+        (MEMORY_UTILIZATION, a, v / sizes[a.get("region")])
+        for s, a, v in values
+        if s is MEMORY_USED and a.get("region") in sizes
+    ]
+
+
+def _descriptive(device: Device, device_dir: Path, root: Path) -> dict[str, str]:
+    driver = device.driver or ""
+    files = [(device_dir / name, key) for name, key in DESCRIPTIVE_FILES.get(driver, ())]
+    if driver:
+        files.append((root / "sys/module" / driver / "version", "hw.driver_version"))
+    found = {}
+    for path, key in files:
+        text = _text(path)
+        if text and (value := _DESCRIPTIVE_CHARS.sub(" ", text).strip()[:128]):
+            found[key] = value
+    return found
 
 
 def _dirs(device: Device, root: Path) -> tuple[Path, Path | None] | None:
@@ -240,12 +358,16 @@ def _read_hwmon(hwmon: Path, reading: Reading) -> None:
             if reading.power_uw is None:
                 reading.power_uw = raw
             reading.values.append((POWER, {**attrs, "source": "driver"}, raw / 1e6))
-        elif kind == "power":
-            reading.values.append((POWER_LIMIT, {**attrs, "limit": what}, raw / 1e6))
+        elif kind == "power" and what in _POWER_LIMITS:
+            limit = _POWER_LIMITS[what]
+            reading.values.append((POWER_LIMIT, {**attrs, "limit": limit}, raw / 1e6))
         elif kind == "energy" and what == "input" and reading.energy_uj is None:
             reading.energy_uj = raw  # the other channels (xe's package) are not split
         elif kind == "temp" and what == "input":
             reading.values.append((TEMPERATURE, attrs, raw / 1e3))
+        elif kind == "temp" and what in _TEMP_LIMITS:
+            limit = {**attrs, "limit": _TEMP_LIMITS[what]}
+            reading.values.append((TEMPERATURE_LIMIT, limit, raw / 1e3))
         elif kind == "in" and what == "input":
             reading.values.append((VOLTAGE, attrs, raw / 1e3))
         elif kind == "freq" and what == "input":
@@ -367,6 +489,7 @@ class Telemetry:
         deadline: float = 1.0,
         read: Callable[[Device, Path], Reading] = read_device,
         wall: Callable[[], float] = time.time,
+        wedged: Callable[[str], bool] = lambda device: False,
     ) -> None:
         self._devices = list(devices)
         self._metrics = metrics
@@ -375,6 +498,7 @@ class Telemetry:
         self._deadline = deadline
         self._read_device = read
         self._wall = wall  # the Unix time of reads, for kubenpu_counters_read_timestamp_seconds
+        self._wedged = wedged  # a device's last DRM wedged uevent asks for a recovery (Wedges)
         self._hw = {d.id: _hw_attrs(d) for d in self._devices}
         self._meters: dict[str, energy.Meter[Where]] = {d.id: energy.Meter() for d in self._devices}
         self._reads: dict[str, _Read] = {}  # the devices' reads not applied yet
@@ -472,9 +596,16 @@ class Telemetry:
                 reading.values.append((POWER, attrs, power))
         meter.at_ns = now
         points = self._points(self._hw[device.id], meter, reading)
+        state = self._state(device, reading)
+        hw = {**self._hw[device.id], **reading.descriptive}
+        points += [(DEVICE_STATUS, {**hw, "state": s}, float(s == state)) for s in STATES]
         self._last[device.id] = points
         self._metrics.set_telemetry(device.id, [*points, self._stale_point(device, 0.0)])
         return reason
+
+    def _state(self, device: Device, reading: Reading) -> str:
+        """hw.state by the rule of docs/metrics.md#device-health."""
+        return "failed" if self._wedged(device.id) else _health(reading)
 
     def _stale(self, device: Device) -> None:
         """The device's last values stay, marked stale."""
@@ -498,7 +629,8 @@ class Telemetry:
 
     @staticmethod
     def _points(hw: Attrs, meter: energy.Meter[Where], reading: Reading) -> Points:
-        points = [(spec, {**hw, **attrs}, value) for spec, attrs, value in reading.values]
+        hw = {**hw, **reading.descriptive}
+        points = [(s, {**hw, **_component(s, hw, attrs)}, v) for s, attrs, v in reading.values]
         if meter.source:
             points.append((ENERGY, {**hw, "source": meter.source}, meter.total_uj / 1e6))
             own = {"device": hw["device"], "vendor": hw["vendor"]}
@@ -507,13 +639,29 @@ class Telemetry:
         return points
 
 
+def _component(spec: Spec, hw: Attrs, attrs: Attrs) -> Attrs:
+    """A sensor's own attributes: its hw.id (the device's, chip and sensor), hw.type and
+    hw.parent (the device); a device's telemetry keeps the device's."""
+    kind = _SENSOR_TYPES.get(spec)
+    if kind is None:
+        return attrs
+    own = f"{hw['hw.id']}/{attrs.get('chip') or 'hwmon'}/{attrs.get('sensor')}"
+    return {**attrs, "hw.id": own, "hw.type": kind, "hw.parent": hw["hw.id"]}
+
+
 def _hw_attrs(device: Device) -> Attrs:
+    """The device's hw.* attributes. hw.type is npu for accel devices: semconv has no NPU type
+    yet, and its values are open (a custom one where none applies)."""
     vendor_id = (device.pci_id or "").partition(":")[0]
     accel = any(n.accel for n in device.nodes)
-    return {
+    vendor = _HW_VENDOR.get(vendor_id, vendor_id) or _PLATFORM_VENDORS.get(device.driver or "")
+    hw: Attrs = {
         "device": device.id,
         "vendor": device.vendor or "",
         "hw.id": device.id,
         "hw.type": "npu" if accel else "gpu",
-        "hw.vendor": _HW_VENDOR.get(vendor_id, vendor_id),
+        "hw.name": device.nodes[0].name if device.nodes else device.id,
     }
+    if vendor:  # semconv leaves out what is not known: no empty string
+        hw["hw.vendor"] = vendor
+    return hw

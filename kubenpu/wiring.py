@@ -26,6 +26,7 @@ from kubenpu.probe import Probe
 from kubenpu.resolve.resolver import Resolver
 from kubenpu.services import Services
 from kubenpu.telemetry import Telemetry
+from kubenpu.uevents import Wedges
 from kubenpu.usage import Usage
 from kubenpu.vendors import Kind, by_name, core
 
@@ -135,11 +136,17 @@ def build(
         )
     telemetry = None
     if cfg.telemetry.enabled:
+        watched = fdinfo_devices(found, cfg.discovery.ignore_devices)
+        wedges = Wedges(watched, metrics, cfg.discovery.root)  # never started: none wedged
+        if cfg.telemetry.uevents:
+            services.add("uevents", wedges.close)
+            wedges.start()
         telemetry = Telemetry(
-            fdinfo_devices(found, cfg.discovery.ignore_devices),
+            watched,
             metrics,
             cfg.discovery.root,
             deadline=cfg.telemetry.deadline_seconds,
+            wedged=wedges.wedged,
         )
         services.add("telemetry", telemetry.close)
         telemetry.start()

@@ -360,7 +360,7 @@ RECORDED_SINCE = {
     "Device temperature": "kubenpu_device_temperature_celsius",
     "Device voltage": "kubenpu_device_voltage_volts",
     "Device clocks": "kubenpu_device_frequency_hertz",
-    "Device throttling": "kubenpu_device_throttle",
+    "Device throttling": "kubenpu_device_throttle_ratio",
     "Device memory used and busy (driver)": "kubenpu_device_memory_used_bytes",
     "Telemetry files skipped, by reason": "kubenpu_telemetry_skipped_total",
     **dict.fromkeys(

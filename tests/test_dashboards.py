@@ -28,7 +28,7 @@ GAUGE_UNITS = {
     "_seconds": "s",
     "_ratio": "percentunit",
 }
-FLAGS = ("kubenpu_device_throttle",)  # 0/1 gauges
+FLAGS = ("kubenpu_device_throttle_ratio",)  # 0/1 gauges
 
 
 def expected_units(expr: str) -> tuple[str, ...]:

@@ -27,7 +27,7 @@ import pytest
 import yaml
 from helpers import CHART, helm, helm_values, k8s_tools, render_helm, script_output
 
-from kubenpu.metrics.catalogue import K8S_ATTRIBUTES, SPECS
+from kubenpu.metrics.catalogue import HW_ATTRIBUTES, K8S_ATTRIBUTES, SPECS
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -1098,25 +1098,33 @@ def test_collector_config_is_consistent() -> None:
     assert receiver["http"]["endpoint"].endswith(f":{ports['otlp-http']}")
 
 
-def test_the_collector_gives_remote_write_the_scrapes_pod_labels() -> None:
-    """Remote write feeds the dashboards, which query /metrics' labels: the transform sets each
-    from its semconv attribute (catalogue.K8S_ATTRIBUTES), then drops the k8s.* pod keys."""
+def test_the_collector_gives_remote_write_the_scrapes_names() -> None:
+    """Remote write feeds the dashboards, which query /metrics' names: the transform renames
+    each hw.* metric to its Prometheus source name (Spec.prometheus; an NPU's name too), sets
+    each label from its semconv attribute (K8S_ATTRIBUTES, HW_ATTRIBUTES), then drops those."""
     config = load_yaml(DEPLOY / "otel" / "collector.yaml")
     pipeline = config["service"]["pipelines"]["metrics"]
     assert "transform/prometheus_labels" in pipeline["processors"]
-    [block] = config["processors"]["transform/prometheus_labels"]["metric_statements"]
-    assert block["context"] == "datapoint"
-    *sets, drop = block["statements"]
+    metric, datapoint = config["processors"]["transform/prometheus_labels"]["metric_statements"]
+    assert metric["context"] == "metric" and datapoint["context"] == "datapoint"
+    renamed = [(s.prometheus, name) for s in SPECS if s.prometheus for name in (s.name, s.npu)]
+    assert metric["statements"] == [
+        f'set(name, "{ours}") where name == "{theirs}"' for ours, theirs in renamed if theirs
+    ]
+    assert {theirs for _, theirs in renamed if theirs.startswith("hw.")} == {
+        s.name for s in SPECS if s.name.startswith("hw.")
+    }
+    *sets, drop = datapoint["statements"]
+    names = {**K8S_ATTRIBUTES, **HW_ATTRIBUTES}
     assert sets == [
         f'set(attributes["{ours}"], attributes["{theirs}"]) where attributes["{theirs}"] != nil'
-        for ours, theirs in K8S_ATTRIBUTES.items()
+        for ours, theirs in names.items()
     ]
     pattern = re.fullmatch(r'delete_matching_keys\(attributes, "(.*)"\)', drop)
     assert pattern is not None
     regex = pattern[1].replace("\\\\", "\\")  # the OTTL string's escapes
-    assert {k for k in [*K8S_ATTRIBUTES.values(), "k8s.node.name"] if re.search(regex, k)} == set(
-        K8S_ATTRIBUTES.values()
-    )
+    kept = ["k8s.node.name", "hw.id", "hw.type", "hw.vendor", "hw.parent", "hw.model"]
+    assert {k for k in [*names.values(), *kept] if re.search(regex, k)} == set(names.values())
 
 
 def dockerfile() -> list[tuple[str, str]]:

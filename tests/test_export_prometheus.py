@@ -107,6 +107,9 @@ def fill(tel: export.Exporters) -> None:
     hw = {"device": "0000:03:00.0", "vendor": "vgem", "hw.id": "0000:03:00.0", "hw.type": "gpu"}
     m.set_telemetry("0000:03:00.0", [(spec, hw, 1.5) for spec in TELEMETRY_SPECS])
     m.telemetry_skipped({"missing": 1})
+    m.device_reset("0000:03:00.0", "vgem", "rebind")
+    m.device_coredump("0000:03:00.0", "vgem")
+    m.uevent_skipped("malformed")
     m.add_energy(where, 2_000_000)
     m.set_certificates({"export.prometheus.tls.cert_file": 1.9e9})
     m.counters_read("kernel", 1.8e9)

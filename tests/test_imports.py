@@ -40,7 +40,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("kubenpu.metrics.store",),
     ("kubenpu.activity",),
     ("kubenpu.attribution", "kubenpu.energy"),
-    ("kubenpu.usage", "kubenpu.telemetry", "kubenpu.allocations"),
+    ("kubenpu.usage", "kubenpu.telemetry", "kubenpu.allocations", "kubenpu.uevents"),
     ("kubenpu.config",),
     ("kubenpu.export",),
     ("kubenpu.health",),

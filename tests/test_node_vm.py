@@ -307,10 +307,11 @@ def energy(result) -> dict:
 
 def test_the_test_drivers_hwmon_reaches_metrics_with_exact_units(result, energy):
     """power1_input 25,000,000 µW, power1_cap 10,000,000,000 µW (node_guest sets it: the
-    energy run's 9.6 kW must pass the counter rule), temp1_input 45,000 m°C."""
+    energy run's 9.6 kW must pass the counter rule; semconv's limit type throttled),
+    temp1_input 45,000 m°C."""
     scrape = energy["after"]
     assert list(_testdrm(scrape, "kubenpu_device_power_watts", sensor="power1").values()) == [25.0]
-    limits = _testdrm(scrape, "kubenpu_device_power_limit_watts", limit="cap")
+    limits = _testdrm(scrape, "kubenpu_device_power_limit_watts", limit="throttled")
     assert list(limits.values()) == [10_000.0]
     temps = _testdrm(scrape, "kubenpu_device_temperature_celsius", sensor="temp1")
     assert list(temps.values()) == [45.0]
@@ -324,7 +325,8 @@ def test_the_test_drivers_telemetry_reaches_otlp_by_semantic_convention_names(re
     otlp = result["otlp_telemetry"]
     power = [p for p in otlp["hw.power"] if p["attributes"].get("device") == TESTDRM]
     assert [p["value"] for p in power] == [25.0]
-    assert {"hw.id", "hw.type", "hw.vendor"} <= power[0]["attributes"].keys()
+    assert {"hw.id", "hw.type", "hw.name"} <= power[0]["attributes"].keys()
+    assert "hw.vendor" not in power[0]["attributes"]  # a platform device nobody designed
     assert power[0]["attributes"]["hw.id"] == TESTDRM
     temps = [p["value"] for p in otlp["hw.temperature"] if p["attributes"].get("device") == TESTDRM]
     assert temps == [45.0]

@@ -25,18 +25,23 @@ from kubenpu import energy
 from kubenpu.discovery import discover
 from kubenpu.metrics.catalogue import (
     DEVICE_BUSY,
+    DEVICE_ERRORS,
+    DEVICE_STATUS,
     ENERGY,
     ENERGY_IDLE,
     ENERGY_UNATTRIBUTED,
     FREQUENCY,
+    MEMORY_BUSY,
     MEMORY_LIMIT,
     MEMORY_USED,
+    MEMORY_UTILIZATION,
     POD_ENERGY,
     POWER,
     POWER_LIMIT,
     TELEMETRY_SKIPPED,
     TELEMETRY_STALE,
     TEMPERATURE,
+    TEMPERATURE_LIMIT,
     THROTTLE,
     UTILIZATION,
     Spec,
@@ -78,17 +83,44 @@ def find(machine: str, device: str, spec: Spec, **attrs: str) -> float:
         ("intel-i915", "0000:00:02.0", FREQUENCY, {"state": "actual"}, 300e6),
         ("intel-i915", "0000:00:02.0", FREQUENCY, {"state": "max"}, 1100e6),
         ("intel-i915", "0000:00:02.0", THROTTLE, {"reason": "pl1"}, 1),
-        ("intel-arc-xe", "0000:03:00.0", POWER_LIMIT, {"sensor": "power1", "limit": "crit"}, 400),
+        (
+            "intel-arc-xe",
+            "0000:03:00.0",
+            POWER_LIMIT,
+            {"sensor": "power1", "limit": "critical"},
+            400,
+        ),
+        ("intel-arc-xe", "0000:03:00.0", POWER_LIMIT, {"sensor": "power1", "limit": "max"}, 0),
+        (
+            "intel-arc-xe",
+            "0000:03:00.0",
+            POWER_LIMIT,
+            {"sensor": "power2", "limit": "rated_max"},
+            150,
+        ),
         ("intel-arc-xe", "0000:03:00.0", TEMPERATURE, {"sensor": "temp3"}, 52),
         ("intel-arc-xe", "0000:03:00.0", FREQUENCY, {"state": "rp0"}, 2850e6),
         ("intel-arc-xe", "0000:03:00.0", THROTTLE, {"reason": "thermal"}, 0),
         ("amd-server", "0000:c3:00.0", POWER, {"sensor": "PPT"}, 63),
-        ("amd-server", "0000:c3:00.0", POWER_LIMIT, {"limit": "cap"}, 327),
+        ("amd-server", "0000:c3:00.0", POWER_LIMIT, {"limit": "throttled"}, 327),
         ("amd-server", "0000:c3:00.0", TEMPERATURE, {"sensor": "junction"}, 47),
         ("amd-server", "0000:c3:00.0", FREQUENCY, {"domain": "mclk"}, 456e6),
-        ("amd-server", "0000:c3:00.0", UTILIZATION, {"task": "gpu"}, 0.37),
+        ("amd-server", "0000:c3:00.0", UTILIZATION, {"task": "general"}, 0.37),
+        ("amd-server", "0000:c3:00.0", MEMORY_BUSY, {}, 0.05),
+        ("amd-server", "0000:c3:00.0", TEMPERATURE_LIMIT, {"limit": "high.critical"}, 100),
+        ("amd-server", "0000:c3:00.0", TEMPERATURE_LIMIT, {"limit": "high.emergency"}, 105),
+        (
+            "amd-server",
+            "0000:c3:00.0",
+            MEMORY_UTILIZATION,
+            {"region": "vram"},
+            (1 << 30) / 25753026560,
+        ),
         ("amd-server", "0000:c3:00.0", MEMORY_USED, {"region": "vram"}, 1 << 30),
         ("amd-server", "0000:c3:00.0", MEMORY_LIMIT, {"region": "vram"}, 25753026560),
+        ("amd-server", "0000:c3:00.0", DEVICE_ERRORS, {"block": "umc", "type": "corrected"}, 3),
+        ("amd-server", "0000:c3:00.0", DEVICE_ERRORS, {"block": "umc", "type": "deferred"}, 0),
+        ("amd-server", "0000:c3:00.0", DEVICE_ERRORS, {"block": "gfx", "type": "uncorrected"}, 0),
         ("intel-npu", "0000:00:0b.0", DEVICE_BUSY, {}, 81.234567),
         ("intel-npu", "0000:00:0b.0", FREQUENCY, {"domain": "npu", "state": "max"}, 1850e6),
         ("intel-npu", "0000:00:0b.0", MEMORY_USED, {}, 64 << 20),
@@ -126,6 +158,40 @@ def test_bad_files_are_counted_skips_by_reason(tmp_path: Path) -> None:
     temperatures = {a["sensor"]: v for s, a, v in got.values if s is TEMPERATURE}
     assert temperatures == {"junction": -5.0, "mem": 56.0}
     assert got.power_uw == 63000000  # the rest is still read
+
+
+def test_uncorrected_errors_degrade_the_device_and_an_inaccessible_count_is_a_skip(
+    tmp_path: Path,
+) -> None:
+    """amdgpu's RAS counts (ras/<block>_err_count): any uncorrected error makes hw.status
+    degraded; a block whose query is not ready says so in words, counted as malformed."""
+    tel, metrics, _, root = telemetry("amd-server", tmp_path)
+    ras = next(root.glob("sys/devices/*/*/0000:c3:00.0/ras"))
+    tel.read({})
+    assert {k[-1] for k, v in values(metrics, DEVICE_STATUS).items() if k[0] == "0000:c3:00.0"} == {
+        "ok"
+    }
+    (ras / "gfx_err_count").write_text("ue: 2\nce: 1\n")
+    (ras / "umc_err_count").write_text("Query currently inaccessible\n")
+    (ras / "sdma_err_count").write_text("ue: 1\nxe: 4\n")  # an unknown type: the whole file
+    tel.read({})
+    errors = values(metrics, DEVICE_ERRORS, skip=("device", "vendor", "hw.id", "hw.type"))
+    assert {k[-2:]: v for k, v in errors.items()} == {
+        ("gfx", "uncorrected"): 2,
+        ("gfx", "corrected"): 1,
+    }
+    assert values(metrics, TELEMETRY_SKIPPED) == {("malformed",): 2}
+    gpu = {k[-1]: v for k, v in values(metrics, DEVICE_STATUS).items() if k[0] == "0000:c3:00.0"}
+    assert gpu == {"degraded": 1}
+
+
+def test_amdgpu_descriptive_files_are_attributes_of_its_points() -> None:
+    got = reading("amd-server", "0000:c3:00.0").descriptive
+    assert got == {
+        "hw.model": "AMD Instinct MI210",
+        "hw.serial_number": "692221000312",
+        "hw.firmware_version": "113-D67301-063",
+    }
 
 
 def test_power_input_wins_over_average_of_the_same_channel(tmp_path: Path) -> None:
@@ -359,7 +425,7 @@ def test_metrics_and_otlp_carry_every_fixture_drivers_telemetry(tmp_path: Path) 
     power = rx.metric("hw.power")
     assert power.unit == "W"
     points = {
-        (a["device"], a["hw.type"], a["hw.vendor"], a["sensor"])
+        (a["device"], a["hw.type"], a["hw.vendor"], a["hw.sensor_location"])
         for a in (
             {kv.key: kv.value.string_value for kv in p.attributes} for p in power.gauge.data_points
         )

@@ -47,6 +47,8 @@ g.dashboard(
                  '{{node}} {{device}} {{task}} busy', refId='B'),
         g.target('sum by (node, device) (rate(kubenpu_device_busy_seconds_total{%s}[$__rate_interval]))' % node,
                  '{{node}} {{device}} busy (npu_busy_time_us)', refId='C'),
+        g.target('max by (node, device) (kubenpu_device_memory_busy_ratio{%s})' % node,
+                 '{{node}} {{device}} memory controller busy', refId='D'),
       ],
       'percentunit',
       g.pos(0, 14, 12, 8),
@@ -68,7 +70,7 @@ g.dashboard(
     ),
     g.timeseries(
       'Device throttling',
-      [g.target('max by (node, device, reason) (kubenpu_device_throttle{%s, reason!="status"}) > 0' % node,
+      [g.target('max by (node, device, reason) (kubenpu_device_throttle_ratio{%s, reason!="status"}) > 0' % node,
                 '{{node}} {{device}} throttled: {{reason}}')],
       'bool_on_off',
       g.pos(12, 22, 12, 8),

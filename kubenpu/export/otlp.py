@@ -9,6 +9,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 
 import grpc
 from opentelemetry.sdk.metrics.export import (
@@ -66,16 +67,29 @@ def _wire(value: float) -> float:
 
 
 def otlp_names(snapshot: _Snapshot, attributes: str) -> _Snapshot:
-    """The snapshot with each point's pod labels under their OTLP names (export.otlp.attributes):
-    semconv renames them by K8S_ATTRIBUTES; legacy keeps namespace, pod and container and leaves
-    pod_uid out, so a pipeline built on the old names gets the series it got before."""
+    """The snapshot under its OTLP names (export.otlp.attributes). semconv: the pod labels by
+    K8S_ATTRIBUTES, each spec's own labels by Spec.attributes, and an NPU's points of a hw.gpu.*
+    metric under the spec's npu name. legacy keeps the names of the release before (namespace,
+    pod, container, sensor, ...) and leaves pod_uid out, so a pipeline built on them gets the
+    series it got before."""
     if attributes == "legacy":
         return [(spec, _legacy(points)) for spec, points in snapshot]
-    return [(spec, [_semconv(p) for p in points]) for spec, points in snapshot]
+    named: _Snapshot = []
+    for spec, points in snapshot:
+        names = {**K8S_ATTRIBUTES, **dict(spec.attributes)}
+        renamed = [
+            p._replace(attrs={names.get(k, k): v for k, v in p.attrs.items()}) for p in points
+        ]
+        named += _by_device_type(spec, renamed)
+    return named
 
 
-def _semconv(p: Point) -> Point:
-    return p._replace(attrs={K8S_ATTRIBUTES.get(k, k): v for k, v in p.attrs.items()})
+def _by_device_type(spec: Spec, points: list[Point]) -> list[tuple[Spec, list[Point]]]:
+    npu = [p for p in points if p.attrs.get("hw.type") == "npu"] if spec.npu else []
+    if not npu:
+        return [(spec, points)]
+    gpu = [p for p in points if p.attrs.get("hw.type") != "npu"]
+    return [(spec, gpu), (replace(spec, name=spec.npu, npu=""), npu)]
 
 
 def _legacy(points: list[Point]) -> list[Point]:
@@ -139,10 +153,11 @@ def _otlp_metric(spec: Spec, points: list[Point], now: int) -> Metric:
     elif spec.kind == "histogram":
         data = Histogram([_hist_point(p, now) for p in points], aggregation_temporality=cumulative)
     else:
-        nums = [NumberDataPoint(p.attrs, p.start_ns, now, _wire(p.value)) for p in points]
+        number = round if spec.integer else _wire  # int64 values: memory sizes in bytes
+        nums = [NumberDataPoint(p.attrs, p.start_ns, now, number(p.value)) for p in points]
         data = (
-            Sum(nums, aggregation_temporality=cumulative, is_monotonic=True)
-            if spec.kind == "counter"
+            Sum(nums, aggregation_temporality=cumulative, is_monotonic=spec.kind == "counter")
+            if spec.kind in ("counter", "updowncounter")
             else Gauge(nums)
         )
     return Metric(spec.name, spec.description, spec.unit, data)

@@ -47,7 +47,7 @@ class PrometheusCollector(Collector):
     @staticmethod
     def _family(spec: Spec, points: list[Point]) -> PromMetric:
         name = spec.prometheus_name
-        fam = PromMetric(name.removesuffix("_total"), spec.description, spec.kind)
+        fam = PromMetric(name.removesuffix("_total"), spec.description, spec.prometheus_kind)
         for p in points:
             labels = {_label_name(k): _label_value(v) for k, v in p.attrs.items()}
             if isinstance(p.value, Hist | ExpHist):

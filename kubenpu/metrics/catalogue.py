@@ -28,6 +28,7 @@ _PROM_UNITS = {
     "V": "volts",
     "1": "ratio",
 }
+
 # A pod's identity: our label (/metrics) -> the OTel semantic conventions' attribute (stable, in
 # open-telemetry/semantic-conventions model/k8s/registry.yaml), the name OTLP points carry with
 # export.otlp.attributes: semconv, so they join the Collector's k8sattributes and kubeletstats
@@ -49,13 +50,25 @@ class Spec:
     exactly as Prometheus' own OTLP translation does."""
 
     name: str
-    kind: Literal["counter", "gauge", "histogram"]
+    # An updowncounter (a sum that can fall: semconv's memory sizes) is a gauge on /metrics.
+    kind: Literal["counter", "updowncounter", "gauge", "histogram"]
     unit: str
     description: str
     labels: tuple[str, ...] = ()
     # The Prometheus name where it differs from the translation of `name` (semconv's hw.* names
     # become kubenpu_device_*: docs/metrics.md lists each).
     prometheus: str = ""
+    integer: bool = False  # OTLP points carry as_int (semconv's metric_value_type: int)
+    # The OTLP name of an accel (NPU) device's points where `name` is a hw.gpu.* one: semconv
+    # has no NPU type yet (docs/metrics.md, Hardware attributes on OTLP).
+    npu: str = ""
+    # Labels whose OTLP attribute is a semantic conventions' one where /metrics keeps our own
+    # name (model/hardware/registry.yaml, error.type): export.otlp renames by it.
+    attributes: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def prometheus_kind(self) -> str:
+        return "gauge" if self.kind == "updowncounter" else self.kind
 
     @property
     def prometheus_name(self) -> str:
@@ -72,6 +85,8 @@ class Spec:
     def _translated(self, name: str) -> str:
         name = name.replace(".", "_")
         unit = "" if self.unit.startswith("{") else _PROM_UNITS.get(self.unit, self.unit)
+        if self.unit == "1" and self.kind in ("counter", "histogram"):  # ratio: gauges' only
+            unit = ""  # (an updowncounter is one in Prometheus, its non-monotonic sum's type)
         if unit and not name.endswith("_" + unit):
             name += "_" + unit
         return name + "_total" if self.kind == "counter" else name
@@ -335,8 +350,16 @@ PODRESOURCES_ERRORS = Spec(
     "refresh, or a connection's one GetAllocatableResources (then not available on it).",
 )
 # Device telemetry from sysfs and hwmon (kubenpu/telemetry.py): OTel hardware semantic
-# conventions' names where they have one. Every point carries these, plus the kind's own labels.
-_HW = ("device", "vendor", "hw.id", "hw.type", "hw.vendor")
+# conventions' names where they have one. Every point carries these, plus the kind's own labels,
+# plus HW_DESCRIPTIVE where the driver publishes them. A sensor (temperature, voltage) is a
+# component of its own, as semconv has it: hw.id names the sensor, hw.parent its device.
+_HW = ("device", "vendor", "hw.id", "hw.type", "hw.vendor", "hw.name")
+_SENSOR = (*_HW, "hw.parent", "sensor", "chip")
+_LOCATION = (("sensor", "hw.sensor_location"),)
+_LIMIT = (*_LOCATION, ("limit", "hw.limit_type"))
+# semconv's recommended descriptive attributes (model/hardware/gpu-metrics.yaml), on every
+# telemetry point of a device whose driver publishes them (telemetry.DESCRIPTIVE_FILES).
+HW_DESCRIPTIVE = ("hw.model", "hw.serial_number", "hw.firmware_version", "hw.driver_version")
 POWER = Spec(
     "hw.power",
     "gauge",
@@ -345,14 +368,17 @@ POWER = Spec(
     "the driver has only an energy counter (i915, xe): its increase over the last interval.",
     (*_HW, "sensor", "chip", "source"),
     "kubenpu.device.power",
+    attributes=_LOCATION,
 )
 POWER_LIMIT = Spec(
     "kubenpu.device.power.limit",
     "gauge",
     "W",
-    "Device power limits, per sensor and limit (hwmon powerN_cap, _max, _crit, _rated_max; "
-    "habanalabs max_power).",
+    "Device power limits, per sensor and limit, as semconv's hw.limit_type: throttled (hwmon "
+    "powerN_cap, habanalabs max_power), max (powerN_max), critical (powerN_crit), rated_max "
+    "(powerN_rated_max).",
     (*_HW, "sensor", "chip", "limit"),
+    attributes=_LIMIT,
 )
 ENERGY = Spec(
     "hw.energy",
@@ -369,17 +395,29 @@ TEMPERATURE = Spec(
     "gauge",
     "Cel",
     "Device temperature per sensor (hwmon tempN_input; sensor is tempN_label where the driver "
-    "names it: edge, junction, mem).",
-    (*_HW, "sensor", "chip"),
+    "names it: edge, junction, mem). hw.type is temperature, hw.parent the device.",
+    _SENSOR,
     "kubenpu.device.temperature",
+    attributes=_LOCATION,
+)
+TEMPERATURE_LIMIT = Spec(
+    "hw.temperature.limit",
+    "gauge",
+    "Cel",
+    "Device temperature limits per sensor, as semconv's hw.limit_type: high.degraded (hwmon "
+    "tempN_max), high.critical (tempN_crit), high.emergency (tempN_emergency, above critical).",
+    (*_SENSOR, "limit"),
+    "kubenpu.device.temperature.limit",
+    attributes=_LIMIT,
 )
 VOLTAGE = Spec(
     "hw.voltage",
     "gauge",
     "V",
-    "Device voltage per sensor (hwmon inN_input).",
-    (*_HW, "sensor", "chip"),
+    "Device voltage per sensor (hwmon inN_input). hw.type is voltage, hw.parent the device.",
+    _SENSOR,
     "kubenpu.device.voltage",
+    attributes=_LOCATION,
 )
 FREQUENCY = Spec(
     "kubenpu.device.frequency",
@@ -392,34 +430,83 @@ FREQUENCY = Spec(
 THROTTLE = Spec(
     "kubenpu.device.throttle",
     "gauge",
-    "",
+    "1",
     "1 while the driver reports the device throttled for reason (i915 throttle_reason_*, xe "
     "throttle/reason_*; status is any reason), else 0.",
     (*_HW, "domain", "reason"),
 )
 MEMORY_USED = Spec(
     "hw.gpu.memory.usage",
-    "gauge",
+    "updowncounter",
     "By",
     "Device memory in use (amdgpu mem_info_vram_used, ivpu npu_memory_utilization).",
     (*_HW, "region"),
     "kubenpu.device.memory.used",
+    integer=True,
+    npu="kubenpu.npu.memory.usage",
 )
 MEMORY_LIMIT = Spec(
     "hw.gpu.memory.limit",
-    "gauge",
+    "updowncounter",
     "By",
     "Device memory size (amdgpu mem_info_vram_total).",
     (*_HW, "region"),
     "kubenpu.device.memory.limit",
+    integer=True,
+    npu="kubenpu.npu.memory.limit",
+)
+MEMORY_UTILIZATION = Spec(
+    "hw.gpu.memory.utilization",
+    "gauge",
+    "1",
+    "The fraction of device memory in use: memory used over memory size, per region, where "
+    "the driver gives both (amdgpu).",
+    (*_HW, "region"),
+    "kubenpu.device.memory.utilization",
+    npu="kubenpu.npu.memory.utilization",
 )
 UTILIZATION = Spec(
     "hw.gpu.utilization",
     "gauge",
     "1",
-    "Device busy fraction as the driver reports it (amdgpu gpu_busy_percent, mem_busy_percent).",
+    "Device busy fraction as the driver reports it, by semconv's hw.gpu.task: general (amdgpu "
+    "gpu_busy_percent).",
     (*_HW, "task"),
     "kubenpu.device.utilization",
+    npu="kubenpu.npu.utilization",
+    attributes=(("task", "hw.gpu.task"),),
+)
+DEVICE_ERRORS = Spec(
+    "hw.errors",
+    "counter",
+    "{error}",
+    "Hardware errors the driver counted since it loaded, per block and type (corrected, "
+    "uncorrected, deferred): amdgpu RAS ras/<block>_err_count (ce:, ue:, de: lines).",
+    (*_HW, "block", "type"),
+    "kubenpu.device.errors",
+    integer=True,
+    attributes=(("type", "error.type"),),
+)
+DEVICE_STATUS = Spec(
+    "hw.status",
+    "updowncounter",
+    "1",
+    "1 for the device's state now, 0 for the others (ok, degraded, failed; semconv's hw.state): "
+    "failed after a DRM wedged uevent that asks for a recovery (WEDGED= other than none) until "
+    "the device is added again; else degraded while the driver counts uncorrected errors; else "
+    "ok (docs/metrics.md#device-health).",
+    (*_HW, "state"),
+    "kubenpu.device.status",
+    integer=True,
+    attributes=(("state", "hw.state"),),
+)
+MEMORY_BUSY = Spec(
+    "kubenpu.device.memory.busy",
+    "gauge",
+    "1",
+    "The fraction of time the device's memory controller was busy, as the driver reports it "
+    "(amdgpu mem_busy_percent); not a GPU task, so not hw.gpu.utilization.",
+    _HW,
 )
 DEVICE_BUSY = Spec(
     "kubenpu.device.busy",
@@ -480,16 +567,49 @@ TELEMETRY_SPECS = (
     POWER_LIMIT,
     ENERGY,
     TEMPERATURE,
+    TEMPERATURE_LIMIT,
     VOLTAGE,
     FREQUENCY,
     THROTTLE,
     MEMORY_USED,
     MEMORY_LIMIT,
+    MEMORY_UTILIZATION,
     UTILIZATION,
+    MEMORY_BUSY,
     DEVICE_BUSY,
+    DEVICE_ERRORS,
+    DEVICE_STATUS,
     ENERGY_IDLE,
     ENERGY_UNATTRIBUTED,
     TELEMETRY_STALE,
+)
+DEVICE_RESETS = Spec(
+    "kubenpu.device.resets",
+    "counter",
+    "{reset}",
+    "DRM wedged uevents per device, by the recovery the driver asks for (WEDGED=: none after a "
+    "reset that recovered it, rebind, bus-reset, vendor-specific, unknown; "
+    "drivers/gpu/drm/drm_drv.c drm_dev_wedged_event).",
+    ("device", "vendor", "method"),
+)
+DEVICE_COREDUMPS = Spec(
+    "kubenpu.device.coredumps",
+    "counter",
+    "{dump}",
+    "Device coredumps the kernel announced for the device (a devcoredump add uevent whose "
+    "failing_device is it; drivers/base/devcoredump.c): a driver captures one on a hang.",
+    ("device", "vendor"),
+)
+UEVENT_SKIPS = ("malformed", "unknown_device", "overrun")
+UEVENTS_SKIPPED = Spec(
+    "kubenpu.uevents.skipped",
+    "counter",
+    "{uevent}",
+    "Kernel uevents read and not used, by reason: malformed (not a kernel uevent), "
+    "unknown_device (a DRM or devcoredump event of a device the agent does not list); overrun "
+    "counts the times the socket's buffer overflowed (ENOBUFS: the kernel dropped events, how "
+    "many it does not say).",
+    ("reason",),
 )
 DESCRIPTORS_EXHAUSTED = Spec(
     "kubenpu.descriptors.exhausted",
@@ -543,8 +663,13 @@ SPECS = (
     *TELEMETRY_SPECS,
     TELEMETRY_SKIPPED,
     POD_ENERGY,
+    DEVICE_RESETS,
+    DEVICE_COREDUMPS,
+    UEVENTS_SKIPPED,
     DESCRIPTORS_EXHAUSTED,
     TLS_EXPIRY,
 )
 # The engine counters a Usage carries, by Spec, in the order of Usage.counters.
 ENGINE_COUNTERS = (ENGINE_BUSY, ENGINE_CYCLES, ENGINE_TOTAL_CYCLES)
+# Every label renamed on OTLP, to its attribute: deploy/otel renames back for remote write.
+HW_ATTRIBUTES = {label: attr for spec in SPECS for label, attr in spec.attributes}

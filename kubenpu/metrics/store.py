@@ -34,7 +34,9 @@ from kubenpu.metrics.catalogue import (
     CRI_DURATION,
     CRI_ERRORS,
     DESCRIPTORS_EXHAUSTED,
+    DEVICE_COREDUMPS,
     DEVICE_INFO,
+    DEVICE_RESETS,
     DROP_REASONS,
     DROPPED,
     ENGINE_CAPACITY,
@@ -61,6 +63,8 @@ from kubenpu.metrics.catalogue import (
     TELEMETRY_SKIPPED,
     TELEMETRY_SPECS,
     TLS_EXPIRY,
+    UEVENT_SKIPS,
+    UEVENTS_SKIPPED,
     UNALLOCATED_CALLS,
     UNATTRIBUTED,
     UNATTRIBUTED_REASONS,
@@ -237,6 +241,9 @@ class Metrics:
         self._pending_expired = 0
         self._skipped = dict.fromkeys(SKIP_REASONS, 0)
         self._exhausted = dict.fromkeys(WHERE, 0)
+        self._resets: dict[tuple[str, str, str], int] = {}  # (device, vendor, method)
+        self._coredumps: dict[tuple[str, str], int] = {}  # (device, vendor)
+        self._uevents_skipped = dict.fromkeys(UEVENT_SKIPS, 0)
         self._certificates: dict[str, float] = {}
         self._capacity: dict[tuple[Where, str], int] = {}
         self._memory: dict[tuple[Where, str, str], int] = {}
@@ -370,6 +377,20 @@ class Metrics:
         with self._lock:
             for reason, n in reasons.items():
                 self._telemetry_skipped[reason] = self._telemetry_skipped.get(reason, 0) + n
+
+    def device_reset(self, device: str, vendor: str, method: str) -> None:
+        """One DRM wedged uevent of the device (kubenpu.uevents)."""
+        with self._lock:
+            key = (device, vendor, method)
+            self._resets[key] = self._resets.get(key, 0) + 1
+
+    def device_coredump(self, device: str, vendor: str) -> None:
+        with self._lock:
+            self._coredumps[(device, vendor)] = self._coredumps.get((device, vendor), 0) + 1
+
+    def uevent_skipped(self, reason: str) -> None:
+        with self._lock:
+            self._uevents_skipped[reason] += 1
 
     def descriptors_exhausted(self, where: str, n: int = 1) -> None:
         with self._lock:
@@ -515,6 +536,21 @@ class Metrics:
                 *((spec, self._telemetry_points(spec)) for spec in TELEMETRY_SPECS),
                 (TELEMETRY_SKIPPED, self._by_reason(self._telemetry_skipped)),
                 (POD_ENERGY, self._energy_points()),
+                (
+                    DEVICE_RESETS,
+                    [
+                        Point({"device": d, "vendor": v, "method": m}, n, self._start_ns)
+                        for (d, v, m), n in self._resets.items()
+                    ],
+                ),
+                (
+                    DEVICE_COREDUMPS,
+                    [
+                        Point({"device": d, "vendor": v}, n, self._start_ns)
+                        for (d, v), n in self._coredumps.items()
+                    ],
+                ),
+                (UEVENTS_SKIPPED, self._by_reason(self._uevents_skipped)),
                 (
                     DESCRIPTORS_EXHAUSTED,
                     [Point({"where": w}, n, self._start_ns) for w, n in self._exhausted.items()],

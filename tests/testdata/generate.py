@@ -168,6 +168,7 @@ def amd_server(m: Machine) -> None:
     # energy counter, so energy is integrated), temperatures labelled, clocks in Hz.
     hwmon = {"power1_average": 63000000, "power1_cap": 327000000, "power1_label": "PPT"}
     hwmon |= {"temp1_input": 41000, "temp1_label": "edge", "temp1_crit": 100000}
+    hwmon |= {"temp1_emergency": 105000}
     hwmon |= {"temp2_input": 47000, "temp2_label": "junction", "temp3_input": 56000}
     hwmon |= {"temp3_label": "mem", "freq1_input": 1200000000, "freq1_label": "sclk"}
     hwmon |= {"freq2_input": 456000000, "freq2_label": "mclk", "in0_input": 736}
@@ -175,6 +176,14 @@ def amd_server(m: Machine) -> None:
     m.hwmon(gpu, 4, "amdgpu", hwmon)
     m.files(gpu, {"gpu_busy_percent": 37, "mem_busy_percent": 5})
     m.files(gpu, {"mem_info_vram_used": 1073741824, "mem_info_vram_total": 25753026560})
+    # amdgpu_fru_eeprom.c (the board's FRU) and amdgpu_atombios.c: hw.model and friends.
+    m.files(gpu, {"product_name": "AMD Instinct MI210", "serial_number": "692221000312"})
+    m.files(gpu, {"vbios_version": "113-D67301-063"})
+    # amdgpu_ras.c: a RAS-capable board's counters per block, since the driver loaded
+    # (amdgpu_ras_sysfs_read; de: on UMC since 6.10), and amdgpu_ras_sysfs_features_read.
+    m.file(f"{gpu}/ras/umc_err_count", "ue: 0\nce: 3\nde: 0\n")
+    m.file(f"{gpu}/ras/gfx_err_count", "ue: 0\nce: 0\n")
+    m.file(f"{gpu}/ras/features", "feature mask: 0x3fbf\n")
 
 
 def mi300_partitions(m: Machine) -> None:

@@ -1,0 +1,194 @@
+"""Device hangs and resets from the kernel's uevents: DRM wedged events and device coredumps.
+
+- ``drm_dev_wedged_event()`` (drivers/gpu/drm/drm_drv.c, commit b7cf9f4ac1b8, 6.15) sends a
+  ``change`` uevent on the device's primary node with ``WEDGED=<method>[,<method>]``: ``none``
+  after a reset that recovered it, else what recovery it needs (``rebind``, ``bus-reset``,
+  ``vendor-specific``; ``unknown`` when the driver cannot say), and ``PID=``/``TASK=`` where the
+  driver knows the guilty task (struct drm_wedge_task_info, 6.17). The agent counts each
+  (``kubenpu_device_resets_total{method}``) and logs a line; a device whose last event asks for
+  a recovery is ``failed`` (hw.status) until its node is added again (a rebind) or a later
+  event says ``none``.
+- devcoredump (drivers/base/devcoredump.c) adds a ``devcdN`` device whose ``failing_device``
+  link names the device the driver dumped: ``kubenpu_device_coredumps_total``.
+
+The kernel multicasts uevents on NETLINK_KOBJECT_UEVENT group 1 to every network namespace
+owned by the initial user namespace (lib/kobject_uevent.c), a pod's too, and the protocol lets
+any process listen (NL_CFG_F_NONROOT_RECV): no capability, no host network. Reading happens on
+the agent's own ``uevents`` thread; counting never waits on it.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from kubenpu.discovery import Device
+from kubenpu.metrics.store import Metrics
+from kubenpu.services import Streak
+
+log = logging.getLogger(__name__)
+
+NETLINK_KOBJECT_UEVENT = 15  # include/uapi/linux/netlink.h
+KERNEL_GROUP = 1  # the kernel's own events; udevd re-sends them on group 2 (libudev format)
+_MAX_DATAGRAM = 64 << 10  # UEVENT_BUFFER_SIZE is 2 KiB; a datagram is never larger than this
+_RCVBUF = 1 << 20  # room for a burst of hotplug events before the kernel drops (ENOBUFS)
+_SUBSYSTEMS = ("drm", "accel")
+RECOVERED = "none"  # WEDGED=none: reset and usable again
+
+
+@dataclass(frozen=True)
+class Uevent:
+    action: str
+    devpath: str
+    env: Mapping[str, str]
+
+
+def parse(datagram: bytes) -> Uevent | None:
+    """A kernel uevent: ``ACTION@DEVPATH`` then ``KEY=VALUE`` fields, NUL-separated; None for
+    anything else (udevd's ``libudev`` messages, a truncated read)."""
+    head, *fields = datagram.rstrip(b"\0").split(b"\0")
+    action, at, devpath = head.partition(b"@")
+    if not at or not devpath.startswith(b"/"):
+        return None
+    try:
+        env = dict(f.decode("utf-8", "replace").split("=", 1) for f in fields if b"=" in f)
+    except ValueError:
+        return None
+    if env.get("ACTION") != action.decode("ascii", "replace"):
+        return None
+    return Uevent(env["ACTION"], devpath.decode("utf-8", "replace"), env)
+
+
+def netlink_socket() -> socket.socket:
+    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_KOBJECT_UEVENT)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _RCVBUF)  # capped at rmem_max
+    sock.bind((0, KERNEL_GROUP))
+    sock.settimeout(1.0)  # close() is seen within a second
+    return sock
+
+
+class Wedges:
+    """Counts the devices' wedged and coredump uevents, and knows which devices wait for a
+    recovery. ``handle()`` is one event; ``start()`` reads them on a thread until ``close()``.
+    A socket that cannot be opened (a kernel without netlink, a seccomp profile refusing it)
+    is logged once and retried at each ``interval``: the rest of the agent runs on."""
+
+    def __init__(
+        self,
+        devices: Iterable[Device],
+        metrics: Metrics,
+        root: str | Path = "/",
+        open_socket: Callable[[], socket.socket] = netlink_socket,
+        retry_seconds: float = 30.0,
+    ) -> None:
+        self._devices = list(devices)
+        self._metrics = metrics
+        self._root = Path(root)
+        self._open = open_socket
+        self._retry = retry_seconds
+        self._by_devname = {n.path.removeprefix("/dev/"): d for d in self._devices for n in d.nodes}
+        self._failed: dict[str, str] = {}  # device id -> the recovery it waits for
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failures = Streak("listening for kernel uevents", log)
+
+    def wedged(self, device: str) -> bool:
+        """The device's last wedged event asks for a recovery that has not happened."""
+        with self._lock:
+            return device in self._failed
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="uevents", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(2.0)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                with self._open() as sock:
+                    self._failures.ok()
+                    self._read(sock)
+            except OSError as exc:
+                self._failures.failed(exc)
+                self._stop.wait(self._retry)
+
+    def _read(self, sock: socket.socket) -> None:
+        while not self._stop.is_set():
+            try:
+                datagram = sock.recv(_MAX_DATAGRAM)
+            except TimeoutError:
+                continue
+            except OSError as exc:
+                if exc.errno != errno.ENOBUFS:
+                    raise
+                # The socket's buffer overflowed (a burst of hotplug events): some were lost.
+                self._metrics.uevent_skipped("overrun")
+                continue
+            event = parse(datagram)
+            if event is None:
+                self._metrics.uevent_skipped("malformed")
+            else:
+                self.handle(event)
+
+    def handle(self, event: Uevent) -> None:
+        subsystem = event.env.get("SUBSYSTEM")
+        if subsystem in _SUBSYSTEMS:
+            self._drm(event)
+        elif subsystem == "devcoredump" and event.action == "add":
+            self._coredump(event)
+
+    def _drm(self, event: Uevent) -> None:
+        device = self._by_devname.get(event.env.get("DEVNAME", ""))
+        if "WEDGED" not in event.env and event.action != "add":
+            return  # hotplug and connector events: not the device's health
+        if device is None:
+            self._metrics.uevent_skipped("unknown_device")
+            return
+        if event.action == "add":  # the node is back: a rebind or a bus reset recovered it
+            with self._lock:
+                self._failed.pop(device.id, None)
+            return
+        self._wedged(device, event.env)
+
+    def _wedged(self, device: Device, env: Mapping[str, str]) -> None:
+        method = env["WEDGED"][:64] or "unknown"
+        with self._lock:
+            if method == RECOVERED:
+                self._failed.pop(device.id, None)
+            else:
+                self._failed[device.id] = method
+        self._metrics.device_reset(device.id, device.vendor or "", method)
+        guilty = f", guilty pid {env['PID']} ({env.get('TASK', '?')})" if "PID" in env else ""
+        log.warning(
+            "device %s wedged: %s%s",
+            device.id,
+            "reset and recovered" if method == RECOVERED else f"needs recovery by {method}",
+            guilty,
+        )
+
+    def _coredump(self, event: Uevent) -> None:
+        link = self._root / "sys" / event.devpath.lstrip("/") / "failing_device"
+        try:
+            failing = os.path.realpath(link, strict=True)
+        except OSError:
+            failing = ""
+        device = next((d for d in self._devices if self._sysfs(d) == failing), None)
+        if device is None:
+            self._metrics.uevent_skipped("unknown_device")
+            return
+        self._metrics.device_coredump(device.id, device.vendor or "")
+        log.warning("device %s: the driver captured a coredump (%s)", device.id, event.devpath)
+
+    def _sysfs(self, device: Device) -> str:
+        return os.path.realpath(device.nodes[0].sysfs(self._root) / "device")

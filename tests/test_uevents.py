@@ -1,0 +1,246 @@
+"""Device hangs from kernel uevents (kubenpu.uevents): the datagram format on the host's real
+netlink socket, and the DRM wedged and devcoredump events a driver sends on a hang.
+
+No driver here hangs on request, so the wedged and devcoredump datagrams are built as the
+kernel builds them (lib/kobject_uevent.c: "ACTION@DEVPATH" then NUL-separated KEY=VALUE, the
+keys drm_dev_wedged_event and devcoredump add) and fed through a socket stand-in; the host's
+real netlink socket checks the format on a synthetic uevent the kernel sends itself.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers import eventually, values
+
+from kubenpu.discovery import discover
+from kubenpu.metrics.catalogue import (
+    DEVICE_COREDUMPS,
+    DEVICE_RESETS,
+    DEVICE_STATUS,
+    UEVENTS_SKIPPED,
+)
+from kubenpu.metrics.store import Metrics
+from kubenpu.telemetry import Telemetry
+from kubenpu.uevents import Uevent, Wedges, netlink_socket, parse
+
+TESTDATA = Path(__file__).parent / "testdata"
+GPU = "0000:c3:00.0"  # amd-server's amdgpu card, /dev/dri/card1
+GPU_PATH = "/devices/pci0000:c0/0000:c0:01.1/0000:c3:00.0"
+
+
+def datagram(action: str, devpath: str, **env: str) -> bytes:
+    fields = {"ACTION": action, "DEVPATH": devpath, **env, "SEQNUM": "4242"}
+    return f"{action}@{devpath}\0".encode() + b"".join(
+        f"{k}={v}\0".encode() for k, v in fields.items()
+    )
+
+
+def wedged(method: str, **env: str) -> bytes:
+    """drm_dev_wedged_event()'s uevent on the card's primary node."""
+    node = {"SUBSYSTEM": "drm", "DEVNAME": "dri/card1", "DEVTYPE": "drm_minor"}
+    return datagram("change", f"{GPU_PATH}/drm/card1", **node, WEDGED=method, **env)
+
+
+def card_added() -> bytes:
+    return datagram("add", f"{GPU_PATH}/drm/card1", SUBSYSTEM="drm", DEVNAME="dri/card1")
+
+
+@pytest.fixture
+def machine(tmp_path: Path) -> Path:
+    shutil.copytree(TESTDATA / "amd-server", tmp_path, symlinks=True, dirs_exist_ok=True)
+    return tmp_path
+
+
+def wedges(root: Path, metrics: Metrics) -> Wedges:
+    return Wedges(discover(root), metrics, root)
+
+
+def handle(w: Wedges, *datagrams: bytes) -> None:
+    for d in datagrams:
+        event = parse(d)
+        assert event is not None, d
+        w.handle(event)
+
+
+def status(metrics: Metrics) -> dict[str, float]:
+    """The GPU's hw.status points that are 1."""
+    return {key[-1]: v for key, v in values(metrics, DEVICE_STATUS).items() if key[0] == GPU}
+
+
+def test_the_host_kernels_uevent_parses() -> None:
+    """A synthetic uevent (writing "change" to a device's uevent file, as udevadm trigger
+    does) comes from the kernel in the format of every other; /dev/null's is harmless."""
+    trigger = Path("/sys/class/mem/null/uevent")
+    with netlink_socket() as sock:
+        try:
+            trigger.write_text("change")
+        except OSError as exc:
+            pytest.skip(f"this host cannot trigger a uevent: {exc}")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            event = parse(sock.recv(1 << 16))
+            if event and event.devpath == "/devices/virtual/mem/null":
+                break
+        else:
+            pytest.fail("the kernel sent no uevent for /dev/null")
+    assert (event.action, event.env["SUBSYSTEM"], event.env["DEVNAME"]) == ("change", "mem", "null")
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"libudev\0\xfe\xed\xca\xfe",  # udevd's re-sent event (group 2)
+        b"change@/devices/x\0ACTION=add\0",  # head and ACTION disagree
+        b"change\0ACTION=change\0",  # no devpath
+        b"",
+    ],
+)
+def test_anything_but_a_kernel_uevent_is_none(raw: bytes) -> None:
+    assert parse(raw) is None
+
+
+def test_a_wedged_event_counts_a_reset_and_fails_the_device_until_it_is_added_again(
+    machine: Path,
+) -> None:
+    metrics = Metrics("node", 60, 1000)
+    w = wedges(machine, metrics)
+    tel = Telemetry(discover(machine), metrics, machine, wedged=w.wedged)
+    tel.read({})
+    assert status(metrics) == {"ok": 1}
+    handle(w, wedged("rebind", PID="4242", TASK="trainer"))
+    tel.read({})
+    assert status(metrics) == {"failed": 1}
+    handle(w, card_added())  # the driver was bound again
+    tel.read({})
+    assert status(metrics) == {"ok": 1}
+    handle(w, wedged("none"))  # reset and recovered: counted, still ok
+    tel.read({})
+    assert status(metrics) == {"ok": 1}
+    resets = {(GPU, "amdgpu", "rebind"): 1, (GPU, "amdgpu", "none"): 1}
+    assert values(metrics, DEVICE_RESETS) == resets
+
+
+def test_a_later_recovered_event_clears_a_failed_device(machine: Path) -> None:
+    w = wedges(machine, Metrics("node", 60, 1000))
+    handle(w, wedged("bus-reset,vendor-specific"))
+    assert w.wedged(GPU)
+    handle(w, wedged("none"))
+    assert not w.wedged(GPU)
+
+
+def test_events_of_other_devices_and_without_wedged_are_not_resets(machine: Path) -> None:
+    metrics = Metrics("node", 60, 1000)
+    w = wedges(machine, metrics)
+    other = datagram(
+        "change", "/devices/x/drm/card7", SUBSYSTEM="drm", DEVNAME="dri/card7", WEDGED="rebind"
+    )
+    hotplug = datagram(
+        "change", f"{GPU_PATH}/drm/card1", SUBSYSTEM="drm", DEVNAME="dri/card1", HOTPLUG="1"
+    )
+    handle(w, other, hotplug, datagram("change", "/devices/virtual/mem/null", SUBSYSTEM="mem"))
+    assert values(metrics, DEVICE_RESETS) == {}
+    assert values(metrics, UEVENTS_SKIPPED) == {("unknown_device",): 1}
+    assert not w.wedged(GPU)
+
+
+def test_a_devcoredump_is_counted_for_its_failing_device(machine: Path) -> None:
+    metrics = Metrics("node", 60, 1000)
+    w = wedges(machine, metrics)
+    dump = machine / "sys/devices/virtual/devcoredump/devcd1"
+    dump.mkdir(parents=True)
+    gpu = next(machine.glob(f"sys{GPU_PATH}"))
+    (dump / "failing_device").symlink_to(os.path.relpath(gpu, dump))  # as sysfs links it
+    stranger = machine / "sys/devices/virtual/devcoredump/devcd2"
+    stranger.mkdir()
+    (stranger / "failing_device").symlink_to(os.path.relpath(machine / "sys/devices", stranger))
+    core = {"SUBSYSTEM": "devcoredump"}
+    handle(
+        w,
+        datagram("add", "/devices/virtual/devcoredump/devcd1", **core),
+        datagram("add", "/devices/virtual/devcoredump/devcd2", **core),
+        datagram("add", "/devices/virtual/devcoredump/devcd3", **core),  # gone before it was read
+        datagram("remove", "/devices/virtual/devcoredump/devcd1", **core),
+    )
+    assert values(metrics, DEVICE_COREDUMPS) == {(GPU, "amdgpu"): 1}
+    assert values(metrics, UEVENTS_SKIPPED) == {("unknown_device",): 2}
+
+
+class Socket:
+    """A socket whose recv returns the queued datagrams or raises the queued errors, then
+    times out as the real one does each second."""
+
+    def __init__(self, *queued: bytes | OSError) -> None:
+        self.queued = list(queued)
+        self.closed = False
+
+    def recv(self, size: int) -> bytes:
+        if not self.queued:
+            time.sleep(0.01)
+            raise TimeoutError
+        item = self.queued.pop(0)
+        if isinstance(item, OSError):
+            raise item
+        return item[:size]
+
+    def __enter__(self) -> Socket:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def running(machine: Path) -> Iterator[tuple[Wedges, Metrics, list[Socket]]]:
+    """Wedges reading on its thread from sockets: the first open fails (a seccomp profile
+    refusing netlink), the next one lost a burst (ENOBUFS) and then reads a wedged event."""
+    metrics = Metrics("node", 60, 1000)
+    opened: list[Socket] = []
+    sockets: list[Socket | OSError] = [
+        OSError(errno.EPROTONOSUPPORT, "Protocol not supported"),
+        Socket(b"garbage", OSError(errno.ENOBUFS, "No buffer space available"), wedged("unknown")),
+    ]
+
+    def open_socket() -> Socket:
+        item = sockets.pop(0)
+        if isinstance(item, OSError):
+            raise item
+        opened.append(item)
+        return item
+
+    w = Wedges(discover(machine), metrics, machine, open_socket, retry_seconds=0.01)  # type: ignore[arg-type]
+    w.start()
+    yield w, metrics, opened
+    w.close()
+
+
+def test_the_thread_retries_a_socket_that_fails_and_counts_lost_and_bad_datagrams(
+    running: tuple[Wedges, Metrics, list[Socket]],
+) -> None:
+    w, metrics, opened = running
+    eventually(lambda: w.wedged(GPU), "the wedged event read")
+    assert values(metrics, UEVENTS_SKIPPED) == {("malformed",): 1, ("overrun",): 1}
+    assert values(metrics, DEVICE_RESETS) == {(GPU, "amdgpu", "unknown"): 1}
+    w.close()
+    assert opened[0].closed
+
+
+def test_an_empty_wedged_method_is_unknown(machine: Path) -> None:
+    metrics = Metrics("node", 60, 1000)
+    w = wedges(machine, metrics)
+    w.handle(Uevent("change", "/x", {"SUBSYSTEM": "drm", "DEVNAME": "dri/card1", "WEDGED": ""}))
+    assert values(metrics, DEVICE_RESETS) == {(GPU, "amdgpu", "unknown"): 1}
+    assert w.wedged(GPU)
+
+
+def test_a_real_netlink_socket_is_a_kernel_uevent_listener() -> None:
+    with netlink_socket() as sock:
+        assert sock.family == socket.AF_NETLINK
+        assert sock.getsockname()[1] == 1  # the kernel's group, not udevd's
