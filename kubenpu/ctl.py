@@ -218,11 +218,12 @@ def _devices(args: argparse.Namespace) -> str:
             _unit(now[d.id].power_watts, "W"),
             _unit(now[d.id].temperature_celsius, "°C"),
             _unit(now[d.id].frequency_mhz, "MHz"),
+            now[d.id].health,
         ]
         for d in devices
     ]
     header = ["DRIVER", "PCI ID", "ADDRESS", "MAJOR:MINOR", "NUMA", "VENDOR", "POWER", "TEMP"]
-    return _table([*header, "FREQ"], rows)
+    return _table([*header, "FREQ", "HEALTH"], rows)
 
 
 def _unit(value: float | None, unit: str) -> str:
@@ -234,6 +235,8 @@ def _device_json(d: Device, now: Summary) -> dict[str, object]:
         "power_watts": now.power_watts,
         "temperature_celsius": now.temperature_celsius,
         "frequency_mhz": now.frequency_mhz,
+        "health": now.health,
+        "uncorrected_errors": now.uncorrected,
         "driver": d.driver,
         "pci_id": d.pci_id,
         "address": d.id,

@@ -32,25 +32,39 @@ def test_devices_table_i915() -> None:
     result = run("devices", "--root", "tests/testdata/intel-i915")
     assert (result.returncode, result.stderr) == (0, "")
     assert result.stdout == (
-        "DRIVER  PCI ID     ADDRESS       MAJOR:MINOR    NUMA  VENDOR  POWER  TEMP  FREQ\n"
-        "i915    8086:5917  0000:00:02.0  226:1,226:128  -     i915    -      -     300 MHz\n"
+        "DRIVER  PCI ID     ADDRESS       MAJOR:MINOR    NUMA  VENDOR  POWER  TEMP  FREQ"
+        "     HEALTH\n"
+        "i915    8086:5917  0000:00:02.0  226:1,226:128  -     i915    -      -     300 MHz  ok\n"
     )
+
+
+AMD_ROW = ["63", "W", "41", "°C", "1200", "MHz", "ok"]  # POWER, TEMP, FREQ, HEALTH
 
 
 def test_devices_table_shows_power_temperature_and_clock_from_sysfs() -> None:
     result = run("devices", "--root", "tests/testdata/amd-server")
-    assert result.stdout.splitlines()[2].split()[-6:] == ["63", "W", "41", "°C", "1200", "MHz"]
+    assert result.stdout.splitlines()[2].split()[-7:] == AMD_ROW
+
+
+def test_devices_health_is_degraded_by_uncorrected_errors(tmp_path: Path) -> None:
+    shutil.copytree(TESTDATA / "amd-server", tmp_path, symlinks=True, dirs_exist_ok=True)
+    ras = next(tmp_path.glob("sys/devices/*/*/0000:c3:00.0/ras"))
+    (ras / "gfx_err_count").write_text("ue: 2\nce: 0\n")
+    result = run("devices", "--root", str(tmp_path), "-o", "json")
+    amd, gpu = json.loads(result.stdout)
+    assert (amd["health"], amd["uncorrected_errors"]) == ("ok", None)  # ast: no RAS
+    assert (gpu["health"], gpu["uncorrected_errors"]) == ("degraded", 2)
 
 
 def test_devices_table_marks_missing_values(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["devices", "--root", str(TESTDATA / "arm-panfrost")]) == 0
     assert capsys.readouterr().out.splitlines() == [
         "DRIVER        PCI ID  ADDRESS                     MAJOR:MINOR    NUMA  VENDOR    POWER"
-        "  TEMP  FREQ",
+        "  TEMP  FREQ  HEALTH",
         "rockchip-drm  -       platform:display-subsystem  226:0          -     -         -      -"
-        "     -",
+        "     -     ok",
         "panfrost      -       platform:fde60000.gpu       226:1,226:128  -     panfrost  -      -"
-        "     -",
+        "     -     ok",
     ]
 
 
@@ -58,8 +72,8 @@ def test_devices_on_a_broken_tree_warns_and_lists_the_rest() -> None:
     result = run("devices", "--root", "tests/testdata/broken")
     assert result.returncode == 0
     assert result.stdout.splitlines()[1:] == [
-        "-          -       0000:00:02.0  226:0,226:128  -     -       -      -     -",
-        "intel_vpu  -       0000:00:0b.0  261:0          0     ivpu    -      -     -",
+        "-          -       0000:00:02.0  226:0,226:128  -     -       -      -     -     ok",
+        "intel_vpu  -       0000:00:0b.0  261:0          0     ivpu    -      -     -     ok",
     ]
     warnings = result.stderr.splitlines()
     assert warnings and all(w.startswith("kubenpuctl: warning: ") for w in warnings)
@@ -79,6 +93,8 @@ def test_devices_json(capsys: pytest.CaptureFixture[str]) -> None:
             "power_watts": None,
             "temperature_celsius": None,
             "frequency_mhz": 300.0,
+            "health": "ok",
+            "uncorrected_errors": None,
         },
         {
             "driver": "intel_vpu",
@@ -91,6 +107,8 @@ def test_devices_json(capsys: pytest.CaptureFixture[str]) -> None:
             "power_watts": None,
             "temperature_celsius": None,
             "frequency_mhz": 1850.0,
+            "health": "ok",
+            "uncorrected_errors": None,
         },
     ]
 
@@ -347,7 +365,7 @@ def test_devices_takes_names_with_other_scripts_digits(tmp_path: Path) -> None:
     (root / HWMON).with_name("hwmon²").mkdir()
     result = run_bounded("devices", "--root", str(root))
     assert (result.returncode, result.stderr) == (0, "")
-    assert result.stdout.splitlines()[2].split()[-6:] == ["63", "W", "41", "°C", "1200", "MHz"]
+    assert result.stdout.splitlines()[2].split()[-7:] == AMD_ROW
 
 
 # --- docs/cli.md: each command's JSON, and a unit on every number's key ---------------------
