@@ -115,13 +115,7 @@ DECLARE_PERCPU_HASH(counts, struct count_key, u64, COUNTS_ENTRIES);
  * to atomically: per CPU it would be 976 B x CPUs x keys (125 MB at 128 CPUs, 1,000 keys). */
 #if defined(KUBENPU_AGGREGATE) && !defined(KUBENPU_BCC)
 #define KUBENPU_DURATIONS
-/* The bucket scheme (kubenpu/kernel/abi.py, which mirrors duration_slot below): an
- * OpenTelemetry exponential histogram at scale 2 in seconds, indexes FIRST_INDEX on. */
-#define BUCKETS 104
-#define DURATION_SLOTS (BUCKETS + 2)
-#define FIRST_INDEX (-80)
-#define OVER_NS 64000000000ULL
-#define NS_TO_UNITS 72057594ULL
+#include "slots.h"
 #define ERROR_SLOTS 15
 struct start {
     u64 ts_ns;
@@ -211,37 +205,6 @@ static __always_inline void start_timing(struct count_key *key)
     s->rdev = key->rdev;
     s->kind = key->kind;
     s->ts_ns = bpf_ktime_get_ns();  /* last: the exit reads a call once ts_ns is set */
-}
-
-/* The highest set bit of v (v > 0), without a loop. */
-static __always_inline u32 msb64(u64 v)
-{
-    u32 r = 0;
-    if (v >> 32) { v >>= 32; r += 32; }
-    if (v >> 16) { v >>= 16; r += 16; }
-    if (v >> 8) { v >>= 8; r += 8; }
-    if (v >> 4) { v >>= 4; r += 4; }
-    if (v >> 2) { v >>= 2; r += 2; }
-    if (v >> 1) r += 1;
-    return r;
-}
-
-/* The slot of a duration: ns to units of 2^-40 s, the power of two, and which quarter of it
- * (thresholds 2^(q/4) * 2^63). An exact power of two ends the bucket under it, hence units - 1. */
-static __always_inline u32 duration_slot(u64 ns)
-{
-    if (ns > OVER_NS)
-        return BUCKETS + 1;
-    u64 units = (ns * NS_TO_UNITS) >> 16;
-    if (units <= (1ULL << 20))
-        return 0;
-    u64 below = units - 1;
-    u32 power = msb64(below);
-    u64 top = below << (63 - power);
-    int index = 4 * ((int)power - 40) + (top > 0x9837F0518DB8A800ULL) +
-                (top > 0xB504F333F9DE6800ULL) + (top > 0xD744FCCAD69D6800ULL);
-    int slot = 1 + index - FIRST_INDEX;
-    return slot > BUCKETS + 1 ? BUCKETS + 1 : (u32)slot;
 }
 
 /* abi.ERRORS' slot of an errno (a positive number). */

@@ -64,6 +64,8 @@ class ProbeConfig(_Model):
     ringbuf_pages: int = Field(256, gt=0, le=65536)
     # time counted calls and count their errors (CO-RE, aggregate mode; docs/latency.md)
     durations: bool = True
+    # GPU jobs' queue and run times per pod from the DRM GPU scheduler (docs/jobs.md)
+    jobs: bool = True
     queue_size: int = Field(65536, gt=0, le=16_777_216)
     pin_dir: _Str = ""  # bpffs directory to pin the probe in (docs/pinning.md); "" = off
 

@@ -20,6 +20,7 @@ from kubenpu.services import Streak
 
 if TYPE_CHECKING:
     from kubenpu.attribution import Attributor
+    from kubenpu.jobs import Jobs
     from kubenpu.metrics.store import Metrics
     from kubenpu.resolve.resolver import Resolver
     from kubenpu.telemetry import Telemetry
@@ -64,6 +65,7 @@ class Agent:
         usage: Usage | None = None,
         usage_interval: float = 5.0,
         telemetry: Telemetry | None = None,
+        jobs: Jobs | None = None,
         answered: threading.Event | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
@@ -78,6 +80,7 @@ class Agent:
         self.usage = usage
         self._usage_interval = usage_interval
         self.telemetry = telemetry
+        self.jobs = jobs
         self._clock = clock
         self._wall = wall  # the Unix time of reads, for kubenpu_counters_read_timestamp_seconds
         self._counts_at: float | None = None  # of the last read that brought calls
@@ -90,6 +93,7 @@ class Agent:
             "poll": Streak("poll", log),
             "attribution": Streak("attribution", log),
             "fdinfo": Streak("reading fdinfo", log),
+            "jobs": Streak("reading GPU jobs", log),
         }
 
     def run(self) -> int:
@@ -175,6 +179,8 @@ class Agent:
             self._last_usage = now
             if self.usage is not None:
                 self._stamped("fdinfo", self.usage.read)
+            if self.jobs is not None:
+                self._guarded("jobs", self.jobs.read)
             if self.telemetry is not None:  # right after fdinfo: energy splits by its busy time
                 busy = self.usage.interval_busy() if self.usage is not None else {}
                 # Handed over, not read here: a sysfs read can block for good (a GPU reset).
@@ -187,6 +193,8 @@ class Agent:
         """The calls made since the last cycle, and every held one, before exit."""
         self._read(counts=True)
         self._flush()
+        if self.jobs is not None:
+            self._guarded("jobs", self.jobs.read)
         self.attributor.settle_all()
         self.attributor.timed(self.probe.durations)
 

@@ -18,6 +18,8 @@ from kubenpu.discovery import Device, discover
 from kubenpu.events import Tally
 from kubenpu.fdinfo import FdinfoReader
 from kubenpu.health import Health
+from kubenpu.jobs import Jobs
+from kubenpu.kernel.jobs import JobsKernel
 from kubenpu.kernel.loader import loaders, open_kernel
 from kubenpu.loop import STALE_AFTER, Agent
 from kubenpu.metrics.inputs import DeviceRow
@@ -164,6 +166,7 @@ def build(
         debug=debug,
     )
     kernel = open_kernel(tried, devices, p.pin_dir)
+    jobs = _start_jobs(cfg, resolver, metrics, found, services) if p.jobs else None
     # A new cgroup is indexed on the polling thread at once: it may be gone by the next flush.
     probe = Probe(kernel, tally, on_births=resolver.cgroups_born)
     services.add("probe", probe.close)
@@ -174,12 +177,27 @@ def build(
         usage=usage,
         usage_interval=cfg.fdinfo.interval_seconds,
         telemetry=telemetry,
+        jobs=jobs,
         answered=answered,
         metrics=metrics,
         resolver=resolver,
         health=health,
         devices=len(devices),
     )
+
+
+def _start_jobs(
+    cfg: config.Config,
+    resolver: Resolver,
+    metrics: Metrics,
+    found: list[Device],
+    services: Services,
+) -> Jobs:
+    """The GPU jobs probe, attached on its own thread once the DRM GPU scheduler is loaded."""
+    jobs = Jobs(JobsKernel(), resolver, metrics, found, cfg.attribution.pending_seconds)
+    services.add("jobs", jobs.close)
+    jobs.start()
+    return jobs
 
 
 def _start_allocations(

@@ -363,6 +363,11 @@ RECORDED_SINCE = {
     "Device throttling": "kubenpu_device_throttle_ratio",
     "Device memory used and busy (driver)": "kubenpu_device_memory_used_bytes",
     "Telemetry files skipped, by reason": "kubenpu_telemetry_skipped_total",
+    "GPU job queue wait p99 by pod": "kubenpu_job_wait_duration_seconds_bucket",
+    "GPU job run time p99 by pod": "kubenpu_job_run_duration_seconds_bucket",
+    "GPU jobs per second by pod": "kubenpu_jobs_total",
+    "GPU jobs in flight by pod": "kubenpu_jobs_in_flight",
+    "GPU job events lost, by reason": "kubenpu_jobs_lost_total",
     **dict.fromkeys(
         (
             "Allocated vs used by pod and device",

@@ -36,7 +36,7 @@ from vm.guestlib import parse
 
 from kubenpu import __version__, config, export
 from kubenpu.kernel import abi
-from kubenpu.kernel.records import Durations, Key
+from kubenpu.kernel.records import Durations, JobTimes, Key
 from kubenpu.metrics.catalogue import (
     ENGINE_BUSY,
     ENGINE_COUNTERS,
@@ -928,7 +928,7 @@ UID_A, UID_B = "8f2c3a10-0000-4000-8000-00000000000a", "8f2c3a10-0000-4000-8000-
 
 def push_pods(tmp_path: Path, rx: OtlpReceiver, attributes: str) -> None:
     """Two pods of one name, one after the other (uids a, b), with calls, their durations and
-    errors, engine time, memory, capacity and energy: every per-pod series the store makes
+    errors, engine time, memory, capacity, energy and GPU jobs: every per-pod series the store makes
     from an Attribution."""
     text = otlp_yaml(rx.port, f"    attributes: {attributes}\n")
     tel = start_telemetry(make_config(tmp_path, text))
@@ -944,6 +944,8 @@ def push_pods(tmp_path: Path, rx: OtlpReceiver, attributes: str) -> None:
             slots = (n,) + (0,) * (abi.DURATION_SLOTS - 1)
             errors = (n,) + (0,) * (len(abi.ERRORS) - 1)
             m.set_durations(where, "submit", Key(n, 226, 0, 1), Durations(n, slots, errors))
+            histogram = Durations(n, slots, ())
+            m.set_jobs(where, "gfx_0.0.0", n, JobTimes(n + 1, n, histogram, histogram))
             capacity[(where, "render")] = 1
             memory[(where, "vram0", "resident")] = n
         m.set_usage_gauges(capacity, memory)

@@ -25,7 +25,7 @@ from helpers import (
 
 from kubenpu import export
 from kubenpu.kernel import abi
-from kubenpu.kernel.records import Durations, Key
+from kubenpu.kernel.records import Durations, JobTimes, Key
 from kubenpu.metrics.catalogue import ENGINE_COUNTERS, K8S_ATTRIBUTES, SPECS, TELEMETRY_SPECS
 from kubenpu.metrics.inputs import AllocationState, Held, Where
 
@@ -114,6 +114,9 @@ def fill(tel: export.Exporters) -> None:
     m.set_certificates({"export.prometheus.tls.cert_file": 1.9e9})
     m.counters_read("kernel", 1.8e9)
     m.set_durations(where, "submit", Key(7, 226, 0, 1), TIMED)
+    jobs = Durations(TIMED.sum_ns, TIMED.slots, ())
+    m.set_jobs(where, "gfx_0.0.0", 7, JobTimes(5, 4, jobs, jobs))
+    m.jobs_lost({"unmatched": 1, "keys_full": 0})
 
 
 # Two calls of 2.0 ms (bucket -36, (1.95, 2.32] ms), one of 50 ms (bucket -18, (44.2, 52.6]
@@ -166,7 +169,7 @@ def check_series(prom: Prometheus, pushed: bool = False, attributes: str = "semc
     etime = prom.query(f'kubenpu_ioctl_errors_total{{{pod}="p",error="ETIME"}}')
     assert etime[0]["value"][1] == "1"
     names = {r["metric"]["__name__"] for r in prom.query('{__name__=~"(kubenpu|hw)_.*"}')}
-    histograms = ("kubenpu_cri_request_duration_seconds", "kubenpu_ioctl_duration_seconds")
+    histograms = {s.prometheus_name for s in SPECS if s.kind == "histogram"}
     parts = {f"{h}_{s}" for h in histograms for s in ("bucket", "count", "sum")}
     assert names - parts == expected_names(pushed) - set(histograms)
     assert parts <= names

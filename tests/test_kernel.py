@@ -191,7 +191,7 @@ def test_the_core_loader_sizes_its_maps_as_the_config_asks(tmp_path, monkeypatch
             sized[name] = entries(found) if found else None
         return -1  # EPERM, as an unprivileged load is answered
 
-    monkeypatch.setattr(core._libbpf().lib, "bpf_object__load", load)
+    monkeypatch.setattr(core.shared_libbpf().lib, "bpf_object__load", load)
     [kernel] = loaders(
         [], loader="core", mode=cfg.probe.mode, ringbuf_pages=cfg.probe.ringbuf_pages
     )

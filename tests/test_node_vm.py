@@ -333,6 +333,23 @@ def test_the_test_drivers_telemetry_reaches_otlp_by_semantic_convention_names(re
     assert any(p["attributes"].get("device") == TESTDRM for p in otlp["hw.energy"])
 
 
+def test_a_wedged_uevent_fails_the_device_until_a_recovered_one(result, energy):
+    """The kernel's DRM wedged uevents (the test driver's, tests/vm/kmod) on the agent's
+    netlink socket: hw.status failed after WEDGED=rebind, ok after WEDGED=none, each counted
+    by its method, and the log names the guilty task."""
+    wedge = result["wedge"]
+    assert (wedge["ok"]["ok"], wedge["failed"]["failed"], wedge["failed"]["ok"]) == (1, 1, 0)
+    resets = _testdrm(wedge["recovered"], "kubenpu_device_resets_total")
+    assert {dict(k)["method"]: v for k, v in resets.items()} == {"rebind": 1, "none": 1}
+    pid, task = wedge["guilty"]
+    assert f"wedged: needs recovery by rebind, guilty pid {pid} ({task})" in result["agent_log"]
+    skipped = {
+        s["labels"]["reason"]: s["value"]
+        for s in wedge["recovered"]["kubenpu_uevents_skipped_total"]
+    }
+    assert skipped["malformed"] == skipped["overrun"] == 0
+
+
 def _pod_energy(scrape: dict) -> dict[tuple[str, str, str], int]:
     return {
         (s["labels"]["namespace"], s["labels"]["pod"], s["labels"]["container"]): _uj(s["value"])
@@ -368,3 +385,67 @@ def test_pod_idle_and_unattributed_shares_add_up_to_the_device_counter(energy):
             for share in ("idle", "unattributed")
         )
         assert parts == _device_share(scrape, "kubenpu_device_energy_joules_total")
+
+
+# --- GPU jobs on the test driver's scheduler ring (tests/vm/node_guest.py run_jobs) ---------
+
+JOB_PODS = {("team-d", "batch-0"): 20, ("team-e", "serve-0"): 10}  # node_guest's JOB_PLANS
+
+
+def _jobs(scrape: dict, metric: str) -> dict[tuple[str, str], float]:
+    return {
+        (s["labels"]["namespace"], s["labels"]["pod"]): s["value"]
+        for s in scrape.get(metric, [])
+        if s["labels"]["device"] == TESTDRM and s["labels"]["ring"] == "testdrm-ring"
+    }
+
+
+def _job_histogram(result: dict, metric: str, pod: str) -> dict:
+    [point] = [p for p in result["jobs"]["otlp"][metric] if p["attributes"]["k8s.pod.name"] == pod]
+    return point
+
+
+def _lowest_upper_edge(point: dict) -> float:
+    """The upper edge of the lowest bucket with a job in it (scale 2: bucket i is
+    (2^(i/4), 2^((i+1)/4)] seconds); 0 when a job is in the zero bucket."""
+    if point["zero"]:
+        return 0.0
+    first = next(j for j, n in enumerate(point["buckets"]) if n)
+    return 2 ** ((point["offset"] + first + 1) / 4)
+
+
+def test_gpu_jobs_are_counted_exactly_per_pod_and_none_is_left_in_flight(result, energy):
+    done = result["jobs"]["done"]
+    assert {k: v for k, v in _jobs(done, "kubenpu_jobs_total").items() if k in JOB_PODS} == (
+        JOB_PODS
+    )
+    in_flight = _jobs(done, "kubenpu_jobs_in_flight")
+    assert [in_flight[k] for k in JOB_PODS] == [0, 0]
+    lost = {s["labels"]["reason"]: s["value"] for s in done["kubenpu_jobs_lost_total"]}
+    assert lost == {"unmatched": 0, "keys_full": 0}
+
+
+@pytest.mark.parametrize(
+    ("metric", "pod", "jobs", "at_least"),
+    [
+        ("kubenpu.job.run.duration", "batch-0", 20, 0.050),  # A's jobs each run 50 ms
+        ("kubenpu.job.run.duration", "serve-0", 10, 0.010),  # B's 10 ms
+        # B's jobs were queued while the ring held A's first: each waited for it to run its
+        # 50 ms after the ring resumed, at least (a timer never fires early).
+        ("kubenpu.job.wait.duration", "serve-0", 10, 0.050),
+    ],
+)
+def test_each_jobs_time_lands_in_a_bucket_at_or_above_it(
+    result, energy, metric, pod, jobs, at_least
+):
+    point = _job_histogram(result, metric, pod)
+    assert point["count"] == jobs
+    assert _lowest_upper_edge(point) >= at_least
+
+
+def test_a_hung_job_is_reset_by_the_driver_and_its_task_named(result, energy):
+    """The job that never signals: the scheduler's timeout, the driver's reset (WEDGED=none,
+    its submitter as the guilty task), and the job done (failed) on the ring."""
+    jobs = result["jobs"]
+    assert _jobs(jobs["hung"], "kubenpu_jobs_total")[("team-f", "hang-0")] == 1
+    assert f"reset and recovered, guilty pid {jobs['hang_pid']} (drmcall)" in result["agent_log"]

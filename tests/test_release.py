@@ -27,7 +27,7 @@ from helpers import ROOT, k8s_tools, script_output
 pytestmark = pytest.mark.tools
 VERSION = "0.1.0"
 REPOSITORY = "kubenpu/kubenpu-agent"  # the chart's image.repository, under the registry's host
-OBJECTS = {f"kubenpu/kernel/objects/kubenpu-{m}.bpf.o" for m in ("aggregate", "events")}
+OBJECTS = {f"kubenpu/kernel/objects/kubenpu-{m}.bpf.o" for m in ("aggregate", "events", "jobs")}
 
 
 def sh(*args: str | Path, timeout: float = 300, cwd: Path | None = None) -> str:

@@ -110,5 +110,13 @@ g.dashboard(
       g.pos(12, 40, 12, 8),
       'unreadable: no ptrace-read access (see the chart value fdinfo.enabled). no_client_id: drivers without usage stats (vgem, virtio_gpu).',
     ),
+    g.timeseries(
+      'GPU job events lost, by reason',
+      [g.target('sum by (node, reason) (rate(kubenpu_jobs_lost_total{node=~"$node"}[$__rate_interval]))',
+                '{{node}} {{reason}}')],
+      'ops',
+      g.pos(0, 48, 24, 8),
+      'unmatched: a job queued before the jobs probe attached (expected after a start). keys_full: the kernel table of {cgroup, ring} is full, jobs not timed.',
+    ),
   ],
 )

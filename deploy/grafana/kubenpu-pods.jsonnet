@@ -113,5 +113,38 @@ g.dashboard(
       g.pos(0, 58, 24, 8),
       'not_pod: host processes (expected). not_indexed, container_not_found, cri_error: attribution failing.',
     ),
+    // GPU jobs from the DRM GPU scheduler (docs/jobs.md): the queue wait against the run time
+    // says whether a pod is slow behind others' jobs or on the device itself.
+    g.timeseries(
+      'GPU job queue wait p99 by pod',
+      [g.target('histogram_quantile(0.99, sum by (namespace, pod, device, ring, le) (rate(kubenpu_job_wait_duration_seconds_bucket{%s}[$__rate_interval])))' % sel,
+                '{{namespace}}/{{pod}} {{device}} {{ring}}')],
+      's',
+      g.pos(0, 66, 12, 8),
+      'From queued to running on the ring: the time a pod\'s jobs wait behind other jobs (and on their dependencies). High here with a low run time: contention.',
+    ),
+    g.timeseries(
+      'GPU job run time p99 by pod',
+      [g.target('histogram_quantile(0.99, sum by (namespace, pod, device, ring, le) (rate(kubenpu_job_run_duration_seconds_bucket{%s}[$__rate_interval])))' % sel,
+                '{{namespace}}/{{pod}} {{device}} {{ring}}')],
+      's',
+      g.pos(12, 66, 12, 8),
+      'From the scheduler handing a job to the driver to its fence signalling done: the time on the device.',
+    ),
+    g.timeseries(
+      'GPU jobs per second by pod',
+      [g.target('sum by (namespace, pod, device) (rate(kubenpu_jobs_total{%s}[$__rate_interval]))' % sel,
+                '{{namespace}}/{{pod}} {{device}}')],
+      'ops',
+      g.pos(0, 74, 12, 8),
+    ),
+    g.timeseries(
+      'GPU jobs in flight by pod',
+      [g.target('sum by (namespace, pod, device) (kubenpu_jobs_in_flight{%s})' % sel,
+                '{{namespace}}/{{pod}} {{device}}')],
+      'short',
+      g.pos(12, 74, 12, 8),
+      'Queued and not done at the last read.',
+    ),
   ],
 )

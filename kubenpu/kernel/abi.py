@@ -230,3 +230,32 @@ EXIT_PROGRAMS = {
     "drm_ioctl": {"drm_ioctl": "kubenpu_drm_exit"},
 }
 EXIT_LINK = f"{LINK}exit-"  # the pin name of an exit's attachment: link-exit-<function>
+
+# --- GPU jobs (bpf/jobs.bpf.c, its own object: docs/jobs.md) -----------------------------------
+JOBS_OBJECT = "kubenpu-jobs.bpf.o"
+JOBS = "jobs"  # u64 scheduler fence -> the job in flight (LRU hash)
+JOB_TIMES = "job_times"  # JOB_KEY -> JOB_TIMES_VALUE (hash)
+RINGS = "rings"  # u64 scheduler address -> RING (hash)
+JOB_LOST = "job_lost"  # u64 per JOB_LOST reason (array)
+JOB_LOST_REASONS = ("unmatched", "keys_full")
+# struct job_key: u64 cgroup_id, u64 ring
+JOB_KEY = struct.Struct("=QQ")
+# struct job_times: u64 queued, done, wait_sum_ns, run_sum_ns, wait[DURATION_SLOTS],
+# run[DURATION_SLOTS]
+JOB_TIMES_VALUE = struct.Struct(f"=4Q{DURATION_SLOTS}Q{DURATION_SLOTS}Q")
+RING = struct.Struct("=32s32s")  # struct ring: char name[32], char device[32]
+# The scheduler's tracepoints by kernel, each set the programs that attach to them: (tracepoint,
+# program) for queued, run, done. The loader attaches the first set whose tracepoints the kernel
+# has (drivers/gpu/drm/scheduler/gpu_scheduler_trace.h).
+JOB_TRACEPOINTS = (
+    (  # 6.17 on
+        ("drm_sched_job_queue", "job_queued"),
+        ("drm_sched_job_run", "job_run"),
+        ("drm_sched_job_done", "job_done"),
+    ),
+    (  # before
+        ("drm_sched_job", "job_queued_6_1"),
+        ("drm_run_job", "job_run_6_1"),
+        ("drm_sched_process_job", "job_done_6_1"),
+    ),
+)

@@ -57,16 +57,16 @@ _libc = ctypes.CDLL(None)
 _libc.vsnprintf.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_void_p]
 
 
-_OBJECTS = Path(__file__).parent / "objects"  # make bpf's output, in the wheel when built
+OBJECTS = Path(__file__).parent / "objects"  # make bpf's output, in the wheel when built
 
 
 def object_path(aggregate: bool) -> Path:
     """The built object of a probe mode (make bpf)."""
-    return _OBJECTS / f"kubenpu-{'aggregate' if aggregate else 'events'}.bpf.o"
+    return OBJECTS / f"kubenpu-{'aggregate' if aggregate else 'events'}.bpf.o"
 
 
 @functools.cache
-def _libbpf() -> _Libbpf:
+def shared_libbpf() -> _Libbpf:
     """One per process: libbpf's print callback is process-wide and must outlive every object."""
     return _Libbpf()
 
@@ -111,7 +111,11 @@ class _Libbpf:
         log adds its last line."""
         reason = self.messages[0].splitlines()[0] if self.messages else ""
         verifier = next((m for m in self.messages if "BEGIN PROG LOAD LOG" in m), "")
-        said = [line for line in verifier.splitlines()[1:] if "PROG LOAD LOG" not in line]
+        said = [  # its last line counts instructions; the one before it says why
+            line
+            for line in verifier.splitlines()[1:]
+            if "PROG LOAD LOG" not in line and not line.startswith("processed ")
+        ]
         reason += f": {said[-1].strip()}" if said else ""
         return f"{reason} ({bpfsys.error_name(err)})" if reason else bpfsys.error_name(err)
 
@@ -165,7 +169,7 @@ class CoreKernel(LoaderBase):
             raise ProbeError("the CO-RE object has fentry programs only (probe.attach: kprobe)")
         functions = hooks.functions(self.hook)
         try:
-            self._lib = _libbpf()
+            self._lib = shared_libbpf()
             self._lib.messages.clear()
             self._load(functions)
             self._attach_all(functions)

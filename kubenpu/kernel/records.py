@@ -1,5 +1,6 @@
-"""The kernel's records as Python reads them: a ring-buffer event, a cgroup birth, and the key
-of the `counts` map (their byte layouts are kernel/abi.py's). kubenpu.events aggregates them."""
+"""The kernel's records as Python reads them: a ring-buffer event, a cgroup birth, the key of the
+`counts` map, the durations and the GPU jobs (their byte layouts are kernel/abi.py's).
+kubenpu.events aggregates them."""
 
 from __future__ import annotations
 
@@ -35,3 +36,14 @@ class Durations(NamedTuple):
     sum_ns: int
     slots: tuple[int, ...]
     errors: tuple[int, ...]
+
+
+class JobTimes(NamedTuple):
+    """One {cgroup, ring}'s GPU jobs since the jobs probe attached (the `job_times` map): queued,
+    done, and the wait (queued to run) and run (run to done) histograms of the done ones, in the
+    durations' slots (no errors)."""
+
+    queued: int
+    done: int
+    wait: Durations
+    run: Durations

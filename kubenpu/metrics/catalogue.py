@@ -108,6 +108,49 @@ IOCTL_DURATION = Spec(
     "container and device; the kernel's buckets (docs/latency.md). CO-RE loader, aggregate mode.",
     (*POD_LABELS, "device", "vendor", "kind"),
 )
+# GPU jobs from the DRM GPU scheduler's tracepoints (bpf/jobs.bpf.c, kubenpu/jobs.py): the
+# pod is the cgroup of the task that queued the job.
+_JOB_LABELS = (*POD_LABELS, "device", "vendor", "ring")
+JOB_WAIT = Spec(
+    "kubenpu.job.wait.duration",
+    "histogram",
+    "s",
+    "How long GPU jobs waited from queued to running on the device's ring (the DRM GPU "
+    "scheduler's queue: behind other jobs, and on their dependencies), per pod, device and "
+    "ring; the kernel's buckets, those of kubenpu_ioctl_duration_seconds (docs/jobs.md).",
+    _JOB_LABELS,
+)
+JOB_RUN = Spec(
+    "kubenpu.job.run.duration",
+    "histogram",
+    "s",
+    "How long GPU jobs ran on the device, from the scheduler handing them to the driver to "
+    "their fence signalling done, per pod, device and ring (docs/jobs.md).",
+    _JOB_LABELS,
+)
+JOBS = Spec(
+    "kubenpu.jobs",
+    "counter",
+    "{job}",
+    "GPU jobs done, per pod, device and ring (the count of the job histograms).",
+    _JOB_LABELS,
+)
+JOBS_IN_FLIGHT = Spec(
+    "kubenpu.jobs.in_flight",
+    "gauge",
+    "{job}",
+    "GPU jobs queued and not yet done, per pod, device and ring, at the last read.",
+    _JOB_LABELS,
+)
+JOBS_LOST = Spec(
+    "kubenpu.jobs.lost",
+    "counter",
+    "{job}",
+    "GPU job events the kernel side could not use, by reason: unmatched (a run or done of a job "
+    "not seen queued: queued before the probe attached), keys_full (no room for a new {cgroup, "
+    "ring} in the kernel's table: the job is not in the histograms).",
+    ("reason",),
+)
 IOCTL_ERRORS = Spec(
     "kubenpu.ioctl.errors",
     "counter",
@@ -194,14 +237,14 @@ OVERFLOW_CALLS = Spec(
 )
 # What holds series beside kubenpu_ioctl_total under metrics.max_series, and whose series the
 # cap leaves out (kubenpu.overflow_series).
-SERIES_SOURCES = ("allocations", "telemetry", "durations")
+SERIES_SOURCES = ("allocations", "telemetry", "durations", "jobs")
 OVERFLOW_SERIES = Spec(
     "kubenpu.overflow_series",
     "counter",
     "{series}",
-    "Series left out of an allocations refresh, a device telemetry read or a read of the "
-    "kernel's call durations because metrics.max_series was reached, by source; counted at "
-    "every refresh or read that leaves them out.",
+    "Series left out of an allocations refresh, a device telemetry read, a read of the "
+    "kernel's call durations or of its GPU jobs because metrics.max_series was reached, by "
+    "source; counted at every refresh or read that leaves them out.",
     ("source",),
 )
 LATE_SIGHTINGS = Spec(
@@ -632,6 +675,11 @@ SPECS = (
     IOCTL,
     IOCTL_DURATION,
     IOCTL_ERRORS,
+    JOB_WAIT,
+    JOB_RUN,
+    JOBS,
+    JOBS_IN_FLIGHT,
+    JOBS_LOST,
     DEVICE_INFO,
     DROPPED,
     INDEX_REBUILDS,

@@ -22,8 +22,8 @@ from typing import NamedTuple
 
 from kubenpu.descriptors import WHERE
 from kubenpu.fdinfo import Skip
-from kubenpu.kernel.abi import ERRORS
-from kubenpu.kernel.records import Durations, Key
+from kubenpu.kernel.abi import ERRORS, JOB_LOST_REASONS
+from kubenpu.kernel.records import Durations, JobTimes, Key
 from kubenpu.metrics.catalogue import (
     ALLOCATED,
     ALLOCATED_IDLE,
@@ -48,6 +48,11 @@ from kubenpu.metrics.catalogue import (
     IOCTL_DURATION,
     IOCTL_ERRORS,
     IOCTL_SERIES,
+    JOB_RUN,
+    JOB_WAIT,
+    JOBS,
+    JOBS_IN_FLIGHT,
+    JOBS_LOST,
     LATE_SIGHTINGS,
     MEMORY,
     OVERFLOW_ATTRS,
@@ -177,6 +182,8 @@ class _Pod:
     # per series, the kernel's cumulative durations of each of its keys (cgroups)
     timed: dict[tuple[str, str, str, str], dict[Key, Durations]] = field(default_factory=dict)
     engines: dict[Spec, dict[_EngineKey, float]] = field(default_factory=dict)
+    # per (container, device, vendor, ring), the kernel's cumulative GPU jobs of each cgroup
+    jobs: dict[_EngineKey, dict[int, JobTimes]] = field(default_factory=dict)
 
 
 @dataclass
@@ -224,6 +231,8 @@ class Metrics:
         self._timed_series = 0  # kubenpu_ioctl_duration_seconds' (its error series go with it)
         self._allocation_series = 0
         self._telemetry_series = 0
+        self._job_series = 0
+        self._jobs_lost = dict.fromkeys(JOB_LOST_REASONS, 0)
         self._overflow = 0
         self._overflow_series = dict.fromkeys(SERIES_SOURCES, 0)
         self._devices: list[DeviceRow] = []
@@ -302,9 +311,33 @@ class Metrics:
                 self._timed_series += 1
             rec.timed[series][key] = value
 
+    def set_jobs(self, where: Where, ring: str, cgroup_id: int, times: JobTimes) -> None:
+        """The kernel's cumulative GPU jobs of one cgroup on one ring (kubenpu.jobs), in the
+        series `where` + `ring`, which retires with the pod. A new series takes room under
+        metrics.max_series as one."""
+        unit = _unit(where.namespace, where.pod, where.container, where.pod_uid)
+        key = (where.container, where.device, where.vendor, ring)
+        with self._lock:
+            rec = self._pods.get(unit)
+            if rec is None or key not in rec.jobs:
+                if self._held() >= self._max:
+                    self._overflow_series["jobs"] += 1
+                    return
+                if rec is None:
+                    rec = self._pods[unit] = _Pod(time.time_ns())
+                rec.jobs[key] = {}
+                self._job_series += 1
+            rec.jobs[key][cgroup_id] = times
+            self._live(rec, unit, where.container)
+
+    def jobs_lost(self, lost: dict[str, int]) -> None:
+        """The kernel side's job losses by reason, cumulative (JOB_LOST_REASONS)."""
+        with self._lock:
+            self._jobs_lost = dict(lost)
+
     def _held(self) -> int:
         """The series under metrics.max_series. Caller holds the lock."""
-        held = self._nseries + self._timed_series
+        held = self._nseries + self._timed_series + self._job_series
         return held + self._allocation_series + self._telemetry_series
 
     def _live(self, rec: _Pod, unit: _Unit, container: str) -> None:
@@ -485,6 +518,7 @@ class Metrics:
             rec = self._pods.pop(key)
             self._nseries -= len(rec.series)
             self._timed_series -= len(rec.timed)
+            self._job_series -= len(rec.jobs)
 
     def collect(self) -> list[tuple[Spec, list[Point]]]:
         """Retire expired series, then snapshot every metric (cumulative values)."""
@@ -494,6 +528,8 @@ class Metrics:
                 (IOCTL, self._ioctl_points()),
                 (IOCTL_DURATION, self._duration_points()),
                 (IOCTL_ERRORS, self._error_points()),
+                *self._job_points(),
+                (JOBS_LOST, self._by_reason(self._jobs_lost)),
                 (
                     DEVICE_INFO,
                     [
@@ -630,6 +666,25 @@ class Metrics:
 
     def _duration_points(self) -> list[Point]:
         return [Point(attrs, _summed(timed), start) for attrs, start, timed in self._timed()]
+
+    def _job_points(self) -> list[tuple[Spec, list[Point]]]:
+        """The GPU job histograms, counts and jobs in flight. Caller holds the lock."""
+        by_spec: dict[Spec, list[Point]] = {
+            s: [] for s in (JOB_WAIT, JOB_RUN, JOBS, JOBS_IN_FLIGHT)
+        }
+        for (ns, pod, uid, _), rec in self._pods.items():
+            for (c, d, v, ring), keys in rec.jobs.items():
+                attrs = {**Where(ns, pod, uid, c, d, v)._asdict(), "ring": ring}
+                times = list(keys.values())
+                done = sum(t.done for t in times)
+                by_spec[JOB_WAIT].append(
+                    Point(attrs, _summed([t.wait for t in times]), rec.start_ns)
+                )
+                by_spec[JOB_RUN].append(Point(attrs, _summed([t.run for t in times]), rec.start_ns))
+                by_spec[JOBS].append(Point(attrs, done, rec.start_ns))
+                in_flight = sum(t.queued for t in times) - done
+                by_spec[JOBS_IN_FLIGHT].append(Point(attrs, max(0, in_flight), rec.start_ns))
+        return list(by_spec.items())
 
     def _error_points(self) -> list[Point]:
         points = []

@@ -70,6 +70,9 @@ from guestlib import (
     SYNCOBJ_WAIT,
     TESTDRM,
     TESTDRM_ALLOC,
+    TESTDRM_JOB_10MS,
+    TESTDRM_JOB_50MS,
+    TESTDRM_JOB_HANG,
     TESTDRM_SUBMIT,
     VERSION,
     VGEM_FENCE_ATTACH,
@@ -131,6 +134,13 @@ class Pod:
 POD_A = Pod("team-a", "trainer-0", "0b8f1a52-6c5e-4d0e-9a11-3f5a0c2b7e01")
 POD_B = Pod("team-b", "infer-0", "5c2d0e7a-1b3f-4a66-8f0e-2d9c4b1a6e02")
 POD_C = Pod("team-c", "idle-0", "7a4e2c19-3d5b-4f08-b6a1-9c0d2e4f6a03")
+
+# GPU jobs on the test driver's scheduler ring (one job at a time): A's 20 jobs of 50 ms are
+# queued, then B's 10 of 10 ms behind them, while the ring holds A's first; then C's job hangs.
+JOB_A = Pod("team-d", "batch-0", "3e9b7c21-4a6d-4f1e-8b2c-5d7e9f0a1b04")
+JOB_B = Pod("team-e", "serve-0", "8c1d2e3f-5a6b-4c7d-9e0f-1a2b3c4d5e05")
+JOB_C = Pod("team-f", "hang-0", "1f2e3d4c-6b5a-4978-8a6b-5c4d3e2f1a06")
+JOB_PLANS = {JOB_A: (TESTDRM_JOB_50MS, 20), JOB_B: (TESTDRM_JOB_10MS, 10)}
 
 ALLOCATIONS_INTERVAL = 2  # attribution.pod_resources.interval_seconds: short for the run
 INTEL_GPU = "gpu.intel.com/i915"  # ids cardN-<share> (Intel's GPU plugin)
@@ -197,6 +207,41 @@ def wait_for(what: str, check: Callable[[], T], timeout: float = STEP_TIMEOUT) -
             raise SystemExit(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.5)
     return result
+
+
+def _jobs_done(prom: Samples) -> dict[tuple[str, str], float]:
+    return {
+        (s["labels"]["namespace"], s["labels"]["pod"]): s["value"]
+        for s in prom.get("kubenpu_jobs_total", [])
+        if s["labels"]["device"] == TESTDRM
+    }
+
+
+def _resets(prom: Samples) -> float:
+    return sum(
+        s["value"]
+        for s in prom.get("kubenpu_device_resets_total", [])
+        if s["labels"]["device"] == TESTDRM and s["labels"]["method"] == "none"
+    )
+
+
+def _pushed_jobs(receiver: OtlpReceiver, pods: int) -> dict[str, list[dict]] | None:
+    """The job histograms of the last push, once it has every pod's."""
+    found: dict[str, list[dict]] = {}
+    for _, m in receiver.metrics() if receiver.requests else ():
+        if m.name in ("kubenpu.job.wait.duration", "kubenpu.job.run.duration"):
+            found[m.name] = [
+                {
+                    "attributes": attrs(p.attributes),
+                    "count": p.count,
+                    "offset": p.positive.offset,
+                    "buckets": list(p.positive.bucket_counts),
+                    "zero": p.zero_count,
+                }
+                for p in m.exponential_histogram.data_points
+            ]
+    full = len(found) == 2 and all(len(points) >= pods for points in found.values())
+    return found if full else None
 
 
 def scrape_until(what: str, ok: Callable[[Samples], bool]) -> Samples:
@@ -595,6 +640,62 @@ class Node:
             "after": after,
         }
 
+    def run_wedge(self) -> dict:
+        """The test driver sends the DRM wedged uevent of a hang that needs a rebind, then the
+        one of a reset that recovered it (its `wedge` parameter; this process is the guilty
+        task): the agent hears both on its netlink socket, in the real kernel's format."""
+
+        def state(prom: Samples) -> dict[str, float]:
+            return {
+                s["labels"]["state"]: s["value"]
+                for s in prom.get("kubenpu_device_status_ratio", [])
+                if s["labels"]["device"] == TESTDRM
+            }
+
+        ok = state(scrape())
+        (TESTDRM_PARAMS / "wedge").write_text("rebind\n")
+        failed = state(scrape_until("the wedged device failed", lambda p: state(p)["failed"] == 1))
+        (TESTDRM_PARAMS / "wedge").write_text("none\n")
+        recovered = scrape_until("the device recovered", lambda p: state(p)["ok"] == 1)
+        self.mark("wedged and recovered")
+        task = Path("/proc/self/comm").read_text().strip()
+        return {"ok": ok, "failed": failed, "recovered": recovered, "guilty": [os.getpid(), task]}
+
+    def start_jobs(self, pod: Pod, ioctl: tuple[int, int], count: int, wait: bool) -> str:
+        """Container "jobs": `count` test-driver jobs (after SIGUSR1 with `wait`), its fd held
+        open until they are done (closing it would kill the queued ones)."""
+        assert self.testdrm
+        self.kubelet.run_pod(pod)
+        argv = drmcall_argv([Call.drm(device_node(self.testdrm, "renderD"), ioctl, count)])
+        flags = ["--hold", *(["--wait-signal"] if wait else [])]
+        cid = self.kubelet.start_container(pod, "jobs", 0, [argv[0], *flags, *argv[1:]])
+        container_log(pod, "jobs", 0, 1)  # {"waiting": true}, or the submits' report
+        self.record(pod, "jobs", 0, cid)
+        return cid
+
+    def run_jobs(self, receiver: OtlpReceiver) -> dict:
+        """A's jobs queued, then B's behind them, the ring holding A's first meanwhile; then a
+        job that hangs, which the driver resets after its timeout."""
+        cids = {pod: self.start_jobs(pod, *plan, wait=True) for pod, plan in JOB_PLANS.items()}
+        (TESTDRM_PARAMS / "ring_paused").write_text("1\n")
+        for pod, cid in cids.items():  # in order: each one's submits are done before the next's
+            os.kill(self.kubelet.status(cid)["pid"], signal.SIGUSR1)
+            container_log(pod, "jobs", 0, 2)
+        (TESTDRM_PARAMS / "ring_paused").write_text("0\n")
+        want = {(pod.namespace, pod.name): n for pod, (_, n) in JOB_PLANS.items()}
+        done = scrape_until("every job done", lambda p: _jobs_done(p) == want)
+        self.mark("jobs done")
+        resets = _resets(done)
+        hang = self.start_jobs(JOB_C, TESTDRM_JOB_HANG, 1, wait=False)
+        hung = scrape_until(
+            "the hang's reset",
+            lambda p: _resets(p) > resets and _jobs_done(p).get((JOB_C.namespace, JOB_C.name)),
+        )
+        self.mark("hung job reset")
+        pid = self.kubelet.status(hang)["pid"]
+        pushed = wait_for("the jobs pushed", lambda: _pushed_jobs(receiver, len(JOB_PLANS) + 1))
+        return {"done": done, "hung": hung, "otlp": pushed, "hang_pid": pid}
+
     @staticmethod
     def otlp_telemetry(receiver: OtlpReceiver) -> dict[str, list[dict]]:
         """The hw.* points of the last push."""
@@ -688,6 +789,8 @@ class Node:
         podresources = start_podresources(self.allocation_state(), self.out / "podresources.json")
         receiver = OtlpReceiver(port=OTLP_PORT)
         energy: dict = {}
+        wedge: dict = {}
+        jobs: dict = {}
         try:
             self.import_images()
             self.mark("images imported")
@@ -731,6 +834,8 @@ class Node:
             self.mark("allocations settled")
             if self.testdrm:
                 energy = self.run_energy()
+                wedge = self.run_wedge()
+                jobs = self.run_jobs(receiver)
             otlp = self.otlp_telemetry(receiver)
             pod_b = (POD_B.namespace, POD_B.name)
             energy_b = [energy["cids"][POD_B.name]] if energy else []
@@ -784,6 +889,8 @@ class Node:
             ],
             "ctl_allocations": ctl_allocations,
             "energy": energy,
+            "wedge": wedge,
+            "jobs": jobs,
             "otlp_telemetry": otlp,
             "agent_log": agent.log(),
         }

@@ -19,18 +19,40 @@
  * power1_cap (µW), energy1_input (µJ), temp1_input (m°C), in0_input (mV). The test sets them through the module's
  * parameters (/sys/module/kubenpu_testdrm/parameters/): energy1_input is energy_uj plus
  * ENERGY_UJ_PER_SUBMIT for every SUBMIT since load, so the device's energy follows its busy
- * time as a real one's does, and the test still adds idle energy by writing energy_uj. Built in the VM harness against the guest kernel's headers
- * (tests/vm/build.sh); never meant for a real machine.
+ * time as a real one's does, and the test still adds idle energy by writing energy_uj.
+ *
+ * A ring on the real DRM GPU scheduler (drivers/gpu/drm/scheduler), one job on the "hardware"
+ * at a time (credit_limit 1), takes jobs of a duration each ioctl names (its argument is ignored,
+ * so any caller of DRM_IOWR(nr, 8) can submit): JOB_50MS (0x42) and JOB_10MS (0x43), the job's
+ * fence signalled by a timer when it is over; JOB_HANG (0x44) never signals, so the scheduler's
+ * timeout (JOB_TIMEOUT_MS) fires and the driver resets the ring, failing the job with -ETIME, and
+ * sends the wedged uevent WEDGED=none naming the job's submitter as the guilty task, as amdgpu
+ * names the owner of the hung job. Writing 1 to `ring_paused` holds the job on the "hardware"
+ * (its timer not started) until 0 is written, so a test can queue jobs of several callers
+ * behind it in a known order. A caller keeps its fd open until its jobs are done: closing it
+ * kills the jobs still queued (drm_sched_entity_destroy). The scheduler's tracepoints see
+ * these jobs as a real driver's.
+ *
+ * Writing a recovery method ("rebind", "none") to the `wedge` parameter sends the DRM wedged
+ * uevent a driver sends after a hang, with the writer as the guilty task: through
+ * drm_dev_wedged_event() where the kernel has it with task info (6.17), else the same uevent
+ * by hand (its format: drivers/gpu/drm/drm_drv.c). Built in the VM harness against the guest
+ * kernel's headers (tests/vm/build.sh); never meant for a real machine.
  */
 #include <linux/hwmon.h>
 #include <linux/module.h>
 #include <linux/platform_device.h>
+#include <linux/sched.h>
 #include <linux/slab.h>
+#include <linux/string.h>
 #include <linux/version.h>
 #include <drm/drm_drv.h>
 #include <drm/drm_file.h>
 #include <drm/drm_ioctl.h>
 #include <drm/drm_print.h>
+#include <drm/gpu_scheduler.h>
+#include <linux/dma-fence.h>
+#include <linux/hrtimer.h>
 
 #define RENDER_NS_PER_SUBMIT 1000000ULL
 #define COPY_NS_PER_SUBMIT 250000ULL
@@ -59,6 +81,42 @@ MODULE_PARM_DESC(in_mv, "in0_input in mV");
 
 static atomic64_t submit_energy_uj = ATOMIC64_INIT(0);
 
+static struct testdrm_device *testdrm;
+
+/* The job on the "hardware" while the ring is paused: its timer starts when it is resumed. */
+static DEFINE_SPINLOCK(pause_lock);
+static bool ring_paused;
+static struct testdrm_job *held_job;
+static void testdrm_start_timer(struct testdrm_job *job);
+static int testdrm_pause(const char *val, const struct kernel_param *kp)
+{
+	struct testdrm_job *resume = NULL;
+	bool paused;
+	int ret = kstrtobool(val, &paused);
+
+	if (ret)
+		return ret;
+	spin_lock(&pause_lock);
+	ring_paused = paused;
+	if (!paused) {
+		resume = held_job;
+		held_job = NULL;
+	}
+	spin_unlock(&pause_lock);
+	if (resume)
+		testdrm_start_timer(resume);
+	return 0;
+}
+static const struct kernel_param_ops testdrm_pause_ops = { .set = testdrm_pause,
+							   .get = param_get_bool };
+module_param_cb(ring_paused, &testdrm_pause_ops, &ring_paused, 0644);
+MODULE_PARM_DESC(ring_paused, "1: the running job waits until 0 is written");
+
+static int testdrm_wedge(const char *val, const struct kernel_param *kp);
+static const struct kernel_param_ops testdrm_wedge_ops = { .set = testdrm_wedge };
+module_param_cb(wedge, &testdrm_wedge_ops, NULL, 0200);
+MODULE_PARM_DESC(wedge, "write rebind or none: send the DRM wedged uevent with that method");
+
 struct testdrm_arg {
 	__u64 unused;
 };
@@ -66,27 +124,234 @@ struct testdrm_arg {
 #define DRM_IOCTL_TESTDRM_SUBMIT DRM_IOWR(DRM_COMMAND_BASE + 0x00, struct testdrm_arg)
 #define DRM_IOCTL_TESTDRM_ALLOC DRM_IOWR(DRM_COMMAND_BASE + 0x01, struct testdrm_arg)
 
+#define JOB_HANGS 0xffffffffU
+#define JOB_TIMEOUT_MS 10000 /* longer than a test holds a paused ring */
+#define DRM_IOCTL_TESTDRM_JOB_50MS DRM_IOWR(DRM_COMMAND_BASE + 0x02, struct testdrm_arg)
+#define DRM_IOCTL_TESTDRM_JOB_10MS DRM_IOWR(DRM_COMMAND_BASE + 0x03, struct testdrm_arg)
+#define DRM_IOCTL_TESTDRM_JOB_HANG DRM_IOWR(DRM_COMMAND_BASE + 0x04, struct testdrm_arg)
+
 struct testdrm_file {
 	atomic64_t submits;
 	atomic64_t allocs;
+	struct drm_sched_entity entity;
 };
 
 struct testdrm_device {
 	struct drm_device drm;
+	struct drm_gpu_scheduler ring;
+	u64 fence_context;
+	atomic64_t fence_seqno;
+	spinlock_t fence_lock;
+};
+
+/* The "hardware" fence of one job: signalled by its timer, or failed by a reset. */
+struct testdrm_hw {
+	struct dma_fence base;
+	struct hrtimer timer;
+};
+
+struct testdrm_job {
+	struct drm_sched_job base;
+	u32 duration_us;
+	struct testdrm_hw *hw;
+	pid_t pid; /* the submitter: the guilty task if the job hangs */
+	char comm[TASK_COMM_LEN];
 };
 
 static struct platform_device *testdrm_pdev;
-static struct testdrm_device *testdrm;
+
+#if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 17, 0)
+static int testdrm_wedged_event(bool recovered, pid_t guilty, const char *comm)
+{
+	struct drm_wedge_task_info info = { .pid = guilty };
+
+	strscpy(info.comm, comm, sizeof(info.comm));
+	return drm_dev_wedged_event(&testdrm->drm, recovered ? DRM_WEDGE_RECOVERY_NONE :
+				    DRM_WEDGE_RECOVERY_REBIND, &info);
+}
+#else
+static int testdrm_wedged_event(bool recovered, pid_t guilty, const char *comm)
+{
+	char event[32], pid[32], task[8 + TASK_COMM_LEN];
+	char *envp[] = { event, pid, task, NULL };
+
+	snprintf(event, sizeof(event), "WEDGED=%s", recovered ? "none" : "rebind");
+	snprintf(pid, sizeof(pid), "PID=%d", guilty);
+	snprintf(task, sizeof(task), "TASK=%s", comm);
+	return kobject_uevent_env(&testdrm->drm.primary->kdev->kobj, KOBJ_CHANGE, envp);
+}
+#endif
+
+static int testdrm_wedge(const char *val, const struct kernel_param *kp)
+{
+	if (!testdrm)
+		return -ENODEV;
+	if (sysfs_streq(val, "rebind") || sysfs_streq(val, "none"))
+		return testdrm_wedged_event(sysfs_streq(val, "none"), task_pid_nr(current),
+					    current->comm);
+	return -EINVAL;
+}
+
+
+static const char *testdrm_fence_driver(struct dma_fence *fence)
+{
+	return "kubenpu_testdrm";
+}
+
+static const char *testdrm_fence_timeline(struct dma_fence *fence)
+{
+	return "ring";
+}
+
+static const struct dma_fence_ops testdrm_fence_ops = {
+	.get_driver_name = testdrm_fence_driver,
+	.get_timeline_name = testdrm_fence_timeline,
+};
+
+static enum hrtimer_restart testdrm_job_over(struct hrtimer *timer)
+{
+	struct testdrm_hw *hw = container_of(timer, struct testdrm_hw, timer);
+
+	dma_fence_signal(&hw->base);
+	dma_fence_put(&hw->base); /* the timer's reference */
+	return HRTIMER_NORESTART;
+}
+
+static void testdrm_start_timer(struct testdrm_job *job)
+{
+	struct testdrm_hw *hw = job->hw;
+
+	if (job->duration_us == JOB_HANGS)
+		return;
+	dma_fence_get(&hw->base);
+#if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 15, 0)
+	hrtimer_setup(&hw->timer, testdrm_job_over, CLOCK_MONOTONIC, HRTIMER_MODE_REL);
+#else
+	hrtimer_init(&hw->timer, CLOCK_MONOTONIC, HRTIMER_MODE_REL);
+	hw->timer.function = testdrm_job_over;
+#endif
+	hrtimer_start(&hw->timer, ns_to_ktime((u64)job->duration_us * NSEC_PER_USEC),
+		      HRTIMER_MODE_REL);
+}
+
+static struct dma_fence *testdrm_run_job(struct drm_sched_job *sched_job)
+{
+	struct testdrm_job *job = container_of(sched_job, struct testdrm_job, base);
+	struct testdrm_hw *hw = kzalloc(sizeof(*hw), GFP_KERNEL);
+	bool hold;
+
+	if (!hw)
+		return ERR_PTR(-ENOMEM);
+	dma_fence_init(&hw->base, &testdrm_fence_ops, &testdrm->fence_lock, testdrm->fence_context,
+		       atomic64_inc_return(&testdrm->fence_seqno));
+	job->hw = hw;
+	dma_fence_get(&hw->base); /* the job's, put in free_job; init's is the scheduler's */
+	spin_lock(&pause_lock);
+	hold = ring_paused && !held_job;
+	if (hold)
+		held_job = job;
+	spin_unlock(&pause_lock);
+	if (!hold)
+		testdrm_start_timer(job);
+	return &hw->base;
+}
+
+/* The hung job: stop the ring, "reset the hardware" (fail the job's fence), restart, and say so. */
+static enum drm_gpu_sched_stat testdrm_timedout_job(struct drm_sched_job *sched_job)
+{
+	struct testdrm_job *job = container_of(sched_job, struct testdrm_job, base);
+
+	drm_sched_stop(&testdrm->ring, sched_job);
+	if (job->hw && !dma_fence_is_signaled(&job->hw->base)) {
+		dma_fence_set_error(&job->hw->base, -ETIME);
+		dma_fence_signal(&job->hw->base);
+	}
+#if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 17, 0)
+	drm_sched_start(&testdrm->ring, 0);
+	testdrm_wedged_event(true, job->pid, job->comm);
+	return DRM_GPU_SCHED_STAT_RESET;
+#else
+	drm_sched_start(&testdrm->ring);
+	testdrm_wedged_event(true, job->pid, job->comm);
+	return DRM_GPU_SCHED_STAT_NOMINAL;
+#endif
+}
+
+static void testdrm_free_job(struct drm_sched_job *sched_job)
+{
+	struct testdrm_job *job = container_of(sched_job, struct testdrm_job, base);
+
+	drm_sched_job_cleanup(sched_job);
+	if (job->hw)
+		dma_fence_put(&job->hw->base);
+	kfree(job);
+}
+
+static const struct drm_sched_backend_ops testdrm_sched_ops = {
+	.run_job = testdrm_run_job,
+	.timedout_job = testdrm_timedout_job,
+	.free_job = testdrm_free_job,
+};
+
+static int testdrm_job(struct drm_file *file, u32 duration_us)
+{
+	struct testdrm_file *f = file->driver_priv;
+	struct testdrm_job *job = kzalloc(sizeof(*job), GFP_KERNEL);
+	int ret;
+
+	if (!job)
+		return -ENOMEM;
+	job->duration_us = duration_us;
+	job->pid = task_pid_nr(current);
+	get_task_comm(job->comm, current);
+	ret = drm_sched_job_init(&job->base, &f->entity, 1, f, file->client_id);
+	if (ret) {
+		kfree(job);
+		return ret;
+	}
+	drm_sched_job_arm(&job->base);
+	drm_sched_entity_push_job(&job->base);
+	return 0;
+}
+
+static int testdrm_job_50ms(struct drm_device *dev, void *data, struct drm_file *file)
+{
+	return testdrm_job(file, 50000);
+}
+
+static int testdrm_job_10ms(struct drm_device *dev, void *data, struct drm_file *file)
+{
+	return testdrm_job(file, 10000);
+}
+
+static int testdrm_job_hang(struct drm_device *dev, void *data, struct drm_file *file)
+{
+	return testdrm_job(file, JOB_HANGS);
+}
 
 static int testdrm_open(struct drm_device *dev, struct drm_file *file)
 {
-	file->driver_priv = kzalloc(sizeof(struct testdrm_file), GFP_KERNEL);
-	return file->driver_priv ? 0 : -ENOMEM;
+	struct drm_gpu_scheduler *ring = &testdrm->ring;
+	struct testdrm_file *f = kzalloc(sizeof(*f), GFP_KERNEL);
+	int ret;
+
+	if (!f)
+		return -ENOMEM;
+	ret = drm_sched_entity_init(&f->entity, DRM_SCHED_PRIORITY_NORMAL, &ring, 1, NULL);
+	if (ret) {
+		kfree(f);
+		return ret;
+	}
+	file->driver_priv = f;
+	return 0;
 }
 
 static void testdrm_postclose(struct drm_device *dev, struct drm_file *file)
 {
-	kfree(file->driver_priv);
+	struct testdrm_file *f = file->driver_priv;
+
+	drm_sched_entity_destroy(&f->entity);
+	kfree(f);
 }
 
 static int testdrm_submit(struct drm_device *dev, void *data, struct drm_file *file)
@@ -125,6 +390,9 @@ static void testdrm_show_fdinfo(struct drm_printer *p, struct drm_file *file)
 static const struct drm_ioctl_desc testdrm_ioctls[] = {
 	DRM_IOCTL_DEF_DRV(TESTDRM_SUBMIT, testdrm_submit, DRM_RENDER_ALLOW),
 	DRM_IOCTL_DEF_DRV(TESTDRM_ALLOC, testdrm_alloc, DRM_RENDER_ALLOW),
+	DRM_IOCTL_DEF_DRV(TESTDRM_JOB_50MS, testdrm_job_50ms, DRM_RENDER_ALLOW),
+	DRM_IOCTL_DEF_DRV(TESTDRM_JOB_10MS, testdrm_job_10ms, DRM_RENDER_ALLOW),
+	DRM_IOCTL_DEF_DRV(TESTDRM_JOB_HANG, testdrm_job_hang, DRM_RENDER_ALLOW),
 };
 
 static const struct file_operations testdrm_fops = {
@@ -224,17 +492,31 @@ static int __init testdrm_init(void)
 		ret = PTR_ERR(testdrm);
 		goto out_devres;
 	}
+	spin_lock_init(&testdrm->fence_lock);
+	testdrm->fence_context = dma_fence_context_alloc(1);
+	ret = drm_sched_init(&testdrm->ring, &(struct drm_sched_init_args){
+		.ops = &testdrm_sched_ops,
+		.num_rqs = DRM_SCHED_PRIORITY_COUNT,
+		.credit_limit = 1,
+		.timeout = msecs_to_jiffies(JOB_TIMEOUT_MS),
+		.name = "testdrm-ring",
+		.dev = &testdrm_pdev->dev,
+	});
+	if (ret)
+		goto out_devres;
 	hwmon = devm_hwmon_device_register_with_info(&testdrm_pdev->dev, "kubenpu_testdrm", NULL,
 						     &testdrm_hwmon_chip, NULL);
 	if (IS_ERR(hwmon)) {
 		ret = PTR_ERR(hwmon);
-		goto out_devres;
+		goto out_sched;
 	}
 	ret = drm_dev_register(&testdrm->drm, 0);
 	if (ret)
-		goto out_devres;
+		goto out_sched;
 	return 0;
 
+out_sched:
+	drm_sched_fini(&testdrm->ring);
 out_devres:
 	devres_release_group(&testdrm_pdev->dev, NULL);
 out_unregister:
@@ -245,6 +527,7 @@ out_unregister:
 static void __exit testdrm_exit(void)
 {
 	drm_dev_unregister(&testdrm->drm);
+	drm_sched_fini(&testdrm->ring);
 	devres_release_group(&testdrm_pdev->dev, NULL);
 	platform_device_unregister(testdrm_pdev);
 }

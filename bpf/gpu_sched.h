@@ -1,0 +1,36 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * The DRM GPU scheduler's types that jobs.bpf.c reads, and only the fields it reads
+ * (include/drm/gpu_scheduler.h). They live in the gpu_sched module's BTF, not vmlinux's: libbpf
+ * relocates each read against the module's BTF at load, as vmlinux.h's against the kernel's.
+ */
+#ifndef KUBENPU_GPU_SCHED_H
+#define KUBENPU_GPU_SCHED_H
+
+#pragma clang attribute push(__attribute__((preserve_access_index)), apply_to = record)
+
+struct kobject {
+    const char *name;
+};
+
+struct device {
+    struct kobject kobj;
+};
+
+struct drm_gpu_scheduler {
+    const char *name;
+    struct device *dev;
+};
+
+struct drm_sched_fence;
+
+struct drm_sched_job {
+    struct drm_gpu_scheduler *sched;
+    struct drm_sched_fence *s_fence;
+};
+
+struct drm_sched_entity;
+
+#pragma clang attribute pop
+
+#endif

@@ -1,0 +1,209 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * KubeNPU GPU jobs (docs/jobs.md): every job of a driver built on the DRM GPU scheduler
+ * (amdgpu, xe, panfrost, panthor, v3d, etnaviv, lima, imagination, amdxdna), from the
+ * scheduler's tracepoints, aggregated here per {cgroup of the task that queued it, ring}:
+ * jobs queued and done, and two histograms in the bucket scheme of the calls' durations
+ * (slots.h): the wait from queued to run, and the run from run to done.
+ *
+ * The tracepoints by kernel (drivers/gpu/drm/scheduler/gpu_scheduler_trace.h); the loader
+ * (kubenpu/kernel/jobs.py) loads the set the running kernel has, both with the same arguments:
+ *   queued  drm_sched_job        (6.1, 6.12)   drm_sched_job_queue  (6.17 on: 7.3)
+ *   run     drm_run_job          (6.1, 6.12)   drm_sched_job_run
+ *   done    drm_sched_process_job(6.1, 6.12)   drm_sched_job_done
+ * A job is its scheduler fence (struct drm_sched_fence *: job->s_fence at queue and run, the
+ * argument itself at done). Queue runs in the submitting task (drm_sched_entity_push_job from
+ * its ioctl), so its cgroup is the pod's; run and done run on the scheduler's workqueue and the
+ * fence's signalling context, whose task is no one's.
+ *
+ * CO-RE only (BTF tracing programs, CAP_BPF and CAP_PERFMON like the counting fentry programs).
+ * Cost: three map operations a job, none on any syscall path.
+ */
+#include "dialect.h"
+#include <bpf/bpf_core_read.h>
+#include "gpu_sched.h"
+#include "slots.h"
+
+#define JOBS_IN_FLIGHT 16384
+#define JOB_KEYS 4096
+#define RINGS 256
+#define NAME_LEN 32
+
+struct job {
+    u64 queued_ns;
+    u64 run_ns;
+    u64 cgroup_id;
+    u64 ring;
+};
+
+struct job_key {
+    u64 cgroup_id;
+    u64 ring; /* the scheduler's address: rings names it */
+};
+
+struct job_times {
+    u64 queued;
+    u64 done;
+    u64 wait_sum_ns;
+    u64 run_sum_ns;
+    u64 wait[DURATION_SLOTS];
+    u64 run[DURATION_SLOTS];
+};
+
+struct ring {
+    char name[NAME_LEN]; /* sched->name: gfx_0.0.0, testdrm-ring */
+    char device[NAME_LEN]; /* dev_name(sched->dev): 0000:03:00.0, kubenpu_testdrm */
+};
+
+/* Why a job is not in job_times, by index (abi.JOB_LOST_REASONS). */
+#define LOST_UNMATCHED 0 /* run or done of a job not seen queued (queued before the attach) */
+#define LOST_KEYS_FULL 1 /* job_times had no room for its key */
+#define LOST_SLOTS 2
+
+DECLARE_MAP(jobs, BPF_MAP_TYPE_LRU_HASH, u64, struct job, JOBS_IN_FLIGHT);
+DECLARE_HASH(job_times, struct job_key, struct job_times, JOB_KEYS);
+DECLARE_HASH(rings, u64, struct ring, RINGS);
+DECLARE_ARRAY(job_lost, u64, LOST_SLOTS);
+/* The zero value a new key is inserted from (1.7 KB: more than the BPF stack holds). */
+DECLARE_ARRAY(job_template, struct job_times, 1);
+
+static __always_inline void lose(u32 why)
+{
+    u64 *n = bpf_map_lookup_elem(&job_lost, &why);
+    if (n)
+        __sync_fetch_and_add(n, 1);
+}
+
+static __always_inline struct job_times *times_of(struct job_key *key)
+{
+    struct job_times *t = bpf_map_lookup_elem(&job_times, key);
+    if (t)
+        return t;
+    u32 zero = 0;
+    struct job_times *empty = bpf_map_lookup_elem(&job_template, &zero);
+    if (!empty)
+        return 0;
+    bpf_map_update_elem(&job_times, key, empty, BPF_NOEXIST);
+    return bpf_map_lookup_elem(&job_times, key);
+}
+
+static __always_inline void name_ring(struct drm_gpu_scheduler *sched)
+{
+    u64 ring = (u64)sched;
+    if (bpf_map_lookup_elem(&rings, &ring))
+        return;
+    struct ring r = {};
+    bpf_probe_read_kernel_str(r.name, sizeof(r.name), BPF_CORE_READ(sched, name));
+    bpf_probe_read_kernel_str(r.device, sizeof(r.device), BPF_CORE_READ(sched, dev, kobj.name));
+    bpf_map_update_elem(&rings, &ring, &r, BPF_NOEXIST);
+}
+
+/* A global function, verified once on its own: two inlined copies of the bucket math in one
+ * program (the wait's and the run's) are past what the verifier explores. */
+__noinline u32 job_slot(u64 ns)
+{
+    return duration_slot(ns);
+}
+
+/* The arguments are trusted pointers the verifier wants null-checked first. */
+static __always_inline int queued(struct drm_sched_job *sched_job)
+{
+    if (!sched_job)
+        return 0;
+    u64 fence = (u64)BPF_CORE_READ(sched_job, s_fence);
+    struct drm_gpu_scheduler *sched = BPF_CORE_READ(sched_job, sched);
+    struct job j = {
+        .queued_ns = bpf_ktime_get_ns(),
+        .cgroup_id = bpf_get_current_cgroup_id(),
+        .ring = (u64)sched,
+    };
+    name_ring(sched);
+    struct job_key key = {.cgroup_id = j.cgroup_id, .ring = j.ring};
+    struct job_times *t = times_of(&key);
+    if (!t) {
+        lose(LOST_KEYS_FULL);
+        return 0;
+    }
+    __sync_fetch_and_add(&t->queued, 1);
+    bpf_map_update_elem(&jobs, &fence, &j, BPF_ANY);
+    return 0;
+}
+
+static __always_inline int ran(struct drm_sched_job *sched_job)
+{
+    if (!sched_job)
+        return 0;
+    u64 fence = (u64)BPF_CORE_READ(sched_job, s_fence);
+    struct job *j = bpf_map_lookup_elem(&jobs, &fence);
+    if (j)
+        j->run_ns = bpf_ktime_get_ns();
+    else
+        lose(LOST_UNMATCHED);
+    return 0;
+}
+
+static __always_inline int finished(struct drm_sched_fence *s_fence)
+{
+    if (!s_fence)
+        return 0;
+    u64 fence = (u64)s_fence, now = bpf_ktime_get_ns();
+    struct job *j = bpf_map_lookup_elem(&jobs, &fence);
+    if (!j) {
+        lose(LOST_UNMATCHED);
+        return 0;
+    }
+    struct job_key key = {.cgroup_id = j->cgroup_id, .ring = j->ring};
+    u64 run_ns = j->run_ns, queued_ns = j->queued_ns;
+    bpf_map_delete_elem(&jobs, &fence);
+    struct job_times *t = bpf_map_lookup_elem(&job_times, &key);
+    if (!t)
+        return 0; /* its queueing counted the loss */
+    if (!run_ns) /* done without a run: a job the scheduler cancelled */
+        run_ns = now;
+    u64 wait = run_ns - queued_ns, run = now - run_ns;
+    u32 ws = job_slot(wait), rs = job_slot(run);
+    if (ws < DURATION_SLOTS)
+        __sync_fetch_and_add(&t->wait[ws], 1);
+    if (rs < DURATION_SLOTS)
+        __sync_fetch_and_add(&t->run[rs], 1);
+    __sync_fetch_and_add(&t->wait_sum_ns, wait);
+    __sync_fetch_and_add(&t->run_sum_ns, run);
+    __sync_fetch_and_add(&t->done, 1); /* last: a reader sees done only with its slots */
+    return 0;
+}
+
+SEC("tp_btf/drm_sched_job")
+int BPF_PROG(job_queued_6_1, struct drm_sched_job *sched_job, struct drm_sched_entity *entity)
+{
+    return queued(sched_job);
+}
+
+SEC("tp_btf/drm_run_job")
+int BPF_PROG(job_run_6_1, struct drm_sched_job *sched_job, struct drm_sched_entity *entity)
+{
+    return ran(sched_job);
+}
+
+SEC("tp_btf/drm_sched_process_job")
+int BPF_PROG(job_done_6_1, struct drm_sched_fence *fence)
+{
+    return finished(fence);
+}
+
+SEC("tp_btf/drm_sched_job_queue")
+int BPF_PROG(job_queued, struct drm_sched_job *sched_job, struct drm_sched_entity *entity)
+{
+    return queued(sched_job);
+}
+
+SEC("tp_btf/drm_sched_job_run")
+int BPF_PROG(job_run, struct drm_sched_job *sched_job, struct drm_sched_entity *entity)
+{
+    return ran(sched_job);
+}
+
+SEC("tp_btf/drm_sched_job_done")
+int BPF_PROG(job_done, struct drm_sched_fence *fence)
+{
+    return finished(fence);
+}

@@ -1,0 +1,145 @@
+"""GPU jobs per pod (docs/jobs.md): the kernel's per-{cgroup, ring} job counts and histograms
+(kubenpu.kernel.jobs), attributed like the calls and set into Metrics at each fdinfo read.
+
+The DRM GPU scheduler is a module: its tracepoints appear when a driver built on it loads, so
+the probe attaches on the `jobs` thread, retried every `retry_seconds` until it does (a kernel
+BTF load takes a moment; counting never waits on it). Reads run on the attribution thread, as
+the resolver wants, and only once attached. The kernel's values are cumulative, so a cgroup the
+resolver cannot name yet loses nothing: its jobs are set once it can, or after
+`pending_seconds` with the settled answer, which is then kept for the cgroup. A cgroup that is
+gone has its last values set, its container retired, and its keys deleted from the kernel's
+table (which has room for abi's JOB_KEYS).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Protocol
+
+from kubenpu.attribution import Hold, Resolve
+from kubenpu.discovery import Device
+from kubenpu.kernel.errors import ProbeError
+from kubenpu.kernel.jobs import Ring
+from kubenpu.kernel.records import JobTimes
+from kubenpu.metrics.inputs import Where
+from kubenpu.metrics.store import Metrics
+from kubenpu.resolve import Attribution
+from kubenpu.services import Streak
+
+log = logging.getLogger(__name__)
+
+
+class JobsProbe(Protocol):
+    """What Jobs needs of kubenpu.kernel.jobs.JobsKernel (a fake's in tests)."""
+
+    def available(self) -> bool: ...
+    def start(self) -> str: ...
+    def read(self) -> dict[tuple[int, int], JobTimes]: ...
+    def rings(self) -> dict[int, Ring]: ...
+    def lost(self) -> dict[str, int]: ...
+    def forget(self, cgroup_ids: Iterable[int]) -> None: ...
+    def close(self) -> None: ...
+
+
+class Jobs:
+    def __init__(
+        self,
+        kernel: JobsProbe,
+        resolver: Resolve,
+        metrics: Metrics,
+        devices: Iterable[Device],
+        pending_seconds: float = 5.0,
+        retry_seconds: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._kernel = kernel
+        self._metrics = metrics
+        self._resolver = resolver
+        self._hold = Hold(resolver, pending_seconds, clock)
+        self._clock = clock
+        self._retry = retry_seconds
+        self._vendor = {d.id: d.vendor or "" for d in devices}
+        self._first_seen: dict[int, float] = {}  # cgroup id -> first read, while held
+        self._who: dict[int, Attribution] = {}  # cgroup id -> its answer, once given
+        self.attached = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failures = Streak("attaching the GPU jobs probe", log)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._attach, name="jobs", daemon=True)
+        self._thread.start()
+
+    def _attach(self) -> None:
+        said = False
+        while not self._stop.is_set():
+            if not self._kernel.available():  # most nodes' normal state: not an error
+                if not said:
+                    log.info("GPU jobs: no driver on the DRM GPU scheduler loaded yet")
+                    said = True
+                self._stop.wait(self._retry)
+                continue
+            try:
+                how = self._kernel.start()
+            except (ProbeError, OSError) as exc:
+                self._failures.failed(exc)
+                self._stop.wait(self._retry)
+                continue
+            self._failures.ok()
+            log.info("GPU jobs: attached (%s)", how)
+            self.attached.set()
+            return
+
+    def read(self) -> None:
+        """Set every {cgroup, ring}'s jobs whose pod the resolver names (or has settled), then
+        retire the cgroups that are gone."""
+        if not self.attached.is_set():
+            return
+        rings = self._kernel.rings()
+        cgroups = set()
+        for (cgroup_id, ring_addr), times in self._kernel.read().items():
+            cgroups.add(cgroup_id)
+            ring, who = rings.get(ring_addr), self._attribute(cgroup_id)
+            if ring is None or who is None:
+                continue  # read again next time: the values are cumulative
+            device = self._device(ring.device)
+            vendor = self._vendor.get(device, "")
+            where = Where(who.namespace, who.pod, who.pod_uid, who.container, device, vendor)
+            self._metrics.set_jobs(where, ring.name, cgroup_id, times)
+        self._metrics.jobs_lost(self._kernel.lost())
+        self._reap([c for c in cgroups if c in self._who and not self._resolver.alive(c)])
+
+    def _attribute(self, cgroup_id: int) -> Attribution | None:
+        if (who := self._who.get(cgroup_id)) is not None:
+            return who
+        since = self._first_seen.setdefault(cgroup_id, self._clock())
+        answer = self._hold.answer(cgroup_id, since)
+        if answer is None:
+            return None
+        self._first_seen.pop(cgroup_id, None)
+        self._who[cgroup_id] = answer[0]
+        return answer[0]
+
+    def _reap(self, dead: list[int]) -> None:
+        """Gone cgroups, whose last values this read set: their container retires, their keys
+        leave the kernel's table."""
+        if not dead:
+            return
+        for cgroup_id in dead:
+            who = self._who.pop(cgroup_id)
+            self._metrics.container_gone(who.namespace, who.pod, who.container, who.pod_uid)
+        self._kernel.forget(dead)
+
+    def _device(self, name: str) -> str:
+        """The agent's device id of a scheduler's device name: a PCI address is its own; a
+        platform device's is platform:<name> (kubenpu.discovery)."""
+        return name if name in self._vendor else f"platform:{name}"
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5.0)
+        self._kernel.close()

@@ -1,0 +1,167 @@
+"""The GPU jobs probe (bpf/jobs.bpf.c, docs/jobs.md): its own CO-RE object on the DRM GPU
+scheduler's tracepoints, loaded with the same system libbpf as the counting probe. The
+scheduler is a module (gpu_sched): its tracepoints exist once a driver built on it is loaded,
+so start() can fail now and succeed later (kubenpu.jobs retries it).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import NamedTuple
+
+from kubenpu.kernel import abi, bpfsys
+from kubenpu.kernel.core import OBJECTS, shared_libbpf
+from kubenpu.kernel.errors import ProbeError
+from kubenpu.kernel.records import Durations, JobTimes
+
+
+class Ring(NamedTuple):
+    name: str  # the scheduler's: gfx_0.0.0, testdrm-ring
+    device: str  # its device's name: a PCI address, or a platform device's name
+
+
+def tracepoints(kallsyms: Path = Path("/proc/kallsyms")) -> tuple[tuple[str, str], ...] | None:
+    """The (tracepoint, program) set of abi.JOB_TRACEPOINTS this kernel has; None before a
+    driver on the scheduler is loaded (or on a kernel without it)."""
+    with kallsyms.open() as f:
+        names = {fields[2] for line in f if len(fields := line.split(maxsplit=3)) > 2}
+    for variant in abi.JOB_TRACEPOINTS:
+        if all(f"__tracepoint_{tracepoint}" in names for tracepoint, _ in variant):
+            return variant
+    return None
+
+
+def _histogram(sum_ns: int, slots: tuple[int, ...]) -> Durations:
+    return Durations(sum_ns, slots, ())
+
+
+class JobsKernel:
+    """start() once (it raises ProbeError with why not); read() from one thread; close()."""
+
+    def __init__(self, path: Path | None = None, kallsyms: Path = Path("/proc/kallsyms")) -> None:
+        self._path = path or OBJECTS / abi.JOBS_OBJECT
+        self._kallsyms = kallsyms
+        self._lib = None
+        self._obj: int | None = None
+        self._links: list[int] = []
+        self._maps = JobMaps({})
+
+    def available(self) -> bool:
+        """Whether the kernel has the scheduler's tracepoints now (a driver on it is loaded)."""
+        return tracepoints(self._kallsyms) is not None
+
+    def start(self) -> str:
+        variant = tracepoints(self._kallsyms)
+        if variant is None:
+            raise ProbeError("no DRM GPU scheduler tracepoints (no driver on gpu_sched loaded)")
+        if not self._path.exists():
+            raise ProbeError(f"the jobs object {self._path} is missing (build it with `make bpf`)")
+        try:
+            self._load({program for _, program in variant})
+        except ProbeError:
+            self.close()
+            raise
+        return "tp_btf " + ", ".join(tracepoint for tracepoint, _ in variant)
+
+    def _load(self, programs: set[str]) -> None:
+        self._lib = shared_libbpf()
+        lib = self._lib.lib
+        self._lib.messages.clear()
+        self._obj = lib.bpf_object__open_file(os.fsencode(self._path), None)
+        if not self._obj:
+            raise ProbeError(f"opening {self._path}: {self._lib.why(ctypes.get_errno())}")
+        prog = lib.bpf_object__next_program(self._obj, None)
+        while prog:
+            lib.bpf_program__set_autoload(prog, lib.bpf_program__name(prog).decode() in programs)
+            prog = lib.bpf_object__next_program(self._obj, prog)
+        if (err := lib.bpf_object__load(self._obj)) < 0:
+            raise ProbeError(f"loading the jobs object: {self._lib.why(err)}")
+        names = (abi.JOB_TIMES, abi.RINGS, abi.JOB_LOST)
+        self._maps = JobMaps(
+            {
+                n: lib.bpf_map__fd(lib.bpf_object__find_map_by_name(self._obj, n.encode()))
+                for n in names
+            }
+        )
+        for name in sorted(programs):
+            prog = lib.bpf_object__find_program_by_name(self._obj, name.encode())
+            link = lib.bpf_program__attach(prog) if prog else None
+            if not link:
+                raise ProbeError(f"attaching {name}: {self._lib.why(ctypes.get_errno())}")
+            self._links.append(link)
+
+    def read(self) -> dict[tuple[int, int], JobTimes]:
+        return self._maps.read()
+
+    def rings(self) -> dict[int, Ring]:
+        return self._maps.rings()
+
+    def lost(self) -> dict[str, int]:
+        return self._maps.lost()
+
+    def forget(self, cgroup_ids: Iterable[int]) -> None:
+        self._maps.forget(cgroup_ids)
+
+    def close(self) -> None:
+        if self._lib is None:
+            return
+        for link in self._links:
+            self._lib.lib.bpf_link__destroy(link)
+        self._links.clear()
+        if self._obj:
+            self._lib.lib.bpf_object__close(self._obj)
+            self._obj = None
+        self._maps = JobMaps({})
+
+
+class JobMaps:
+    """The jobs object's maps, by name (abi.JOB_TIMES, abi.RINGS, abi.JOB_LOST), read and
+    pruned from user space."""
+
+    def __init__(self, fds: dict[str, int]) -> None:
+        self.fds = fds
+
+    def read(self) -> dict[tuple[int, int], JobTimes]:
+        """Every {cgroup id, ring address}'s jobs, cumulative."""
+        fd, found = self.fds[abi.JOB_TIMES], {}
+        slots = abi.DURATION_SLOTS
+        for raw_key in bpfsys.keys(fd, abi.JOB_KEY.size):
+            raw = bpfsys.lookup(fd, raw_key, abi.JOB_TIMES_VALUE.size)
+            if raw is None:
+                continue
+            v = abi.JOB_TIMES_VALUE.unpack(raw)
+            wait = _histogram(v[2], v[4 : 4 + slots])
+            found[abi.JOB_KEY.unpack(raw_key)] = JobTimes(
+                v[0], v[1], wait, _histogram(v[3], v[4 + slots :])
+            )
+        return found
+
+    def rings(self) -> dict[int, Ring]:
+        fd, found = self.fds[abi.RINGS], {}
+        for raw_key in bpfsys.keys(fd, 8):
+            raw = bpfsys.lookup(fd, raw_key, abi.RING.size)
+            if raw is not None:
+                name, device = (
+                    b.split(b"\0", 1)[0].decode(errors="replace") for b in abi.RING.unpack(raw)
+                )
+                found[int.from_bytes(raw_key, "little")] = Ring(name, device)
+        return found
+
+    def lost(self) -> dict[str, int]:
+        fd = self.fds[abi.JOB_LOST]
+        return {
+            reason: int.from_bytes(
+                bpfsys.lookup(fd, i.to_bytes(4, "little"), 8) or bytes(8), "little"
+            )
+            for i, reason in enumerate(abi.JOB_LOST_REASONS)
+        }
+
+    def forget(self, cgroup_ids: Iterable[int]) -> None:
+        """Delete the keys of gone cgroups from job_times (they stop counting against its room)."""
+        gone, fd = set(cgroup_ids), self.fds[abi.JOB_TIMES]
+        for raw_key in bpfsys.keys(fd, abi.JOB_KEY.size):
+            if abi.JOB_KEY.unpack(raw_key)[0] in gone:
+                bpfsys.delete(fd, raw_key)

@@ -1,0 +1,281 @@
+"""GPU jobs per pod (kubenpu.jobs, kubenpu.kernel.jobs): the kernel's maps read back from real
+bpf(2) maps on the host (no program runs here: tests/test_node_vm.py runs the tracepoints on a
+real scheduler), and the stage's attribution, retirement and export with a fake probe.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import pytest
+from fakes import Clock, FakeResolver
+from helpers import eventually, values
+
+from kubenpu.discovery import Device
+from kubenpu.jobs import Jobs
+from kubenpu.kernel import abi, bpfsys
+from kubenpu.kernel.core import OBJECTS
+from kubenpu.kernel.errors import ProbeError
+from kubenpu.kernel.jobs import JobMaps, Ring, tracepoints
+from kubenpu.kernel.records import Durations, JobTimes
+from kubenpu.metrics.catalogue import JOB_RUN, JOB_WAIT, JOBS, JOBS_IN_FLIGHT, JOBS_LOST
+from kubenpu.metrics.store import ExpHist, Metrics
+from kubenpu.resolve import Attribution
+
+RING = 0xFFFF_8880_0123_4000  # a scheduler's kernel address
+GPU = "0000:03:00.0"
+POD_A = Attribution(namespace="ns", pod="a", container="c", pod_uid="u-a")
+MS = 1_000_000
+
+
+def histogram(*ns: int) -> Durations:
+    """The kernel's slots for these durations (abi.duration_slot, the kernel's math)."""
+    slots = [0] * abi.DURATION_SLOTS
+    for n in ns:
+        slots[abi.duration_slot(n)] += 1
+    return Durations(sum(ns), tuple(slots), ())
+
+
+def times(queued: int, waits: list[int], runs: list[int]) -> JobTimes:
+    return JobTimes(queued, len(runs), histogram(*waits), histogram(*runs))
+
+
+# --- the kernel's maps --------------------------------------------------------------------
+
+
+@pytest.fixture
+def maps() -> Iterator[JobMaps]:
+    """Real kernel maps of the jobs object's shapes."""
+    fds = {
+        abi.JOB_TIMES: bpfsys.map_create(
+            1, abi.JOB_KEY.size, abi.JOB_TIMES_VALUE.size, 64, "job_times"
+        ),
+        abi.RINGS: bpfsys.map_create(1, 8, abi.RING.size, 8, "rings"),
+        abi.JOB_LOST: bpfsys.map_create(2, 4, 8, len(abi.JOB_LOST_REASONS), "job_lost"),
+    }
+    yield JobMaps(fds)
+    for fd in fds.values():
+        os.close(fd)
+
+
+def test_the_maps_read_back_every_field_in_place(maps: JobMaps) -> None:
+    wait, run = histogram(3 * MS, 120 * MS), histogram(50 * MS, 51 * MS)
+    value = abi.JOB_TIMES_VALUE.pack(5, 2, wait.sum_ns, run.sum_ns, *wait.slots, *run.slots)
+    bpfsys.update(maps.fds[abi.JOB_TIMES], abi.JOB_KEY.pack(77, RING), value)
+    bpfsys.update(
+        maps.fds[abi.RINGS],
+        RING.to_bytes(8, "little"),
+        abi.RING.pack(b"gfx_0.0.0", b"0000:03:00.0"),
+    )
+    bpfsys.update(maps.fds[abi.JOB_LOST], (1).to_bytes(4, "little"), (9).to_bytes(8, "little"))
+    assert maps.read() == {(77, RING): JobTimes(5, 2, wait, run)}
+    assert maps.rings() == {RING: Ring("gfx_0.0.0", "0000:03:00.0")}
+    assert maps.lost() == {"unmatched": 0, "keys_full": 9}
+
+
+def test_forgetting_a_gone_cgroup_deletes_its_keys_only(maps: JobMaps) -> None:
+    empty = abi.JOB_TIMES_VALUE.pack(*[0] * (4 + 2 * abi.DURATION_SLOTS))
+    for cgroup, ring in ((1, RING), (1, RING + 64), (2, RING)):
+        bpfsys.update(maps.fds[abi.JOB_TIMES], abi.JOB_KEY.pack(cgroup, ring), empty)
+    maps.forget([1])
+    assert set(maps.read()) == {(2, RING)}
+
+
+@pytest.mark.parametrize(
+    ("symbols", "first"),
+    [
+        (["drm_sched_job_queue", "drm_sched_job_run", "drm_sched_job_done"], "drm_sched_job_queue"),
+        (["drm_sched_job", "drm_run_job", "drm_sched_process_job"], "drm_sched_job"),
+        (["drm_sched_job", "drm_run_job"], None),  # not all three: no set
+        ([], None),  # gpu_sched not loaded
+    ],
+)
+def test_the_tracepoint_set_is_the_one_the_kernel_has(tmp_path: Path, symbols, first) -> None:
+    kallsyms = tmp_path / "kallsyms"
+    lines = [f"0000000000000000 d __tracepoint_{s}\t[gpu_sched]" for s in symbols]
+    kallsyms.write_text("\n".join(["0000000000000000 T _stext", *lines, ""]))
+    found = tracepoints(kallsyms)
+    assert (found[0][0] if found else None) == first
+
+
+def test_every_program_of_the_tracepoint_sets_is_in_the_object() -> None:
+    source = (Path(__file__).parents[1] / "bpf" / "jobs.bpf.c").read_text()
+    for variant in abi.JOB_TRACEPOINTS:
+        for tracepoint, program in variant:
+            assert f'SEC("tp_btf/{tracepoint}")\nint BPF_PROG({program},' in source
+
+
+# --- the stage -----------------------------------------------------------------------------
+
+
+class FakeJobsKernel:
+    """The probe: start() fails `failures` times (no scheduler yet), then attaches."""
+
+    def __init__(self, failures: int = 0, absent: int = 0) -> None:
+        self.failures = failures
+        self.absent = absent  # available() is False this many times
+        self.times: dict[tuple[int, int], JobTimes] = {}
+        self.ring_names = {
+            RING: Ring("gfx_0.0.0", GPU),
+            RING + 1: Ring("testdrm-ring", "kubenpu_testdrm"),
+        }
+        self.lost_counts = {"unmatched": 0, "keys_full": 0}
+        self.forgotten: list[int] = []
+        self.closed = False
+
+    def available(self) -> bool:
+        if self.absent:
+            self.absent -= 1
+            return False
+        return True
+
+    def start(self) -> str:
+        if self.failures:
+            self.failures -= 1
+            raise ProbeError("no DRM GPU scheduler tracepoints")
+        return "tp_btf fake"
+
+    def read(self) -> dict[tuple[int, int], JobTimes]:
+        return dict(self.times)
+
+    def rings(self) -> dict[int, Ring]:
+        return self.ring_names
+
+    def lost(self) -> dict[str, int]:
+        return dict(self.lost_counts)
+
+    def forget(self, cgroup_ids: Iterable[int]) -> None:
+        self.forgotten += cgroup_ids
+
+    def close(self) -> None:
+        self.closed = True
+
+
+DEVICES = [Device(GPU, "amdgpu", "1002:744c", 0, (), "amdgpu")]
+
+
+def stage(kernel: FakeJobsKernel, resolver: FakeResolver, clock: Clock, metrics: Metrics) -> Jobs:
+    jobs = Jobs(
+        kernel, resolver, metrics, DEVICES, pending_seconds=5, retry_seconds=0.01, clock=clock
+    )
+    jobs.start()
+    eventually(jobs.attached.is_set, "attached")
+    return jobs
+
+
+def test_the_probe_is_retried_until_the_scheduler_is_loaded_and_it_loads(caplog) -> None:
+    """No scheduler yet is one info line, not an error; a failed load is an error, retried."""
+    caplog.set_level(logging.INFO, "kubenpu.jobs")
+    kernel = FakeJobsKernel(failures=2, absent=3)
+    jobs = stage(kernel, FakeResolver(), Clock(), Metrics("node", 60, 1000))
+    assert (kernel.absent, kernel.failures) == (0, 0)
+    said = [(r.levelname, r.getMessage().split(":")[0]) for r in caplog.records]
+    assert said.count(("INFO", "GPU jobs")) == 2  # "not loaded yet" once, then "attached"
+    assert [level for level, _ in said].count("ERROR") == 1  # the first failure of the streak
+    jobs.close()
+    assert kernel.closed
+
+
+def test_jobs_are_set_per_pod_device_and_ring_with_the_kernels_histograms() -> None:
+    kernel, resolver, metrics = FakeJobsKernel(), FakeResolver(), Metrics("node", 60, 1000)
+    resolver.answers[7] = POD_A
+    kernel.times = {(7, RING): times(3, [2 * MS, 40 * MS], [50 * MS, 50 * MS])}
+    jobs = stage(kernel, resolver, Clock(), metrics)
+    jobs.read()
+    key = ("ns", "a", "u-a", "c", GPU, "amdgpu", "gfx_0.0.0")
+    assert values(metrics, JOBS) == {key: 2}
+    assert values(metrics, JOBS_IN_FLIGHT) == {key: 1}
+    [[run]] = [[p.value for p in points] for s, points in metrics.collect() if s is JOB_RUN]
+    assert isinstance(run, ExpHist) and run.total == 0.1
+    assert run.slots[abi.duration_slot(50 * MS)] == 2 and sum(run.slots) == 2
+    [[wait]] = [[p.value for p in points] for s, points in metrics.collect() if s is JOB_WAIT]
+    assert sum(wait.slots) == 2 and wait.total == 0.042
+
+
+def test_a_cgroup_the_resolver_cannot_name_waits_then_takes_the_settled_answer() -> None:
+    """Nothing is lost while it waits: the kernel's values are cumulative."""
+    kernel, resolver, clock = FakeJobsKernel(), FakeResolver(), Clock()
+    metrics = Metrics("node", 60, 1000)
+    kernel.times = {(8, RING + 1): times(1, [MS], [10 * MS])}
+    jobs = stage(kernel, resolver, clock, metrics)
+    jobs.read()
+    assert values(metrics, JOBS) == {}
+    clock.now += 5
+    kernel.times = {(8, RING + 1): times(2, [MS, MS], [10 * MS, 10 * MS])}
+    jobs.read()
+    # a platform device's id is platform:<name>; the settled answer has no pod
+    assert values(metrics, JOBS) == {
+        ("", "", "", "platform:kubenpu_testdrm", "", "testdrm-ring"): 2
+    }
+
+
+def test_a_gone_cgroup_keeps_its_last_values_retires_and_leaves_the_kernel_table() -> None:
+    kernel, resolver, clock = FakeJobsKernel(), FakeResolver(), Clock()
+    metrics = Metrics("node", 10, 1000, clock=clock)
+    resolver.answers[7] = POD_A
+    kernel.times = {(7, RING): times(4, [MS] * 4, [MS] * 4)}
+    jobs = stage(kernel, resolver, clock, metrics)
+    jobs.read()
+    resolver.dead.add(7)
+    jobs.read()
+    assert kernel.forgotten == [7]
+    assert sum(values(metrics, JOBS).values()) == 4  # kept until the TTL
+    clock.now += 11
+    assert values(metrics, JOBS) == {}
+
+
+def test_job_series_count_against_the_series_cap() -> None:
+    kernel, resolver = FakeJobsKernel(), FakeResolver()
+    metrics = Metrics("node", 60, 2)
+    for cgroup in (1, 2, 3):
+        resolver.answers[cgroup] = Attribution(namespace="ns", pod=f"p{cgroup}", container="c")
+        kernel.times[(cgroup, RING)] = times(1, [MS], [MS])
+    stage(kernel, resolver, Clock(), metrics).read()
+    assert len(values(metrics, JOBS)) == 2
+    [overflow] = [
+        p
+        for s, points in metrics.collect()
+        if s.name == "kubenpu.overflow_series"
+        for p in points
+        if p.attrs["source"] == "jobs"
+    ]
+    assert overflow.value == 1
+
+
+def test_the_kernels_losses_are_counted_by_reason() -> None:
+    kernel = FakeJobsKernel()
+    kernel.lost_counts = {"unmatched": 3, "keys_full": 0}
+    metrics = Metrics("node", 60, 1000)
+    stage(kernel, FakeResolver(), Clock(), metrics).read()
+    assert values(metrics, JOBS_LOST) == {("unmatched",): 3}
+
+
+def test_the_objects_structs_have_abis_layouts() -> None:
+    """The compiled object's BTF against the layouts the maps are read with."""
+    out = subprocess.run(
+        ["bpftool", "-j", "btf", "dump", "file", str(OBJECTS / abi.JOBS_OBJECT)],
+        capture_output=True,
+        check=True,
+    ).stdout
+    types = {t["name"]: t for t in json.loads(out)["types"] if t.get("kind") == "STRUCT"}
+    offsets = {m["name"]: m["bits_offset"] // 8 for m in types["job_times"]["members"]}
+    slots = 8 * abi.DURATION_SLOTS
+    assert offsets == {
+        "queued": 0,
+        "done": 8,
+        "wait_sum_ns": 16,
+        "run_sum_ns": 24,
+        "wait": 32,
+        "run": 32 + slots,
+    }
+    sizes = {name: types[name]["size"] for name in ("job_key", "job_times", "ring")}
+    assert sizes == {
+        "job_key": abi.JOB_KEY.size,
+        "job_times": abi.JOB_TIMES_VALUE.size,
+        "ring": abi.RING.size,
+    }
