@@ -9,27 +9,40 @@ resolver cannot name yet loses nothing: its jobs are set once it can, or after
 `pending_seconds` with the settled answer, which is then kept for the cgroup. A cgroup that is
 gone has its last values set, its container retired, and its keys deleted from the kernel's
 table (which has room for abi's JOB_KEYS).
+
+A device reset (kubenpu.uevents calls reset() on its thread) is taken in at once: the guilty
+task's cgroup (the uevent's PID=, read before the task can exit) and the cgroups with jobs in
+flight on the device's rings; the next read counts them per pod (POD_HANGS, RESET_VICTIMS).
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from kubenpu.attribution import Hold, Resolve
 from kubenpu.discovery import Device
 from kubenpu.kernel.errors import ProbeError
 from kubenpu.kernel.jobs import Ring
 from kubenpu.kernel.records import JobTimes
+from kubenpu.metrics.catalogue import POD_HANGS, RESET_VICTIMS
 from kubenpu.metrics.inputs import Where
 from kubenpu.metrics.store import Metrics
 from kubenpu.resolve import Attribution
+from kubenpu.resolve.cgroups import ProcCgroups
 from kubenpu.services import Streak
 
 log = logging.getLogger(__name__)
+
+
+class _Reset(NamedTuple):
+    device: str
+    guilty: int | None  # the cgroup id of the task the kernel named
+    victims: set[int]  # cgroup ids with jobs in flight then
 
 
 class JobsProbe(Protocol):
@@ -54,6 +67,7 @@ class Jobs:
         pending_seconds: float = 5.0,
         retry_seconds: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        cgroups: ProcCgroups | None = None,
     ) -> None:
         self._kernel = kernel
         self._metrics = metrics
@@ -68,6 +82,8 @@ class Jobs:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failures = Streak("attaching the GPU jobs probe", log)
+        self._cgroups = cgroups
+        self._resets: collections.deque[_Reset] = collections.deque()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._attach, name="jobs", daemon=True)
@@ -110,7 +126,39 @@ class Jobs:
             where = Where(who.namespace, who.pod, who.pod_uid, who.container, device, vendor)
             self._metrics.set_jobs(where, ring.name, cgroup_id, times)
         self._metrics.jobs_lost(self._kernel.lost())
+        self._count_resets()
         self._reap([c for c in cgroups if c in self._who and not self._resolver.alive(c)])
+
+    def reset(self, device: str, pid: int | None) -> None:
+        """A reset of `device` now, its guilty task's pid where the kernel named one."""
+        found = self._cgroups.of_pid(pid) if pid and self._cgroups else None
+        guilty = found[0] if found else None
+        victims: set[int] = set()
+        if self.attached.is_set():
+            rings = self._kernel.rings()
+            for (cgroup_id, ring_addr), times in self._kernel.read().items():
+                ring = rings.get(ring_addr)
+                on_device = ring is not None and self._device(ring.device) == device
+                if on_device and times.queued > times.done and cgroup_id != guilty:
+                    victims.add(cgroup_id)
+        self._resets.append(_Reset(device, guilty, victims))
+
+    def _count_resets(self) -> None:
+        """The resets taken in since the last read, per pod; one whose pods the resolver cannot
+        name yet waits for the next read."""
+        for _ in range(len(self._resets)):
+            r = self._resets.popleft()
+            cgroups = [(POD_HANGS, r.guilty)] if r.guilty else []
+            cgroups += [(RESET_VICTIMS, c) for c in sorted(r.victims)]
+            answers = [(spec, self._attribute(c)) for spec, c in cgroups]
+            if any(who is None for _, who in answers):
+                self._resets.append(r)
+                continue
+            vendor = self._vendor.get(r.device, "")
+            for spec, who in answers:
+                assert who is not None
+                where = Where(who.namespace, who.pod, who.pod_uid, who.container, r.device, vendor)
+                self._metrics.pod_reset(spec, where)
 
     def _attribute(self, cgroup_id: int) -> Attribution | None:
         if (who := self._who.get(cgroup_id)) is not None:

@@ -86,12 +86,14 @@ class Wedges:
         root: str | Path = "/",
         open_socket: Callable[[], socket.socket] = netlink_socket,
         retry_seconds: float = 30.0,
+        on_reset: Callable[[str, int | None], None] | None = None,
     ) -> None:
         self._devices = list(devices)
         self._metrics = metrics
         self._root = Path(root)
         self._open = open_socket
         self._retry = retry_seconds
+        self._on_reset = on_reset  # (device id, guilty pid): kubenpu.jobs.Jobs.reset
         self._by_devname = {n.path.removeprefix("/dev/"): d for d in self._devices for n in d.nodes}
         self._failed: dict[str, str] = {}  # device id -> the recovery it waits for
         self._lock = threading.Lock()
@@ -169,6 +171,9 @@ class Wedges:
             else:
                 self._failed[device.id] = method
         self._metrics.device_reset(device.id, device.vendor or "", method)
+        pid = env.get("PID", "")
+        if self._on_reset is not None:
+            self._on_reset(device.id, int(pid) if pid.isascii() and pid.isdigit() else None)
         guilty = f", guilty pid {env['PID']} ({env.get('TASK', '?')})" if "PID" in env else ""
         log.warning(
             "device %s wedged: %s%s",

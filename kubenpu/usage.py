@@ -16,11 +16,8 @@ process that no read scanned holds it (a fork whose parent exited, idle since), 
 from there when that process is read, and is not counted again from zero (docs/fdinfo.md).
 
 Attribution: the lowest pid's cgroup v2 path, its directory's inode under the cgroup root (the
-cgroup id the kernel gives the probe), then the same Resolver as the calls. /proc/PID/cgroup
-writes the path relative to the READER's cgroup namespace: in a pod (a private cgroupns) another
-container's path starts with "/..". Such a path is taken from the agent's own namespace root,
-found once as the directory under the cgroup root with the inode of `own_cgroup` (the container's
-own cgroup2 mount, rooted at its namespace root). While the resolver
+cgroup id the kernel gives the probe: kubenpu.resolve.cgroups.ProcCgroups, which reads a path
+relative to the agent's cgroup namespace), then the same Resolver as the calls. While the resolver
 has no answer yet, a client's increments wait (none lost); after `pending_seconds`, or when the
 client closes, they are counted with the resolver's settled answer.
 """
@@ -40,6 +37,7 @@ from kubenpu.metrics.catalogue import ENGINE_BUSY, ENGINE_COUNTERS, ENGINE_CYCLE
 from kubenpu.metrics.inputs import Where
 from kubenpu.metrics.store import Metrics
 from kubenpu.resolve import Attribution
+from kubenpu.resolve.cgroups import ProcCgroups
 
 # Client fields that are cumulative counters, in ENGINE_COUNTERS order, with their scale.
 _COUNTERS = (("busy_ns", 1e-9), ("cycles", 1), ("total_cycles", 1))
@@ -85,9 +83,7 @@ class Usage:
         self._exhaustion = Exhaustion(FDINFO, on_exhausted)
         self._metrics = metrics
         self._vendor = {d.id: d.vendor or "" for d in devices}
-        self._cgroup_root = cgroup_root
-        self._own_cgroup = own_cgroup
-        self._ns_root: str | None = None  # the agent's cgroupns root, under cgroup_root
+        self._cgroups = ProcCgroups(cgroup_root, own_cgroup)
         self._hold = Hold(resolver, pending_seconds, clock)
         self._on_cgroup = on_cgroup  # the agent reaps these cgroups as it reaps the calls'
         self._clock = clock
@@ -230,33 +226,13 @@ class Usage:
 
     def _cgroup_id(self, client: Client) -> int | None:
         """The cgroup id of the client's lowest pid: its cgroup directory's inode."""
-        if not client.cgroup:
+        found = self._cgroups.id_of(client.cgroup) if client.cgroup else None
+        if found is None:
             return None
-        relative = client.cgroup.lstrip("/")
-        if relative.startswith(".."):
-            relative = os.path.normpath(os.path.join(self._namespace_root(), relative))
-            if relative.startswith(".."):
-                return None  # above the hierarchy's root: no cgroup_root of the node's
-        path = os.path.join(self._cgroup_root, relative)
-        try:
-            cgroup_id = os.stat(path).st_ino
-        except OSError:
-            return None
-        self._dirs[cgroup_id] = path
+        cgroup_id, directory = found
+        self._dirs[cgroup_id] = directory
         self._on_cgroup(cgroup_id)
         return cgroup_id
-
-    def _namespace_root(self) -> str:
-        """The agent's cgroup namespace root, relative to cgroup_root ("." when not found)."""
-        if self._ns_root is None:
-            self._ns_root = "."
-            inode = _inode(self._own_cgroup)
-            for top, dirs, _ in os.walk(self._cgroup_root) if inode else ():
-                found = [d for d in dirs if _inode(os.path.join(top, d)) == inode]
-                if found:
-                    self._ns_root = os.path.relpath(os.path.join(top, found[0]), self._cgroup_root)
-                    break
-        return self._ns_root
 
     def _set_gauges(self) -> None:
         capacity: dict[tuple[Where, str], int] = {}
@@ -281,10 +257,3 @@ def _add_busy(total: list[int], more: list[int]) -> None:
     total[0] += more[0]
     total[1] += more[1]
     total[2] = max(total[2], more[2])
-
-
-def _inode(path: str) -> int | None:
-    try:
-        return os.stat(path).st_ino
-    except OSError:
-        return None  # removed meanwhile

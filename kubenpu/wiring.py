@@ -25,6 +25,7 @@ from kubenpu.loop import STALE_AFTER, Agent
 from kubenpu.metrics.inputs import DeviceRow
 from kubenpu.metrics.store import Metrics
 from kubenpu.probe import Probe
+from kubenpu.resolve.cgroups import ProcCgroups
 from kubenpu.resolve.resolver import Resolver
 from kubenpu.services import Services
 from kubenpu.telemetry import Telemetry
@@ -136,10 +137,13 @@ def build(
             activity=activity,
             clock=time.monotonic,
         )
+    jobs = _start_jobs(cfg, resolver, metrics, found, services) if cfg.probe.jobs else None
     telemetry = None
     if cfg.telemetry.enabled:
         watched = fdinfo_devices(found, cfg.discovery.ignore_devices)
-        wedges = Wedges(watched, metrics, cfg.discovery.root)  # never started: none wedged
+        on_reset = jobs.reset if jobs is not None else None
+        # Never started without telemetry.uevents: then no device is wedged.
+        wedges = Wedges(watched, metrics, cfg.discovery.root, on_reset=on_reset)
         if cfg.telemetry.uevents:
             services.add("uevents", wedges.close)
             wedges.start()
@@ -166,7 +170,6 @@ def build(
         debug=debug,
     )
     kernel = open_kernel(tried, devices, p.pin_dir)
-    jobs = _start_jobs(cfg, resolver, metrics, found, services) if p.jobs else None
     # A new cgroup is indexed on the polling thread at once: it may be gone by the next flush.
     probe = Probe(kernel, tally, on_births=resolver.cgroups_born)
     services.add("probe", probe.close)
@@ -194,7 +197,9 @@ def _start_jobs(
     services: Services,
 ) -> Jobs:
     """The GPU jobs probe, attached on its own thread once the DRM GPU scheduler is loaded."""
-    jobs = Jobs(JobsKernel(), resolver, metrics, found, cfg.attribution.pending_seconds)
+    cgroups = ProcCgroups(cfg.attribution.cgroup_root)  # a reset's guilty pid to its cgroup
+    pending = cfg.attribution.pending_seconds
+    jobs = Jobs(JobsKernel(), resolver, metrics, found, pending, cgroups=cgroups)
     services.add("jobs", jobs.close)
     jobs.start()
     return jobs

@@ -368,6 +368,7 @@ RECORDED_SINCE = {
     "GPU jobs per second by pod": "kubenpu_jobs_total",
     "GPU jobs in flight by pod": "kubenpu_jobs_in_flight",
     "GPU job events lost, by reason": "kubenpu_jobs_lost_total",
+    "GPU device resets by pod: hung, and work lost": "kubenpu_pod_device_hangs_total",
     **dict.fromkeys(
         (
             "Allocated vs used by pod and device",

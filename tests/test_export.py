@@ -45,7 +45,9 @@ from kubenpu.metrics.catalogue import (
     FDINFO_SKIPPED,
     K8S_ATTRIBUTES,
     OVERFLOW_ATTRS,
+    POD_HANGS,
     POD_LABELS,
+    RESET_VICTIMS,
     SPECS,
     Spec,
 )
@@ -946,6 +948,8 @@ def push_pods(tmp_path: Path, rx: OtlpReceiver, attributes: str) -> None:
             m.set_durations(where, "submit", Key(n, 226, 0, 1), Durations(n, slots, errors))
             histogram = Durations(n, slots, ())
             m.set_jobs(where, "gfx_0.0.0", n, JobTimes(n + 1, n, histogram, histogram))
+            m.pod_reset(POD_HANGS, where)
+            m.pod_reset(RESET_VICTIMS, where)
             capacity[(where, "render")] = 1
             memory[(where, "vram0", "resident")] = n
         m.set_usage_gauges(capacity, memory)

@@ -26,7 +26,14 @@ from helpers import (
 from kubenpu import export
 from kubenpu.kernel import abi
 from kubenpu.kernel.records import Durations, JobTimes, Key
-from kubenpu.metrics.catalogue import ENGINE_COUNTERS, K8S_ATTRIBUTES, SPECS, TELEMETRY_SPECS
+from kubenpu.metrics.catalogue import (
+    ENGINE_COUNTERS,
+    K8S_ATTRIBUTES,
+    POD_HANGS,
+    RESET_VICTIMS,
+    SPECS,
+    TELEMETRY_SPECS,
+)
 from kubenpu.metrics.inputs import AllocationState, Held, Where
 
 pytestmark = pytest.mark.tools
@@ -117,6 +124,8 @@ def fill(tel: export.Exporters) -> None:
     jobs = Durations(TIMED.sum_ns, TIMED.slots, ())
     m.set_jobs(where, "gfx_0.0.0", 7, JobTimes(5, 4, jobs, jobs))
     m.jobs_lost({"unmatched": 1, "keys_full": 0})
+    m.pod_reset(POD_HANGS, where)
+    m.pod_reset(RESET_VICTIMS, where)
 
 
 # Two calls of 2.0 ms (bucket -36, (1.95, 2.32] ms), one of 50 ms (bucket -18, (44.2, 52.6]

@@ -23,9 +23,18 @@ from kubenpu.kernel.core import OBJECTS
 from kubenpu.kernel.errors import ProbeError
 from kubenpu.kernel.jobs import JobMaps, Ring, tracepoints
 from kubenpu.kernel.records import Durations, JobTimes
-from kubenpu.metrics.catalogue import JOB_RUN, JOB_WAIT, JOBS, JOBS_IN_FLIGHT, JOBS_LOST
+from kubenpu.metrics.catalogue import (
+    JOB_RUN,
+    JOB_WAIT,
+    JOBS,
+    JOBS_IN_FLIGHT,
+    JOBS_LOST,
+    POD_HANGS,
+    RESET_VICTIMS,
+)
 from kubenpu.metrics.store import ExpHist, Metrics
 from kubenpu.resolve import Attribution
+from kubenpu.resolve.cgroups import ProcCgroups
 
 RING = 0xFFFF_8880_0123_4000  # a scheduler's kernel address
 GPU = "0000:03:00.0"
@@ -279,3 +288,53 @@ def test_the_objects_structs_have_abis_layouts() -> None:
         "job_times": abi.JOB_TIMES_VALUE.size,
         "ring": abi.RING.size,
     }
+
+
+# --- resets: the guilty pod (the uevent's PID=) and the victims (jobs in flight) ----------
+
+
+def test_a_reset_counts_the_guilty_pod_by_its_pid_and_the_pods_with_jobs_in_flight(
+    tmp_path: Path,
+) -> None:
+    cgroups = tmp_path / "cgroup"
+    for name in ("guilty", "victim", "idle"):
+        (cgroups / "kubepods" / name).mkdir(parents=True)
+    ids = {
+        name: (cgroups / "kubepods" / name).stat().st_ino for name in ("guilty", "victim", "idle")
+    }
+    (tmp_path / "proc" / "4242").mkdir(parents=True)
+    (tmp_path / "proc" / "4242" / "cgroup").write_text("0::/kubepods/guilty\n")
+    kernel, resolver, metrics = FakeJobsKernel(), FakeResolver(), Metrics("node", 60, 1000)
+    for name, cgroup in ids.items():
+        resolver.answers[cgroup] = Attribution(namespace="ns", pod=name, container="c")
+    kernel.times = {
+        (ids["guilty"], RING): times(1, [], []),  # its hung job, in flight
+        (ids["victim"], RING): times(3, [MS], [MS]),  # two queued behind it
+        (ids["idle"], RING): times(1, [MS], [MS]),  # all done: not a victim
+        (ids["victim"], RING + 1): times(5, [], []),  # another device's ring: not this reset's
+    }
+    procs = ProcCgroups(str(cgroups), proc=str(tmp_path / "proc"))
+    jobs = Jobs(kernel, resolver, metrics, DEVICES, retry_seconds=0.01, cgroups=procs)
+    jobs.start()
+    eventually(jobs.attached.is_set, "attached")
+    jobs.reset(GPU, 4242)
+    jobs.reset(GPU, None)  # no task named: victims only
+    jobs.read()
+    assert values(metrics, POD_HANGS) == {("ns", "guilty", "c", GPU, "amdgpu"): 1}
+    assert values(metrics, RESET_VICTIMS) == {
+        ("ns", "victim", "c", GPU, "amdgpu"): 2,
+        ("ns", "guilty", "c", GPU, "amdgpu"): 1,  # in flight at the reset that named no one
+    }
+
+
+def test_a_reset_whose_pods_are_not_known_yet_is_counted_at_a_later_read(tmp_path: Path) -> None:
+    kernel, resolver, clock = FakeJobsKernel(), FakeResolver(), Clock()
+    metrics = Metrics("node", 60, 1000)
+    kernel.times = {(9, RING): times(2, [], [])}
+    jobs = stage(kernel, resolver, clock, metrics)
+    jobs.reset(GPU, None)
+    jobs.read()
+    assert values(metrics, RESET_VICTIMS) == {}
+    resolver.answers[9] = POD_A
+    jobs.read()
+    assert values(metrics, RESET_VICTIMS) == {("ns", "a", "u-a", "c", GPU, "amdgpu"): 1}

@@ -443,9 +443,17 @@ def test_each_jobs_time_lands_in_a_bucket_at_or_above_it(
     assert _lowest_upper_edge(point) >= at_least
 
 
-def test_a_hung_job_is_reset_by_the_driver_and_its_task_named(result, energy):
+def test_a_hung_job_is_reset_by_the_driver_and_its_pod_and_victims_named(result, energy):
     """The job that never signals: the scheduler's timeout, the driver's reset (WEDGED=none,
-    its submitter as the guilty task), and the job done (failed) on the ring."""
+    its submitter as the guilty task), the job done (failed) on the ring; the hang counted for
+    its pod, and a reset victim for the pod whose jobs were queued behind it."""
     jobs = result["jobs"]
-    assert _jobs(jobs["hung"], "kubenpu_jobs_total")[("team-f", "hang-0")] == 1
+    done = _jobs(jobs["hung"], "kubenpu_jobs_total")
+    assert (done[("team-f", "hang-0")], done[("team-g", "victim-0")]) == (1, 5)
+    hangs, victims = (
+        {s["labels"]["pod"]: s["value"] for s in jobs["hung"][metric] if s["labels"]["pod"]}
+        for metric in ("kubenpu_pod_device_hangs_total", "kubenpu_pod_device_reset_victim_total")
+    )
+    # The wedge run's two resets named this guest's own process: no pod's, empty labels.
+    assert (hangs, victims) == ({"hang-0": 1}, {"victim-0": 1})
     assert f"reset and recovered, guilty pid {jobs['hang_pid']} (drmcall)" in result["agent_log"]

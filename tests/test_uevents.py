@@ -244,3 +244,15 @@ def test_a_real_netlink_socket_is_a_kernel_uevent_listener() -> None:
     with netlink_socket() as sock:
         assert sock.family == socket.AF_NETLINK
         assert sock.getsockname()[1] == 1  # the kernel's group, not udevd's
+
+
+def test_each_wedged_event_hands_its_reset_to_the_jobs_stage(machine: Path) -> None:
+    """kubenpu.jobs counts the guilty pod (PID=) and the victims of each reset."""
+    resets: list[tuple[str, int | None]] = []
+    w = Wedges(
+        discover(machine), Metrics("node", 60, 1000), machine, on_reset=lambda *r: resets.append(r)
+    )
+    handle(
+        w, wedged("rebind", PID="4242", TASK="trainer"), wedged("none"), wedged("none", PID="x1")
+    )
+    assert resets == [(GPU, 4242), (GPU, None), (GPU, None)]  # a PID that is no number: none

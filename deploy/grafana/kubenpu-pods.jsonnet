@@ -146,5 +146,17 @@ g.dashboard(
       g.pos(12, 74, 12, 8),
       'Queued and not done at the last read.',
     ),
+    g.timeseries(
+      'GPU device resets by pod: hung, and work lost',
+      [
+        g.target('sum by (namespace, pod, device) (increase(kubenpu_pod_device_hangs_total{%s}[$__rate_interval]))' % sel,
+                 '{{namespace}}/{{pod}} hung {{device}}'),
+        g.target('sum by (namespace, pod, device) (increase(kubenpu_pod_device_reset_victim_total{%s}[$__rate_interval]))' % sel,
+                 '{{namespace}}/{{pod}} lost work on {{device}}', refId='B'),
+      ],
+      'short',
+      g.pos(0, 82, 24, 8),
+      'hung: the reset whose guilty task (the kernel names it) was the pod\'s. lost work: the pod had jobs in flight on the device at a reset (docs/jobs.md#hangs).',
+    ),
   ],
 )

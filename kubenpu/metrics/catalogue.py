@@ -142,6 +142,22 @@ JOBS_IN_FLIGHT = Spec(
     "GPU jobs queued and not yet done, per pod, device and ring, at the last read.",
     _JOB_LABELS,
 )
+POD_HANGS = Spec(
+    "kubenpu.pod.device.hangs",
+    "counter",
+    "{reset}",
+    "Device resets (DRM wedged uevents) whose guilty task, as the kernel named it (PID=; amdgpu "
+    "names the hung job's owner), was the container's (docs/jobs.md#hangs).",
+    (*POD_LABELS, "device", "vendor"),
+)
+RESET_VICTIMS = Spec(
+    "kubenpu.pod.device.reset_victim",
+    "counter",
+    "{reset}",
+    "Device resets that found the container's GPU jobs in flight on the device (queued and not "
+    "done, the guilty container's aside): its work then was lost or resubmitted.",
+    (*POD_LABELS, "device", "vendor"),
+)
 JOBS_LOST = Spec(
     "kubenpu.jobs.lost",
     "counter",
@@ -680,6 +696,8 @@ SPECS = (
     JOBS,
     JOBS_IN_FLIGHT,
     JOBS_LOST,
+    POD_HANGS,
+    RESET_VICTIMS,
     DEVICE_INFO,
     DROPPED,
     INDEX_REBUILDS,

@@ -60,9 +60,11 @@ from kubenpu.metrics.catalogue import (
     OVERFLOW_SERIES,
     PENDING_EXPIRED,
     POD_ENERGY,
+    POD_HANGS,
     PODRESOURCES_ERRORS,
     READ_ERRORS,
     RECEIVED,
+    RESET_VICTIMS,
     SERIES_SOURCES,
     SKIP_REASONS,
     TELEMETRY_SKIPPED,
@@ -184,6 +186,8 @@ class _Pod:
     engines: dict[Spec, dict[_EngineKey, float]] = field(default_factory=dict)
     # per (container, device, vendor, ring), the kernel's cumulative GPU jobs of each cgroup
     jobs: dict[_EngineKey, dict[int, JobTimes]] = field(default_factory=dict)
+    # per (container, device, vendor, POD_HANGS or RESET_VICTIMS' name), device resets
+    resets: dict[_EngineKey, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -329,6 +333,16 @@ class Metrics:
                 self._job_series += 1
             rec.jobs[key][cgroup_id] = times
             self._live(rec, unit, where.container)
+
+    def pod_reset(self, spec: Spec, where: Where) -> None:
+        """One device reset the container hung (POD_HANGS) or lost work in (RESET_VICTIMS)."""
+        unit = _unit(where.namespace, where.pod, where.container, where.pod_uid)
+        key = (where.container, where.device, where.vendor, spec.name)
+        with self._lock:
+            rec = self._pods.get(unit)
+            if rec is None:
+                rec = self._pods[unit] = _Pod(time.time_ns())
+            rec.resets[key] = rec.resets.get(key, 0) + 1
 
     def jobs_lost(self, lost: dict[str, int]) -> None:
         """The kernel side's job losses by reason, cumulative (JOB_LOST_REASONS)."""
@@ -529,6 +543,7 @@ class Metrics:
                 (IOCTL_DURATION, self._duration_points()),
                 (IOCTL_ERRORS, self._error_points()),
                 *self._job_points(),
+                *((s, self._reset_points(s)) for s in (POD_HANGS, RESET_VICTIMS)),
                 (JOBS_LOST, self._by_reason(self._jobs_lost)),
                 (
                     DEVICE_INFO,
@@ -685,6 +700,14 @@ class Metrics:
                 in_flight = sum(t.queued for t in times) - done
                 by_spec[JOBS_IN_FLIGHT].append(Point(attrs, max(0, in_flight), rec.start_ns))
         return list(by_spec.items())
+
+    def _reset_points(self, spec: Spec) -> list[Point]:
+        return [
+            Point(Where(ns, pod, uid, c, d, v)._asdict(), n, rec.start_ns)
+            for (ns, pod, uid, _), rec in self._pods.items()
+            for (c, d, v, name), n in rec.resets.items()
+            if name == spec.name
+        ]
 
     def _error_points(self) -> list[Point]:
         points = []

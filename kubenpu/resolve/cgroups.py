@@ -268,3 +268,59 @@ def _subdirs(
         if exhausted(e):
             exhaustion.failed()
     return found
+
+
+class ProcCgroups:
+    """The cgroup id (and directory) of a cgroup v2 path as /proc/PID/cgroup writes it, relative
+    to the READER's cgroup namespace: in a pod (a private cgroupns) another container's path
+    starts with "/..". Such a path is taken from the agent's own namespace root, found once as
+    the directory under the cgroup root with the inode of `own_cgroup` (the container's own
+    cgroup2 mount, rooted at its namespace root)."""
+
+    def __init__(
+        self, cgroup_root: str, own_cgroup: str = "/sys/fs/cgroup", proc: str = "/proc"
+    ) -> None:
+        self._root = cgroup_root
+        self._own = own_cgroup
+        self._proc = proc
+        self._ns_root: str | None = None  # the agent's cgroupns root, under cgroup_root
+
+    def id_of(self, cgroup: str) -> tuple[int, str] | None:
+        """(id, directory) of a /proc/PID/cgroup path; None when it is not there (gone)."""
+        relative = cgroup.lstrip("/")
+        if relative.startswith(".."):
+            relative = os.path.normpath(os.path.join(self._namespace_root(), relative))
+            if relative.startswith(".."):
+                return None  # above the hierarchy's root: no cgroup_root of the node's
+        path = os.path.join(self._root, relative)
+        inode = _inode(path)
+        return None if inode is None else (inode, path)
+
+    def of_pid(self, pid: int) -> tuple[int, str] | None:
+        """The cgroup of a process now (its "0::" line); None when it has exited."""
+        try:
+            with open(f"{self._proc}/{pid}/cgroup") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            return None
+        path = next((line[3:] for line in lines if line.startswith("0::")), None)
+        return None if path is None else self.id_of(path)
+
+    def _namespace_root(self) -> str:
+        """The agent's cgroup namespace root, relative to cgroup_root ("." when not found)."""
+        if self._ns_root is None:
+            self._ns_root = "."
+            inode = _inode(self._own)
+            for top, dirs, _ in os.walk(self._root) if inode else ():
+                found = [d for d in dirs if _inode(os.path.join(top, d)) == inode]
+                if found:
+                    self._ns_root = os.path.relpath(os.path.join(top, found[0]), self._root)
+                    break
+        return self._ns_root
+
+
+def _inode(path: str) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None  # removed meanwhile

@@ -140,6 +140,7 @@ POD_C = Pod("team-c", "idle-0", "7a4e2c19-3d5b-4f08-b6a1-9c0d2e4f6a03")
 JOB_A = Pod("team-d", "batch-0", "3e9b7c21-4a6d-4f1e-8b2c-5d7e9f0a1b04")
 JOB_B = Pod("team-e", "serve-0", "8c1d2e3f-5a6b-4c7d-9e0f-1a2b3c4d5e05")
 JOB_C = Pod("team-f", "hang-0", "1f2e3d4c-6b5a-4978-8a6b-5c4d3e2f1a06")
+JOB_D = Pod("team-g", "victim-0", "9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c07")  # queued behind C's
 JOB_PLANS = {JOB_A: (TESTDRM_JOB_50MS, 20), JOB_B: (TESTDRM_JOB_10MS, 10)}
 
 ALLOCATIONS_INTERVAL = 2  # attribution.pod_resources.interval_seconds: short for the run
@@ -214,6 +215,15 @@ def _jobs_done(prom: Samples) -> dict[tuple[str, str], float]:
         (s["labels"]["namespace"], s["labels"]["pod"]): s["value"]
         for s in prom.get("kubenpu_jobs_total", [])
         if s["labels"]["device"] == TESTDRM
+    }
+
+
+def _pod_resets(prom: Samples, metric: str) -> dict[str, float]:
+    """Per pod; the wedge run's resets name this guest's own process, no pod's."""
+    return {
+        s["labels"]["pod"]: s["value"]
+        for s in prom.get(metric, [])
+        if s["labels"]["device"] == TESTDRM and s["labels"]["pod"]
     }
 
 
@@ -687,9 +697,15 @@ class Node:
         self.mark("jobs done")
         resets = _resets(done)
         hang = self.start_jobs(JOB_C, TESTDRM_JOB_HANG, 1, wait=False)
+        self.start_jobs(JOB_D, TESTDRM_JOB_50MS, 5, wait=False)  # in flight at the reset
         hung = scrape_until(
-            "the hang's reset",
-            lambda p: _resets(p) > resets and _jobs_done(p).get((JOB_C.namespace, JOB_C.name)),
+            "the hang's reset, its guilty pod and its victim counted, the victim's jobs done",
+            lambda p: (
+                _resets(p) > resets
+                and _pod_resets(p, "kubenpu_pod_device_hangs_total") == {JOB_C.name: 1}
+                and _pod_resets(p, "kubenpu_pod_device_reset_victim_total") == {JOB_D.name: 1}
+                and _jobs_done(p).get((JOB_D.namespace, JOB_D.name)) == 5
+            ),
         )
         self.mark("hung job reset")
         pid = self.kubelet.status(hang)["pid"]
