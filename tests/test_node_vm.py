@@ -5,7 +5,8 @@ built from local files, BCC and the agent, which asks containerd's own socket fo
 plays kubelet (CRI calls, labels, cgroupfs-driver cgroup parents) and nothing else. With
 tests/vm/kmod's test driver loaded it also checks the agent's fdinfo series (issue 10), and the
 allocations a PodResources test server on the kubelet's socket path hands out (issue 21).
-Kernel: KUBENPU_NODE_KERNEL (default 6.12).
+Kernels: KUBENPU_NODE_KERNELS (default 6.12 and 7.3: the two DRM scheduler tracepoint sets, and
+the hand-made and the real drm_dev_wedged_event; tests/vm/kmod builds for both), one boot each.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from helpers import (
     usage_series,
 )
 
-KERNEL = os.environ.get("KUBENPU_NODE_KERNEL", "6.12")
+KERNELS = os.environ.get("KUBENPU_NODE_KERNELS", "6.12 7.3").split()
 KUBELET_LABELS = (
     "io.kubernetes.pod.namespace",
     "io.kubernetes.pod.name",
@@ -38,9 +39,10 @@ MAIN = (*POD_A, "main")
 pytestmark = pytest.mark.vm
 
 
-@pytest.fixture(scope="module")
-def result(tmp_path_factory) -> dict:
-    out = boot(KERNEL, "/src/tests/vm/node.sh", tmp_path_factory.mktemp(f"node-{KERNEL}"))
+@pytest.fixture(scope="module", params=KERNELS)
+def result(request, tmp_path_factory) -> dict:
+    kernel = request.param
+    out = boot(kernel, "/src/tests/vm/node.sh", tmp_path_factory.mktemp(f"node-{kernel}"))
     return json.loads((out / "result.json").read_text())
 
 

@@ -812,18 +812,25 @@ def test_top_imports_the_metric_catalogue_alone() -> None:
 
 
 def every_family(joules: float, text: str) -> str:
-    """An fdinfo snapshot with energy, an allocation and call durations for trainer-0: every
-    column top has (`joules` also sets the waits timed and their errors)."""
+    """An fdinfo snapshot with energy, an allocation, call durations and GPU jobs for
+    trainer-0: every column top has (`joules` also sets the waits timed, their errors and the
+    jobs)."""
     place = 'container="main",device="0000:00:02.0",namespace="ml",pod="trainer-0"'
     alloc = f'{place},resource="gpu.intel.com/i915"'
     wait = f'{place},vendor="i915",kind="wait"'
     hist = "kubenpu_ioctl_duration_seconds_bucket"
+    job = f'{place},vendor="i915",ring="rcs0"'
     return with_energy(text, joules) + (
         f"kubenpu_device_allocated{{{alloc}}} 1\n"
         f"kubenpu_device_allocated_idle_for_seconds{{{alloc}}} 0\n"
         f'{hist}{{{wait},le="0.00390625"}} {joules:.0f}\n'
         f'{hist}{{{wait},le="+Inf"}} {joules:.0f}\n'
         f'kubenpu_ioctl_errors_total{{{wait},error="ETIME"}} {joules / 10:.0f}\n'
+        + "".join(
+            f'kubenpu_job_{part}_duration_seconds_bucket{{{job},le="{le}"}} {joules:.0f}\n'
+            for part in ("wait", "run")
+            for le in ("0.015625", "+Inf")
+        )
     )
 
 
@@ -832,7 +839,7 @@ def narrowing(frame: top.frames.Frame) -> list[str]:
     gone, last = [], None
     for width in range(250, 20, -1):
         header = top.render.table(frame, "total", width)[0]
-        for two in ("IDLE FOR", "WAIT p99"):  # the titles of two words
+        for two in ("IDLE FOR", "WAIT p99", "QUEUE p99", "RUN p99"):  # the titles of two words
             header = header.replace(two, two.replace(" ", "_"))
         titles = [t.replace("_", " ") for t in header.split()]
         if last is not None:
@@ -909,6 +916,32 @@ def test_wait_p99_and_errors_come_from_the_duration_buckets_and_the_error_counte
     cols = {c.title: c for c in columns(frame, multi_node=False)}
     assert cols["WAIT p99"].cell(rows["p"]) == "62.5" and cols["WAIT p99"].cell(rows["q"]) == "-"
     assert cols["ERR/s"].cell(rows["p"]) == "2.0"
+
+
+def test_queue_and_run_p99_come_from_the_job_histograms():
+    """A pod's jobs in the interval: 100, 98 of them queued within 2^-6 s and all within 1 s,
+    all run within 2^-4 s: QUEUE p99 is the 1 s bound, RUN p99 the 2^-4 s one. A pod with no
+    job in the interval shows none."""
+    place = 'namespace="ml",pod="p",container="c",device="0000:03:00.0",vendor="amdgpu"'
+    idle = place.replace('pod="p"', 'pod="q"')
+
+    def scrape(jobs: int, quick: int) -> str:
+        lines = [f'kubenpu_ioctl_total{{{p},kind="submit"}} 0' for p in (place, idle)]
+        for part, bounds in (("wait", {"0.015625": quick, "1": jobs}), ("run", {"0.0625": jobs})):
+            h = f"kubenpu_job_{part}_duration_seconds_bucket"
+            lines += [f'{h}{{{place},ring="gfx",le="{le}"}} {n}' for le, n in bounds.items()]
+            lines += [f'{h}{{{place},ring="gfx",le="+Inf"}} {jobs}']
+            lines += [f'{h}{{{idle},ring="gfx",le="+Inf"}} 7']
+        return "\n".join([*lines, ""])
+
+    before, _ = top.parse(scrape(0, 0))
+    after, _ = top.parse(scrape(100, 98))
+    frame = top.build_frame(top.Reading(after, top.counter_rates(before, after, 2.0)), False)
+    rows = {r.key.pod: r for r in frame.rows}
+    assert (rows["p"].queue_p99, rows["p"].run_p99) == (1.0, 0.0625)
+    assert (rows["q"].queue_p99, rows["q"].run_p99) == (None, None)
+    cols = {c.title: c for c in columns(frame, multi_node=False)}
+    assert (cols["QUEUE p99"].cell(rows["p"]), cols["RUN p99"].cell(rows["q"])) == ("1000", "-")
 
 
 def test_latency_prints_one_pods_histogram_and_errors(serve, capsys):

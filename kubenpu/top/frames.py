@@ -22,6 +22,8 @@ from kubenpu.top.sources import (
     MEMORY,
     OVERFLOW,
     POD_LABELS,
+    QUEUE_BUCKETS,
+    RUN_BUCKETS,
     TARGET_INFO,
     UNATTRIBUTED,
     Reading,
@@ -51,6 +53,8 @@ class Row:
     watts: float | None = None  # the pod's share of the device's power (energy per pod)
     errors: float = 0.0  # failed calls per second
     wait_p99: float | None = None  # s: the bound of the bucket holding the waits' 99th percentile
+    queue_p99: float | None = None  # s: the same of its GPU jobs' queue waits
+    run_p99: float | None = None  # s: and of their run times
 
     @property
     def total(self) -> float:
@@ -78,6 +82,7 @@ class Frame:
     has_allocations: bool = False  # no rates yet (the first scrape)
     has_energy: bool = False  # no rates yet (the first scrape)
     has_durations: bool = False
+    has_jobs: bool = False
     calls: float = 0.0
     dropped: float = 0.0
     dropped_rate: float = 0.0
@@ -121,7 +126,12 @@ def build_frame(reading: Reading, multi_node: bool) -> Frame:
         r.watts = (r.watts or 0.0) + s.value
     for s in rated[ERRORS]:
         row(s).errors += s.value
-    _wait_p99(rated[BUCKETS], row)
+    for r, p99 in _p99s(rated[BUCKETS], row, lambda s: s.labels.get("kind") == "wait"):
+        r.wait_p99 = p99
+    for r, p99 in _p99s(rated[QUEUE_BUCKETS], row):
+        r.queue_p99 = p99
+    for r, p99 in _p99s(rated[RUN_BUCKETS], row):
+        r.run_p99 = p99
     for s in by_name[MEMORY]:
         states = row(s).memory.setdefault(s.labels.get("region", ""), {})
         state = s.labels.get("state", "")
@@ -143,6 +153,7 @@ def build_frame(reading: Reading, multi_node: bool) -> Frame:
         has_allocations=bool(by_name[ALLOCATED]),
         has_energy=bool(by_name[ENERGY]),
         has_durations=bool(by_name[BUCKETS]),
+        has_jobs=bool(by_name[QUEUE_BUCKETS]),
         measuring=reading.rates is None,
         calls=sum(s.value for s in rated[IOCTL]),
         dropped=_sum(by_name[DROPPED]),
@@ -170,22 +181,27 @@ def _allocations(
             r.idle_for = max(r.idle_for or 0.0, s.value)
 
 
-def _wait_p99(buckets: list[Series], row: Callable[[Series], Row]) -> None:
-    """Each row's 99th percentile of its waits over the rates' interval: the smallest `le`
-    whose rate holds 99 % of the +Inf rate (the bucket's upper bound; inf: over the last).
-    A row that waited not at all in the interval keeps None."""
+def _p99s(
+    buckets: list[Series],
+    row: Callable[[Series], Row],
+    keep: Callable[[Series], bool] = lambda s: True,
+) -> list[tuple[Row, float]]:
+    """Each row's 99th percentile of the histogram series `keep` takes over the rates'
+    interval: the smallest `le` whose rate holds 99 % of the +Inf rate (the bucket's upper
+    bound; inf: over the last). A row with nothing in the interval has none."""
     by_row: dict[RowKey, tuple[Row, dict[float, float]]] = {}
     for s in buckets:
-        if s.labels.get("kind") != "wait" or "le" not in s.labels:
+        if not keep(s) or "le" not in s.labels:
             continue
         r = row(s)
         rates = by_row.setdefault(r.key, (r, {}))[1]
         le = float(s.labels["le"])
         rates[le] = rates.get(le, 0.0) + s.value
-    for r, rates in by_row.values():
-        total = rates.get(float("inf"), 0.0)
-        if total > 0:
-            r.wait_p99 = min(le for le, n in rates.items() if n >= 0.99 * total)
+    return [
+        (r, min(le for le, n in rates.items() if n >= 0.99 * total))
+        for r, rates in by_row.values()
+        if (total := rates.get(float("inf"), 0.0)) > 0
+    ]
 
 
 def _distinct(values: Iterable[str]) -> list[str]:
@@ -210,6 +226,8 @@ SORTS: dict[str, tuple[str, Callable[[Row], float | str]]] = {
     "idle": ("i", lambda r: r.idle_for or 0.0),
     "power": ("e", lambda r: r.watts or 0.0),
     "p99": ("l", lambda r: r.wait_p99 or 0.0),
+    "queue": ("u", lambda r: r.queue_p99 or 0.0),
+    "run": ("j", lambda r: r.run_p99 or 0.0),
     "errors": ("x", lambda r: r.errors),
     "node": ("o", lambda r: r.key.node),
     "namespace": ("n", lambda r: r.key.namespace),
@@ -230,6 +248,8 @@ NUMERIC = (
     "idle",
     "power",
     "p99",
+    "queue",
+    "run",
     "errors",
 )
 

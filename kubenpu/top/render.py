@@ -103,6 +103,9 @@ def columns(frame: Frame, multi_node: bool, per_engine: bool = True) -> list[Col
     if frame.has_durations:
         cols.append(Column("WAIT p99", "p99", lambda r: fmt_ms(r.wait_p99), 58))
         cols.append(Column("ERR/s", "errors", lambda r: fmt_rate(r.errors), 57))
+    if frame.has_jobs:
+        cols.append(Column("QUEUE p99", "queue", lambda r: fmt_ms(r.queue_p99), 61))
+        cols.append(Column("RUN p99", "run", lambda r: fmt_ms(r.run_p99), 59))
     if frame.has_allocations:  # SHARES, not ALLOC: ALLOC/s is the alloc-class call rate
         cols.append(Column("SHARES", "shares", lambda r: f"{r.shares or 0:g}", 65))
         cols.append(Column("IDLE FOR", "idle", lambda r: fmt_duration(r.idle_for), 64))
@@ -205,6 +208,9 @@ def rows_json(frame: Frame, sort: str, multi_node: bool) -> list[dict[str, objec
         if frame.has_durations:
             row["wait_p99_seconds"] = r.wait_p99
             row["errors_per_second"] = round(r.errors, 3)
+        if frame.has_jobs:
+            row["queue_p99_seconds"] = r.queue_p99
+            row["run_p99_seconds"] = r.run_p99
         out.append(row)
     return out
 

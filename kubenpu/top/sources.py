@@ -32,16 +32,20 @@ ENERGY = catalogue.POD_ENERGY.prometheus_name  # counter per pod and device: its
 # The call durations (probe.durations); top shows WAIT p99 and ERR/s when they appear.
 BUCKETS = catalogue.IOCTL_DURATION.prometheus_name + "_bucket"  # counter per ...,kind,le
 ERRORS = catalogue.IOCTL_ERRORS.prometheus_name  # counter per ...,kind,error
+# The GPU jobs (probe.jobs); top shows QUEUE p99 and RUN p99 when they appear. The agent reads
+# them with fdinfo.
+QUEUE_BUCKETS = catalogue.JOB_WAIT.prometheus_name + "_bucket"  # counter per ...,ring,le
+RUN_BUCKETS = catalogue.JOB_RUN.prometheus_name + "_bucket"
 KINDS = ("submit", "alloc", "wait")
 POD_LABELS = ("namespace", "pod", "container", "device", "vendor")
-RATED = (IOCTL, BUSY, DROPPED, UNATTRIBUTED, ENERGY, BUCKETS, ERRORS)
+RATED = (IOCTL, BUSY, DROPPED, UNATTRIBUTED, ENERGY, BUCKETS, ERRORS, QUEUE_BUCKETS, RUN_BUCKETS)
 # When the agent last brought each source's counters up to date, and which counters those are:
 # a scrape between two of the agent's reads sees the same counts, so rates go over the change
 # of the source's stamp, not over the time between scrapes.
 STAMP = catalogue.COUNTERS_READ.prometheus_name
 SOURCES = {
     "kernel": (IOCTL, DROPPED, UNATTRIBUTED, BUCKETS, ERRORS),
-    "fdinfo": (BUSY,),
+    "fdinfo": (BUSY, QUEUE_BUCKETS, RUN_BUCKETS),
     "telemetry": (ENERGY,),
 }
 
