@@ -26,7 +26,7 @@ from typing import NamedTuple, Protocol
 
 from kubenpu.attribution import Hold, Resolve
 from kubenpu.discovery import Device
-from kubenpu.kernel.errors import ProbeError
+from kubenpu.kernel.errors import Cause
 from kubenpu.kernel.jobs import Ring
 from kubenpu.kernel.records import JobTimes
 from kubenpu.metrics.catalogue import POD_HANGS, RESET_VICTIMS
@@ -100,7 +100,10 @@ class Jobs:
                 continue
             try:
                 how = self._kernel.start()
-            except (ProbeError, OSError) as exc:
+            except Exception as exc:  # logged, retried: the thread never dies silently
+                if getattr(exc, "cause", None) is Cause.CAPABILITIES:
+                    log.error("GPU jobs off: %s", exc)  # capabilities do not change: no retry
+                    return
                 self._failures.failed(exc)
                 self._stop.wait(self._retry)
                 continue

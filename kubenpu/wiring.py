@@ -137,7 +137,7 @@ def build(
             activity=activity,
             clock=time.monotonic,
         )
-    jobs = _start_jobs(cfg, resolver, metrics, found, services) if cfg.probe.jobs else None
+    jobs = _jobs(cfg, resolver, metrics, found, services) if cfg.probe.jobs else None
     telemetry = None
     if cfg.telemetry.enabled:
         watched = fdinfo_devices(found, cfg.discovery.ignore_devices)
@@ -170,6 +170,8 @@ def build(
         debug=debug,
     )
     kernel = open_kernel(tried, devices, p.pin_dir)
+    if jobs is not None:  # after the probe: a start that fails stops before it, in one line
+        jobs.start()
     # A new cgroup is indexed on the polling thread at once: it may be gone by the next flush.
     probe = Probe(kernel, tally, on_births=resolver.cgroups_born)
     services.add("probe", probe.close)
@@ -189,19 +191,19 @@ def build(
     )
 
 
-def _start_jobs(
+def _jobs(
     cfg: config.Config,
     resolver: Resolver,
     metrics: Metrics,
     found: list[Device],
     services: Services,
 ) -> Jobs:
-    """The GPU jobs probe, attached on its own thread once the DRM GPU scheduler is loaded."""
+    """The GPU jobs stage; start() attaches its probe on its own thread once the DRM GPU
+    scheduler is loaded."""
     cgroups = ProcCgroups(cfg.attribution.cgroup_root)  # a reset's guilty pid to its cgroup
     pending = cfg.attribution.pending_seconds
     jobs = Jobs(JobsKernel(), resolver, metrics, found, pending, cgroups=cgroups)
     services.add("jobs", jobs.close)
-    jobs.start()
     return jobs
 
 

@@ -150,12 +150,14 @@ def helm(*args: str, values: dict[str, Any] | None = None) -> subprocess.Complet
     )
 
 
-def chart_capabilities(hook: str, fdinfo: bool = False) -> list[str]:
+def chart_capabilities(hook: str, fdinfo: bool = False, jobs: bool = False) -> list[str]:
     """The capabilities the chart's DaemonSet adds to the agent container (after drop: ALL), for
     `probe.hook` = hook: the probe's alone, or with config.fdinfo.enabled (the chart's default)
-    fdinfo's as well (tests/test_least_privilege_vm.py, tests/test_restart_vm.py)."""
+    fdinfo's as well, and with config.probe.jobs the GPU jobs probe's
+    (tests/test_least_privilege_vm.py, tests/test_restart_vm.py)."""
     values = helm_values(config__fdinfo__enabled=fdinfo)
     values["config"]["probe"]["hook"] = hook
+    values["config"]["probe"]["jobs"] = jobs
     (ds,) = (d for d in render_helm(values) if d["kind"] == "DaemonSet")
     (agent,) = ds["spec"]["template"]["spec"]["containers"]
     caps = agent["securityContext"]["capabilities"]

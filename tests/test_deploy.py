@@ -511,6 +511,17 @@ def test_capabilities_follow_the_hook() -> None:
         check_agent_daemonset(daemonset(render_helm(DRM_IOCTL_HOOK)), "/run/containerd")
 
 
+def test_gpu_jobs_are_off_by_default_and_on_add_sys_admin() -> None:
+    """config.probe.jobs: the gpu_sched module's BTF object, which only CAP_SYS_ADMIN may look
+    up (tests/test_least_privilege_vm.py); with it, SYS_ADMIN stands for BPF and PERFMON too."""
+    assert agent_config(render_helm())["probe"]["jobs"] is False
+    for hook in ("security_file_ioctl", "drm_ioctl"):
+        docs = render_helm({"config": {"probe": {"hook": hook, "jobs": True}}})
+        assert agent_config(docs)["probe"]["jobs"] is True
+        sc = daemonset(docs)["spec"]["template"]["spec"]["containers"][0]["securityContext"]
+        assert sc["capabilities"]["add"] == ["SYS_ADMIN", *FDINFO_CAPABILITIES]
+
+
 def test_agent_check_catches_a_writable_mount_and_the_whole_dev() -> None:
     ds = daemonset(render_helm())
     ds["spec"]["template"]["spec"]["containers"][0]["volumeMounts"][2]["readOnly"] = False

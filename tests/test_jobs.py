@@ -20,7 +20,7 @@ from kubenpu.discovery import Device
 from kubenpu.jobs import Jobs
 from kubenpu.kernel import abi, bpfsys
 from kubenpu.kernel.core import OBJECTS
-from kubenpu.kernel.errors import ProbeError
+from kubenpu.kernel.errors import Cause, ProbeError
 from kubenpu.kernel.jobs import JobMaps, Ring, tracepoints
 from kubenpu.kernel.records import Durations, JobTimes
 from kubenpu.metrics.catalogue import (
@@ -188,6 +188,23 @@ def test_the_probe_is_retried_until_the_scheduler_is_loaded_and_it_loads(caplog)
     assert [level for level, _ in said].count("ERROR") == 1  # the first failure of the streak
     jobs.close()
     assert kernel.closed
+
+
+class Refused(FakeJobsKernel):
+    def start(self) -> str:
+        self.tries = getattr(self, "tries", 0) + 1
+        raise ProbeError("the GPU jobs probe needs CAP_SYS_ADMIN", Cause.CAPABILITIES)
+
+
+def test_missing_capabilities_are_one_error_and_no_retry(caplog) -> None:
+    kernel = Refused()
+    jobs = Jobs(kernel, FakeResolver(), Metrics("node", 60, 1000), DEVICES, retry_seconds=0.01)
+    jobs.start()
+    jobs._thread.join(5)
+    assert not jobs._thread.is_alive() and kernel.tries == 1 and not jobs.attached.is_set()
+    [error] = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert error == "GPU jobs off: the GPU jobs probe needs CAP_SYS_ADMIN"
+    jobs.read()  # never attached: nothing to read, nothing raised
 
 
 def test_jobs_are_set_per_pod_device_and_ring_with_the_kernels_histograms() -> None:

@@ -69,6 +69,7 @@ REFUSED_RUNS = [(hook, name) for hook in HOOKS for name in REFUSED[hook]]
 
 
 FDINFO_CHART = chart_capabilities("security_file_ioctl", fdinfo=True)
+JOBS_CAPS = chart_capabilities("security_file_ioctl", jobs=True)  # config.probe.jobs: true
 FDINFO_EXTRA = [c for c in FDINFO_CHART if c not in CHART_CAPS["security_file_ioctl"]]
 FDINFO_PLAN = {"fdinfo-chart": FDINFO_CHART} | {
     f"fdinfo-without-{c}": [k for k in FDINFO_CHART if k != c] for c in FDINFO_EXTRA
@@ -85,6 +86,15 @@ def guest_out(request, tmp_path_factory) -> Path:
             {"name": f"{hook}-{name}", "caps": caps, "hook": hook, "attach": "fentry"}
             for name, (caps, _) in REFUSED[hook].items()
         ]
+    plan += [
+        {"name": "jobs-chart", "caps": JOBS_CAPS, "attach": "fentry", "jobs": True},
+        {
+            "name": "jobs-without-SYS_ADMIN",
+            "caps": CHART_CAPS["security_file_ioctl"],
+            "attach": "fentry",
+            "jobs": True,
+        },
+    ]
     plan += [{"name": name, "caps": caps, "fdinfo": True} for name, caps in FDINFO_PLAN.items()]
     (out / "plan.json").write_text(json.dumps(plan))
     kernel, extra = matrix_kernel(request.param)
@@ -105,6 +115,27 @@ def _assert_only(caps: dict, granted: list[str]) -> None:
 def test_chart_default_is_the_least_privilege_hook():
     assert helm_values()["config"]["probe"]["hook"] == "security_file_ioctl"
     assert CHART_CAPS["security_file_ioctl"] == BPF_PERFMON
+
+
+def test_the_charts_capabilities_with_jobs_attach_the_gpu_jobs_probe(guest_out):
+    """config.probe.jobs: true adds CAP_SYS_ADMIN (the gpu_sched module's BTF object): with
+    the test driver's scheduler ring loaded, the jobs probe attaches under that set."""
+    result = _result(guest_out, "jobs-chart")
+    if result["testdrm_skipped"]:
+        pytest.skip(f"no test driver, so no DRM GPU scheduler: {result['testdrm_skipped']}")
+    _assert_only(result["caps"], JOBS_CAPS)
+    assert "GPU jobs: attached (tp_btf drm_sched_job" in result["agent_log"]
+    assert result["errors"] == []
+
+
+def test_without_sys_admin_jobs_are_one_error_and_counting_goes_on(guest_out):
+    """The default chart's set with probe.jobs on: the counting probe attaches; the jobs probe
+    says in one line what it lacks, and is not retried."""
+    result = _result(guest_out, "jobs-without-SYS_ADMIN")
+    _assert_only(result["caps"], CHART_CAPS["security_file_ioctl"])
+    assert result["attached"]
+    [error] = result["errors"]
+    assert "GPU jobs off: the GPU jobs probe needs CAP_SYS_ADMIN" in error
 
 
 @pytest.mark.parametrize("hook", HOOKS)

@@ -1,7 +1,10 @@
 """The GPU jobs probe (bpf/jobs.bpf.c, docs/jobs.md): its own CO-RE object on the DRM GPU
 scheduler's tracepoints, loaded with the same system libbpf as the counting probe. The
 scheduler is a module (gpu_sched): its tracepoints exist once a driver built on it is loaded,
-so start() can fail now and succeed later (kubenpu.jobs retries it).
+so start() can fail now and succeed later (kubenpu.jobs retries it). Its programs attach to
+that module's tracepoints and read its types, which libbpf finds through the module's BTF
+object: the kernel lets only CAP_SYS_ADMIN look BTF objects up (BPF_BTF_GET_NEXT_ID,
+GET_FD_BY_ID), as for the drm_ioctl hook's fentry.
 """
 
 from __future__ import annotations
@@ -12,9 +15,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
 
-from kubenpu.kernel import abi, bpfsys
+from kubenpu.kernel import abi, bpfsys, hooks
 from kubenpu.kernel.core import OBJECTS, shared_libbpf
-from kubenpu.kernel.errors import ProbeError
+from kubenpu.kernel.errors import Cause, ProbeError
 from kubenpu.kernel.records import Durations, JobTimes
 
 
@@ -54,6 +57,12 @@ class JobsKernel:
         return tracepoints(self._kallsyms) is not None
 
     def start(self) -> str:
+        if "SYS_ADMIN" not in hooks.effective_capabilities():
+            raise ProbeError(
+                "the GPU jobs probe needs CAP_SYS_ADMIN, to find the gpu_sched module's BTF "
+                "(the chart adds it with config.probe.jobs: true; docs/jobs.md)",
+                Cause.CAPABILITIES,
+            )
         variant = tracepoints(self._kallsyms)
         if variant is None:
             raise ProbeError("no DRM GPU scheduler tracepoints (no driver on gpu_sched loaded)")

@@ -155,6 +155,7 @@ def pods(mode: str) -> tuple[dict, dict]:
 class Scenario:
     launcher: tuple[str, ...] = ()  # what the agent runs under (setpriv for least privilege)
     hook: str | None = None  # probe.hook; None: the agent's default
+    jobs = True  # probe.jobs: the agent's default
     loader = next(
         (
             a.removeprefix(LOADER_ARG)
@@ -231,6 +232,7 @@ class Scenario:
         config = {
             "probe": {
                 "mode": self.mode,
+                "jobs": self.jobs,
                 **({"hook": self.hook} if self.hook else {}),
                 **({"loader": self.loader} if self.loader else {}),
             },

@@ -32,6 +32,7 @@ from guestlib import (
     Call,
     device_node,
     drmcall_argv,
+    load_testdrm,
     reports,
     systemd_cgroup,
 )
@@ -91,6 +92,7 @@ def _execd(proc: Path, status: dict[str, str]) -> bool:
 
 class LeastPrivilegeScenario(Scenario):
     loader = "core"  # what the chart renders by default (no BCC fallback)
+    jobs = False  # the chart's default (config.probe.jobs, which adds CAP_SYS_ADMIN)
 
     def __init__(self, out: Path, caps: list[str], hook: str) -> None:
         super().__init__(out, "aggregate")
@@ -126,21 +128,27 @@ class LeastPrivilegeScenario(Scenario):
         return agent
 
 
-def scenario(out: Path, caps: list[str], hook: str) -> dict:
+def scenario(out: Path, caps: list[str], hook: str, testdrm_skipped: str) -> dict:
     run = LeastPrivilegeScenario(out, caps, hook)
-    return {**run.run(), "caps": run.caps}
+    return {**run.run(), "caps": run.caps, "testdrm_skipped": testdrm_skipped}
 
 
-def attach_check(out: Path, launch: tuple[str, ...], attach: str, hook: str | None = None) -> dict:
+def attach_check(
+    out: Path, launch: tuple[str, ...], attach: str, hook: str | None = None, jobs: bool = False
+) -> dict:
     """Start the agent under `launch` (no exporters, no CRI) until it attaches or exits; record
     which, with its exit code and the capabilities it had. `hook` None: the agent's default. The
-    loader is the chart's default (core), but for the kprobe attach, which only BCC has."""
-    probe = {"attach": attach, **({"hook": hook} if hook else {})}
+    loader is the chart's default (core), but for the kprobe attach, which only BCC has. With
+    `jobs` (probe.jobs) it waits for the GPU jobs probe's line too."""
+    probe = {"attach": attach, "jobs": jobs, **({"hook": hook} if hook else {})}
     probe["loader"] = "bcc" if attach == "kprobe" else "core"
     config = {"probe": probe, "export": {"prometheus": {"enabled": False}}}
     agent = Agent(out, config, launcher=launch)
     found = process_caps(agent.pid)
     agent.wait_attached()
+    deadline = time.monotonic() + 60
+    while jobs and "GPU jobs" not in agent.log() and time.monotonic() < deadline:
+        time.sleep(0.5)
     rc = agent.stop()
     text = agent.log()
     return {
@@ -155,15 +163,19 @@ def attach_check(out: Path, launch: tuple[str, ...], attach: str, hook: str | No
 def main() -> int:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "/out")
     plan = json.loads((out / "plan.json").read_text())
+    # Loaded first: its DRM GPU scheduler ring is what the agent's jobs probe attaches to.
+    testdrm_skipped = load_testdrm()
     for run in (r for r in plan if not r.get("fdinfo")):
         where = out / run["name"]
         where.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         if run.get("scenario"):
-            result = scenario(where, run["caps"], run["hook"])
+            result = scenario(where, run["caps"], run["hook"], testdrm_skipped)
         else:
             launch = launcher(run["caps"])
-            result = attach_check(where, launch, run.get("attach", "auto"), run.get("hook"))
+            attach = run.get("attach", "auto")
+            result = attach_check(where, launch, attach, run.get("hook"), run.get("jobs", False))
+            result["testdrm_skipped"] = testdrm_skipped
         result["seconds"] = time.monotonic() - started
         (where / "result.json").write_text(json.dumps(result, indent=1, sort_keys=True))
         print(f"least privilege {run['name']} ({','.join(run['caps'])}): {result['seconds']:.0f}s")
