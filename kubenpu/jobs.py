@@ -26,7 +26,7 @@ from typing import NamedTuple, Protocol
 
 from kubenpu.attribution import Hold, Resolve
 from kubenpu.discovery import Device
-from kubenpu.kernel.errors import Cause
+from kubenpu.kernel.errors import Cause, ProbeError
 from kubenpu.kernel.jobs import Ring
 from kubenpu.kernel.records import JobTimes
 from kubenpu.metrics.catalogue import POD_HANGS, RESET_VICTIMS
@@ -48,6 +48,7 @@ class _Reset(NamedTuple):
 class JobsProbe(Protocol):
     """What Jobs needs of kubenpu.kernel.jobs.JobsKernel (a fake's in tests)."""
 
+    def check(self) -> None: ...
     def available(self) -> bool: ...
     def start(self) -> str: ...
     def read(self) -> dict[tuple[int, int], JobTimes]: ...
@@ -90,6 +91,11 @@ class Jobs:
         self._thread.start()
 
     def _attach(self) -> None:
+        try:
+            self._kernel.check()  # first: a node without the capability is told at once
+        except ProbeError as exc:
+            log.error("GPU jobs off: %s", exc)
+            return
         said = False
         while not self._stop.is_set():
             if not self._kernel.available():  # most nodes' normal state: not an error

@@ -137,6 +137,9 @@ class FakeJobsKernel:
         self.forgotten: list[int] = []
         self.closed = False
 
+    def check(self) -> None:
+        pass
+
     def available(self) -> bool:
         if self.absent:
             self.absent -= 1
@@ -191,13 +194,16 @@ def test_the_probe_is_retried_until_the_scheduler_is_loaded_and_it_loads(caplog)
 
 
 class Refused(FakeJobsKernel):
-    def start(self) -> str:
+    """A probe that can never load; `absent`: no scheduler either, as on most nodes."""
+
+    def check(self) -> None:
         self.tries = getattr(self, "tries", 0) + 1
         raise ProbeError("the GPU jobs probe needs CAP_SYS_ADMIN", Cause.CAPABILITIES)
 
 
 def test_missing_capabilities_are_one_error_and_no_retry(caplog) -> None:
-    kernel = Refused()
+    """Said at once, before any scheduler is loaded: the capabilities never change."""
+    kernel = Refused(absent=1_000_000)
     jobs = Jobs(kernel, FakeResolver(), Metrics("node", 60, 1000), DEVICES, retry_seconds=0.01)
     jobs.start()
     jobs._thread.join(5)

@@ -56,13 +56,17 @@ class JobsKernel:
         """Whether the kernel has the scheduler's tracepoints now (a driver on it is loaded)."""
         return tracepoints(self._kallsyms) is not None
 
-    def start(self) -> str:
+    def check(self) -> None:
+        """Raises ProbeError (Cause.CAPABILITIES) when no load could ever succeed."""
         if "SYS_ADMIN" not in hooks.effective_capabilities():
             raise ProbeError(
                 "the GPU jobs probe needs CAP_SYS_ADMIN, to find the gpu_sched module's BTF "
                 "(the chart adds it with config.probe.jobs: true; docs/jobs.md)",
                 Cause.CAPABILITIES,
             )
+
+    def start(self) -> str:
+        self.check()
         variant = tracepoints(self._kallsyms)
         if variant is None:
             raise ProbeError("no DRM GPU scheduler tracepoints (no driver on gpu_sched loaded)")
