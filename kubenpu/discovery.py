@@ -111,6 +111,11 @@ def _node(root: Path, entry: Path, devdir: str) -> tuple[Path, Node] | None:
     return device, Node(path, entry.name, *numbers)
 
 
+def platform_id(name: str) -> str:
+    """The device id of a device on no PCI bus, from its sysfs (dev_name) name."""
+    return f"platform:{name}"
+
+
 def _device(dev: Path, nodes: list[Node]) -> Device:
     driver = _driver(dev)
     pci = _pci_function(dev)
@@ -118,7 +123,7 @@ def _device(dev: Path, nodes: list[Node]) -> Device:
         # Before the faux bus, vgem was a bare platform device with no driver bound (6.1 is
         # like that); such modules name their device after themselves, so the name stands in.
         plugin = for_driver(driver or _owner(dev.name))
-        ident, pci_id, numa = f"platform:{dev.name}", None, None
+        ident, pci_id, numa = platform_id(dev.name), None, None
     else:
         plugin = for_driver(driver)
         ident, pci_id = pci.name, _pci_id(pci)

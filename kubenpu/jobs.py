@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterable
 from typing import NamedTuple, Protocol
 
 from kubenpu.attribution import Hold, Resolve
-from kubenpu.discovery import Device
-from kubenpu.kernel.errors import Cause, ProbeError
+from kubenpu.discovery import Device, platform_id
+from kubenpu.kernel.errors import ProbeError
 from kubenpu.kernel.jobs import Ring
 from kubenpu.kernel.records import JobTimes
 from kubenpu.metrics.catalogue import POD_HANGS, RESET_VICTIMS
@@ -92,7 +92,7 @@ class Jobs:
 
     def _attach(self) -> None:
         try:
-            self._kernel.check()  # first: a node without the capability is told at once
+            self._kernel.check()  # first and once: capabilities do not change, so no retry
         except ProbeError as exc:
             log.error("GPU jobs off: %s", exc)
             return
@@ -107,9 +107,6 @@ class Jobs:
             try:
                 how = self._kernel.start()
             except Exception as exc:  # logged, retried: the thread never dies silently
-                if getattr(exc, "cause", None) is Cause.CAPABILITIES:
-                    log.error("GPU jobs off: %s", exc)  # capabilities do not change: no retry
-                    return
                 self._failures.failed(exc)
                 self._stop.wait(self._retry)
                 continue
@@ -193,7 +190,7 @@ class Jobs:
     def _device(self, name: str) -> str:
         """The agent's device id of a scheduler's device name: a PCI address is its own; a
         platform device's is platform:<name> (kubenpu.discovery)."""
-        return name if name in self._vendor else f"platform:{name}"
+        return name if name in self._vendor else platform_id(name)
 
     def close(self) -> None:
         self._stop.set()

@@ -122,6 +122,43 @@ class _Libbpf:
     def says(self, words: str) -> bool:
         return any(words in m for m in self.messages)
 
+    # The object calls both loaders make (this one's and kubenpu.kernel.jobs'), each failure a
+    # ProbeError with libbpf's reason.
+
+    def open(self, path: Path) -> int:
+        """The struct bpf_object * of an object file, opened (not loaded)."""
+        obj = self.lib.bpf_object__open_file(os.fsencode(path), None)
+        if not obj:
+            err = ctypes.get_errno()
+            cause = Cause.OBJECT_CORRUPT if err in _CORRUPT else Cause.OTHER
+            raise ProbeError(f"opening {path}: {self.why(err)}", cause)
+        return obj
+
+    def load(self, obj: int, wanted: set[str], what: str) -> None:
+        """Load `obj` with only the programs named in `wanted` (`what` names it in an error)."""
+        prog = self.lib.bpf_object__next_program(obj, None)
+        while prog:
+            self.lib.bpf_program__set_autoload(
+                prog, self.lib.bpf_program__name(prog).decode() in wanted
+            )
+            prog = self.lib.bpf_object__next_program(obj, prog)
+        if (err := self.lib.bpf_object__load(obj)) < 0:
+            raise ProbeError(f"loading {what}: {self.why(err)}")
+
+    def find_map(self, obj: int, name: str) -> int:
+        found = self.lib.bpf_object__find_map_by_name(obj, name.encode())
+        if not found:
+            raise ProbeError(f"the object has no map {name}")
+        return found
+
+    def attach(self, obj: int, name: str) -> int:
+        """The struct bpf_link * of the program `name`, attached."""
+        prog = self.lib.bpf_object__find_program_by_name(obj, name.encode())
+        link = self.lib.bpf_program__attach(prog) if prog else None
+        if not link:
+            raise ProbeError(f"attaching {name}: {self.why(ctypes.get_errno())}")
+        return link
+
 
 class CoreKernel(LoaderBase):
     """The probe loaded from the CO-RE object. poll() runs on one thread; the map reads and
@@ -196,11 +233,7 @@ class CoreKernel(LoaderBase):
 
     def _load(self, functions: list[str]) -> None:
         lib = self._lib.lib
-        self._obj = lib.bpf_object__open_file(os.fsencode(self._object()), None)
-        if not self._obj:
-            err = ctypes.get_errno()
-            cause = Cause.OBJECT_CORRUPT if err in _CORRUPT else Cause.OTHER
-            raise ProbeError(f"opening {self._object()}: {self._lib.why(err)}", cause)
+        self._obj = self._lib.open(self._object())
         shapes = self.shapes()
         self._map(abi.EVENTS, self._ringbuf_pages * abi.PAGE)
         for name in (abi.COUNTS, abi.DURATIONS):
@@ -208,12 +241,7 @@ class CoreKernel(LoaderBase):
                 self._map(name, shapes[name].max_entries)
         wanted = {abi.IOCTL_PROGRAMS[f] for f in functions} | {abi.BIRTHS}
         wanted |= set(self._exits().values())
-        prog = lib.bpf_object__next_program(self._obj, None)
-        while prog:
-            lib.bpf_program__set_autoload(prog, lib.bpf_program__name(prog).decode() in wanted)
-            prog = lib.bpf_object__next_program(self._obj, prog)
-        if (err := lib.bpf_object__load(self._obj)) < 0:
-            raise ProbeError(f"loading the object: {self._lib.why(err)}")
+        self._lib.load(self._obj, wanted, "the object")
         self._fill({n: lib.bpf_map__fd(self._map(n)) for n in shapes})
         if abi.TIMING in shapes:
             self._maps.set_timing(self._durations)
@@ -227,11 +255,11 @@ class CoreKernel(LoaderBase):
         return {f: p for f, p in exits.items() if f == "drm_ioctl" or hooks.kernel_has(f)}
 
     def _map(self, name: str, max_entries: int | None = None) -> int:
-        lib = self._lib.lib
-        found = lib.bpf_object__find_map_by_name(self._obj, name.encode())
-        if not found:
-            raise ProbeError(f"the object has no map {name}")
-        if max_entries is not None and lib.bpf_map__set_max_entries(found, max_entries) < 0:
+        found = self._lib.find_map(self._obj, name)
+        if (
+            max_entries is not None
+            and self._lib.lib.bpf_map__set_max_entries(found, max_entries) < 0
+        ):
             raise ProbeError(f"sizing the map {name} to {max_entries}")
         return found
 
@@ -267,12 +295,7 @@ class CoreKernel(LoaderBase):
                 log.warning("call durations unavailable from %s: %s", function, err)
 
     def _attach_program(self, name: str) -> int:
-        lib = self._lib.lib
-        prog = lib.bpf_object__find_program_by_name(self._obj, name.encode())
-        link = lib.bpf_program__attach(prog) if prog else None
-        if not link:
-            raise ProbeError(f"attaching {name}: {self._lib.why(ctypes.get_errno())}")
-        return link
+        return self._lib.attach(self._obj, name)
 
     def objects(self) -> dict[str, int]:
         """fds of what can be pinned, by pin name: the maps and every program's bpf_link."""

@@ -9,8 +9,6 @@ GET_FD_BY_ID), as for the drm_ioctl hook's fentry.
 
 from __future__ import annotations
 
-import ctypes
-import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
@@ -66,7 +64,7 @@ class JobsKernel:
             )
 
     def start(self) -> str:
-        self.check()
+        """Load and attach; call check() first (kubenpu.jobs does, once)."""
         variant = tracepoints(self._kallsyms)
         if variant is None:
             raise ProbeError("no DRM GPU scheduler tracepoints (no driver on gpu_sched loaded)")
@@ -80,31 +78,14 @@ class JobsKernel:
         return "tp_btf " + ", ".join(tracepoint for tracepoint, _ in variant)
 
     def _load(self, programs: set[str]) -> None:
-        self._lib = shared_libbpf()
-        lib = self._lib.lib
-        self._lib.messages.clear()
-        self._obj = lib.bpf_object__open_file(os.fsencode(self._path), None)
-        if not self._obj:
-            raise ProbeError(f"opening {self._path}: {self._lib.why(ctypes.get_errno())}")
-        prog = lib.bpf_object__next_program(self._obj, None)
-        while prog:
-            lib.bpf_program__set_autoload(prog, lib.bpf_program__name(prog).decode() in programs)
-            prog = lib.bpf_object__next_program(self._obj, prog)
-        if (err := lib.bpf_object__load(self._obj)) < 0:
-            raise ProbeError(f"loading the jobs object: {self._lib.why(err)}")
+        self._lib = lib = shared_libbpf()
+        lib.messages.clear()
+        self._obj = lib.open(self._path)
+        lib.load(self._obj, programs, "the jobs object")
         names = (abi.JOB_TIMES, abi.RINGS, abi.JOB_LOST)
-        self._maps = JobMaps(
-            {
-                n: lib.bpf_map__fd(lib.bpf_object__find_map_by_name(self._obj, n.encode()))
-                for n in names
-            }
-        )
+        self._maps = JobMaps({n: lib.lib.bpf_map__fd(lib.find_map(self._obj, n)) for n in names})
         for name in sorted(programs):
-            prog = lib.bpf_object__find_program_by_name(self._obj, name.encode())
-            link = lib.bpf_program__attach(prog) if prog else None
-            if not link:
-                raise ProbeError(f"attaching {name}: {self._lib.why(ctypes.get_errno())}")
-            self._links.append(link)
+            self._links.append(lib.attach(self._obj, name))
 
     def read(self) -> dict[tuple[int, int], JobTimes]:
         return self._maps.read()
