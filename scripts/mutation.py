@@ -40,11 +40,18 @@ TESTS: dict[str, list[str]] = {
     "kubenpu/export/otlp.py": ["tests/test_export.py", "tests/test_metrics.py"],
     "kubenpu/kernel/maps.py": ["tests/test_kernel.py", "tests/test_pin.py"],
     "kubenpu/resolve/podresources/": ["tests/test_allocations.py"],
-    "kubenpu/kernel/core.py": ["tests/test_kernel.py", "tests/test_abi.py"],
+    "kubenpu/kernel/core.py": [
+        "tests/test_core_loader.py",
+        "tests/test_kernel.py",
+        "tests/test_abi.py",
+        "tests/test_start_errors.py",
+    ],
 }
 
-# The verdicts mutmut stores per mutant (mutmut.stats.status_by_exit_code, mutmut 3.8.1).
-KILLED = {1, 3, 24, -24, 36, 152, 255, 37}  # a failing test, a timeout, the type checker
+# The verdicts mutmut stores per mutant (mutmut.stats.status_by_exit_code, mutmut 3.8.1). A
+# segfault (-11) is a killed mutant too: the tests' process died (a mutant that hands libbpf a
+# null pointer), so the suite failed.
+KILLED = {1, 3, 24, -24, 36, 152, 255, 37, -11}  # a failing test, a timeout, the type checker
 SURVIVED = {0}
 
 
@@ -88,6 +95,17 @@ def verdicts(module: str) -> dict[str, int | None]:
     return found
 
 
+def diff(name: str) -> str:
+    """A mutant's diff, from the mutated copy in mutants/ (before the next module removes it)."""
+    from mutmut.mutation.diff_apply import get_diff_for_mutant
+
+    module = name.split(".x_")[0].split(".x\u01c1")[0]
+    path = Path(*module.split(".")).with_suffix(".py")
+    mutated = (ROOT / "mutants" / path).read_text()
+    lines = get_diff_for_mutant(name, source=mutated, path=path).splitlines()
+    return "\n".join(f"      {line}" for line in lines[2:])  # the --- / +++ lines name the file
+
+
 def report(module: str, codes: dict[str, int | None]) -> tuple[int, int]:
     killed = sum(code in KILLED for code in codes.values())
     survivors = sorted(name for name, code in codes.items() if code in SURVIVED)
@@ -100,7 +118,7 @@ def report(module: str, codes: dict[str, int | None]) -> tuple[int, int]:
     score = 100 * killed / total if total else 0.0
     print(f"\n{module}: {killed} / {total} killed ({score:.1f} %)")
     for name in survivors:
-        print(f"  survived: {name}")
+        print(f"  survived: {name}\n{diff(name)}")
     for name in other:
         print(f"  not killed: {name}")
     return killed, total
