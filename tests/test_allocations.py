@@ -651,3 +651,137 @@ def test_the_agent_wires_allocations(
     with Services(10) as services:
         agent = wiring.build(cfg, services)
         eventually(lambda: value(agent.metrics, ALLOCATED, **hold("ml", "a")) == 2, "allocations")
+
+
+# --- from mutmut's survivors (docs/mutation.md) -------------------------------------------------
+
+
+def test_held_maps_a_gaudi_serial_through_the_allocations_numa_node() -> None:
+    gaudi = [Allocated("ml", "p", "c", "habana.ai/gaudi2", "AN87654321", numa=(1,))]
+    shares, unmapped = held(gaudi, mapper("gaudi"))
+    assert shares == {Held("ml", "p", "c", "0000:b3:00.0", "habana.ai/gaudi2"): 1}
+    assert unmapped == {}
+
+
+def test_a_kubelet_back_is_said_once_and_a_new_streak_warns_again(
+    kubelet: PodResourcesTestServer, sock: str, tracked: Tracked, caplog
+) -> None:
+    allocations, *_ = tracked
+    failing = {**STATE, "fail": {"List": "UNAVAILABLE"}}
+    said: list[str] = []
+    with caplog.at_level(logging.INFO, logger="kubenpu.allocations"):
+        for state in (failing, failing, STATE, STATE, failing):
+            kubelet.set_state(state)
+            allocations.refresh()
+            said += [f"{r.levelname} {r.getMessage()}" for r in caplog.records]
+            caplog.clear()
+    said = [s for s in said if not s.endswith("using List alone")]
+    warning = f"WARNING PodResources: {sock}: List: UNAVAILABLE: ... failed as asked"
+    assert [s.split(";")[0] for s in said] == [warning, "INFO PodResources answers again", warning]
+    assert said[0].endswith("; keeping the last allocations, retrying")
+
+
+def test_a_refresh_ended_by_close_is_not_the_kubelets_failure(
+    kubelet: PodResourcesTestServer, tracked: Tracked
+) -> None:
+    allocations, metrics, _, _ = tracked
+    allocations.close()
+    assert not allocations.refresh()
+    assert not value(metrics, PODRESOURCES_ERRORS)
+
+
+def test_allocatable_unavailable_again_after_a_redial_is_not_warned_again(
+    kubelet: PodResourcesTestServer, sock: str, tracked: Tracked, caplog
+) -> None:
+    kubelet.set_state({**STATE, "fail": {"GetAllocatableResources": "UNKNOWN"}})
+    allocations, _, _, _ = tracked
+    with caplog.at_level(logging.DEBUG, logger="kubenpu.allocations"):
+        assert allocations.refresh()
+        kubelet.stop()
+        assert not allocations.refresh()  # the channel goes: the next one asks again
+        kubelet.start(sock)
+        assert allocations.refresh()
+    assert kubelet.requests["GetAllocatableResources"] == 2
+    using = [r.levelname for r in caplog.records if r.getMessage().endswith("using List alone")]
+    assert using == ["WARNING", "DEBUG"]
+
+
+def test_rediscovery_waits_its_interval_and_only_for_ids_that_name_no_device(
+    kubelet: PodResourcesTestServer, sock: str
+) -> None:
+    clock, metrics = Clock(), Metrics("node", 300, 1000)
+    scans: list[float] = []
+    found: list[Device] = []
+
+    def rediscover() -> list[Device]:
+        scans.append(clock.now)
+        return found
+
+    allocations = Allocations(
+        PodResourcesClient(sock), Mapper(found), metrics, 10, Activity(300, clock), rediscover,
+        clock=clock,
+    )  # fmt: skip
+    found += discover(TESTDATA / "hybrid-two-gpu")  # plugged in after the first discovery
+    clock.now += 30
+    allocations.refresh()
+    no_device = {"resource": I915, "reason": "no_device"}
+    assert scans == [] and value(metrics, ALLOCATIONS_UNMAPPED, **no_device) == 4
+    clock.now += 30
+    allocations.refresh()
+    assert scans == [1060.0] and value(metrics, ALLOCATIONS_UNMAPPED, **no_device) is None
+    clock.now += 60  # every id maps now; unknown_format and empty ones are no reason to scan
+    allocations.refresh()
+    assert scans == [1060.0]
+    assert value(metrics, ALLOCATIONS_UNMAPPED, resource="example.com/thing", reason="empty_id")
+
+
+def test_a_holders_own_calls_and_engine_time_alone_are_not_unallocated(tracked: Tracked) -> None:
+    allocations, metrics, clock, activity = tracked
+    allocations.refresh()
+    submit(activity, "a", n=3)  # a holds the iGPU: its calls are its allocation's use
+    activity.busy(("ml", "stranger", "main", DGPU), 0.5)  # engine time, no submit-class call
+    clock.now += 10
+    allocations.refresh()
+    assert points(metrics, UNALLOCATED_CALLS) == {}
+
+
+class _Breaks(Activity):
+    """An activity whose snapshot fails once, as a bug would."""
+
+    broke = False
+
+    def snapshot(self):  # type: ignore[override]
+        if not self.broke:
+            self.broke = True
+            raise RuntimeError("a bug")
+        return super().snapshot()
+
+
+def test_the_thread_logs_a_failed_refresh_and_goes_on(
+    kubelet: PodResourcesTestServer, sock: str, caplog
+) -> None:
+    metrics = Metrics("node", 300, 1000)
+    allocations = Allocations(
+        PodResourcesClient(sock), mapper("hybrid-two-gpu"), metrics, 0.01, _Breaks(300)
+    )
+    allocations.close()  # before start: nothing to join
+    allocations = Allocations(
+        PodResourcesClient(sock), mapper("hybrid-two-gpu"), metrics, 0.01, _Breaks(300)
+    )
+    with caplog.at_level(logging.ERROR, logger="kubenpu.allocations"):
+        allocations.start()
+        assert allocations._thread.name == "allocations" and allocations._thread.daemon
+        deadline = threading.Event()
+        while kubelet.requests["List"] < 3 and not deadline.wait(0.05):
+            pass
+        allocations.close()
+    assert kubelet.requests["List"] >= 3  # the refreshes went on after the failure
+    (failed,) = caplog.records
+    assert failed.getMessage() == "allocations refresh failed" and failed.exc_info
+    assert value(metrics, ALLOCATED, **hold("ml", "a")) == 2
+
+
+def test_an_upper_case_pci_address_maps_to_the_device() -> None:
+    # sysfs names devices in lower-case hex (pci_name(), "%04x:%02x:%02x.%d" in
+    # drivers/pci/probe.c); a plugin or a DRA driver may print the address in upper case.
+    assert mapper("gaudi").device("amd.com/gpu", "0000:B3:00.0") == "0000:b3:00.0"
