@@ -29,7 +29,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Module (a file, or a package directory) -> the unit test files that exercise it.
 TESTS: dict[str, list[str]] = {
-    "kubenpu/energy.py": ["tests/test_telemetry.py", "tests/test_properties.py"],
+    "kubenpu/energy.py": [
+        "tests/test_energy.py",
+        "tests/test_telemetry.py",
+        "tests/test_properties.py",
+    ],
     "kubenpu/fdinfo.py": [
         "tests/test_fdinfo.py",
         "tests/test_usage.py",

@@ -785,3 +785,59 @@ def test_an_upper_case_pci_address_maps_to_the_device() -> None:
     # sysfs names devices in lower-case hex (pci_name(), "%04x:%02x:%02x.%d" in
     # drivers/pci/probe.c); a plugin or a DRA driver may print the address in upper case.
     assert mapper("gaudi").device("amd.com/gpu", "0000:B3:00.0") == "0000:b3:00.0"
+
+
+def test_a_dra_devices_cdi_names_come_through_the_client(
+    kubelet: PodResourcesTestServer, sock: str
+) -> None:
+    claim = {"driver": "gpu.example.com", "pool": "n1", "device": "gpu-0"}
+    claim["cdi"] = ["example.com/gpu=card1"]  # type: ignore[assignment]
+    dynamic = [{"claim": "gpu", "claim_namespace": "ml", "devices": [claim]}]
+    kubelet.set_state({"pods": [pod("ml", "p", [container("main", dynamic=dynamic)])]})
+    (found,), _ = PodResourcesClient(sock).list()
+    assert found.cdi == ("example.com/gpu=card1",)
+    assert held([found], mapper("hybrid-two-gpu"))[0] == {
+        Held("ml", "p", "main", IGPU, "gpu.example.com"): 1
+    }
+
+
+def test_a_dra_device_whose_name_maps_is_not_remapped_by_its_cdi_name() -> None:
+    a = Allocated("ns", "p", "c", "gpu.example.com", DGPU, cdi=("example.com/gpu=card1",))
+    assert mapper("hybrid-two-gpu").device(a.resource, a.id, a.cdi) == DGPU
+
+
+def test_every_nameless_container_is_counted(kubelet: PodResourcesTestServer, sock: str) -> None:
+    nameless = [pod("", f"p{i}", [container("main", {I915: [f"card1-{i}"]})]) for i in range(3)]
+    kubelet.set_state({"pods": nameless})
+    assert PodResourcesClient(sock).list() == ([], Counter({"empty_pod": 3}))
+
+
+def test_a_request_ends_at_its_timeout_and_every_one_after_close_says_closed(
+    tmp_path: Path,
+) -> None:
+    path = str(tmp_path / "kubelet.sock")
+    wedged = WedgedKubelet(path)
+    client = PodResourcesClient(path, timeout=0.2)
+    try:
+        with pytest.raises(PodResourcesError, match="DEADLINE_EXCEEDED"):
+            client.list()
+        slow = PodResourcesClient(path, timeout=60)
+        ended: list[BaseException] = []
+
+        def ask() -> None:
+            try:
+                slow.list()
+            except PodResourcesError as err:
+                ended.append(err)
+
+        asking = threading.Thread(target=ask)
+        asking.start()
+        assert wedged.accepted.wait(30)
+        slow.close()  # ends the request in flight
+        asking.join(30)
+        assert [str(e) for e in ended] == [f"{path}: List: CANCELLED: Channel closed!"]
+        with pytest.raises(PodResourcesError) as err:
+            slow.list()  # and every later one, without a new connection
+        assert str(err.value) == f"{path}: closed"
+    finally:
+        wedged.close()
