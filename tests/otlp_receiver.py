@@ -2,17 +2,22 @@
 (OtlpReceiver) and OTLP/HTTP protobuf on POST /v1/metrics (OtlpHttpReceiver).
 
 `with OtlpReceiver() as rx:` listens on 127.0.0.1:rx.port (plaintext, or TLS with
-`tls=(cert_pem, key_pem)`); `rx.values("kubenpu.ioctl")` gives {frozenset(attrs.items()): value}
-of the last push, `rx.metadata` the gRPC metadata (headers) of each push. Both refuse a request
-over 4 MiB, as a collector's gRPC receiver does by default (grpcio's max message size).
+`tls=(cert_pem, key_pem)`, and with `client_ca=ca_pem` it requires a client certificate that CA
+signed: mutual TLS; OtlpHttpReceiver takes the same two); `rx.values("kubenpu.ioctl")` gives
+{frozenset(attrs.items()): value} of the last push, `rx.metadata` the gRPC metadata (headers)
+of each push. Both refuse a request over 4 MiB, as a collector's gRPC receiver does by default
+(grpcio's max message size).
 """
 
 from __future__ import annotations
 
+import ssl
+import tempfile
 import threading
 from collections.abc import Iterator
 from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, Self
 
 import grpc
@@ -86,13 +91,17 @@ class _Received:
 
 
 class OtlpReceiver(_Received):
-    def __init__(self, port: int = 0, tls: tuple[bytes, bytes] | None = None) -> None:
+    def __init__(
+        self, port: int = 0, tls: tuple[bytes, bytes] | None = None, client_ca: bytes | None = None
+    ) -> None:
         super().__init__()
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
         svc_grpc.add_MetricsServiceServicer_to_server(_Service(self), self._server)
         addr = f"127.0.0.1:{port}"
         if tls:
-            creds = grpc.ssl_server_credentials([(tls[1], tls[0])])
+            creds = grpc.ssl_server_credentials(
+                [(tls[1], tls[0])], root_certificates=client_ca, require_client_auth=bool(client_ca)
+            )
             self.port = self._server.add_secure_port(addr, creds)
         else:
             self.port = self._server.add_insecure_port(addr)
@@ -132,11 +141,31 @@ class _HttpServer(ThreadingHTTPServer):
     rx: OtlpHttpReceiver
 
 
+def _tls_context(tls: tuple[bytes, bytes], client_ca: bytes | None) -> ssl.SSLContext:
+    """ssl loads a certificate and key from files only."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    with tempfile.TemporaryDirectory() as d:
+        cert, key = Path(d, "cert.pem"), Path(d, "key.pem")
+        cert.write_bytes(tls[0])
+        key.write_bytes(tls[1])
+        ctx.load_cert_chain(cert, key)
+    if client_ca:
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        ctx.load_verify_locations(cadata=client_ca.decode())
+    return ctx
+
+
 class OtlpHttpReceiver(_Received):
-    def __init__(self) -> None:
+    def __init__(
+        self, tls: tuple[bytes, bytes] | None = None, client_ca: bytes | None = None
+    ) -> None:
         super().__init__()
         self._server = _HttpServer(("127.0.0.1", 0), _HttpHandler)
         self._server.rx = self
+        if tls:
+            self._server.socket = _tls_context(tls, client_ca).wrap_socket(
+                self._server.socket, server_side=True
+            )
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()

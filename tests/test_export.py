@@ -16,6 +16,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import certifi
 import pytest
 from fakes import Clock
 from helpers import (
@@ -292,7 +293,12 @@ def tls_files(tmp_path_factory) -> dict[str, Path]:
         "-extfile",
         "ext.cnf",
     )
-    return {name: d / name for name in ("ca.pem", "server.pem", "server.key")}
+    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "client.key", "-out", "client.csr",
+        "-subj", "/CN=kubenpu agent")  # fmt: skip
+    run("x509", "-req", "-in", "client.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+        "-CAcreateserial", "-out", "client.pem", "-days", "2")  # fmt: skip
+    names = ("ca.pem", "server.pem", "server.key", "client.pem", "client.key")
+    return {name: d / name for name in names}
 
 
 def test_grpc_tls_with_ca_certificate_from_env(tmp_path, tls_files):
@@ -1020,3 +1026,50 @@ def test_the_vm_tests_projections_of_a_push_and_a_scrape_agree(tmp_path, receive
     ]
     want = {("ns", "p", "c", "0000:03:00.0", "vgem", "submit"): 42}
     assert otlp_counts(pushed) == ioctl_counts(samples) == want
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_mutual_tls_sends_the_client_certificate_and_the_headers(
+    tmp_path, tls_files, protocol, monkeypatch
+):
+    """export.otlp.client_key and client_certificate reach each protocol's exporter: a receiver
+    that requires a client certificate signed by the CA takes the push, with its headers; the
+    same agent without them is refused. The node's image may set REQUESTS_CA_BUNDLE, which
+    requests took over the session's CA: every HTTP push failed verification."""
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", certifi.where())
+    tls = (tls_files["server.pem"].read_bytes(), tls_files["server.key"].read_bytes())
+    ca = tls_files["ca.pem"].read_bytes()
+    receivers = {"grpc": OtlpReceiver, "http/protobuf": OtlpHttpReceiver}
+    client = (
+        f"    client_key: {tls_files['client.key']}\n"
+        f"    client_certificate: {tls_files['client.pem']}\n"
+    )
+    for files, delivered in ((client, True), ("", False)):
+        with receivers[protocol](tls=tls, client_ca=ca) as rx:
+            extra = (
+                f"    protocol: {protocol}\n    certificate: {tls_files['ca.pem']}\n"
+                f"    headers: {{x-tenant: t1}}\n{files}"
+            )
+            cfg = make_config(tmp_path, otlp_yaml(rx.port, extra).replace("http://", "https://"))
+            tel = start_telemetry(cfg)
+            try:
+                calls(tel.metrics, "ns", "p", "c", 3)
+                assert tel.pusher.push() is delivered
+            finally:
+                tel.shutdown()
+            if delivered:
+                assert rx.values("kubenpu.ioctl") == {ioctl("ns", "p", "c"): 3}
+                assert rx.metadata[-1]["x-tenant"] == "t1"
+            else:
+                assert rx.requests == []
+
+
+@pytest.mark.parametrize("key", ["certificate", "client_key", "client_certificate"])
+def test_an_otlp_tls_file_that_is_a_directory_is_named_in_the_error(tmp_path, key):
+    cfg = make_config(
+        tmp_path,
+        otlp_yaml(4317, f"    {key}: {tmp_path}\n"),
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": "https://127.0.0.1:4317"},
+    )
+    with pytest.raises(export.ExportError, match=rf"^cannot read export\.otlp\.{key} {tmp_path}"):
+        start_telemetry(cfg)

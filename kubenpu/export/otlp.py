@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from opentelemetry.sdk.metrics.export import (
@@ -38,6 +39,9 @@ from kubenpu.export.files import read_regular
 from kubenpu.kernel import abi
 from kubenpu.metrics.catalogue import CRI_BOUNDS, K8S_ATTRIBUTES, Attrs, Spec
 from kubenpu.metrics.store import ExpHist, Hist, Metrics, Point
+
+if TYPE_CHECKING:
+    import requests
 
 log = logging.getLogger(__name__)
 
@@ -227,6 +231,7 @@ def _otlp_exporter(cfg: OtlpConfig) -> MetricExporter:
             client_certificate_file=cfg.client_certificate or None,
             headers=cfg.headers,
             timeout=cfg.timeout_seconds,
+            session=_configured_ca() if cfg.certificate else None,
         )
     from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
         OTLPMetricExporter as GrpcExporter,
@@ -243,6 +248,21 @@ def _otlp_exporter(cfg: OtlpConfig) -> MetricExporter:
         headers=cfg.headers,
         timeout=cfg.timeout_seconds,
     )
+
+
+def _configured_ca() -> requests.Session:
+    """A requests session that verifies with the CA it is given. A plain one takes
+    REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE from the environment over it (psf/requests#3829,
+    #4726), so a node image that sets one would make export.otlp.certificate be ignored and
+    every HTTP push fail verification. requests comes with the HTTP exporter, so it is
+    imported here, not for a gRPC push."""
+    import requests
+
+    class ConfiguredCA(requests.Session):
+        def merge_environment_settings(self, *args: Any) -> dict[str, Any]:
+            return {**super().merge_environment_settings(*args), "verify": self.verify}
+
+    return ConfiguredCA()
 
 
 class _LastMessage(logging.Handler):
