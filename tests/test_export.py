@@ -735,32 +735,43 @@ def test_concurrent_scrapes_share_renders_but_never_get_an_older_one(tmp_path):
     assert 'pod="p",pod_uid="",vendor="vgem"} 5.0' in bodies["second"]
 
 
-@pytest.mark.parametrize("otlp_enabled", [False, True])
-def test_the_otlp_side_is_imported_only_when_otlp_is_enabled(tmp_path, otlp_enabled):
-    """Start-up time and RSS (docs/performance.md): a scraped-only agent never imports
-    kubenpu.export.otlp, the OTel SDK's metrics modules or its exporters. A fresh interpreter, as
-    the test process has them imported already."""
-    yaml = f"export:\n  prometheus: {{port: {free_port()}}}\n  otlp: {{enabled: {otlp_enabled}}}\n"
+# The heavy modules a start may import, each only when its config asks for what needs it.
+OTLP_SIDE = ("kubenpu.export.otlp", "opentelemetry.sdk.metrics", "opentelemetry.exporter")
+HEAVY = (*OTLP_SIDE, "prometheus_client", "cryptography", "bcc", "multiprocessing")
+
+
+@pytest.mark.parametrize(
+    ("prometheus", "otlp", "ca_file"),
+    [(None, None, False), (True, True, False), (False, True, False), (True, True, True)],
+)
+def test_the_start_imports_only_what_its_config_uses(tmp_path, prometheus, otlp, ca_file):
+    """Start-up time and RSS (docs/performance.md, "Start and imports"): prometheus_client only
+    for /metrics, the OTel SDK's metrics modules and exporters only for OTLP, cryptography only
+    to check a configured certificate file; BCC and multiprocessing never here (the BCC
+    fallback and the loader child import them). None: the default (Prometheus, no OTLP). A
+    fresh interpreter: the test process has them imported already."""
+    ca = tmp_path / "ca.pem"
+    ca.write_text("read and checked, not used: the endpoint is http\n")
+    prom = f"{{port: {free_port()}" + ("" if prometheus is None else f", enabled: {prometheus}")
+    yaml = f"export:\n  prometheus: {prom}}}\n"
+    if otlp is not None:
+        yaml += f"  otlp: {{enabled: {otlp}" + (f", certificate: {ca}}}\n" if ca_file else "}\n")
     (tmp_path / "kubenpu.yaml").write_text(yaml)
     script = f"""
 import sys
-from helpers import StubHealth
 from kubenpu import agent, config, export
+from kubenpu.health import Health
 from kubenpu.metrics.store import Metrics
 cfg = config.load({str(tmp_path / "kubenpu.yaml")!r}, {{"K8S_NODE_NAME": "n"}})
-export.start(cfg, Metrics("n", 60, 100), StubHealth()).shutdown()
-otlp = ("kubenpu.export.otlp", "opentelemetry.sdk.metrics", "opentelemetry.exporter")
-print(sorted({{m for m in sys.modules if m.startswith(otlp)}} & set(otlp)))
+export.start(cfg, Metrics("n", 60, 100), Health(15)).shutdown()
+print(sorted({{h for h in {HEAVY!r} for m in sys.modules if m == h or m.startswith(h + ".")}}))
 """
-    tests = Path(__file__).parent
-    out = subprocess.run(
-        [sys.executable, "-c", script], cwd=tests, capture_output=True, text=True, check=True
-    )
-    loaded = out.stdout.split("\n")[-2]
-    if otlp_enabled:
-        assert "'kubenpu.export.otlp'" in loaded and "'opentelemetry.sdk.metrics'" in loaded
-    else:
-        assert loaded == "[]"
+    # No tests/helpers.py in the script: it imports prometheus_client for the VM tests.
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    want = {"prometheus_client"} if prometheus is not False else set()
+    want |= set(OTLP_SIDE) if otlp else set()
+    want |= {"cryptography"} if ca_file else set()
+    assert out.stdout.split("\n")[-2] == str(sorted(want))
 
 
 # --- values the wire cannot carry, and pushes larger than a receiver takes ----------------

@@ -2,8 +2,9 @@
 
 Both read snapshots of kubenpu.metrics.Metrics (see there why the OTel SDK's instruments are not
 used). The modules: `otlp` (imported only when OTLP is enabled: the OTel SDK's data model and its
-OTLP exporters, with cumulative temporality), `prometheus` (a prometheus_client collector),
-`server` (the socket that serves /metrics, /healthz and /readyz) and `errors`.
+OTLP exporters, with cumulative temporality), `prometheus` (imported only when Prometheus export
+is enabled: a prometheus_client collector), `server` (the socket that serves /metrics, /healthz
+and /readyz) and `errors`.
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ from kubenpu import __version__
 from kubenpu.config import Config
 from kubenpu.export import certs, files, tls
 from kubenpu.export.errors import ExportError, PortInUseError
-from kubenpu.export.prometheus import wsgi_app
 from kubenpu.export.server import HealthChecks, MetricsServer
 from kubenpu.metrics.store import Metrics
 
 if TYPE_CHECKING:
     from kubenpu.export.otlp import OtlpPusher
+    from kubenpu.export.prometheus import MetricsApp
 
 __all__ = [
     "ExportError",
@@ -87,7 +88,11 @@ def start(cfg: Config, metrics: Metrics, health: HealthChecks) -> Exporters:
     certs.warn(found)
     metrics.set_certificates({v.setting: v.not_after for v in found})
     prom = cfg.export.prometheus
-    app = wsgi_app(metrics, tel.resource) if prom.enabled else None  # else only the probes
+    app: MetricsApp | None = None  # without Prometheus the server answers only the probes
+    if prom.enabled:
+        from kubenpu.export.prometheus import MetricsApp  # prometheus_client: only for /metrics
+
+        app = MetricsApp(metrics, tel.resource)
     tel.server = MetricsServer(prom, app, health, metrics.descriptors_exhausted)
     if cfg.export.otlp.enabled:
         from kubenpu.export.otlp import OtlpPusher  # the OTel SDK's metrics modules: only for OTLP

@@ -4,11 +4,13 @@ name and unit, so both export paths name a metric alike."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from typing import Any
 
 from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
 from prometheus_client.core import Metric as PromMetric
+from prometheus_client.exposition import choose_encoder, gzip_accepted
 from prometheus_client.registry import Collector
 
 from kubenpu.kernel import abi
@@ -73,9 +75,23 @@ def _cumulative(h: Hist | ExpHist) -> Iterator[tuple[str, int]]:
     yield "+Inf", h.count
 
 
-def wsgi_app(metrics: Metrics, resource: Resource) -> Callable[..., Iterable[bytes]]:
-    """prometheus_client's /metrics app for `metrics`, with the process' own metrics."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(PrometheusCollector(metrics, resource))
-    ProcessCollector(registry=registry)  # process_resident_memory_bytes and friends
-    return make_wsgi_app(registry)
+class MetricsApp:
+    """/metrics for the metrics server: prometheus_client's WSGI app for the agent's Metrics,
+    with the process' own metrics, and which of its renderings a request gets."""
+
+    def __init__(self, metrics: Metrics, resource: Resource) -> None:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(PrometheusCollector(metrics, resource))
+        ProcessCollector(registry=registry)  # process_resident_memory_bytes and friends
+        self._app = make_wsgi_app(registry)
+
+    def __call__(
+        self, environ: dict[str, Any], start_response: Callable[..., Any]
+    ) -> Iterable[bytes]:
+        return self._app(environ, start_response)
+
+    @staticmethod
+    def variant(accept: str, encoding: str) -> Hashable:
+        """The rendering that requests with these Accept and Accept-Encoding headers get: the
+        same bytes for all the requests of one variant (the server shares them)."""
+        return choose_encoder(accept)[1], gzip_accepted(encoding)

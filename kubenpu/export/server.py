@@ -12,19 +12,20 @@ import logging
 import resource
 import socket
 import threading
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from email.message import Message
-from typing import Any, Protocol
-
-from prometheus_client.exposition import choose_encoder, gzip_accepted
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kubenpu.config import PrometheusConfig
 from kubenpu.descriptors import METRICS_SERVER, Exhaustion, exhausted
 from kubenpu.export.auth import Auth
 from kubenpu.export.errors import ExportError, PortInUseError
 from kubenpu.export.tls import ssl_context
+
+if TYPE_CHECKING:
+    from kubenpu.export.prometheus import MetricsApp
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ class MetricsServer:
     def __init__(
         self,
         cfg: PrometheusConfig,
-        metrics_app: Callable[..., Iterable[bytes]] | None,
+        metrics_app: MetricsApp | None,
         health: HealthChecks,
         on_exhausted: Callable[[str, int], None] | None = None,
     ) -> None:
@@ -204,7 +205,8 @@ class MetricsServer:
         if query:  # a filtered scrape (name[]=...) is rare: render it on its own
             return self._render(accept, encoding, query)
         # Scrapes that get the same bytes share one render (the key bounds the variants).
-        key = (choose_encoder(accept)[1], gzip_accepted(encoding))
+        assert self._app is not None
+        key = self._app.variant(accept, encoding)
         return self._shared(key, lambda: self._render(accept, encoding, ""))
 
     def _render(self, accept: str, encoding: str, query: str) -> _Response:

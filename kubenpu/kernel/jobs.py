@@ -26,9 +26,18 @@ class Ring(NamedTuple):
 
 def tracepoints(kallsyms: Path = Path("/proc/kallsyms")) -> tuple[tuple[str, str], ...] | None:
     """The (tracepoint, program) set of abi.JOB_TRACEPOINTS this kernel has; None before a
-    driver on the scheduler is loaded (or on a kernel without it)."""
+    driver on the scheduler is loaded (or on a kernel without it). Only the names looked for are
+    kept: a kernel has 100,000s of symbols, and a set of them all cost every check about 12 MiB
+    and a split of every line (this runs at start and at each retry, on most nodes for good)."""
+    wanted = {f"__tracepoint_{tracepoint}" for v in abi.JOB_TRACEPOINTS for tracepoint, _ in v}
     with kallsyms.open() as f:
-        names = {fields[2] for line in f if len(fields := line.split(maxsplit=3)) > 2}
+        names = {
+            fields[2]
+            for line in f
+            if "__tracepoint_" in line
+            and len(fields := line.split(maxsplit=3)) > 2
+            and fields[2] in wanted
+        }
     for variant in abi.JOB_TRACEPOINTS:
         if all(f"__tracepoint_{tracepoint}" in names for tracepoint, _ in variant):
             return variant
