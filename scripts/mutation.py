@@ -41,7 +41,13 @@ TESTS: dict[str, list[str]] = {
     ],
     "kubenpu/telemetry.py": ["tests/test_telemetry.py"],
     "kubenpu/allocations.py": ["tests/test_allocations.py", "tests/test_properties.py"],
-    "kubenpu/export/otlp.py": ["tests/test_export.py", "tests/test_metrics.py"],
+    "kubenpu/export/otlp.py": [
+        "tests/test_otlp.py",
+        "tests/test_export.py",
+        "tests/test_metrics.py",
+        "tests/test_semconv.py",
+        "tests/test_properties.py",
+    ],
     "kubenpu/kernel/maps.py": ["tests/test_kernel.py", "tests/test_pin.py"],
     "kubenpu/resolve/podresources/": ["tests/test_allocations.py"],
     "kubenpu/kernel/core.py": [

@@ -11,10 +11,12 @@ import ssl
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import certifi
 import pytest
@@ -36,6 +38,7 @@ from otlp_receiver import OtlpHttpReceiver, OtlpReceiver, attrs
 from vm.guestlib import parse
 
 from kubenpu import __version__, config, export
+from kubenpu.export import otlp
 from kubenpu.kernel import abi
 from kubenpu.kernel.records import Durations, JobTimes, Key
 from kubenpu.metrics.catalogue import (
@@ -1084,3 +1087,81 @@ def test_an_otlp_tls_file_that_is_a_directory_is_named_in_the_error(tmp_path, ke
     )
     with pytest.raises(export.ExportError, match=rf"^cannot read export\.otlp\.{key} {tmp_path}"):
         start_telemetry(cfg)
+
+
+# --- the pusher's lines, deadline and stop (from mutmut's survivors) ---------------------------
+
+
+def test_failed_pushes_and_the_recovery_are_one_line_each(tmp_path, receiver, root_log):
+    port = receiver.port
+    receiver.stop()
+    tel = start_telemetry(make_config(tmp_path, otlp_yaml(port)))
+    url = f"http://127.0.0.1:{port}"
+    root_log.records.clear()
+    try:
+        calls(tel.metrics, "ns", "p", "c", 1)
+        assert not tel.pusher.push() and not tel.pusher.push()
+        with OtlpReceiver(port=port):
+            assert delivered(tel)
+            assert tel.pusher.push()  # delivered again: nothing to say
+            said = [r.getMessage() for r in root_log.records if r.name == "kubenpu.export.otlp"]
+    finally:
+        tel.shutdown()
+    *failed, recovered = said  # 2, or more while the channel reconnects (delivered() retries)
+    assert len(failed) >= 2
+    for n, line in enumerate(failed, 1):
+        assert line.startswith(f"OTLP export to {url} failed ({n} in a row): "), line
+        assert line.endswith("; next try in 3600s, counts are cumulative"), line
+    assert recovered == f"OTLP export to {url} recovered after {len(failed)} failed pushes"
+
+
+class _Clock:
+    """time.monotonic for the pusher: each reading `step` seconds after the one before."""
+
+    def __init__(self, step: float) -> None:
+        self.now, self.step = 0.0, step
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now - self.step
+
+
+def test_a_push_gives_each_request_what_is_left_of_one_timeout(tmp_path, receiver, monkeypatch):
+    """Batches share export.otlp.timeout_seconds (1 s): each request is given what is left of
+    it, and a batch that finds none left ends the push, said, not sent."""
+    tel = start_pushing(tmp_path, "grpc", receiver.port, "    max_request_bytes: 65536\n")
+    timeouts: list[float] = []
+    export_ = tel.pusher._exporter.export
+
+    def recorded(data, timeout_millis):  # type: ignore[no-untyped-def]
+        timeouts.append(timeout_millis)
+        return export_(data, timeout_millis=timeout_millis)
+
+    monkeypatch.setattr(tel.pusher._exporter, "export", recorded)
+    try:
+        for i in range(2000):  # more than 4 requests of at most 64 KiB
+            calls(tel.metrics, "ns", f"p{i}", "c", 1)
+        clock = SimpleNamespace(monotonic=_Clock(0.25), time_ns=time.time_ns)
+        monkeypatch.setattr(otlp, "time", clock)  # the pusher's clock alone
+        assert not tel.pusher.push()
+    finally:
+        monkeypatch.undo()
+        tel.shutdown()
+    # The deadline is read at 0 s (1 s), the batches at 0.25 s and 0.5 s; the third finds 0 s.
+    assert timeouts == [750.0, 500.0, 250.0]
+
+
+def test_a_stop_whose_final_push_fails_reports_the_loss_and_restores_the_exporters_log(
+    tmp_path, receiver, root_log
+):
+    port = receiver.port
+    receiver.stop()
+    tel = start_telemetry(make_config(tmp_path, otlp_yaml(port)))
+    exporter_log = logging.getLogger("opentelemetry.exporter.otlp")
+    assert exporter_log.propagate is False  # the pusher quotes the exporters' words instead
+    assert tel.pusher._thread.name == "otlp-push" and tel.pusher._thread.daemon
+    calls(tel.metrics, "ns", "p", "c", 1)
+    assert not tel.pusher.shutdown()  # refused at once: the thread ended, nothing delivered
+    assert any("the final counts were not delivered" in r.getMessage() for r in root_log.records)
+    assert exporter_log.propagate is True and tel.pusher._last not in exporter_log.handlers
+    tel.shutdown()
