@@ -39,12 +39,17 @@ TESTS: dict[str, list[str]] = {
         "tests/test_usage.py",
         "tests/test_properties.py",
     ],
-    "kubenpu/telemetry.py": ["tests/test_telemetry.py"],
+    "kubenpu/telemetry.py": [
+        "tests/test_telemetry.py",
+        "tests/test_telemetry_golden.py",
+        "tests/test_ctl.py",
+        "tests/test_semconv.py",
+    ],
     "kubenpu/allocations.py": ["tests/test_allocations.py", "tests/test_properties.py"],
-    "kubenpu/export/otlp.py": [
-        "tests/test_otlp.py",
-        "tests/test_export.py",
+    "kubenpu/export/otlp.py": [  # test_metrics first: its memory check wants a fresh process
         "tests/test_metrics.py",
+        "tests/test_export.py",
+        "tests/test_otlp.py",
         "tests/test_semconv.py",
         "tests/test_properties.py",
     ],
