@@ -39,6 +39,7 @@ from kubenpu.metrics.catalogue import (
 from kubenpu.metrics.inputs import Held
 from kubenpu.metrics.store import Metrics
 from kubenpu.resolve import Attribution
+from kubenpu.resolve.podresources import client as client_module
 from kubenpu.resolve.podresources.client import Allocated, PodResourcesClient, PodResourcesError
 from kubenpu.resolve.podresources.mapping import PLUGINS, Mapper, Unmapped
 from kubenpu.services import Services
@@ -315,6 +316,16 @@ def test_shares_and_unmapped(tracked: Tracked) -> None:
         (("reason", "empty_id"), ("resource", "example.com/thing")): 1,
         (("reason", "empty_pod"), ("resource", "")): 1,
     }
+
+
+def test_a_first_use_of_exactly_one_busy_second_ends_the_idle_streak(tracked: Tracked) -> None:
+    allocations, metrics, clock, activity = tracked
+    allocations.refresh()
+    clock.now += 10
+    activity.busy(("ml", "b", "main", IGPU), 1.0)  # any first use differs from none at all
+    allocations.refresh()
+    assert value(metrics, ALLOCATED_IDLE_FOR, **hold("ml", "b")) == 0
+    assert value(metrics, ALLOCATED_IDLE_FOR, **hold("ml", "idle")) == 10
 
 
 def test_idle_allocation_accumulates_and_use_stops_it(tracked: Tracked) -> None:
@@ -808,8 +819,28 @@ def test_a_dra_device_whose_name_maps_is_not_remapped_by_its_cdi_name() -> None:
 
 def test_every_nameless_container_is_counted(kubelet: PodResourcesTestServer, sock: str) -> None:
     nameless = [pod("", f"p{i}", [container("main", {I915: [f"card1-{i}"]})]) for i in range(3)]
-    kubelet.set_state({"pods": nameless})
-    assert PodResourcesClient(sock).list() == ([], Counter({"empty_pod": 3}))
+    # A container without a name is skipped alone: its pod's next container still counts.
+    half = pod(
+        "ml", "half", [container("", {I915: ["card1-5"]}), container("main", {I915: ["card1-6"]})]
+    )
+    kubelet.set_state({"pods": [*nameless, half]})
+    found = [Allocated("ml", "half", "main", I915, "card1-6")]
+    assert PodResourcesClient(sock).list() == (found, Counter({"empty_pod": 4}))
+
+
+def test_a_channel_closed_between_dial_and_call_says_closed(
+    kubelet: PodResourcesTestServer, sock: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def closed_at_once(path: str) -> object:  # close() on another thread, just after the dial
+        channel = dial(path)
+        channel.close()
+        return channel
+
+    dial = client_module.dial
+    monkeypatch.setattr(client_module, "dial", closed_at_once)
+    with pytest.raises(PodResourcesError) as err:
+        PodResourcesClient(sock).list()
+    assert str(err.value) == f"{sock}: closed"
 
 
 def test_a_request_ends_at_its_timeout_and_every_one_after_close_says_closed(

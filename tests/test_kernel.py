@@ -314,3 +314,70 @@ def test_the_device_and_ioctl_tables_are_what_the_kernel_filters_by() -> None:
     finally:
         for fd in fds.values():
             os.close(fd)
+
+
+def _packed(key: Key) -> bytes:
+    return abi.COUNT_KEY.pack(key.cgroup_id, dev_t(key.major, key.minor), key.kind)
+
+
+def test_counts_are_unsigned_and_forgetting_needs_neither_a_read_key_nor_durations() -> None:
+    """Real kernel maps (bpf(2) on the host). A u64 count past 2^63 is a count, not a negative
+    number; a key added after the last read is deleted by forget_counts all the same; and a
+    program without the durations map (the BCC one, an older layout) forgets its counts only."""
+    shape = abi.map_shapes(True, 1, 64)[abi.COUNTS]
+    fd = bpfsys.map_create(*shape, abi.COUNTS)
+    ncpus = bpfsys.possible_cpus()
+    try:
+        big, late = Key(1, 226, 0, 2), Key(2, 226, 1, 2)
+        bpfsys.update(fd, _packed(big), abi.U64.pack(2**63 + 5) + b"\0" * 8 * (ncpus - 1))
+        probe = Maps({abi.COUNTS: fd})
+        assert probe.read_counts() == {big: 2**63 + 5}
+        bpfsys.update(fd, _packed(late), b"\0" * 8 * ncpus)
+        probe.forget_counts([late])  # never read: not in the decoder's cache
+        assert probe.read_counts() == {big: 2**63 + 5}
+    finally:
+        os.close(fd)
+
+
+def test_an_older_programs_shorter_lost_map_reads_its_missing_slots_as_zero() -> None:
+    """A pinned probe adopted from an older release has fewer `lost` slots (abi.LOST_SLOTS only
+    grows): those it lacks read 0, the others their sum over every CPU."""
+    kind, key_size, value_size, _ = abi.map_shapes(True, 1, 64)[abi.LOST]
+    fd = bpfsys.map_create(kind, key_size, value_size, 1, abi.LOST)
+    ncpus = bpfsys.possible_cpus()
+    try:
+        bpfsys.update(fd, abi.U32.pack(0), b"".join(abi.U64.pack(3) for _ in range(ncpus)))
+        found = Maps({abi.LOST: fd}).read_lost()
+        assert found == {name: 3 * ncpus if i == 0 else 0 for i, name in enumerate(abi.LOST_SLOTS)}
+    finally:
+        os.close(fd)
+
+
+def test_a_failed_counts_read_says_what_failed() -> None:
+    with (
+        open(os.devnull) as null,  # not a BPF map: the batch lookup fails
+        pytest.raises(core.ProbeError, match=r"^reading the counts map failed: "),
+    ):
+        Maps({abi.COUNTS: null.fileno()}).read_counts()
+
+
+def test_a_durations_key_deleted_between_listing_and_lookup_is_skipped_alone(monkeypatch) -> None:
+    """forget_counts on another thread can delete a key after read_durations listed it."""
+    shapes = abi.map_shapes(True, 1, 64, 64)
+    fd = bpfsys.map_create(*shapes[abi.DURATIONS], abi.DURATIONS)
+    try:
+        keys = [Key(10 + i, 226, 0, 2) for i in range(3)]
+        for key in keys:
+            bpfsys.update(fd, _packed(key), _durations_value(7, {}, {}))
+        lookup, looked = bpfsys.lookup, []
+
+        def first_gone(map_fd: int, key: bytes, size: int) -> bytes | None:
+            looked.append(key)
+            return None if len(looked) == 1 else lookup(map_fd, key, size)
+
+        monkeypatch.setattr(bpfsys, "lookup", first_gone)
+        read = Maps({abi.COUNTS: -1, abi.DURATIONS: fd}).read_durations()
+        assert len(looked) == 3
+        assert len(read) == 2 and _packed(min(set(keys) - set(read))) == looked[0]
+    finally:
+        os.close(fd)
