@@ -6,6 +6,7 @@ the kernel source prints it; sys/ and dev/ link to the sysfs fixture machines.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -14,6 +15,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import tracemalloc
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -22,7 +24,16 @@ from cri_server import CriTestServer
 
 from kubenpu.ctl import main
 from kubenpu.discovery import discover
-from kubenpu.fdinfo import Client, FdinfoReader, HighWater, Scan, Skip, parse
+from kubenpu.fdinfo import (
+    _MAX_FDINFO,
+    _MAX_NAME,
+    Client,
+    FdinfoReader,
+    HighWater,
+    Scan,
+    Skip,
+    parse,
+)
 
 TESTDATA = Path(__file__).parent / "testdata"
 PROC = TESTDATA / "proc"
@@ -454,6 +465,137 @@ def test_device_number_wins_over_node_name(i915_copy: Path) -> None:
     assert by_id(scan(i915_copy))[9].device == "0000:00:02.0"
 
 
+CUT = b"drm-resident-cut:\t5 KiB\n"
+
+
+# The cut line starts 4 bytes before the cap, or ends on the first byte after it.
+@pytest.mark.parametrize("before", [4, len(CUT) - 1])
+def test_an_fdinfo_over_the_read_cap_keeps_its_whole_lines_and_counts_the_cut(
+    i915_copy: Path, before: int
+) -> None:
+    info = i915_copy / "proc/1300/fdinfo/3"
+    head = info.read_bytes()
+    kept, cut = b"drm-resident-kept:\t3 KiB\n", CUT
+    pad = _MAX_FDINFO - before - len(head) - len(kept) - len(b"pad:\t\n")
+    info.write_bytes(head + b"pad:\t" + b"x" * pad + b"\n" + kept + cut + b"drm-driver:\tlate\n")
+    result = scan(i915_copy, [1300])
+    client = by_id(result)[9]
+    assert client.memory["kept"] == {"resident": 3 * 1024}
+    assert "cut" not in client.memory and client.driver == "i915"
+    assert result.skipped == {Skip.MALFORMED: 1}
+
+
+def test_an_fdinfo_of_exactly_the_cap_is_read_whole(i915_copy: Path) -> None:
+    info = i915_copy / "proc/1300/fdinfo/3"
+    head, last = info.read_bytes(), b"drm-resident-last:\t3 KiB\n"
+    pad = _MAX_FDINFO - len(head) - len(last) - len(b"pad:\t\n")
+    info.write_bytes(head + b"pad:\t" + b"x" * pad + b"\n" + last)
+    assert info.stat().st_size == _MAX_FDINFO
+    result = scan(i915_copy, [1300])
+    assert by_id(result)[9].memory["last"] == {"resident": 3 * 1024}
+    assert result.skipped == {}
+
+
+@pytest.mark.parametrize("name", ["fdinfo/3", "cgroup"])
+def test_a_huge_proc_file_is_read_only_up_to_its_cap(i915_copy: Path, name: str) -> None:
+    """A sparse 256 MiB file where a proc file is: the reader's memory stays near its cap."""
+    path = i915_copy / "proc/1300" / name
+    text = path.read_bytes()
+    with path.open("r+b") as f:
+        f.truncate(256 * 2**20)
+    tracemalloc.start()
+    try:
+        result = scan(i915_copy)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * 2**20
+    assert 9 in by_id(result) and len(text) > 0
+
+
+@pytest.mark.parametrize("length", [1, _MAX_NAME])
+def test_driver_and_engine_names_up_to_the_longest_are_kept(length: int) -> None:
+    name = "e" * length
+    info = parse(f"drm-driver:\t{name}\ndrm-engine-{name}:\t7 ns\n")
+    assert (info.driver, info.engines, info.skipped) == (name, {name: {"busy_ns": 7}}, {})
+
+
+def test_names_over_the_longest_are_malformed() -> None:
+    name = "e" * (_MAX_NAME + 1)
+    info = parse(f"drm-driver:\t{name}\ndrm-engine-{name}:\t7 ns\n")
+    assert (info.driver, info.engines, info.skipped) == (None, {}, {Skip.MALFORMED: 2})
+
+
+def test_a_malformed_repeat_of_driver_or_pdev_keeps_the_good_value() -> None:
+    info = parse("drm-driver:\txe\ndrm-pdev:\t0000:03:00.0\ndrm-driver:\t\ndrm-pdev:\tbogus\n")
+    assert (info.driver, info.pdev, info.skipped) == ("xe", "0000:03:00.0", {Skip.MALFORMED: 2})
+
+
+def test_a_client_id_without_a_driver_is_no_client(i915_copy: Path) -> None:
+    info = i915_copy / "proc/1300/fdinfo/3"
+    info.write_text(info.read_text().replace("drm-driver:\ti915\n", ""))
+    result = scan(i915_copy, [1300])
+    assert result.skipped == {Skip.NO_CLIENT_ID: 1}
+    assert 9 not in by_id(result)
+
+
+def test_an_fd_that_is_no_link_makes_its_process_unreadable_at_once(i915_copy: Path) -> None:
+    # readlink fails alike on every fd of a process it denies: one count, the rest not tried.
+    for fd in ("0", "1"):
+        (i915_copy / "proc/1300/fd" / fd).unlink()
+        (i915_copy / "proc/1300/fd" / fd).write_text("")  # EINVAL, as a denied readlink fails
+    result = scan(i915_copy, [1300])
+    assert (result.skipped, result.unreadable) == ({Skip.UNREADABLE: 1}, {1300})
+
+
+def test_a_vanished_fd_is_skipped_alone(i915_copy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    reader, fds = FdinfoReader(discover(i915_copy), i915_copy), i915_copy / "proc/1300/fd"
+    readlink, asked = os.readlink, []
+
+    def first_vanished(path: str) -> str:  # that fd was closed after the listing
+        if Path(path).parent == fds:
+            asked.append(path)
+            if len(asked) == 1:
+                raise FileNotFoundError(2, "No such file or directory", path)
+        return readlink(path)
+
+    monkeypatch.setattr(os, "readlink", first_vanished)
+    result = reader.scan([1300])
+    assert len(asked) == len(os.listdir(fds))  # the fds after it are still read
+    assert result.skipped == {Skip.VANISHED: 1}
+
+
+def test_a_failed_fdinfo_read_marks_its_process_unreadable(i915_copy: Path) -> None:
+    info = i915_copy / "proc/1300/fdinfo/3"
+    info.unlink()
+    info.mkdir()
+    assert scan(i915_copy).unreadable == {1300}
+
+
+def test_a_cgroup_read_out_of_descriptors_leaves_that_client_for_the_next_read(
+    i915_copy: Path,
+) -> None:
+    reader = FdinfoReader(discover(i915_copy), i915_copy)
+    cgroup = reader.cgroup
+
+    def exhausted_for_1300(pid: int) -> str | None:
+        if pid == 1300:
+            raise OSError(errno.EMFILE, "Too many open files")
+        return cgroup(pid)
+
+    before = reader.scan().skipped
+    reader.cgroup = exhausted_for_1300  # type: ignore[method-assign]
+    result = reader.scan()
+    assert [c.client_id for c in result.clients] == [5, 6, 11]  # 9 is 1300's
+    assert result.skipped - before == {Skip.NO_DESCRIPTORS: 1}
+    assert 1300 in result.unreadable
+
+
+def test_a_process_without_a_cgroup_file_has_none(i915_copy: Path) -> None:
+    (i915_copy / "proc/1300/cgroup").unlink()
+    assert by_id(scan(i915_copy))[9].cgroup is None
+
+
 # --- the real /proc ------------------------------------------------------------------------
 
 
@@ -467,6 +609,13 @@ def test_live_proc_scan_of_another_process() -> None:
     finally:
         child.communicate(b"")
     assert (result.clients, result.skipped, result.drm_fds) == ([], {}, 0)
+
+
+def test_the_reader_reads_the_live_proc_by_default() -> None:
+    own = Path("/proc/self/cgroup").read_text().splitlines()
+    assert FdinfoReader([]).cgroup(os.getpid()) == next(
+        (line[3:] for line in own if line.startswith("0::")), None
+    )
 
 
 def test_live_process_that_exited_is_vanished() -> None:
