@@ -171,6 +171,18 @@ def test_per_cpu_maps_are_read_on_every_cpu(monkeypatch) -> None:
     assert all(max(v) < sum(v) for m in bpf.maps.values() for v in m.values())
 
 
+def test_a_read_stops_at_the_last_batch(monkeypatch) -> None:
+    """After the last batch (ENOENT) the kernel's next answer is ENOENT without a count: a read
+    that asked again would decode the buffers' leftovers."""
+    bpf = PerCpuBpf()
+    bpf.install(monkeypatch)
+    monkeypatch.setattr(maps, "_BATCH", 7)
+    keys = [Key(2000 + i, 226, 0, 2) for i in range(3)]  # fewer than one batch
+    for k in keys:
+        bpf.add(11, abi.COUNT_KEY.pack(k.cgroup_id, dev_t(k.major, k.minor), k.kind), 9)
+    assert Maps({abi.COUNTS: 11}).read_counts() == dict.fromkeys(keys, 9)
+
+
 @pytest.mark.parametrize("mode", ["aggregate", "events"])
 def test_the_core_loader_sizes_its_maps_as_the_config_asks(tmp_path, monkeypatch, mode) -> None:
     """probe.ringbuf_pages reaches libbpf's bpf_map__set_max_entries on the opened object
