@@ -831,12 +831,13 @@ def test_every_nameless_container_is_counted(kubelet: PodResourcesTestServer, so
 def test_a_channel_closed_between_dial_and_call_says_closed(
     kubelet: PodResourcesTestServer, sock: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    dial = client_module.dial
+
     def closed_at_once(path: str) -> object:  # close() on another thread, just after the dial
         channel = dial(path)
         channel.close()
         return channel
 
-    dial = client_module.dial
     monkeypatch.setattr(client_module, "dial", closed_at_once)
     with pytest.raises(PodResourcesError) as err:
         PodResourcesClient(sock).list()

@@ -500,7 +500,6 @@ def test_an_fdinfo_of_exactly_the_cap_is_read_whole(i915_copy: Path) -> None:
 def test_a_huge_proc_file_is_read_only_up_to_its_cap(i915_copy: Path, name: str) -> None:
     """A sparse 256 MiB file where a proc file is: the reader's memory stays near its cap."""
     path = i915_copy / "proc/1300" / name
-    text = path.read_bytes()
     with path.open("r+b") as f:
         f.truncate(256 * 2**20)
     tracemalloc.start()
@@ -510,7 +509,7 @@ def test_a_huge_proc_file_is_read_only_up_to_its_cap(i915_copy: Path, name: str)
     finally:
         tracemalloc.stop()
     assert peak < 16 * 2**20
-    assert 9 in by_id(result) and len(text) > 0
+    assert 9 in by_id(result)
 
 
 @pytest.mark.parametrize("length", [1, _MAX_NAME])
@@ -556,7 +555,7 @@ def test_a_vanished_fd_is_skipped_alone(i915_copy: Path, monkeypatch: pytest.Mon
         if Path(path).parent == fds:
             asked.append(path)
             if len(asked) == 1:
-                raise FileNotFoundError(2, "No such file or directory", path)
+                raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
         return readlink(path)
 
     monkeypatch.setattr(os, "readlink", first_vanished)
@@ -612,10 +611,8 @@ def test_live_proc_scan_of_another_process() -> None:
 
 
 def test_the_reader_reads_the_live_proc_by_default() -> None:
-    own = Path("/proc/self/cgroup").read_text().splitlines()
-    assert FdinfoReader([]).cgroup(os.getpid()) == next(
-        (line[3:] for line in own if line.startswith("0::")), None
-    )
+    pid = os.getpid()
+    assert FdinfoReader([]).cgroup(pid) == FdinfoReader([], "/").cgroup(pid) is not None
 
 
 def test_live_process_that_exited_is_vanished() -> None:

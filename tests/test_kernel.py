@@ -151,6 +151,10 @@ def test_device_table_puts_drm_and_accel_nodes_in_the_array_and_others_in_the_ha
     assert others == {dev_t(226, 300): 3, dev_t(189, 4): 2}  # minors the array cannot index
 
 
+def _packed(key: Key) -> bytes:
+    return abi.COUNT_KEY.pack(key.cgroup_id, dev_t(key.major, key.minor), key.kind)
+
+
 def test_per_cpu_maps_are_read_on_every_cpu(monkeypatch) -> None:
     """The kernel keeps a per-CPU map's value as one u64 per possible CPU: the lost slots and
     the counts (read in batches, a token between them) are the sums over all of them."""
@@ -163,7 +167,7 @@ def test_per_cpu_maps_are_read_on_every_cpu(monkeypatch) -> None:
         bpf.add(lost_fd, abi.U32.pack(slot), 100 + slot)
     keys = [Key(1000 + i, 226, i % 3, 2) for i in range(30)]
     for i, k in enumerate(keys):
-        bpf.add(counts_fd, abi.COUNT_KEY.pack(k.cgroup_id, dev_t(k.major, k.minor), k.kind), 50 + i)
+        bpf.add(counts_fd, _packed(k), 50 + i)
     read = Maps({abi.LOST: lost_fd, abi.COUNTS: counts_fd})
     assert read.read_lost() == {name: 100 + slot for slot, name in enumerate(abi.LOST_SLOTS)}
     assert read.read_counts() == {k: 50 + i for i, k in enumerate(keys)}
@@ -179,7 +183,7 @@ def test_a_read_stops_at_the_last_batch(monkeypatch) -> None:
     monkeypatch.setattr(maps, "_BATCH", 7)
     keys = [Key(2000 + i, 226, 0, 2) for i in range(3)]  # fewer than one batch
     for k in keys:
-        bpf.add(11, abi.COUNT_KEY.pack(k.cgroup_id, dev_t(k.major, k.minor), k.kind), 9)
+        bpf.add(11, _packed(k), 9)
     assert Maps({abi.COUNTS: 11}).read_counts() == dict.fromkeys(keys, 9)
 
 
@@ -235,7 +239,7 @@ def test_durations_are_read_and_forgotten_with_the_counts() -> None:
             kept: (17, {0: 1}, {}),
         }
         for key, (total, slots, errors) in values.items():
-            packed = abi.COUNT_KEY.pack(key.cgroup_id, dev_t(key.major, key.minor), key.kind)
+            packed = _packed(key)
             bpfsys.update(fds[abi.DURATIONS], packed, _durations_value(total, slots, errors))
             bpfsys.update(fds[abi.COUNTS], packed, b"\0" * 8 * bpfsys.possible_cpus())
         read = Maps(fds).read_durations()
@@ -326,10 +330,6 @@ def test_the_device_and_ioctl_tables_are_what_the_kernel_filters_by() -> None:
     finally:
         for fd in fds.values():
             os.close(fd)
-
-
-def _packed(key: Key) -> bytes:
-    return abi.COUNT_KEY.pack(key.cgroup_id, dev_t(key.major, key.minor), key.kind)
 
 
 def test_counts_are_unsigned_and_forgetting_needs_neither_a_read_key_nor_durations() -> None:
