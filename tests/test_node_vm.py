@@ -459,3 +459,11 @@ def test_a_hung_job_is_reset_by_the_driver_and_its_pod_and_victims_named(result,
     # The wedge run's two resets named this guest's own process: no pod's, empty labels.
     assert (hangs, victims) == ({"hang-0": 1}, {"victim-0": 1})
     assert f"reset and recovered, guilty pid {jobs['hang_pid']} (drmcall)" in result["agent_log"]
+    # The victim's jobs were queued behind the hang, not after the reset: each of the five
+    # waited for the scheduler's timeout (10 s after the hang ran).
+    under_a_second = [
+        s["value"]
+        for s in jobs["hung"]["kubenpu_job_wait_duration_seconds_bucket"]
+        if s["labels"]["pod"] == "victim-0" and s["labels"]["le"] == "1.0"
+    ]
+    assert under_a_second == [0]

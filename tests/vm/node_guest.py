@@ -255,10 +255,11 @@ def _pushed_jobs(receiver: OtlpReceiver, pods: int) -> dict[str, list[dict]] | N
 
 
 def scrape_until(what: str, ok: Callable[[Samples], bool]) -> Samples:
-    """The first scrape that `ok` accepts; fails the run after SETTLE_TIMEOUT seconds."""
+    """The first scrape that `ok` accepts; fails the run after SETTLE_TIMEOUT seconds, the
+    last scrape left in /out/last-scrape.prom to say what was missing."""
 
     def check() -> Samples | None:
-        prom = scrape()
+        prom = scrape(Path("/out/last-scrape.prom"))
         return prom if ok(prom) else None
 
     return wait_for(what, check, timeout=SETTLE_TIMEOUT)
@@ -696,8 +697,13 @@ class Node:
         done = scrape_until("every job done", lambda p: _jobs_done(p) == want)
         self.mark("jobs done")
         resets = _resets(done)
-        hang = self.start_jobs(JOB_C, TESTDRM_JOB_HANG, 1, wait=False)
-        self.start_jobs(JOB_D, TESTDRM_JOB_50MS, 5, wait=False)  # in flight at the reset
+        # Both containers up first: a pod's start can take longer than the scheduler's timeout
+        # under TCG, and D's jobs must be queued behind C's before it fires.
+        hang = self.start_jobs(JOB_C, TESTDRM_JOB_HANG, 1, wait=True)
+        victim = self.start_jobs(JOB_D, TESTDRM_JOB_50MS, 5, wait=True)
+        for pod, cid in ((JOB_C, hang), (JOB_D, victim)):  # D's 5 in flight at the timeout
+            os.kill(self.kubelet.status(cid)["pid"], signal.SIGUSR1)
+            container_log(pod, "jobs", 0, 2)
         hung = scrape_until(
             "the hang's reset, its guilty pod and its victim counted, the victim's jobs done",
             lambda p: (
