@@ -17,10 +17,18 @@ struct device {
     struct kobject kobj;
 };
 
+/* Only its place in drm_gpu_scheduler is read (its first member is the work_struct). */
+struct delayed_work {
+    long work;
+};
+
 struct drm_gpu_scheduler {
     const char *name;
     struct device *dev;
+    struct delayed_work work_tdr;
 };
+
+struct work_struct;
 
 struct drm_sched_fence;
 

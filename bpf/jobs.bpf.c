@@ -16,8 +16,13 @@
  * its ioctl), so its cgroup is the pod's; run and done run on the scheduler's workqueue and the
  * fence's signalling context, whose task is no one's.
  *
+ * A ring's timeout (fentry on drm_sched_job_timedout, the scheduler's timeout work, before the
+ * driver's timedout_job resets anything) counts one timeout in each key of that ring with jobs in
+ * flight then: what a reset's victims are read from, however soon their jobs finish after it
+ * (kubenpu/jobs.py pairs them with the reset's uevent).
+ *
  * CO-RE only (BTF tracing programs, CAP_BPF and CAP_PERFMON like the counting fentry programs).
- * Cost: three map operations a job, none on any syscall path.
+ * Cost: three map operations a job, none on any syscall path; a walk of job_times a timeout.
  */
 #include "dialect.h"
 #include <bpf/bpf_core_read.h>
@@ -46,6 +51,7 @@ struct job_times {
     u64 done;
     u64 wait_sum_ns;
     u64 run_sum_ns;
+    u64 timeouts; /* the ring's timeouts that found jobs of this key in flight */
     u64 wait[DURATION_SLOTS];
     u64 run[DURATION_SLOTS];
 };
@@ -206,4 +212,26 @@ SEC("tp_btf/drm_sched_job_done")
 int BPF_PROG(job_done, struct drm_sched_fence *fence)
 {
     return finished(fence);
+}
+
+struct bpf_map;
+
+/* One key of job_times at a timeout of `ring`: its jobs in flight then (queued, not done; done
+ * is added last, so a racing finish reads as still in flight) get the timeout counted. */
+static long in_flight_at_timeout(struct bpf_map *map, struct job_key *key, struct job_times *t,
+                                 u64 *ring)
+{
+    if (key->ring == *ring && t->queued > t->done)
+        __sync_fetch_and_add(&t->timeouts, 1);
+    return 0;
+}
+
+/* The scheduler's timeout work (sched_main.c, every kernel here): `work` is the ring's
+ * work_tdr.work, the first member of its delayed_work. */
+SEC("fentry/drm_sched_job_timedout")
+int BPF_PROG(job_timedout, struct work_struct *work)
+{
+    u64 ring = (u64)work - bpf_core_field_offset(struct drm_gpu_scheduler, work_tdr);
+    bpf_for_each_map_elem(&job_times, in_flight_at_timeout, &ring, 0);
+    return 0;
 }

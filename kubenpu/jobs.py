@@ -10,9 +10,13 @@ resolver cannot name yet loses nothing: its jobs are set once it can, or after
 gone has its last values set, its container retired, and its keys deleted from the kernel's
 table (which has room for abi's JOB_KEYS).
 
-A device reset (kubenpu.uevents calls reset() on its thread) is taken in at once: the guilty
-task's cgroup (the uevent's PID=, read before the task can exit) and the cgroups with jobs in
-flight on the device's rings; the next read counts them per pod (POD_HANGS, RESET_VICTIMS).
+A device reset (kubenpu.uevents calls reset() on its thread) is taken in at once with its guilty
+task's cgroup (the uevent's PID=, read before the task can exit). Its victims are the keys whose
+scheduler timeout count (JobTimes.timeouts: the kernel counts, at the ring's timeout, every key
+with jobs in flight) rose on the device's rings: read then, not at the uevent, after which they
+may long be done. The next read pairs each reset, in order, with one rise of those keys and counts
+it per pod (POD_HANGS, RESET_VICTIMS). A rise no reset takes within `STALE_RISE_SECONDS` (the
+driver recovered without one) is dropped, and said.
 """
 
 from __future__ import annotations
@@ -38,11 +42,12 @@ from kubenpu.services import Streak
 
 log = logging.getLogger(__name__)
 
+STALE_RISE_SECONDS = 30.0  # a timeout's reset uevent comes within the driver's reset, or never
+
 
 class _Reset(NamedTuple):
     device: str
     guilty: int | None  # the cgroup id of the task the kernel named
-    victims: set[int]  # cgroup ids with jobs in flight then
 
 
 class JobsProbe(Protocol):
@@ -85,6 +90,8 @@ class Jobs:
         self._failures = Streak("attaching the GPU jobs probe", log)
         self._cgroups = cgroups
         self._resets: collections.deque[_Reset] = collections.deque()
+        self._paired: dict[tuple[int, int], int] = {}  # key -> its timeouts taken by resets
+        self._rising_since: dict[tuple[int, int], float] = {}  # key -> unpaired rise first seen
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._attach, name="jobs", daemon=True)
@@ -120,9 +127,9 @@ class Jobs:
         retire the cgroups that are gone."""
         if not self.attached.is_set():
             return
-        rings = self._kernel.rings()
+        rings, table = self._kernel.rings(), self._kernel.read()
         cgroups = set()
-        for (cgroup_id, ring_addr), times in self._kernel.read().items():
+        for (cgroup_id, ring_addr), times in table.items():
             cgroups.add(cgroup_id)
             ring, who = rings.get(ring_addr), self._attribute(cgroup_id)
             if ring is None or who is None:
@@ -132,39 +139,58 @@ class Jobs:
             where = Where(who.namespace, who.pod, who.pod_uid, who.container, device, vendor)
             self._metrics.set_jobs(where, ring.name, cgroup_id, times)
         self._metrics.jobs_lost(self._kernel.lost())
-        self._count_resets()
+        self._count_resets(table, rings)
         self._reap([c for c in cgroups if c in self._who and not self._resolver.alive(c)])
 
     def reset(self, device: str, pid: int | None) -> None:
         """A reset of `device` now, its guilty task's pid where the kernel named one."""
         found = self._cgroups.of_pid(pid) if pid and self._cgroups else None
-        guilty = found[0] if found else None
-        victims: set[int] = set()
-        if self.attached.is_set():
-            rings = self._kernel.rings()
-            for (cgroup_id, ring_addr), times in self._kernel.read().items():
-                ring = rings.get(ring_addr)
-                on_device = ring is not None and self._device(ring.device) == device
-                if on_device and times.queued > times.done and cgroup_id != guilty:
-                    victims.add(cgroup_id)
-        self._resets.append(_Reset(device, guilty, victims))
+        self._resets.append(_Reset(device, found[0] if found else None))
 
-    def _count_resets(self) -> None:
-        """The resets taken in since the last read, per pod; one whose pods the resolver cannot
-        name yet waits for the next read."""
-        for _ in range(len(self._resets)):
-            r = self._resets.popleft()
+    def _count_resets(self, table: dict[tuple[int, int], JobTimes], rings: dict[int, Ring]) -> None:
+        """The resets taken in since the last read, in order, each with one timeout rise of the
+        keys on its device, per pod; one whose pods the resolver cannot name yet waits (with the
+        later ones) for the next read."""
+        rising = {k for k, t in table.items() if t.timeouts > self._paired.get(k, 0)}
+        while self._resets:
+            r = self._resets[0]
+            keys = [k for k in rising if self._on(rings.get(k[1]), r.device)]
             cgroups = [(POD_HANGS, r.guilty)] if r.guilty else []
-            cgroups += [(RESET_VICTIMS, c) for c in sorted(r.victims)]
+            cgroups += [(RESET_VICTIMS, c) for c in sorted({c for c, _ in keys} - {r.guilty})]
             answers = [(spec, self._attribute(c)) for spec, c in cgroups]
             if any(who is None for _, who in answers):
-                self._resets.append(r)
-                continue
+                return
+            self._resets.popleft()
+            for k in keys:
+                self._paired[k] = self._paired.get(k, 0) + 1
+                if self._paired[k] == table[k].timeouts:
+                    rising.discard(k)
             vendor = self._vendor.get(r.device, "")
             for spec, who in answers:
                 assert who is not None
                 where = Where(who.namespace, who.pod, who.pod_uid, who.container, r.device, vendor)
                 self._metrics.pod_reset(spec, where)
+        self._drop_stale(rising, table)
+
+    def _drop_stale(
+        self, rising: set[tuple[int, int]], table: dict[tuple[int, int], JobTimes]
+    ) -> None:
+        """Rises no reset took for STALE_RISE_SECONDS: timeouts the driver recovered from."""
+        now = self._clock()
+        self._rising_since = {k: self._rising_since.get(k, now) for k in rising}
+        for key, since in list(self._rising_since.items()):
+            if now - since >= STALE_RISE_SECONDS:
+                log.info(
+                    "GPU jobs: a scheduler timeout of cgroup %d's jobs had no reset in %.0f s; "
+                    "not counted as a reset's victim",
+                    key[0],
+                    STALE_RISE_SECONDS,
+                )
+                self._paired[key] = table[key].timeouts
+                del self._rising_since[key]
+
+    def _on(self, ring: Ring | None, device: str) -> bool:
+        return ring is not None and self._device(ring.device) == device
 
     def _attribute(self, cgroup_id: int) -> Attribution | None:
         if (who := self._who.get(cgroup_id)) is not None:
@@ -184,6 +210,9 @@ class Jobs:
             return
         for cgroup_id in dead:
             who = self._who.pop(cgroup_id)
+            for key in [k for k in self._paired if k[0] == cgroup_id]:
+                del self._paired[key]
+                self._rising_since.pop(key, None)
             self._metrics.container_gone(who.namespace, who.pod, who.container, who.pod_uid)
         self._kernel.forget(dead)
 

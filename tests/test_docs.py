@@ -15,7 +15,7 @@ import yaml
 from helpers import CHART, chart_capabilities
 from test_imports import LAYERS
 
-from kubenpu import energy, loop
+from kubenpu import energy, jobs, loop
 from kubenpu.config import ProbeConfig
 from kubenpu.kernel import abi
 from kubenpu.resolve import resolver
@@ -190,6 +190,7 @@ TIMINGS = [
         resolver._FIRST_RETRY_SECONDS,
     ),
     ("docs/configuration.md", r"one batch \(([\d.]+) s of events", loop._FLUSH_SECONDS),
+    ("docs/jobs.md", r"no reset takes within ([\d.]+) s", jobs.STALE_RISE_SECONDS),
 ]
 
 

@@ -17,11 +17,11 @@ from fakes import Clock, FakeResolver
 from helpers import eventually, values
 
 from kubenpu.discovery import Device
-from kubenpu.jobs import Jobs
+from kubenpu.jobs import STALE_RISE_SECONDS, Jobs
 from kubenpu.kernel import abi, bpfsys
 from kubenpu.kernel.core import OBJECTS
 from kubenpu.kernel.errors import Cause, ProbeError
-from kubenpu.kernel.jobs import JobMaps, Ring, tracepoints
+from kubenpu.kernel.jobs import JobMaps, JobsKernel, Ring, has_timeout_work, tracepoints
 from kubenpu.kernel.records import Durations, JobTimes
 from kubenpu.metrics.catalogue import (
     JOB_RUN,
@@ -74,7 +74,7 @@ def maps() -> Iterator[JobMaps]:
 
 def test_the_maps_read_back_every_field_in_place(maps: JobMaps) -> None:
     wait, run = histogram(3 * MS, 120 * MS), histogram(50 * MS, 51 * MS)
-    value = abi.JOB_TIMES_VALUE.pack(5, 2, wait.sum_ns, run.sum_ns, *wait.slots, *run.slots)
+    value = abi.JOB_TIMES_VALUE.pack(5, 2, wait.sum_ns, run.sum_ns, 3, *wait.slots, *run.slots)
     bpfsys.update(maps.fds[abi.JOB_TIMES], abi.JOB_KEY.pack(77, RING), value)
     bpfsys.update(
         maps.fds[abi.RINGS],
@@ -82,13 +82,13 @@ def test_the_maps_read_back_every_field_in_place(maps: JobMaps) -> None:
         abi.RING.pack(b"gfx_0.0.0", b"0000:03:00.0"),
     )
     bpfsys.update(maps.fds[abi.JOB_LOST], (1).to_bytes(4, "little"), (9).to_bytes(8, "little"))
-    assert maps.read() == {(77, RING): JobTimes(5, 2, wait, run)}
+    assert maps.read() == {(77, RING): JobTimes(5, 2, wait, run, timeouts=3)}
     assert maps.rings() == {RING: Ring("gfx_0.0.0", "0000:03:00.0")}
     assert maps.lost() == {"unmatched": 0, "keys_full": 9}
 
 
 def test_forgetting_a_gone_cgroup_deletes_its_keys_only(maps: JobMaps) -> None:
-    empty = abi.JOB_TIMES_VALUE.pack(*[0] * (4 + 2 * abi.DURATION_SLOTS))
+    empty = abi.JOB_TIMES_VALUE.pack(*[0] * (5 + 2 * abi.DURATION_SLOTS))
     for cgroup, ring in ((1, RING), (1, RING + 64), (2, RING)):
         bpfsys.update(maps.fds[abi.JOB_TIMES], abi.JOB_KEY.pack(cgroup, ring), empty)
     maps.forget([1])
@@ -112,11 +112,65 @@ def test_the_tracepoint_set_is_the_one_the_kernel_has(tmp_path: Path, symbols, f
     assert (found[0][0] if found else None) == first
 
 
+@pytest.mark.parametrize(
+    ("line", "hooked"),
+    [
+        ("ffffffffc0a01230 t drm_sched_job_timedout\t[gpu_sched]", True),
+        ("ffffffffc0a01230 t drm_sched_job_timedout.cold\t[gpu_sched]", False),
+        ("ffffffffc0a01230 t drm_sched_job_begin\t[gpu_sched]", False),
+    ],
+)
+def test_the_timeout_work_is_hooked_only_where_the_kernel_has_it(
+    tmp_path: Path, line: str, hooked: bool
+) -> None:
+    kallsyms = tmp_path / "kallsyms"
+    kallsyms.write_text(f"0000000000000000 T _stext\n{line}\n")
+    assert has_timeout_work(kallsyms) is hooked
+
+
+class RefusingJobsKernel(JobsKernel):
+    """The loader, but a kernel that refuses to load `refused` (the host loads no programs)."""
+
+    def __init__(self, kallsyms: Path, refused: str) -> None:
+        super().__init__(kallsyms=kallsyms)
+        self.refused, self.loaded = refused, []
+
+    def _load(self, programs: set[str]) -> None:
+        if self.refused in programs:
+            raise ProbeError(f"{self.refused}: -EINVAL")
+        self.loaded.append(programs)
+
+
+@pytest.mark.parametrize(
+    ("refused", "said"),
+    [
+        ("job_timedout", "fentry drm_sched_job_timedout failed (job_timedout: -EINVAL)"),
+        ("job_done", None),
+    ],
+)
+def test_the_jobs_load_without_the_timeout_program_if_only_it_fails(
+    tmp_path: Path, refused: str, said: str | None
+) -> None:
+    kallsyms = tmp_path / "kallsyms"
+    names = ["__tracepoint_drm_sched_job_queue", "__tracepoint_drm_sched_job_run"]
+    names += ["__tracepoint_drm_sched_job_done", "drm_sched_job_timedout"]
+    kallsyms.write_text("".join(f"ffffffffc0a01230 t {n}\t[gpu_sched]\n" for n in names))
+    kernel = RefusingJobsKernel(kallsyms, refused)
+    if said is None:  # a program the jobs need: the start fails, to be retried
+        with pytest.raises(ProbeError):
+            kernel.start()
+        return
+    assert kernel.start().endswith(f"; {said}: no reset victims")
+    assert kernel.loaded == [{"job_queued", "job_run", "job_done"}]
+
+
 def test_every_program_of_the_tracepoint_sets_is_in_the_object() -> None:
     source = (Path(__file__).parents[1] / "bpf" / "jobs.bpf.c").read_text()
     for variant in abi.JOB_TRACEPOINTS:
         for tracepoint, program in variant:
             assert f'SEC("tp_btf/{tracepoint}")\nint BPF_PROG({program},' in source
+    function, program = abi.JOB_TIMEOUT
+    assert f'SEC("fentry/{function}")\nint BPF_PROG({program},' in source
 
 
 # --- the stage -----------------------------------------------------------------------------
@@ -302,8 +356,9 @@ def test_the_objects_structs_have_abis_layouts() -> None:
         "done": 8,
         "wait_sum_ns": 16,
         "run_sum_ns": 24,
-        "wait": 32,
-        "run": 32 + slots,
+        "timeouts": 32,
+        "wait": 40,
+        "run": 40 + slots,
     }
     sizes = {name: types[name]["size"] for name in ("job_key", "job_times", "ring")}
     assert sizes == {
@@ -313,47 +368,123 @@ def test_the_objects_structs_have_abis_layouts() -> None:
     }
 
 
-# --- resets: the guilty pod (the uevent's PID=) and the victims (jobs in flight) ----------
+# --- resets: the guilty pod (the uevent's PID=) and the victims (the kernel's timeouts) -----
 
 
-def test_a_reset_counts_the_guilty_pod_by_its_pid_and_the_pods_with_jobs_in_flight(
-    tmp_path: Path,
-) -> None:
+def timed_out(t: JobTimes, n: int = 1) -> JobTimes:
+    """`t` after `n` timeouts of its ring that found its jobs in flight."""
+    return t._replace(timeouts=t.timeouts + n)
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> tuple[ProcCgroups, dict[str, int]]:
+    """Three pods' cgroups; pid 4242 is the guilty one's task."""
     cgroups = tmp_path / "cgroup"
     for name in ("guilty", "victim", "idle"):
         (cgroups / "kubepods" / name).mkdir(parents=True)
-    ids = {
-        name: (cgroups / "kubepods" / name).stat().st_ino for name in ("guilty", "victim", "idle")
-    }
+    ids = {n: (cgroups / "kubepods" / n).stat().st_ino for n in ("guilty", "victim", "idle")}
     (tmp_path / "proc" / "4242").mkdir(parents=True)
     (tmp_path / "proc" / "4242" / "cgroup").write_text("0::/kubepods/guilty\n")
+    return ProcCgroups(str(cgroups), proc=str(tmp_path / "proc")), ids
+
+
+def reset_stage(procs, clock: Clock | None = None):
+    found, ids = procs
     kernel, resolver, metrics = FakeJobsKernel(), FakeResolver(), Metrics("node", 60, 1000)
     for name, cgroup in ids.items():
         resolver.answers[cgroup] = Attribution(namespace="ns", pod=name, container="c")
-    kernel.times = {
-        (ids["guilty"], RING): times(1, [], []),  # its hung job, in flight
-        (ids["victim"], RING): times(3, [MS], [MS]),  # two queued behind it
-        (ids["idle"], RING): times(1, [MS], [MS]),  # all done: not a victim
-        (ids["victim"], RING + 1): times(5, [], []),  # another device's ring: not this reset's
-    }
-    procs = ProcCgroups(str(cgroups), proc=str(tmp_path / "proc"))
-    jobs = Jobs(kernel, resolver, metrics, DEVICES, retry_seconds=0.01, cgroups=procs)
+    jobs = Jobs(
+        kernel,
+        resolver,
+        metrics,
+        DEVICES,
+        retry_seconds=0.01,
+        clock=clock or Clock(),
+        cgroups=found,
+    )
     jobs.start()
     eventually(jobs.attached.is_set, "attached")
-    jobs.reset(GPU, 4242)
-    jobs.reset(GPU, None)  # no task named: victims only
-    jobs.read()
-    assert values(metrics, POD_HANGS) == {("ns", "guilty", "c", GPU, "amdgpu"): 1}
-    assert values(metrics, RESET_VICTIMS) == {
-        ("ns", "victim", "c", GPU, "amdgpu"): 2,
-        ("ns", "guilty", "c", GPU, "amdgpu"): 1,  # in flight at the reset that named no one
+    return jobs, kernel, metrics, ids
+
+
+def on_gpu(pod: str) -> tuple[str, ...]:
+    return ("ns", pod, "c", GPU, "amdgpu")
+
+
+def test_a_reset_counts_the_guilty_pod_by_its_pid_and_the_pods_in_flight_at_the_timeout(
+    procs,
+) -> None:
+    jobs, kernel, metrics, ids = reset_stage(procs)
+    kernel.times = {
+        (ids["guilty"], RING): timed_out(times(1, [], [])),  # its hung job
+        # in flight at the timeout, all done by the read: a victim all the same
+        (ids["victim"], RING): timed_out(times(3, [MS] * 3, [MS] * 3)),
+        (ids["idle"], RING): times(1, [MS], [MS]),  # done before the timeout: not a victim
+        (ids["idle"], RING + 1): timed_out(times(5, [], [])),  # another device's ring
     }
+    jobs.reset(GPU, 4242)
+    jobs.read()
+    assert values(metrics, POD_HANGS) == {on_gpu("guilty"): 1}
+    assert values(metrics, RESET_VICTIMS) == {on_gpu("victim"): 1}
+    jobs.read()  # the rises are taken: counted once
+    assert values(metrics, RESET_VICTIMS) == {on_gpu("victim"): 1}
+
+
+def test_each_reset_takes_one_rise_in_order_and_one_that_names_no_one_has_victims_only(
+    procs,
+) -> None:
+    jobs, kernel, metrics, ids = reset_stage(procs)
+    kernel.times = {
+        (ids["guilty"], RING): timed_out(times(2, [], []), 2),  # in flight at both
+        (ids["victim"], RING): timed_out(times(3, [], [])),  # at the first only
+    }
+    jobs.reset(GPU, 4242)
+    jobs.reset(GPU, None)  # no task named
+    jobs.read()
+    assert values(metrics, POD_HANGS) == {on_gpu("guilty"): 1}
+    assert values(metrics, RESET_VICTIMS) == {on_gpu("victim"): 1, on_gpu("guilty"): 1}
+
+
+def test_a_reset_without_a_scheduler_timeout_has_no_victims(procs) -> None:
+    jobs, kernel, metrics, ids = reset_stage(procs)
+    kernel.times = {(ids["victim"], RING): times(3, [], [])}  # in flight, never timed out
+    jobs.reset(GPU, 4242)
+    jobs.read()
+    assert values(metrics, POD_HANGS) == {on_gpu("guilty"): 1}
+    assert values(metrics, RESET_VICTIMS) == {}
+
+
+def test_a_timeout_whose_reset_comes_later_is_paired_with_it(procs) -> None:
+    jobs, kernel, metrics, ids = reset_stage(procs)
+    kernel.times = {(ids["victim"], RING): timed_out(times(3, [], []))}
+    jobs.read()  # the timeout is seen before the uevent is
+    jobs.reset(GPU, 4242)
+    jobs.read()
+    assert values(metrics, RESET_VICTIMS) == {on_gpu("victim"): 1}
+
+
+def test_a_timeout_no_reset_takes_is_dropped_and_said(procs, caplog) -> None:
+    clock = Clock()
+    jobs, kernel, metrics, ids = reset_stage(procs, clock)
+    kernel.times = {(ids["victim"], RING): timed_out(times(3, [], []))}
+    with caplog.at_level(logging.INFO, "kubenpu.jobs"):
+        jobs.read()
+        clock.now += STALE_RISE_SECONDS - 1
+        jobs.read()
+        assert "no reset" not in caplog.text
+        clock.now += 1
+        jobs.read()
+    assert "had no reset in 30 s" in caplog.text
+    jobs.reset(GPU, 4242)  # a later reset: the old timeout is not its victim
+    jobs.read()
+    assert values(metrics, RESET_VICTIMS) == {}
+    assert values(metrics, POD_HANGS) == {on_gpu("guilty"): 1}
 
 
 def test_a_reset_whose_pods_are_not_known_yet_is_counted_at_a_later_read(tmp_path: Path) -> None:
     kernel, resolver, clock = FakeJobsKernel(), FakeResolver(), Clock()
     metrics = Metrics("node", 60, 1000)
-    kernel.times = {(9, RING): times(2, [], [])}
+    kernel.times = {(9, RING): timed_out(times(2, [], []))}
     jobs = stage(kernel, resolver, clock, metrics)
     jobs.reset(GPU, None)
     jobs.read()

@@ -240,10 +240,13 @@ JOB_LOST = "job_lost"  # u64 per JOB_LOST reason (array)
 JOB_LOST_REASONS = ("unmatched", "keys_full")
 # struct job_key: u64 cgroup_id, u64 ring
 JOB_KEY = struct.Struct("=QQ")
-# struct job_times: u64 queued, done, wait_sum_ns, run_sum_ns, wait[DURATION_SLOTS],
+# struct job_times: u64 queued, done, wait_sum_ns, run_sum_ns, timeouts, wait[DURATION_SLOTS],
 # run[DURATION_SLOTS]
-JOB_TIMES_VALUE = struct.Struct(f"=4Q{DURATION_SLOTS}Q{DURATION_SLOTS}Q")
+JOB_TIMES_VALUE = struct.Struct(f"=5Q{DURATION_SLOTS}Q{DURATION_SLOTS}Q")
 RING = struct.Struct("=32s32s")  # struct ring: char name[32], char device[32]
+# The scheduler's timeout work (a static function of gpu_sched, in every kernel here) and the
+# fentry program that counts the jobs in flight at it; jobs are counted without it.
+JOB_TIMEOUT = ("drm_sched_job_timedout", "job_timedout")
 # The scheduler's tracepoints by kernel, each set the programs that attach to them: (tracepoint,
 # program) for queued, run, done. The loader attaches the first set whose tracepoints the kernel
 # has (drivers/gpu/drm/scheduler/gpu_scheduler_trace.h).

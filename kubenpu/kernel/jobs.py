@@ -24,20 +24,30 @@ class Ring(NamedTuple):
     device: str  # its device's name: a PCI address, or a platform device's name
 
 
-def tracepoints(kallsyms: Path = Path("/proc/kallsyms")) -> tuple[tuple[str, str], ...] | None:
-    """The (tracepoint, program) set of abi.JOB_TRACEPOINTS this kernel has; None before a
-    driver on the scheduler is loaded (or on a kernel without it). Only the names looked for are
-    kept: a kernel has 100,000s of symbols, and a set of them all cost every check about 12 MiB
-    and a split of every line (this runs at start and at each retry, on most nodes for good)."""
-    wanted = {f"__tracepoint_{tracepoint}" for v in abi.JOB_TRACEPOINTS for tracepoint, _ in v}
+def _symbols(kallsyms: Path, wanted: set[str]) -> set[str]:
+    """Which of `wanted` the kernel has. Only those are kept: a kernel has 100,000s of symbols,
+    and a set of them all cost every check about 12 MiB (this runs at start and at each retry,
+    on most nodes for good)."""
     with kallsyms.open() as f:
-        names = {
+        return {
             fields[2]
             for line in f
-            if "__tracepoint_" in line
+            if "drm_" in line  # in every name looked for; most lines are skipped unsplit
             and len(fields := line.split(maxsplit=3)) > 2
             and fields[2] in wanted
         }
+
+
+def has_timeout_work(kallsyms: Path = Path("/proc/kallsyms")) -> bool:
+    """Whether the scheduler's timeout work (abi.JOB_TIMEOUT) can be hooked: reset victims."""
+    return abi.JOB_TIMEOUT[0] in _symbols(kallsyms, {abi.JOB_TIMEOUT[0]})
+
+
+def tracepoints(kallsyms: Path = Path("/proc/kallsyms")) -> tuple[tuple[str, str], ...] | None:
+    """The (tracepoint, program) set of abi.JOB_TRACEPOINTS this kernel has; None before a
+    driver on the scheduler is loaded (or on a kernel without it)."""
+    wanted = {f"__tracepoint_{tracepoint}" for v in abi.JOB_TRACEPOINTS for tracepoint, _ in v}
+    names = _symbols(kallsyms, wanted)
     for variant in abi.JOB_TRACEPOINTS:
         if all(f"__tracepoint_{tracepoint}" in names for tracepoint, _ in variant):
             return variant
@@ -79,12 +89,25 @@ class JobsKernel:
             raise ProbeError("no DRM GPU scheduler tracepoints (no driver on gpu_sched loaded)")
         if not self._path.exists():
             raise ProbeError(f"the jobs object {self._path} is missing (build it with `make bpf`)")
+        how = "tp_btf " + ", ".join(tracepoint for tracepoint, _ in variant)
+        programs = {program for _, program in variant}
+        function, timeout = abi.JOB_TIMEOUT
+        if not has_timeout_work(self._kallsyms):
+            self._load_or_close(programs)
+            return f"{how}; no {function}: no reset victims"
+        try:  # the victims are an extra: the jobs are counted without them
+            self._load_or_close(programs | {timeout})
+        except ProbeError as exc:
+            self._load_or_close(programs)
+            return f"{how}; fentry {function} failed ({exc}): no reset victims"
+        return f"{how}; fentry {function}"
+
+    def _load_or_close(self, programs: set[str]) -> None:
         try:
-            self._load({program for _, program in variant})
+            self._load(programs)
         except ProbeError:
             self.close()
             raise
-        return "tp_btf " + ", ".join(tracepoint for tracepoint, _ in variant)
 
     def _load(self, programs: set[str]) -> None:
         self._lib = lib = shared_libbpf()
@@ -136,9 +159,9 @@ class JobMaps:
             if raw is None:
                 continue
             v = abi.JOB_TIMES_VALUE.unpack(raw)
-            wait = _histogram(v[2], v[4 : 4 + slots])
+            wait = _histogram(v[2], v[5 : 5 + slots])
             found[abi.JOB_KEY.unpack(raw_key)] = JobTimes(
-                v[0], v[1], wait, _histogram(v[3], v[4 + slots :])
+                v[0], v[1], wait, _histogram(v[3], v[5 + slots :]), v[4]
             )
         return found
 

@@ -47,3 +47,4 @@ class JobTimes(NamedTuple):
     done: int
     wait: Durations
     run: Durations
+    timeouts: int = 0  # the ring's scheduler timeouts that found jobs of it in flight

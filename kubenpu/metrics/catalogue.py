@@ -154,8 +154,8 @@ RESET_VICTIMS = Spec(
     "kubenpu.pod.device.reset_victim",
     "counter",
     "{reset}",
-    "Device resets that found the container's GPU jobs in flight on the device (queued and not "
-    "done, the guilty container's aside): its work then was lost or resubmitted.",
+    "Device resets whose scheduler timeout found the container's GPU jobs in flight on the ring "
+    "(queued and not done, the guilty container's aside): its work then was lost or resubmitted.",
     (*POD_LABELS, "device", "vendor"),
 )
 JOBS_LOST = Spec(
