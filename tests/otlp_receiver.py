@@ -5,7 +5,8 @@
 `tls=(cert_pem, key_pem)`, and with `client_ca=ca_pem` it requires a client certificate that CA
 signed: mutual TLS; OtlpHttpReceiver takes the same two); `rx.values("kubenpu.ioctl")` gives
 {frozenset(attrs.items()): value} of the last push, `rx.metadata` the gRPC metadata (headers)
-of each push. Both refuse a request over 4 MiB, as a collector's gRPC receiver does by default
+of each push, and `rx.answer_after = 3` holds each request 3 s before it answers (a slow
+collector). Both refuse a request over 4 MiB, as a collector's gRPC receiver does by default
 (grpcio's max message size).
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import ssl
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -40,6 +42,7 @@ class _Service(svc_grpc.MetricsServiceServicer):
         self._rx = rx
 
     def Export(self, request: Any, context: grpc.ServicerContext) -> Any:
+        time.sleep(self._rx.answer_after)
         with self._rx.lock:
             self._rx.requests.append(request)
             self._rx.metadata.append(dict(context.invocation_metadata()))
@@ -56,6 +59,7 @@ class _Received:
         self.lock = threading.Lock()
         self.requests: list[Any] = []
         self.metadata: list[dict[str, str]] = []
+        self.answer_after = 0.0  # seconds each request is held before its answer: a slow collector
 
     def stop(self) -> None:
         raise NotImplementedError
@@ -123,15 +127,19 @@ class _HttpHandler(BaseHTTPRequestHandler):
             return
         request = svc.ExportMetricsServiceRequest.FromString(self.rfile.read(length))
         rx = self.server.rx
+        time.sleep(rx.answer_after)
         with rx.lock:
             rx.requests.append(request)
             rx.metadata.append({k.lower(): v for k, v in self.headers.items()})
         body = svc.ExportMetricsServiceResponse().SerializeToString()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/x-protobuf")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):  # a client that gave up on a slow answer
+            pass
 
     def log_message(self, *args: object) -> None:
         pass

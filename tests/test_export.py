@@ -24,6 +24,7 @@ from fakes import Clock
 from helpers import (
     StubHealth,
     calls,
+    eventually,
     free_port,
     ioctl,
     ioctl_counts,
@@ -195,6 +196,16 @@ def root_log() -> Iterator[Records]:
     root.setLevel(old_level)
 
 
+def push_calls(cfg: config.Config, n: int) -> bool:
+    """Start the exporters, record n calls of one pod, push once, stop: was it delivered?"""
+    tel = start_telemetry(cfg)
+    try:
+        calls(tel.metrics, "ns", "p", "c", n)
+        return tel.pusher.push()
+    finally:
+        tel.shutdown()
+
+
 def delivered(tel: export.Exporters, attempts: int = 3) -> bool:
     """Push until one push is delivered, as the timer would. Right after the collector comes
     back, gRPC may still be in its reconnect backoff, so the first push can fail."""
@@ -238,8 +249,9 @@ def test_periodic_push_runs_on_its_own(tmp_path, receiver):
     cfg.export.otlp.interval_seconds = 0.05
     tel = start_telemetry(cfg)
     calls(tel.metrics, "ns", "p", "c", 3)
+    eventually(lambda: len(receiver.requests) > 0, "a periodic push, before any stop")
     assert tel.shutdown()  # joins the timer thread, which makes the final push
-    assert len(receiver.requests) >= 1
+    assert len(receiver.requests) >= 2
     assert receiver.values("kubenpu.ioctl") == {ioctl("ns", "p", "c"): 3}
 
 
@@ -312,12 +324,7 @@ def test_grpc_tls_with_ca_certificate_from_env(tmp_path, tls_files):
             "OTEL_EXPORTER_OTLP_CERTIFICATE": str(tls_files["ca.pem"]),
             "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer%20s3cret",
         }
-        tel = start_telemetry(make_config(tmp_path, otlp_yaml(0), env))
-        try:
-            calls(tel.metrics, "ns", "p", "c", 9)
-            assert tel.pusher.push()
-        finally:
-            tel.shutdown()
+        assert push_calls(make_config(tmp_path, otlp_yaml(0), env), 9)
         assert rx.values("kubenpu.ioctl") == {ioctl("ns", "p", "c"): 9}
         assert rx.metadata[-1]["authorization"] == "Bearer s3cret"
     # Without the CA the server is not trusted: the push fails, it does not crash.
@@ -1127,8 +1134,10 @@ class _Clock:
 
 
 def test_a_push_gives_each_request_what_is_left_of_one_timeout(tmp_path, receiver, monkeypatch):
-    """Batches share export.otlp.timeout_seconds (1 s): each request is given what is left of
-    it, and a batch that finds none left ends the push, said, not sent."""
+    """Batches share export.otlp.timeout_seconds (1 s): each export() is given what is left of
+    it (the SDK's exporters, 1.45, bound a request by their own timeout instead:
+    test_a_request_is_bounded_by_the_configured_timeout), and a batch that finds none left ends
+    the push, said, not sent."""
     tel = start_pushing(tmp_path, "grpc", receiver.port, "    max_request_bytes: 65536\n")
     timeouts: list[float] = []
     export_ = tel.pusher._exporter.export
@@ -1165,3 +1174,112 @@ def test_a_stop_whose_final_push_fails_reports_the_loss_and_restores_the_exporte
     assert any("the final counts were not delivered" in r.getMessage() for r in root_log.records)
     assert exporter_log.propagate is True and tel.pusher._last not in exporter_log.handlers
     tel.shutdown()
+
+
+def test_a_request_is_bounded_by_the_configured_timeout(tmp_path, any_receiver, root_log):
+    """The SDK exporters bound a request by the timeout they were built with (export() takes no
+    deadline of its own), so export.otlp.timeout_seconds (1 s) must reach them: a collector
+    that answers after 3 s fails the push, where the SDK's default of 10 s would wait for it."""
+    protocol, rx = any_receiver
+    rx.answer_after = 3
+    tel = start_pushing(tmp_path, protocol, rx.port)
+    try:
+        calls(tel.metrics, "ns", "p", "c", 1)
+        assert not tel.pusher.push()
+    finally:
+        rx.answer_after = 0
+        tel.shutdown()
+    [line] = [r.getMessage() for r in root_log.records if "failed (1 in a row)" in r.getMessage()]
+    assert ("DEADLINE_EXCEEDED" if protocol == "grpc" else "due to timeout") in line, line
+
+
+def test_the_exporter_reads_no_otel_variable_of_its_own(tmp_path, receiver, monkeypatch):
+    """kubenpu.config applies the OTEL_* variables; one set after it (as the node's image may
+    set OTEL_EXPORTER_OTLP_INSECURE=false for other processes) must not make the exporter
+    choose TLS for a plaintext endpoint the config resolved."""
+    cfg = make_config(tmp_path, otlp_yaml(receiver.port))
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_INSECURE", "false")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")
+    tel = start_telemetry(cfg)
+    try:
+        calls(tel.metrics, "ns", "p", "c", 2)
+        assert delivered(tel)
+    finally:
+        tel.shutdown()
+    assert receiver.values("kubenpu.ioctl") == {ioctl("ns", "p", "c"): 2}
+
+
+def test_an_https_push_without_a_certificate_verifies_with_the_images_ca_bundle(
+    tmp_path, tls_files, monkeypatch
+):
+    """Only export.otlp.certificate overrides REQUESTS_CA_BUNDLE: without it, the node image's
+    CA bundle is the trust an HTTPS push verifies with, as for any requests client."""
+    for var in ("OTEL_EXPORTER_OTLP_CERTIFICATE", "OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(tls_files["ca.pem"]))
+    tls = (tls_files["server.pem"].read_bytes(), tls_files["server.key"].read_bytes())
+    with OtlpHttpReceiver(tls=tls) as rx:
+        text = otlp_yaml(rx.port, "    protocol: http/protobuf\n").replace("http://", "https://")
+        assert push_calls(make_config(tmp_path, text), 4)
+        assert rx.values("kubenpu.ioctl") == {ioctl("ns", "p", "c"): 4}
+
+
+def failed_push(tel: export.Exporters, root_log: Records, monkeypatch: pytest.MonkeyPatch) -> str:
+    """One push of one call that must fail (the test patched what fails it): its log line,
+    after the patches are undone and the exporters stopped; the failure is counted."""
+    try:
+        calls(tel.metrics, "ns", "p", "c", 1)
+        assert tel.pusher.push() is False
+        monkeypatch.undo()
+        assert dict(tel.metrics.collect())[EXPORT_ERRORS][0].value == 1
+    finally:
+        monkeypatch.undo()
+        tel.shutdown()
+    [line] = [r.getMessage() for r in root_log.records if "failed (1 in a row)" in r.getMessage()]
+    return line.split(": ", 1)[1]
+
+
+def test_a_snapshot_that_fails_is_a_failed_push_that_says_why(
+    tmp_path, receiver, root_log, monkeypatch
+):
+    tel = start_telemetry(make_config(tmp_path, otlp_yaml(receiver.port)))
+
+    def broken() -> None:
+        raise ValueError("no snapshot")
+
+    monkeypatch.setattr(tel.metrics, "collect", broken)
+    assert failed_push(tel, root_log, monkeypatch) == (
+        "cannot encode the push: ValueError: no snapshot; next try in 3600s, counts are cumulative"
+    )
+
+
+def test_a_refusal_without_a_word_from_the_exporter_says_unknown_error(
+    tmp_path, receiver, root_log, monkeypatch
+):
+    tel = start_telemetry(make_config(tmp_path, otlp_yaml(receiver.port)))
+
+    def refuse(*args: object, **kwargs: object) -> otlp.MetricExportResult:
+        return otlp.MetricExportResult.FAILURE  # and no warning logged, as some failures are
+
+    monkeypatch.setattr(tel.pusher._exporter, "export", refuse)
+    assert failed_push(tel, root_log, monkeypatch).startswith("unknown error; next try in")
+
+
+def test_a_final_push_that_never_returns_does_not_hold_the_stop(tmp_path, receiver, monkeypatch):
+    """shutdown() waits for the push thread at most export.otlp.timeout_seconds, whatever the
+    exporter does: here its export blocks until the test lets it go, after the stop."""
+    tel = start_telemetry(make_config(tmp_path, otlp_yaml(receiver.port)))
+    release = threading.Event()
+
+    def export_(*args: object, **kwargs: object) -> otlp.MetricExportResult:
+        release.wait(10)  # then delivered: a stop that waited for it would say so
+        return otlp.MetricExportResult.SUCCESS
+
+    monkeypatch.setattr(tel.pusher._exporter, "export", export_)
+    try:
+        calls(tel.metrics, "ns", "p", "c", 1)
+        assert tel.pusher.shutdown() is False
+    finally:
+        release.set()
+        monkeypatch.undo()
+        tel.shutdown()

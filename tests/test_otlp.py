@@ -4,8 +4,10 @@ real receivers; test_semconv checks the telemetry against the conventions)."""
 
 from __future__ import annotations
 
+import pytest
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 from opentelemetry.sdk.resources import Resource
+from otlp_receiver import attrs
 
 from kubenpu import __version__
 from kubenpu.export import otlp
@@ -66,6 +68,7 @@ def test_a_cri_histogram_point_has_its_buckets_bounds_and_extremes() -> None:
     h = got["cri"].histogram
     assert h.aggregation_temporality == 2
     full, empty = h.data_points
+    assert (attrs(full.attributes), attrs(empty.attributes)) == ({}, {"x": "none"})
     assert (full.count, full.sum, full.min, full.max) == (3, 0.7, 0.001, 0.5)
     assert list(full.bucket_counts) == list(buckets)
     assert list(full.explicit_bounds) == list(CRI_BOUNDS)
@@ -140,3 +143,48 @@ def test_semconv_renames_the_pod_labels_and_legacy_sums_same_named_pods() -> Non
     h = Hist(1, 0.1, (1,) + (0,) * len(CRI_BOUNDS), 0.1, 0.1)
     [(_, hists)] = otlp.otlp_names([(cri, [Point({}, h, T0), Point({}, h, T0 + 1)])], "legacy")
     assert hists == [Point({}, h, T0 + 1)]  # a histogram is not summed: the later one stands
+
+
+def uniform(kind: str, n: int) -> list[tuple[Spec, list[Point]]]:
+    """n points of one spec, each with a pod's labels: numbers, CRI histograms or the kernel's
+    exponential buckets (each bucket holding 2^40 calls, the most its varint can cost)."""
+    values = {
+        "counter": lambda i: i,
+        "histogram": lambda i: Hist(i, 0.5, (i,) * (len(CRI_BOUNDS) + 1), 0.001, 0.5),
+        "exponential": lambda i: ExpHist((2**40,) * abi.DURATION_SLOTS, 0.5),
+    }[kind]
+    s = spec(f"kubenpu.{kind}", "counter" if kind == "counter" else "histogram")
+    return [(s, [Point({**POD, "pod": f"p{i}"}, values(i), T0) for i in range(n)])]
+
+
+@pytest.mark.parametrize("kind", ["counter", "histogram", "exponential"])
+@pytest.mark.parametrize("max_bytes", [4096, 65536])
+def test_batches_fit_the_request_size_and_are_more_than_half_full(kind, max_bytes) -> None:
+    """Each request encodes to at most max_bytes, and each but the last to more than half of
+    it: the sizes are bounded by each kind's own layout (a histogram point is fifteen times a
+    number's), not by the largest, which would send many more requests."""
+    snapshot = uniform(kind, 2000)
+    sizes = [
+        encode_metrics(otlp.metrics_data(batch, RESOURCE)).ByteSize()
+        for batch in otlp.batches(snapshot, RESOURCE, max_bytes)
+    ]
+    assert len(sizes) > 1 and max(sizes) <= max_bytes
+    assert min(sizes[:-1]) > max_bytes / 2, sizes
+
+
+def test_many_metrics_of_one_bare_point_each_fit_the_request_size() -> None:
+    """Where the bound is tightest: a metric per point and no attributes, so each metric's name,
+    description and unit weigh most of a request."""
+    snapshot = [
+        (
+            Spec(f"kubenpu.a.rather.long.metric.name.{i:03}", "gauge", "By", f"what {i} is"),
+            [Point({}, 1.5, T0)],
+        )
+        for i in range(300)
+    ]
+    for max_bytes in (1024, 4096):
+        sizes = [
+            encode_metrics(otlp.metrics_data(batch, RESOURCE)).ByteSize()
+            for batch in otlp.batches(snapshot, RESOURCE, max_bytes)
+        ]
+        assert len(sizes) > 1 and max(sizes) <= max_bytes, (max_bytes, max(sizes))
