@@ -42,6 +42,8 @@ TESTS: dict[str, list[str]] = {
     "kubenpu/telemetry.py": [
         "tests/test_telemetry.py",
         "tests/test_telemetry_golden.py",
+        "tests/test_telemetry_files.py",
+        "tests/test_telemetry_loop.py",
         "tests/test_ctl.py",
         "tests/test_semconv.py",
     ],

@@ -1,0 +1,124 @@
+"""kubenpu.telemetry's thread as the agent runs it: busy time handed over by submit(), the
+threads it starts, the health of a wedged device, the derived power's labels, the read's
+timestamp, and what `kubenpukctl devices` summarises of a reading (from mutmut's survivors)."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from pathlib import Path
+
+from helpers import eventually, values
+from test_telemetry import SECOND, TESTDATA, Clock, telemetry, xe_energy
+
+from kubenpu.discovery import discover
+from kubenpu.metrics.catalogue import (
+    COUNTERS_READ,
+    DEVICE_ERRORS,
+    DEVICE_STATUS,
+    FREQUENCY,
+    POD_ENERGY,
+    POWER,
+    TEMPERATURE,
+)
+from kubenpu.metrics.inputs import Where
+from kubenpu.metrics.store import Metrics
+from kubenpu.telemetry import Reading, Summary, Telemetry, read_device
+
+XE = "0000:03:00.0"
+POD = Where("ns", "a", "", "c", XE, "xe")
+
+
+def points(metrics: Metrics, spec: object) -> list:
+    [found] = [p for s, p in metrics.collect() if s is spec]
+    return found
+
+
+def test_busy_time_submitted_to_the_running_thread_is_split_and_its_threads_are_daemons(
+    tmp_path: Path,
+) -> None:
+    """The attribution thread hands busy time over with submit() and never waits; the
+    telemetry thread reads at once and splits the energy by it. Its threads are daemons (a
+    read stuck in sysfs must not hold the agent's exit) and named for thread dumps."""
+    shutil.copytree(TESTDATA / "intel-arc-xe", tmp_path, symlinks=True, dirs_exist_ok=True)
+    metrics, clock, seen = Metrics("node", 60, 1000), Clock(), []
+
+    def read(device, root):  # type: ignore[no-untyped-def]
+        me = threading.current_thread()
+        seen.append((me.name, me.daemon))
+        return read_device(device, root)
+
+    tel = Telemetry(discover(tmp_path), metrics, tmp_path, clock, read=read)
+    counter = xe_energy(tmp_path)
+    counter.write_text("1000000\n")
+    tel.start()
+    try:
+        [loop] = [t for t in threading.enumerate() if t.name == "telemetry"]
+        assert loop.daemon
+        tel.submit({XE: {POD: [0, 0, 0]}})
+        eventually(lambda: values(metrics, DEVICE_STATUS) or None, "the baseline read")
+        clock.ns += 5 * SECOND
+        counter.write_text("4000000\n")
+        tel.submit({XE: {POD: [2 * SECOND, 0, 0]}})
+        tel.submit({XE: {POD: [3 * SECOND, 0, 0]}})  # the two add up if one read takes both
+        pods = ("namespace", "container", "device", "vendor")
+        eventually(lambda: values(metrics, POD_ENERGY, pods) == {("a",): 3.0}, "a's 3 J")
+    finally:
+        tel.close()
+    assert not loop.is_alive()  # close() waits for the thread's last read
+    assert set(seen) == {(f"telemetry {XE}", True)}
+
+
+def test_a_wedged_device_is_failed_whatever_its_sensors_say(tmp_path: Path) -> None:
+    shutil.copytree(TESTDATA / "amd-server", tmp_path, symlinks=True, dirs_exist_ok=True)
+    metrics = Metrics("node", 60, 1000)
+    wedged = "0000:c3:00.0"
+    tel = Telemetry(discover(tmp_path), metrics, tmp_path, Clock(), wedged=lambda d: d == wedged)
+    tel.read({})
+    status = {(k[0], k[-1]): v for k, v in values(metrics, DEVICE_STATUS).items()}
+    assert status == {(wedged, "failed"): 1, ("0000:02:00.0", "ok"): 1}
+
+
+def test_power_derived_from_the_energy_counter_says_so_in_its_labels(tmp_path: Path) -> None:
+    """xe has no power file: its power is the energy counter's rise over the interval, labelled
+    as derived from the energy sensor, with no chip (no hwmon channel stands behind it)."""
+    tel, metrics, clock, root = telemetry("intel-arc-xe", tmp_path)
+    counter = xe_energy(root)
+    for raw in (1_000_000, 6_000_000):
+        counter.write_text(f"{raw}\n")
+        clock.ns += 5 * SECOND
+        tel.read({})
+    derived = [p for p in points(metrics, POWER) if p.attrs.get("source") == "derived"]
+    [power] = derived
+    assert power.value == 1.0
+    assert {"sensor": "energy", "chip": "", "source": "derived"}.items() <= power.attrs.items()
+
+
+def test_a_read_stamps_the_telemetry_counters_with_its_start(tmp_path: Path) -> None:
+    shutil.copytree(TESTDATA / "intel-arc-xe", tmp_path, symlinks=True, dirs_exist_ok=True)
+    metrics = Metrics("node", 60, 1000)
+    tel = Telemetry(discover(tmp_path), metrics, tmp_path, Clock(), wall=lambda: 1234.5)
+    tel.read({})
+    assert {p.attrs["source"]: p.value for p in points(metrics, COUNTERS_READ)} == {
+        "telemetry": 1234.5
+    }
+
+
+GPU = {"device": XE, "vendor": "xe", "sensor": "gpu", "chip": "xe"}
+
+
+def test_the_summary_is_the_first_of_each_kind_and_the_actual_frequency() -> None:
+    reading = Reading(
+        values=[
+            (POWER, {**GPU, "sensor": "package"}, 63.0),
+            (POWER, GPU, 10.0),
+            (TEMPERATURE, GPU, 45.0),
+            (FREQUENCY, {"domain": "gt0", "state": "requested"}, 2.0e9),
+            (FREQUENCY, {"domain": "gt0", "state": "actual"}, 1.5e9),
+            (DEVICE_ERRORS, {"block": "gfx", "type": "corrected"}, 3),
+            (DEVICE_ERRORS, {"block": "umc", "type": "uncorrected"}, 2),
+        ],
+        uncorrected=2,
+    )
+    assert Summary.of(reading) == Summary(63.0, 45.0, 1500.0, 2, "degraded")
+    assert Summary.of(Reading()) == Summary(None, None, None, None, "ok")  # no error counts: None
