@@ -71,6 +71,9 @@ TICK = os.sysconf("SC_CLK_TCK")
 PODS = 1000  # pods' worth of cgroups for the start and RSS figures
 TOUR_CALLS = 3  # calls made from each of those pods
 REPEATS = 5  # tight loops per phase, for the median
+HOOK_ROUNDS = 6  # interleaved rounds of the per-hook table: loops per arm, paired by round
+SETTLE_WINDOW = 1.0  # seconds: an arm's process is settled once it uses
+SETTLED_CPU = 0.05  # at most this share of a vCPU over a window
 LOOP_SECONDS = 1.0  # target length of one tight loop
 WINDOW_SECONDS = 5.0  # length of one paced-rate window
 IDLE_SECONDS = 5.0
@@ -204,6 +207,17 @@ class Usage:
         stat = Path(f"/proc/{self.pid}/stat").read_text()
         fields = stat.rsplit(")", 1)[1].split()  # the name may hold spaces
         return (int(fields[11]) + int(fields[12])) / TICK
+
+    def settle(self, timeout: float = 60) -> None:
+        """Wait until the process is idle (its start's work done): both vCPUs share one host
+        thread under TCG, so CPU it burns during a loop is taken from the loop."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            before = self.cpu_seconds()
+            time.sleep(SETTLE_WINDOW)
+            if self.cpu_seconds() - before <= SETTLED_CPU * SETTLE_WINDOW:
+                return
+        print(f"  {self.pid} still busy after {timeout} s; measuring anyway", flush=True)
 
     def rss_mib(self) -> float:
         for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
@@ -363,45 +377,49 @@ class Bench:
         return round(step["seconds"] / step["calls"] * 1e9, 1)
 
     def hooks(self, count: int) -> dict:
-        """ns per call of TCGETS on a pty and of a counted DRM call, REPEATS loops each, with no
-        agent (before and after) and with the agent on each probe.hook."""
+        """ns per call of TCGETS on a pty and of a counted DRM call under each arm: no agent, the
+        agent on each probe.hook (timed, the default, and with probe.durations off) and each
+        hook's one-liners (counting; timed: an entry timestamp and an exit histogram). The arms
+        are interleaved: HOOK_ROUNDS rounds, each starting every arm afresh for one loop of each
+        call, in an order reversed every other round. Loop r of every arm is from round r, so a
+        difference between two arms is taken round by round and drift of the host cancels."""
         calls = {
             "tcgets": Call(PTY, TCGETS, 64, count, raw=True),
             "drm": Call.drm(self.card, CREATE_DUMB, count),
         }
-
-        def measure() -> dict[str, list[float]]:
-            return {name: [self.tight(c) for _ in range(REPEATS)] for name, c in calls.items()}
-
-        found = {"none": measure()}
-        # Each hook timed (the default), then with probe.durations off (no exit programs).
-        for hook, timed in ((h, t) for h in HOOKS for t in (True, False)):
-            name = hook if timed else f"{hook} untimed"
-            print(f"== hook {name}: starting the agent", flush=True)
-            agent = Measured(self.out, "aggregate", hook, durations=timed)
-            try:
-                found[name] = measure()
-            finally:
-                agent.stop(timeout=60)
-            print(f"  {name}: {found[name]}", flush=True)
-        found |= self.floor_hooks(measure)
-        for name, ns in measure().items():
-            found["none"][name] += ns
-        return found
-
-    def floor_hooks(self, measure: Callable[[], dict[str, list[float]]]) -> dict:
-        """hooks()'s loops under each bpftrace one-liner, as "bpftrace HOOK", and under each
-        timed one (entry timestamp, exit histogram), as "bpftrace-timed HOOK"."""
-        found = {}
-        for name, programs in (("bpftrace", ONE_LINERS), ("bpftrace-timed", TIMED_ONE_LINERS)):
-            for hook in programs:
-                print(f"== {name} on {hook}", flush=True)
-                tracer = Bpftrace(self.out, hook, programs)
+        arms = self.hook_arms()
+        found: dict[str, dict[str, list[float]]] = {a: {c: [] for c in calls} for a in arms}
+        for r in range(HOOK_ROUNDS):
+            for arm in list(arms)[:: 1 if r % 2 == 0 else -1]:
+                stop = arms[arm]()
                 try:
-                    found[f"{name} {hook}"] = measure()
+                    for name, call in calls.items():
+                        found[arm][name].append(self.tight(call))
                 finally:
-                    tracer.stop()
+                    stop()
+            print(f"  round {r + 1}/{HOOK_ROUNDS}: {json.dumps(found)}", flush=True)
         return found
+
+    def hook_arms(self) -> dict[str, Callable[[], Callable[[], object]]]:
+        """Each arm of hooks() by name: a function that starts it and returns its stop."""
+
+        def agent(hook: str, timed: bool) -> Callable[[], object]:
+            running = Measured(self.out, "aggregate", hook, durations=timed)
+            running.settle()
+            return lambda: running.stop(timeout=60)
+
+        def tracer(hook: str, programs: dict[str, str]) -> Callable[[], object]:
+            running = Bpftrace(self.out, hook, programs)
+            running.settle()
+            return running.stop
+
+        arms: dict[str, Callable[[], Callable[[], object]]] = {"none": lambda: lambda: None}
+        for hook in HOOKS:
+            arms[hook] = lambda h=hook: agent(h, True)
+            arms[f"{hook} untimed"] = lambda h=hook: agent(h, False)
+            arms[f"bpftrace {hook}"] = lambda h=hook: tracer(h, ONE_LINERS)
+            arms[f"bpftrace-timed {hook}"] = lambda h=hook: tracer(h, TIMED_ONE_LINERS)
+        return arms
 
     def calibrate(self) -> tuple[int, float]:
         """Calls per tight loop (about LOOP_SECONDS long) and the VM's maximum call rate."""
@@ -547,6 +565,7 @@ class Bench:
             "kernel": os.uname().release,
             "cpus": os.cpu_count(),
             "hooks_loop_calls": loop,
+            "hooks_rounds": HOOK_ROUNDS,
             "hooks": self.hooks(loop),
         }
 

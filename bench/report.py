@@ -7,12 +7,15 @@ python bench/report.py BENCH_JSON [MICRO_JSON] [--plot PNG]
 from __future__ import annotations
 
 import json
+import math
+import random
 import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 MODES = ("aggregate", "events")
+HOOK_NAMES = ("security_file_ioctl", "drm_ioctl")  # probe.hook
 
 
 def table(headers: list[str], rows: list[list]) -> str:
@@ -268,10 +271,75 @@ def hooks(b: dict) -> str:
         "drm_ioctl does not) and DRM_IOCTL_MODE_CREATE_DUMB on vgem (counted by both); the agent "
         "in aggregate mode, then (bpftrace HOOK) the floor's one-liner on that hook, and "
         "(bpftrace-timed HOOK) the same with an entry timestamp and an exit histogram, the floor "
-        "of call durations (docs/latency.md); the no-agent loops ran before and after.\n\n"
+        f"of call durations (docs/latency.md); {_when(b)}.\n\n"
         + table(head, rows)
         + _timed_ratios(h, base["drm"])
+        + (settled(h, b["hooks_rounds"]) if "hooks_rounds" in b else "")
     )
+
+
+# What settled() sets against what: the agent on a hook, and that hook's floor for it.
+VERSUS = (("{h}", "bpftrace {h}"), ("{h} untimed", "bpftrace {h}"), ("{h}", "bpftrace-timed {h}"))
+
+
+def bootstrap(
+    rounds: list[tuple[float, ...]], stat: Callable[[list[tuple[float, ...]]], float]
+) -> tuple[float, float, float]:
+    """stat over the rounds, and its 95 % percentile interval over 2,000 resamples of whole
+    rounds (seeded: a report renders the same twice)."""
+    rng = random.Random(0)
+    draws = sorted(stat(rng.choices(rounds, k=len(rounds))) for _ in range(2000))
+    return stat(rounds), draws[50], draws[1949]
+
+
+def _diff(rounds: list[tuple[float, ...]]) -> float:
+    return statistics.fmean(a - b for a, b, _ in rounds)
+
+
+def _ratio(rounds: list[tuple[float, ...]]) -> float:
+    """The agent's added ns over the floor's; infinite where the floor adds nothing."""
+    ours, floor, none = (statistics.fmean(col) for col in zip(*rounds, strict=True))
+    return (ours - none) / (floor - none) if floor > none else math.inf
+
+
+def _num(x: float, fmt: str) -> str:
+    return "∞" if math.isinf(x) else format(x, fmt)
+
+
+def settled(h: dict, n: int) -> str:
+    """The table that settles small differences: per hook and call, the agent's ns per call
+    minus the floor's, taken round by round (both arms ran in every round), with 95 % intervals;
+    an interval that holds 0 is no difference this run can tell."""
+    rows = []
+    for hook in (k for k in h if k in HOOK_NAMES):
+        for ours, floor in ((o.format(h=hook), f.format(h=hook)) for o, f in VERSUS):
+            if ours not in h or floor not in h:
+                continue
+            row = [f"{ours} - {floor}"]
+            for call in ("tcgets", "drm"):
+                rounds = list(zip(h[ours][call], h[floor][call], h["none"][call], strict=True))
+                d, ratio = bootstrap(rounds, _diff), bootstrap(rounds, _ratio)
+                row += [
+                    f"{d[0]:+.0f} [{d[1]:+.0f}, {d[2]:+.0f}]",
+                    f"{_num(ratio[0], '.2f')}x [{_num(ratio[1], '.2f')}, {_num(ratio[2], '.2f')}]",
+                ]
+            rows.append(row)
+    head = ["agent - floor"]
+    head += [f"{c} {x}" for c in ("TCGETS", "DRM") for x in ("ns/call [95 %]", "added ratio")]
+    return (
+        f"\n\n#### Paired by round ({n} rounds)\n\nEach round ran every arm afresh, one loop "
+        "of each call, in an order reversed every other round. Differences are the mean over "
+        "rounds of (agent - floor) in the same round; the added ratio is the agent's added ns "
+        "over the floor's (each against the same rounds' no-agent loops). Intervals: 95 %, "
+        "bootstrap over rounds.\n\n" + table(head, rows) + "\n"
+    )
+
+
+def _when(b: dict) -> str:
+    """When the no-agent loops ran: interleaved with the arms (rounds) or around them."""
+    if "hooks_rounds" in b:
+        return f"every arm, no agent too, ran once in each of {b['hooks_rounds']} rounds"
+    return "the no-agent loops ran before and after"
 
 
 def _timed_ratios(h: dict, base: float) -> str:

@@ -164,3 +164,53 @@ def test_the_telemetry_row_sits_beside_the_fdinfo_read_when_measured():
     row = "| one telemetry read, every device of the 5 fixture machines (sysfs/hwmon) | 5.5 |"
     assert row in report.micro({**MICRO, "telemetry_read_ms": 5.5})
     assert "telemetry" not in report.micro(MICRO)  # figures from before it still render
+
+
+def rounds_of(*columns: list[float]) -> dict:
+    return {"tcgets": list(columns[0]), "drm": list(columns[1])}
+
+
+PAIRED = {
+    "kernel": "6.12.117+deb13-amd64",
+    "cpus": 2,
+    "hooks_loop_calls": 20000,
+    "hooks_rounds": 4,
+    "hooks": {
+        # The host drifts by round (1000, 1100, 900, 1000 with no agent): paired differences
+        # take it out, so a constant +250 has an interval of width 0.
+        "none": rounds_of([1000, 1100, 900, 1000], [2000, 2100, 1900, 2000]),
+        "security_file_ioctl": rounds_of([1300, 1400, 1200, 1300], [2500, 2640, 2380, 2500]),
+        "security_file_ioctl untimed": rounds_of([1060, 1130, 950, 1030], [2300, 2400, 2200, 2300]),
+        "bpftrace security_file_ioctl": rounds_of(
+            [1050, 1150, 950, 1050], [2400, 2500, 2300, 2400]
+        ),
+        # A timed floor as slow on TCGETS as no agent: its added ns are 0, the ratio unbounded.
+        "bpftrace-timed security_file_ioctl": rounds_of(
+            [1000, 1100, 900, 1000], [2800, 2900, 2700, 2800]
+        ),
+    },
+}
+
+
+def settled_row(text: str, name: str) -> list[str]:
+    [line] = [ln for ln in text.splitlines() if ln.startswith(f"| {name} |")]
+    return [c.strip() for c in line.strip("|").split("|")][1:]
+
+
+def test_paired_rows_take_the_drift_out_round_by_round():
+    text = report.render(PAIRED, None)
+    assert "Paired by round (4 rounds)" in text
+    timed = settled_row(text, "security_file_ioctl - bpftrace security_file_ioctl")
+    assert timed[0] == "+250 [+250, +250]"  # the same +250 in every round
+    assert timed[1] == "6.00x [6.00, 6.00]"  # 300 added against 50
+    # untimed vs the one-liner on TCGETS: +10, -20, 0, -20 by round; the interval holds 0
+    untimed = settled_row(text, "security_file_ioctl untimed - bpftrace security_file_ioctl")
+    assert untimed[0] == "-8 [-20, +5]"
+    assert settled_row(text, "security_file_ioctl - bpftrace-timed security_file_ioctl")[1] == (
+        "∞x [∞, ∞]"
+    )
+
+
+def test_a_run_without_rounds_renders_no_paired_rows():
+    assert "Paired by round" not in report.render(HOOKS_ONLY, None)
+    assert "drm_ioctl - bpftrace drm_ioctl" not in report.render(PAIRED, None)  # no such arms
