@@ -44,6 +44,7 @@ TESTS: dict[str, list[str]] = {
         "tests/test_telemetry_golden.py",
         "tests/test_telemetry_files.py",
         "tests/test_telemetry_loop.py",
+        "tests/test_telemetry_edges.py",
         "tests/test_ctl.py",
         "tests/test_semconv.py",
     ],
