@@ -916,3 +916,36 @@ def test_the_kernels_call_durations_reach_the_pods_series(cgroups, resolver):
         (*POD, "wait", "ETIME"): 2,
         (*POD, "wait", "ENOMEM"): 1,
     }
+
+
+def test_durations_unchanged_since_the_last_read_are_not_handed_over_again(
+    cgroups, resolver, monkeypatch
+):
+    """Idle costs nothing per pod: a key whose cumulative durations are what the metrics took
+    last time is skipped (no resolve, no store); a changed one is handed over, and so is one the
+    metrics did not take (it is offered again at the next read)."""
+    kernel, clock = FakeKernel(aggregate=True), Clock()
+    agent = make_agent(kernel, resolver, clock)
+    agent.attach()
+    pod = key(os.stat(cgroups / POD_DIR).st_ino, kind=3)
+    kernel.calls(pod, 1)
+    kernel.timed(pod, [50_000])
+    kernel.poll(0)
+    taken = agent.metrics.set_durations
+    offers: list[bool] = []
+
+    def spy(*args):  # type: ignore[no-untyped-def]
+        offers.append(taken(*args) if len(offers) else False)  # the first one not taken
+        return offers[-1]
+
+    monkeypatch.setattr(agent.metrics, "set_durations", spy)
+    for _ in range(3):  # not taken, then taken, then unchanged: skipped
+        agent.cycle()
+        clock.now += 5
+    assert offers == [False, True]
+    kernel.calls(pod, 1)
+    kernel.timed(pod, [60_000])
+    agent.cycle()
+    assert offers == [False, True, True]
+    [hist] = values(agent.metrics, IOCTL_DURATION).values()
+    assert hist.count == 2
