@@ -166,7 +166,7 @@ ALERT_LIKE = re.compile(r"\b[Kk]ube[Nn][Pp][Uu][A-Z][A-Za-z]+")
 
 def test_every_alert_has_one_spelling():
     rules = yaml.safe_load((CHART / "files" / "rules.yaml").read_text())
-    alerts = {r["alert"] for g in rules["groups"] for r in g["rules"]}
+    alerts = {r["alert"] for g in rules["groups"] for r in g["rules"] if "alert" in r}
     assert len(alerts) >= 7
     texts = [README, *(ROOT / "docs").glob("*.md"), *(ROOT / "deploy").rglob("*.y*ml")]
     texts += [*(ROOT / "deploy").rglob("*.json"), *(ROOT / "tests").glob("*.py")]
