@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import subprocess
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -221,6 +222,44 @@ def build_image() -> Path:
         [str(ROOT / "scripts" / "image.sh")], check=True, capture_output=True, text=True
     )
     return Path(out.stdout.strip().splitlines()[-1])
+
+
+def image_files(archive: Path) -> set[str]:
+    """The paths in the archive's image: its layers in order, whiteouts applied."""
+    files: set[str] = set()
+    with tarfile.open(archive) as oci:
+
+        def blob(digest: str):
+            return oci.extractfile(f"blobs/{digest.replace(':', '/')}")
+
+        (entry,) = json.load(oci.extractfile("index.json"))["manifests"]
+        for layer in json.load(blob(entry["digest"]))["layers"]:
+            with tarfile.open(fileobj=blob(layer["digest"]), mode="r|*") as tar:
+                for member in tar:
+                    head, _, base = member.name.removeprefix("./").rpartition("/")
+                    if base == ".wh..wh..opq":  # an opaque directory: the lower layers' content
+                        files = {f for f in files if not f.startswith(f"{head}/")}
+                    elif base.startswith(".wh."):
+                        gone = f"{head}/{base[4:]}".lstrip("/")
+                        files = {f for f in files if f != gone and not f.startswith(gone + "/")}
+                    else:
+                        files.add(f"{head}/{base}".lstrip("/"))
+    return files
+
+
+def test_the_image_holds_the_agent_and_no_installer():
+    """The Dockerfile's last stage gets the venv alone (docs/performance.md, "Image size"): the
+    agent, its CO-RE objects and its dependencies, but neither pip, setuptools and wheel in the
+    venv nor python3-venv's bundled wheels. Host-side: it reads the archive, no boot."""
+    files = image_files(build_image())
+    site = "opt/kubenpu/lib/python3.13/site-packages/"
+    assert "opt/kubenpu/bin/kubenpu-agent" in files
+    assert f"{site}kubenpu/kernel/objects/kubenpu-aggregate.bpf.o" in files
+    for package in ("kubenpu", "grpc", "cryptography", "opentelemetry/sdk/metrics", "yaml"):
+        assert f"{site}{package}/__init__.py" in files, package
+    for tool in ("pip", "setuptools", "wheel"):
+        assert not any(f.startswith(f"{site}{tool}/") for f in files), tool
+    assert not any(f.startswith("usr/share/python-wheels/") for f in files)
 
 
 @pytest.fixture(scope="module")
