@@ -6,7 +6,7 @@ the Prometheus HTTP API: names, labels and values must match exactly, and match 
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -77,7 +77,9 @@ def start_prometheus(tools: Path, tmp: Path, scrape_port: int) -> Iterator[Prome
     yield from run_server(cmd, port, tmp / "prometheus.log")
 
 
-def start_victoria_metrics(tools: Path, tmp: Path) -> Iterator[Prometheus]:
+def start_victoria_metrics(
+    tools: Path, tmp: Path, flags: Iterable[str] = ()
+) -> Iterator[Prometheus]:
     port = free_port()
     cmd = [
         str(tools / "victoria-metrics"),
@@ -87,6 +89,7 @@ def start_victoria_metrics(tools: Path, tmp: Path) -> Iterator[Prometheus]:
         "-opentelemetry.promoteAllResourceAttributes=false",
         "-search.latencyOffset=0s",
         "-search.disableCache",
+        *flags,
     ]
     yield from run_server(cmd, port, tmp / "victoria-metrics.log")
 

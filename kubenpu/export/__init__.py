@@ -38,11 +38,15 @@ __all__ = [
 
 
 def build_resource(cfg: Config) -> Resource:
-    """service.name=kubenpu, service.version, host.name, k8s.node.name; then OTEL_SERVICE_NAME
-    and OTEL_RESOURCE_ATTRIBUTES override (OTEL_SERVICE_NAME wins for service.name)."""
+    """service.name=kubenpu, service.version, service.instance.id (the node: one agent a
+    node), host.name, k8s.node.name; then OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES
+    override (OTEL_SERVICE_NAME wins for service.name). A Prometheus-compatible store names a
+    pushed series' instance by service.instance.id and keeps other resource attributes apart
+    (target_info): without it, every node's series of one pod name would be one series."""
     ours = {
         "service.name": "kubenpu",
         "service.version": __version__,
+        "service.instance.id": cfg.node_name,
         "host.name": socket.gethostname(),
         "k8s.node.name": cfg.node_name,
     }
