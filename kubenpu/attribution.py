@@ -104,7 +104,6 @@ class Attributor:
         self._seen: dict[int, set[Key]] = {}  # cgroup id -> its keys, until the cgroup is gone
         self._pending: dict[int, _Held] = {}
         self._held_keys = 0
-        self._timed: dict[Key, Durations] = {}  # the durations last taken by the metrics, by key
 
     def flush(self, batch: Batch) -> None:
         """Count a batch; the counts it did not get to (an exception) stay in `batch.counts`."""
@@ -143,9 +142,6 @@ class Attributor:
         the next read, which has its totals; one on a device not listed is left out, as its
         calls are (device_unknown)."""
         for key, value in durations.items():
-            # At idle every value is the one handed over last: no work per pod that has no calls.
-            if self._timed.get(key) == value:
-                continue
             dev = self._by_node.get((key.major, key.minor))
             if dev is None or key.cgroup_id in self._pending:
                 continue
@@ -155,8 +151,7 @@ class Attributor:
             where = Where(
                 who.namespace, who.pod, who.pod_uid, who.container, dev.id, dev.vendor or ""
             )
-            if self._metrics.set_durations(where, Kind(key.kind).label, key, value):
-                self._timed[key] = value
+            self._metrics.set_durations(where, Kind(key.kind).label, key, value)
 
     def pending(self) -> int:
         """Keys held for a pod the resolver cannot name yet."""
@@ -258,6 +253,4 @@ class Attributor:
                     self._activity.gone(who.namespace, who.pod, who.container)
             self._resolver.forget(cgroup_id)
             keys.extend(self._seen.pop(cgroup_id))
-        for key in keys:
-            self._timed.pop(key, None)
         return keys

@@ -296,25 +296,24 @@ class Metrics:
             rec.series[key] += n
             self._live(rec, unit, container)
 
-    def set_durations(self, where: Where, kind: str, key: Key, value: Durations) -> bool:
+    def set_durations(self, where: Where, kind: str, key: Key, value: Durations) -> None:
         """The kernel's cumulative durations and errors of one key (a cgroup's calls of one
         device and kind) of the series `where` + `kind`, whose calls add_calls() counted. A
         series whose calls are not counted (capped) is not timed either; a new histogram takes
-        room under metrics.max_series as one series. Whether the value was taken."""
+        room under metrics.max_series as one series."""
         unit = _unit(where.namespace, where.pod, where.container, where.pod_uid)
         series = (where.container, where.device, where.vendor, kind)
         with self._lock:
             rec = self._pods.get(unit)
             if rec is None or series not in rec.series:
-                return False
+                return
             if series not in rec.timed:
                 if self._held() >= self._max:
                     self._overflow_series["durations"] += 1
-                    return False
+                    return
                 rec.timed[series] = {}
                 self._timed_series += 1
             rec.timed[series][key] = value
-            return True
 
     def set_jobs(self, where: Where, ring: str, cgroup_id: int, times: JobTimes) -> None:
         """The kernel's cumulative GPU jobs of one cgroup on one ring (kubenpu.jobs), in the
