@@ -916,3 +916,38 @@ def test_the_kernels_call_durations_reach_the_pods_series(cgroups, resolver):
         (*POD, "wait", "ETIME"): 2,
         (*POD, "wait", "ENOMEM"): 1,
     }
+
+
+def test_unchanged_durations_are_not_set_again_until_the_store_drops_a_pod(cgroups, resolver):
+    """Idle costs nothing per key: a read whose durations did not move sets none of them; once
+    the store has dropped a pod (its stored values with it), every key is set again."""
+    kernel, clock = FakeKernel(aggregate=True), Clock()
+    agent = make_agent(kernel, resolver, clock)
+    agent.attach()
+    pod = key(os.stat(cgroups / POD_DIR).st_ino, kind=3)
+    kernel.calls(pod, 1)
+    kernel.timed(pod, [50_000])
+    kernel.poll(0)
+    agent.cycle()
+    set_calls: list[Key] = []
+    real_set = agent.metrics.set_durations
+
+    def spy(where, kind, k, value):  # type: ignore[no-untyped-def]
+        set_calls.append(k)
+        return real_set(where, kind, k, value)
+
+    agent.metrics.set_durations = spy  # type: ignore[method-assign]
+    for _ in range(3):
+        clock.now += 5
+        agent.cycle()
+    assert set_calls == []
+    kernel.timed(pod, [60_000])
+    clock.now += 5
+    agent.cycle()
+    assert set_calls == [pod]
+    agent.metrics._swept = True  # as _sweep() does when it drops a pod
+    clock.now += 5
+    agent.cycle()
+    assert set_calls == [pod, pod]
+    [hist] = values(agent.metrics, IOCTL_DURATION).values()
+    assert hist.count == 2
