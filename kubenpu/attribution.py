@@ -104,6 +104,8 @@ class Attributor:
         self._seen: dict[int, set[Key]] = {}  # cgroup id -> its keys, until the cgroup is gone
         self._pending: dict[int, _Held] = {}
         self._held_keys = 0
+        # The durations last stored per key, valid while the store has dropped no pod since.
+        self._timed_set: dict[Key, Durations] = {}
 
     def flush(self, batch: Batch) -> None:
         """Count a batch; the counts it did not get to (an exception) stay in `batch.counts`."""
@@ -141,17 +143,22 @@ class Attributor:
         under. A key whose pod is not named yet (held, or unknown to the resolver) waits for
         the next read, which has its totals; one on a device not listed is left out, as its
         calls are (device_unknown)."""
+        if self._metrics.swept():  # a dropped pod took its stored values with it
+            self._timed_set = {}
         for key, value in durations.items():
-            dev = self._by_node.get((key.major, key.minor))
-            if dev is None or key.cgroup_id in self._pending:
-                continue
-            who = self._resolver.resolve(key.cgroup_id)
-            if who is None:
-                continue
-            where = Where(
-                who.namespace, who.pod, who.pod_uid, who.container, dev.id, dev.vendor or ""
-            )
-            self._metrics.set_durations(where, Kind(key.kind).label, key, value)
+            # An idle key's value is already stored: setting it again would change nothing.
+            if self._timed_set.get(key) != value and self._set_durations(key, value):
+                self._timed_set[key] = value
+
+    def _set_durations(self, key: Key, value: Durations) -> bool:
+        dev = self._by_node.get((key.major, key.minor))
+        if dev is None or key.cgroup_id in self._pending:
+            return False
+        who = self._resolver.resolve(key.cgroup_id)
+        if who is None:
+            return False
+        where = Where(who.namespace, who.pod, who.pod_uid, who.container, dev.id, dev.vendor or "")
+        return self._metrics.set_durations(where, Kind(key.kind).label, key, value)
 
     def pending(self) -> int:
         """Keys held for a pod the resolver cannot name yet."""
@@ -253,4 +260,6 @@ class Attributor:
                     self._activity.gone(who.namespace, who.pod, who.container)
             self._resolver.forget(cgroup_id)
             keys.extend(self._seen.pop(cgroup_id))
+        for key in keys:
+            self._timed_set.pop(key, None)
         return keys

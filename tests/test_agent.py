@@ -918,12 +918,9 @@ def test_the_kernels_call_durations_reach_the_pods_series(cgroups, resolver):
     }
 
 
-def test_durations_unchanged_since_the_last_read_are_not_handed_over_again(
-    cgroups, resolver, monkeypatch
-):
-    """Idle costs nothing per pod: a key whose cumulative durations are what the metrics took
-    last time is skipped (no resolve, no store); a changed one is handed over, and so is one the
-    metrics did not take (it is offered again at the next read)."""
+def test_durations_the_store_did_not_take_are_offered_again(cgroups, resolver, monkeypatch):
+    """A key whose durations the store refused (its series not counted yet, or capped) is
+    offered again at the next read although its value did not change."""
     kernel, clock = FakeKernel(aggregate=True), Clock()
     agent = make_agent(kernel, resolver, clock)
     agent.attach()
@@ -943,9 +940,40 @@ def test_durations_unchanged_since_the_last_read_are_not_handed_over_again(
         agent.cycle()
         clock.now += 5
     assert offers == [False, True]
+    [hist] = values(agent.metrics, IOCTL_DURATION).values()
+    assert hist.count == 1
+
+
+def test_unchanged_durations_are_not_set_again_until_the_store_drops_a_pod(cgroups, resolver):
+    """Idle costs nothing per key: a read whose durations did not move sets none of them; once
+    the store has dropped a pod (its stored values with it), every key is set again."""
+    kernel, clock = FakeKernel(aggregate=True), Clock()
+    agent = make_agent(kernel, resolver, clock)
+    agent.attach()
+    pod = key(os.stat(cgroups / POD_DIR).st_ino, kind=3)
     kernel.calls(pod, 1)
-    kernel.timed(pod, [60_000])
+    kernel.timed(pod, [50_000])
+    kernel.poll(0)
     agent.cycle()
-    assert offers == [False, True, True]
+    set_calls: list[Key] = []
+    real_set = agent.metrics.set_durations
+
+    def spy(where, kind, k, value):  # type: ignore[no-untyped-def]
+        set_calls.append(k)
+        return real_set(where, kind, k, value)
+
+    agent.metrics.set_durations = spy  # type: ignore[method-assign]
+    for _ in range(3):
+        clock.now += 5
+        agent.cycle()
+    assert set_calls == []
+    kernel.timed(pod, [60_000])
+    clock.now += 5
+    agent.cycle()
+    assert set_calls == [pod]
+    agent.metrics._swept = True  # as _sweep() does when it drops a pod
+    clock.now += 5
+    agent.cycle()
+    assert set_calls == [pod, pod]
     [hist] = values(agent.metrics, IOCTL_DURATION).values()
     assert hist.count == 2

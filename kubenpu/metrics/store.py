@@ -249,6 +249,9 @@ class Metrics:
         self._export_errors = 0
         self._late_sightings = 0
         self._untimed = 0
+        # A pod dropped since swept() was last asked: a value set_durations() stored stays
+        # until then. A flag, not a count: a growing int would hold memory the churn test sees.
+        self._swept = False
         self._read_errors = 0
         self._counters_read: dict[str, float] = {}
         self._pending_expired = 0
@@ -296,24 +299,26 @@ class Metrics:
             rec.series[key] += n
             self._live(rec, unit, container)
 
-    def set_durations(self, where: Where, kind: str, key: Key, value: Durations) -> None:
+    def set_durations(self, where: Where, kind: str, key: Key, value: Durations) -> bool:
         """The kernel's cumulative durations and errors of one key (a cgroup's calls of one
         device and kind) of the series `where` + `kind`, whose calls add_calls() counted. A
         series whose calls are not counted (capped) is not timed either; a new histogram takes
-        room under metrics.max_series as one series."""
+        room under metrics.max_series as one series. True if stored: setting the same value
+        again then changes nothing until swept() says a pod was dropped."""
         unit = _unit(where.namespace, where.pod, where.container, where.pod_uid)
         series = (where.container, where.device, where.vendor, kind)
         with self._lock:
             rec = self._pods.get(unit)
             if rec is None or series not in rec.series:
-                return
+                return False
             if series not in rec.timed:
                 if self._held() >= self._max:
                     self._overflow_series["durations"] += 1
-                    return
+                    return False
                 rec.timed[series] = {}
                 self._timed_series += 1
             rec.timed[series][key] = value
+            return True
 
     def set_jobs(self, where: Where, ring: str, cgroup_id: int, times: JobTimes) -> None:
         """The kernel's cumulative GPU jobs of one cgroup on one ring (kubenpu.jobs), in the
@@ -517,6 +522,12 @@ class Metrics:
 
     # --- read by the exporters --------------------------------------------------------------
 
+    def swept(self) -> bool:
+        """Whether a pod was dropped (with its stored durations) since the last call."""
+        with self._lock:
+            swept, self._swept = self._swept, False
+            return swept
+
     def pods_held(self) -> int:
         with self._lock:
             return len(self._pods)
@@ -530,6 +541,7 @@ class Metrics:
                 break
             del self._gone[key]
             rec = self._pods.pop(key)
+            self._swept = True
             self._nseries -= len(rec.series)
             self._timed_series -= len(rec.timed)
             self._job_series -= len(rec.jobs)
