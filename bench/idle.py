@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import os
 import pstats
 import sys
 import tempfile
@@ -22,12 +21,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cri_server import CriTestServer
+import micro
 from fakes import Clock, FakeKernel
 
 from kubenpu.attribution import Attributor
-from kubenpu.discovery import Device, Node
 from kubenpu.events import Key, Tally
 from kubenpu.health import Health
 from kubenpu.kernel import abi
@@ -35,44 +34,26 @@ from kubenpu.kernel.records import Durations
 from kubenpu.loop import Agent
 from kubenpu.metrics.store import Metrics
 from kubenpu.probe import Probe
-from kubenpu.resolve.resolver import Resolver
 
-MAJOR, MINOR = 226, 0
-KINDS = (1, 2, 3)
 PERIOD = 0.5  # the attribution loop's flush period (kubenpu.loop._FLUSH_SECONDS)
-DEVICE = Device(
-    id="platform:vgem",
-    driver="vgem",
-    vendor="vgem",
-    pci_id=None,
-    numa_node=None,
-    nodes=(Node("/dev/dri/card0", "card0", MAJOR, MINOR),),
-)
+TIMED = Durations(1000, (1,) + (0,) * (abi.DURATION_SLOTS - 1), (0,) * len(abi.ERRORS))
 
 
-def agent(root: Path, pods: int) -> Agent:
-    """An agent in steady state over `pods` pods that have all made calls once."""
-    cri = CriTestServer()
-    cri.start(str(root / "cri.sock"))
+def agent(setup: micro.Setup) -> Agent:
+    """An agent in steady state over micro's pods, which have all made calls once."""
     kernel, clock = FakeKernel(aggregate=True), Clock()
-    for i in range(pods):
-        cid, uid = f"{i:064x}", f"00000000-0000-4000-8000-{i:012x}"
-        cri.add_container(cid, "bench", f"pod-{i}", "main", pod_uid=uid)
-        path = root / "cgroup/kubepods/besteffort" / f"pod{uid}" / cid
-        path.mkdir(parents=True)
-        for kind in KINDS:
-            key = Key(os.stat(path).st_ino, MAJOR, MINOR, kind)
+    for cgroup_id in setup.cgroup_ids:
+        for kind in micro.KINDS:
+            key = Key(cgroup_id, micro.MAJOR, micro.MINOR, kind)
             kernel.calls(key, 10)
-            kernel.durations[key] = Durations(
-                1000, (1,) + (0,) * (abi.DURATION_SLOTS - 1), (0,) * len(abi.ERRORS)
-            )
+            kernel.durations[key] = TIMED
     tally = Tally(65536)
     metrics = Metrics("node", 300, 100_000)
-    resolver = Resolver(str(root / "cgroup"), f"unix://{root / 'cri.sock'}")
+    resolver = setup.resolver()
     a = Agent(
         probe=Probe(kernel, tally),
         tally=tally,
-        attributor=Attributor([DEVICE], resolver, metrics, clock=clock),
+        attributor=Attributor([setup.device], resolver, metrics, clock=clock),
         metrics=metrics,
         resolver=resolver,
         health=Health(stale_after=15, clock=clock),
@@ -86,7 +67,6 @@ def agent(root: Path, pods: int) -> Agent:
         a.cycle()
         time.sleep(0.01)
     a._bench_clock = clock  # type: ignore[attr-defined]
-    a._bench_cri = cri  # type: ignore[attr-defined]
     return a
 
 
@@ -111,8 +91,10 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
     for pods in args.pods:
+        micro.PODS = pods
         with tempfile.TemporaryDirectory(dir="/dev/shm") as tmp:
-            a = agent(Path(tmp), pods)
+            setup = micro.Setup(Path(tmp))
+            a = agent(setup)
             profile = cProfile.Profile() if args.profile else None
             best = min(per_period(a, args.periods, None) for _ in range(3))
             if profile:
@@ -122,7 +104,7 @@ def main() -> None:
                 stats = pstats.Stats(profile)
                 stats.sort_stats("cumulative").print_stats(25)
             a.resolver.close()
-            a._bench_cri.stop()  # type: ignore[attr-defined]
+            setup.cri.stop()
 
 
 if __name__ == "__main__":

@@ -918,9 +918,8 @@ def test_the_kernels_call_durations_reach_the_pods_series(cgroups, resolver):
     }
 
 
-def test_durations_the_store_did_not_take_are_offered_again(cgroups, resolver, monkeypatch):
-    """A key whose durations the store refused (its series not counted yet, or capped) is
-    offered again at the next read although its value did not change."""
+def one_timed_call(cgroups, resolver):  # type: ignore[no-untyped-def]
+    """An attached agent whose pod made one timed wait (not read yet)."""
     kernel, clock = FakeKernel(aggregate=True), Clock()
     agent = make_agent(kernel, resolver, clock)
     agent.attach()
@@ -928,6 +927,13 @@ def test_durations_the_store_did_not_take_are_offered_again(cgroups, resolver, m
     kernel.calls(pod, 1)
     kernel.timed(pod, [50_000])
     kernel.poll(0)
+    return agent, kernel, clock, pod
+
+
+def test_durations_the_store_did_not_take_are_offered_again(cgroups, resolver, monkeypatch):
+    """A key whose durations the store refused (its series not counted yet, or capped) is
+    offered again at the next read although its value did not change."""
+    agent, _, clock, _ = one_timed_call(cgroups, resolver)
     taken = agent.metrics.set_durations
     offers: list[bool] = []
 
@@ -947,13 +953,7 @@ def test_durations_the_store_did_not_take_are_offered_again(cgroups, resolver, m
 def test_unchanged_durations_are_not_set_again_until_the_store_drops_a_pod(cgroups, resolver):
     """Idle costs nothing per key: a read whose durations did not move sets none of them; once
     the store has dropped a pod (its stored values with it), every key is set again."""
-    kernel, clock = FakeKernel(aggregate=True), Clock()
-    agent = make_agent(kernel, resolver, clock)
-    agent.attach()
-    pod = key(os.stat(cgroups / POD_DIR).st_ino, kind=3)
-    kernel.calls(pod, 1)
-    kernel.timed(pod, [50_000])
-    kernel.poll(0)
+    agent, kernel, clock, pod = one_timed_call(cgroups, resolver)
     agent.cycle()
     set_calls: list[Key] = []
     real_set = agent.metrics.set_durations
