@@ -259,7 +259,11 @@ def scrape_until(what: str, ok: Callable[[Samples], bool]) -> Samples:
     last scrape left in /out/last-scrape.prom to say what was missing."""
 
     def check() -> Samples | None:
-        prom = scrape(Path("/out/last-scrape.prom"))
+        try:
+            prom = scrape(Path("/out/last-scrape.prom"))
+        except OSError as err:  # a scrape slower than its 5 s under TCG (a busy host): retry
+            print(f"node: a scrape failed ({err}); retrying until {what}", flush=True)
+            return None
         return prom if ok(prom) else None
 
     return wait_for(what, check, timeout=SETTLE_TIMEOUT)
