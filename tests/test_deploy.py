@@ -1152,20 +1152,25 @@ def test_dockerfile_builds_the_agent_image_as_specified() -> None:
     stages = [i for i, (op, _) in enumerate(steps) if op == "FROM"]
     assert [steps[i] for i in stages] == [
         ("FROM", "debian:trixie-slim AS bpf"),
+        ("FROM", "debian:trixie-slim AS venv"),
         ("FROM", "debian:trixie-slim"),
     ]
     build = " ".join(arg for op, arg in steps[: stages[1]] if op == "RUN")
     assert "clang-19 libbpf-dev" in build and "scripts/bpf.sh /objects" in build
-    runs = " ".join(arg for op, arg in steps[stages[1] :] if op == "RUN")
+    # the venv is built in its own stage, pip and python3-venv left there
+    venv = " ".join(arg for op, arg in steps[stages[1] : stages[2]] if op == "RUN")
+    assert "venv --system-site-packages /opt/kubenpu" in venv
+    assert '/opt/kubenpu/bin/pip install --no-cache-dir --no-compile ".[agent]"' in venv
+    assert "/opt/kubenpu/bin/pip uninstall --yes pip" in venv
+    runs = " ".join(arg for op, arg in steps[stages[2] :] if op == "RUN")
     assert re.search(
-        r"apt-get install -y --no-install-recommends python3 python3-venv libbpf1\s+"
+        r"apt-get install -y --no-install-recommends python3 libbpf1 ca-certificates\s+"
         r'\$\(if \[ "\$BCC" = true \]; then echo python3-bpfcc; fi\)',
         runs,
     )
-    assert "clang" not in runs  # no LLVM in the default image: BCC=true adds BCC's
+    assert "clang" not in runs and "python3-venv" not in runs  # no LLVM, no pip in the image
+    assert ("COPY", "--from=venv /opt/kubenpu/ /opt/kubenpu/") in steps[stages[2] :]
     assert ("ARG", "BCC=false") in steps
-    assert "venv --system-site-packages /opt/kubenpu" in runs
-    assert '/opt/kubenpu/bin/pip install --no-cache-dir ".[agent]"' in runs
     entry = [json.loads(arg) for op, arg in steps if op == "ENTRYPOINT"]
     assert entry == [["kubenpu-agent", "--config", "/etc/kubenpu/config.yaml"]]
     allowed = (ROOT / ".dockerignore").read_text().splitlines()
