@@ -186,6 +186,8 @@ class OtlpConfig(_Model):
     client_key: _Str = ""
     interval_seconds: float = Field(15, gt=0, le=DAY)
     timeout_seconds: float = Field(10, gt=0, le=300)
+    # gzip: a node's push of 100 pods is 381 KB, 20 KB gzipped (docs/performance.md).
+    compression: Literal["none", "gzip"] = "none"
     # A receiver's default limit is 4 MiB (gRPC's max message size): a push is split into
     # requests of at most this many bytes.
     max_request_bytes: int = Field(2 << 20, ge=64 << 10, le=64 << 20)
@@ -309,6 +311,7 @@ _OTLP_ENV = (
     ("CLIENT_CERTIFICATE", "client_certificate", str),
     ("CLIENT_KEY", "client_key", str),
     ("TIMEOUT", "timeout_seconds", _ms),
+    ("COMPRESSION", "compression", str),
 )
 
 

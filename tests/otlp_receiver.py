@@ -12,6 +12,8 @@ collector). Both refuse a request over 4 MiB, as a collector's gRPC receiver doe
 
 from __future__ import annotations
 
+import gzip
+import socket
 import ssl
 import tempfile
 import threading
@@ -125,7 +127,10 @@ class _HttpHandler(BaseHTTPRequestHandler):
         if self.path != "/v1/metrics" or length > MAX_REQUEST:
             self.send_error(404 if self.path != "/v1/metrics" else 413)
             return
-        request = svc.ExportMetricsServiceRequest.FromString(self.rfile.read(length))
+        body = self.rfile.read(length)
+        if self.headers.get("Content-Encoding") == "gzip":  # as a collector's receiver takes it
+            body = gzip.decompress(body)
+        request = svc.ExportMetricsServiceRequest.FromString(body)
         rx = self.server.rx
         time.sleep(rx.answer_after)
         with rx.lock:
@@ -181,3 +186,48 @@ class OtlpHttpReceiver(_Received):
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+class Relay:
+    """A TCP relay to 127.0.0.1:`port` that counts the bytes clients send through it: what a
+    push costs on the wire, whatever the protocol encodes (gRPC hides its grpc-encoding
+    header from the servicer). `with Relay(rx.port) as relay:` then push to relay.port."""
+
+    def __init__(self, port: int) -> None:
+        self.sent = 0
+        self._target = port
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:  # closed
+                return
+            upstream = socket.create_connection(("127.0.0.1", self._target))
+            self._sockets += [client, upstream]
+            for src, dst, count in ((client, upstream, True), (upstream, client, False)):
+                threading.Thread(target=self._pump, args=(src, dst, count), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, count: bool) -> None:
+        """Copies until src ends, then ends dst's writing side; closing is __exit__'s."""
+        try:
+            while data := src.recv(1 << 16):
+                if count:
+                    with self._lock:
+                        self.sent += len(data)
+                dst.sendall(data)
+            dst.shutdown(socket.SHUT_WR)
+        except OSError:  # the other side went away
+            pass
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sock in (self._listener, *self._sockets):
+            sock.close()

@@ -35,7 +35,7 @@ from helpers import (
     values,
 )
 from opentelemetry.semconv.attributes import k8s_attributes
-from otlp_receiver import OtlpHttpReceiver, OtlpReceiver, attrs
+from otlp_receiver import OtlpHttpReceiver, OtlpReceiver, Relay, attrs
 from vm.guestlib import parse
 
 from kubenpu import __version__, config, export
@@ -805,6 +805,31 @@ def start_pushing(
 
 
 CYCLES_WHERE = Where("ns", "p", "", "c", "0000:03:00.0", "xe")
+
+
+def test_gzip_shrinks_a_push_and_the_config_wins_over_the_exporters_own_env(
+    tmp_path, any_receiver, monkeypatch
+):
+    """export.otlp.compression reaches the wire: 100 pods' calls go in a fraction of the bytes
+    gzipped, and exactly. The exporter reads OTEL_EXPORTER_OTLP_COMPRESSION itself when given
+    no compression: set to the opposite, it must change nothing."""
+    protocol, rx = any_receiver
+    sent = {}
+    for compression, env in (("none", "gzip"), ("gzip", "none")):
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_COMPRESSION", env)  # os.environ: the SDK's
+        with Relay(rx.port) as relay:
+            extra = f"    compression: {compression}\n"
+            tel = start_pushing(tmp_path, protocol, relay.port, extra)
+            try:
+                for pod in range(100):
+                    calls(tel.metrics, "ns", f"pod-{pod}", "c", pod + 1)
+                assert tel.pusher.push()
+            finally:
+                tel.shutdown()
+        want = {ioctl("ns", f"pod-{pod}", "c"): pod + 1 for pod in range(100)}
+        assert rx.values("kubenpu.ioctl") == want
+        sent[compression] = relay.sent
+    assert sent["gzip"] * 3 < sent["none"], sent
 
 
 def test_a_counter_past_int64_is_pushed_as_a_double(tmp_path, any_receiver):

@@ -209,6 +209,10 @@ def metrics_data(snapshot: _Snapshot, resource: Resource) -> MetricsData:
     return MetricsData([ResourceMetrics(resource, [ScopeMetrics(scope, metrics, "")], "")])
 
 
+# Passed always: with None the exporter would read OTEL_EXPORTER_OTLP_COMPRESSION itself.
+_GRPC_COMPRESSION = {"none": grpc.Compression.NoCompression, "gzip": grpc.Compression.Gzip}
+
+
 def _otlp_exporter(cfg: OtlpConfig) -> MetricExporter:
     """Every setting is passed explicitly, so the exporter reads no environment of its own for
     them: kubenpu.config already applied the OTEL_* variables with their precedence."""
@@ -222,10 +226,12 @@ def _otlp_exporter(cfg: OtlpConfig) -> MetricExporter:
         )
     ]
     if cfg.protocol == "http/protobuf":  # its exporter opens them again, by path
+        from opentelemetry.exporter.otlp.proto.http import Compression
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
         return OTLPMetricExporter(
             endpoint=cfg.url(),
+            compression=Compression(cfg.compression),
             certificate_file=cfg.certificate or None,
             client_key_file=cfg.client_key or None,
             client_certificate_file=cfg.client_certificate or None,
@@ -243,6 +249,7 @@ def _otlp_exporter(cfg: OtlpConfig) -> MetricExporter:
         credentials = grpc.ssl_channel_credentials(ca, key, cert)
     return GrpcExporter(
         endpoint=cfg.url(),
+        compression=_GRPC_COMPRESSION[cfg.compression],
         insecure=not cfg.use_tls(),
         credentials=credentials,
         headers=cfg.headers,
