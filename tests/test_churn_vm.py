@@ -59,8 +59,10 @@ def test_one_call_containers_keep_their_pod(result, mode):
 def test_containerd_restart_loses_no_attribution(result, mode):
     """Calls made while containerd was down end up on their pod once it is back."""
     run = result["modes"][mode]
+    # Each container made all its calls (tests/vm/churn_guest.py), so a shortfall is the agent's.
+    assert all(run["restart"]["done"].values()), run["restart"]
     expected = expected_counts(run["expected"])
     got = ioctl_counts(run["scrape"])
-    assert _pod_counts(run, "restart", got) == _pod_counts(run, "restart", expected)
-    assert got == expected  # nothing anywhere else either (no empty-label series)
+    # The whole scrape, not the pod's part: calls counted anywhere else show in the diff.
+    assert got == expected, run["agent_log"]
     assert by_reason(run["scrape"], "kubenpu_unattributed_calls_total") == {}

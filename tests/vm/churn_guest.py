@@ -123,22 +123,29 @@ class Churn(Node):
         self.kubelet.run_pod(pod)
 
         def run(n: int) -> str:
-            return " ".join(self.drmcall(n))
+            return " ".join(self.drmcall(n)) + " >/dev/null"
 
-        # steady: calls before, during and after the outage; late: first call during it.
-        script = {
-            "steady": (f"{run(2)}; sleep 6; {run(3)}; sleep {DOWN_SECONDS + 8}; {run(4)}", 9),
-            "late": (f"sleep 5; {run(7)}", 7),
+        # steady: calls before, during and after the outage; late: first call during it. Each
+        # execs sleep once its calls are made and exits if one fails, so a count short of the
+        # calls is the agent's, not the workload's. drmcall's report goes nowhere: while
+        # containerd is down nothing reads the container's output.
+        steps = {
+            "steady": ([run(2), "sleep 6", run(3), f"sleep {DOWN_SECONDS + 8}", run(4)], 9),
+            "late": (["sleep 5", run(7)], 7),
         }
-        for name, (sh, calls) in script.items():
-            self.kubelet.start_container(
-                pod, name, 0, ["/bin/sh", "-c", f"{sh}; exec sleep {FOREVER}"]
-            )
+        pids = {}
+        for name, (sh, calls) in steps.items():
+            script = " && ".join([*sh, f"exec sleep {FOREVER}"])
+            cid = self.kubelet.start_container(pod, name, 0, ["/bin/sh", "-c", script])
+            pids[name] = self.kubelet.status(cid)["pid"]
             self.expect(pod, name, calls)
         self.mark(f"{mode}: restart pod started")
         self.restart_containerd()
-        time.sleep(16)  # steady's last calls, after the restart
-        return {"pod": [pod.namespace, pod.name]}
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not all(map(_finished, pids.values())):
+            time.sleep(0.5)
+        self.mark(f"{mode}: restart pod's calls made")
+        return {"pod": [pod.namespace, pod.name], "done": {n: _done(p) for n, p in pids.items()}}
 
     def run_mode(self, mode: str) -> dict:
         self.expected = Counter()
@@ -175,6 +182,20 @@ class Churn(Node):
             "timings": self.timings,
             "modes": modes,
         }
+
+
+def _done(pid: int) -> bool:
+    """Whether a restart container's script made all its calls: its shell has exec'd sleep.
+    The command line, not comm: busybox sh runs a plain `sleep 6` in its own process (a
+    no-fork applet), and comm read "sleep" then."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes() == f"sleep\0{FOREVER}\0".encode()
+    except OSError:  # exited: a step failed
+        return False
+
+
+def _finished(pid: int) -> bool:
+    return _done(pid) or not Path(f"/proc/{pid}").exists()
 
 
 if __name__ == "__main__":
