@@ -1,6 +1,6 @@
 """Host-only harness of the agent's idle cost: CPU seconds per attribution period with no call.
 
-    python bench/idle.py [--pods 1 1000] [--periods 200] [--profile]
+    python bench/idle.py [--pods 1 1000] [--periods 200] [--profile] [--memory]
 
 The real Probe, Resolver, Attributor, Metrics and Agent.cycle() over a FakeKernel (tests/fakes.py)
 whose counts and durations maps hold each pod's keys (3 kinds), a kubelet-style cgroup tree on
@@ -8,6 +8,11 @@ whose counts and durations maps hold each pod's keys (3 kinds), a kubelet-style 
 A fake clock moves by the loop's flush period (0.5 s) per cycle, so the counts map is read every
 tenth cycle as the running agent reads it; nothing changes between periods. Prints CPU seconds
 (time.process_time) per period for each pod count, and with --profile the top functions.
+
+--memory traces allocations (tracemalloc) and prints, per pod count, the memory that kubenpu's
+own code holds in steady state (the resolver's answers, the attributor's keys, the store's
+series and histograms): its growth per pod is the agent's memory per pod. The process's RSS is
+printed too, but it also holds the fake kernel and the CRI server's containers.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import pstats
 import sys
 import tempfile
 import time
+import tracemalloc
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -84,17 +90,38 @@ def per_period(a: Agent, periods: int, profile: cProfile.Profile | None) -> floa
     return spent / periods
 
 
+def held_by_kubenpu() -> int:
+    """Bytes live now that kubenpu's own code allocated (the allocating frame is in kubenpu/)."""
+    snapshot = tracemalloc.take_snapshot().filter_traces(
+        [tracemalloc.Filter(True, str(Path(micro.__file__).resolve().parents[1] / "kubenpu/*"))]
+    )
+    return sum(stat.size for stat in snapshot.statistics("filename"))
+
+
+def rss() -> float:
+    """This process's RSS in MiB."""
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return pages * 4096 / 2**20
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--pods", type=int, nargs="+", default=[1, 1000])
     parser.add_argument("--periods", type=int, default=200)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--memory", action="store_true")
     args = parser.parse_args()
     for pods in args.pods:
         micro.PODS = pods
         with tempfile.TemporaryDirectory(dir="/dev/shm") as tmp:
             setup = micro.Setup(Path(tmp))
+            if args.memory:
+                tracemalloc.start()
             a = agent(setup)
+            if args.memory:
+                held = held_by_kubenpu() / 2**20
+                print(f"pods={pods} kubenpu_mib={held:.2f} rss_mib={rss():.1f}")
+                tracemalloc.stop()
             profile = cProfile.Profile() if args.profile else None
             best = min(per_period(a, args.periods, None) for _ in range(3))
             if profile:
