@@ -510,13 +510,14 @@ def in_private_bpffs(check: Callable[[Path], T]) -> T:
 
     import pytest
 
+    # Made (and removed) by the parent: the child's mount leaves with its namespace.
+    where = Path(tempfile.mkdtemp(prefix="bpffs-"))
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns into pytest
         outcome: tuple[str, Any]
         try:
             libc = ctypes.CDLL(None, use_errno=True)
-            where = Path(tempfile.mkdtemp(prefix="bpffs-"))
             if (
                 libc.unshare(_CLONE_NEWNS) != 0
                 or libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None) != 0
@@ -535,6 +536,7 @@ def in_private_bpffs(check: Callable[[Path], T]) -> T:
     with os.fdopen(read, "rb") as pipe:
         data = pipe.read()
     os.waitpid(pid, 0)
+    where.rmdir()
     kind, value = pickle.loads(data)
     if kind == "skip":
         pytest.skip(value)
