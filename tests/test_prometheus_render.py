@@ -1,0 +1,156 @@
+"""/metrics encoded family by family with a cache (kubenpu.export.prometheus.MetricsApp): the
+bytes must be prometheus_client's own for the whole registry, in both formats and gzipped, after
+any sequence of changes; and an unchanged family is not encoded again."""
+
+from __future__ import annotations
+
+import gzip
+from typing import Any
+
+import pytest
+from fakes import Clock
+from helpers import calls
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+
+from kubenpu import config, export
+from kubenpu.events import Key
+from kubenpu.export.prometheus import MetricsApp
+from kubenpu.kernel import abi
+from kubenpu.kernel.records import Durations
+from kubenpu.metrics.catalogue import COUNTER_SOURCES
+from kubenpu.metrics.inputs import Where
+from kubenpu.metrics.store import Metrics
+
+TEXT = "text/plain"
+OPENMETRICS = "application/openmetrics-text; version=1.0.0"
+PROMETHEUS_ACCEPT = (  # what Prometheus 3 sends
+    "application/openmetrics-text;version=1.0.0;escaping=underscores,"
+    "text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+)
+ACCEPTS = (TEXT, OPENMETRICS, PROMETHEUS_ACCEPT, "")
+
+# Label values as pods and containers may name them, and what the formats must escape.
+names = st.sampled_from(["a", "b", 'q"uote', "back\\slash", "new\nline", "ünï", ""])
+ops = st.one_of(
+    st.tuples(st.just("calls"), names, names, names, st.sampled_from(["submit", "alloc"]),
+              st.integers(1, 2**70)),
+    st.tuples(st.just("timed"), names, names, st.integers(0, abi.DURATION_SLOTS - 1),
+              st.integers(1, 10**12)),
+    st.tuples(st.just("gone"), names, names, names),
+    st.tuples(st.just("tick"), st.floats(0, 120)),
+    st.tuples(st.just("read"), st.sampled_from(COUNTER_SOURCES),
+              st.floats(0, 2e9, allow_nan=False)),
+    st.tuples(st.just("dropped"), st.sampled_from(["ringbuf_full", "device_unknown"]),
+              st.integers(1, 100)),
+)  # fmt: skip
+
+
+def apply(m: Metrics, clock: Clock, op: tuple) -> None:
+    match op:
+        case ("calls", ns, pod, c, kind, n):
+            calls(m, ns, pod, c, n, kind)
+        case ("timed", pod, c, slot, ns_total):
+            calls(m, "ns", pod, c, 1)
+            slots = [0] * abi.DURATION_SLOTS
+            slots[slot] = 1
+            value = Durations(ns_total, tuple(slots), (0,) * len(abi.ERRORS))
+            where = Where("ns", pod, "", c, "0000:03:00.0", "vgem")
+            m.set_durations(where, "submit", Key(1, 226, 0, 0), value)
+        case ("gone", ns, pod, c):
+            m.container_gone(ns, pod, c)
+        case ("tick", seconds):
+            clock.now += seconds
+        case ("read", source, at):
+            m.counters_read(source, at)
+        case ("dropped", reason, n):
+            m.dropped(reason, n)
+
+
+def app_and_reference(clock: Clock) -> tuple[Metrics, MetricsApp, CollectorRegistry]:
+    m = Metrics("node-a", 60, 10_000, clock)
+    app = MetricsApp(m, export.build_resource(config.Config(node_name="node-a")))
+    app._process = CollectorRegistry()  # the process' CPU seconds differ from one call to the next
+    reference = CollectorRegistry(auto_describe=False)
+    reference.register(app._collector)
+    return m, app, reference
+
+
+def get(app: MetricsApp, accept: str, gzipped: bool = False, query: str = "") -> tuple[dict, bytes]:
+    environ = {
+        "REQUEST_METHOD": "GET",
+        "PATH_INFO": "/metrics",
+        "QUERY_STRING": query,
+        "HTTP_ACCEPT": accept,
+        "HTTP_ACCEPT_ENCODING": "gzip" if gzipped else "",
+    }
+    answer: dict[str, Any] = {}
+
+    def start_response(status: str, headers: list[tuple[str, str]]) -> None:
+        answer.update(headers, status=status)
+
+    body = b"".join(app(environ, start_response))
+    return answer, gzip.decompress(body) if gzipped else body
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(ops, max_size=6), min_size=1, max_size=6))
+def test_the_cached_rendering_is_prometheus_clients_after_any_changes(batches) -> None:
+    clock = Clock()
+    m, app, reference = app_and_reference(clock)
+    for batch in batches:
+        for op in batch:
+            apply(m, clock, op)
+        for accept in ACCEPTS:
+            encoder, content_type = choose_encoder(accept)
+            headers, body = get(app, accept)
+            assert headers["Content-Type"] == content_type
+            assert body == encoder(reference)
+
+
+def test_gzip_and_the_content_type_are_the_librarys():
+    clock = Clock()
+    m, app, reference = app_and_reference(clock)
+    calls(m, "ns", "p", "c", 3)
+    for accept in ACCEPTS:
+        encoder, content_type = choose_encoder(accept)
+        headers, body = get(app, accept, gzipped=True)
+        assert (headers["Content-Encoding"], headers["Content-Type"]) == ("gzip", content_type)
+        assert body == encoder(reference)
+
+
+def test_an_unchanged_family_is_not_encoded_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At idle a scrape re-encodes only what moved: here the calls of one pod, nothing else."""
+    clock = Clock()
+    m, app, reference = app_and_reference(clock)
+    for pod in range(50):
+        calls(m, "ns", f"p{pod}", "c", 1)
+    encoded: list[str] = []
+    family = app._collector.family
+    monkeypatch.setattr(
+        app._collector, "family", lambda s, p: encoded.append(s.name) or family(s, p)
+    )
+    get(app, TEXT)
+    first = len(encoded)
+    get(app, TEXT)
+    assert len(encoded) == first  # nothing changed: nothing encoded
+    calls(m, "ns", "p7", "c", 1)
+    _, body = get(app, TEXT)
+    assert encoded[first:] == ["kubenpu.ioctl"]
+    assert body == choose_encoder(TEXT)[0](reference)
+
+
+def test_filters_and_other_methods_are_the_librarys():
+    """A name[] filter gets only that family (it got nothing: the registry knew no names)."""
+    clock = Clock()
+    m, app, _ = app_and_reference(clock)
+    calls(m, "ns", "p", "c", 3)
+    _, body = get(app, TEXT, query="name[]=kubenpu_ioctl_total")
+    assert body.startswith(b"# HELP kubenpu_ioctl_total")
+    assert b"target_info" not in body
+    answer: dict[str, Any] = {}
+    environ = {"REQUEST_METHOD": "POST", "PATH_INFO": "/metrics", "QUERY_STRING": ""}
+    app(environ, lambda status, headers: answer.update(status=status))
+    assert answer["status"].startswith("405")
