@@ -373,23 +373,25 @@ def test_a_failed_counts_read_says_what_failed() -> None:
         Maps({abi.COUNTS: null.fileno()}).read_counts()
 
 
-def test_a_durations_key_deleted_between_listing_and_lookup_is_skipped_alone(monkeypatch) -> None:
-    """forget_counts on another thread can delete a key after read_durations listed it."""
-    shapes = abi.map_shapes(True, 1, 64, 64)
+def test_durations_are_read_in_batches_and_unpacked_only_when_changed() -> None:
+    """A real hash of the program's shape holding more keys than one batch: every key read,
+    an unchanged value not unpacked again (the same object), a changed one read anew, a
+    deleted key gone at the next read (no listing-then-lookup race left to skip)."""
+    shapes = abi.map_shapes(True, 1, 64, 2 * maps._BATCH + 10)
     fd = bpfsys.map_create(*shapes[abi.DURATIONS], abi.DURATIONS)
     try:
-        keys = [Key(10 + i, 226, 0, 2) for i in range(3)]
+        keys = [Key(10 + i, 226, 0, 2) for i in range(maps._BATCH + 5)]
         for key in keys:
             bpfsys.update(fd, _packed(key), _durations_value(7, {}, {}))
-        lookup, looked = bpfsys.lookup, []
-
-        def first_gone(map_fd: int, key: bytes, size: int) -> bytes | None:
-            looked.append(key)
-            return None if len(looked) == 1 else lookup(map_fd, key, size)
-
-        monkeypatch.setattr(bpfsys, "lookup", first_gone)
-        read = Maps({abi.COUNTS: -1, abi.DURATIONS: fd}).read_durations()
-        assert len(looked) == 3
-        assert len(read) == 2 and _packed(min(set(keys) - set(read))) == looked[0]
+        m = Maps({abi.COUNTS: -1, abi.DURATIONS: fd})
+        first = m.read_durations()
+        assert set(first) == set(keys)
+        assert first[keys[0]] == Durations(7, (0,) * abi.DURATION_SLOTS, (0,) * 15)
+        bpfsys.update(fd, _packed(keys[1]), _durations_value(9, {3: 1}, {}))
+        bpfsys.delete(fd, _packed(keys[2]))
+        second = m.read_durations()
+        assert second[keys[0]] is first[keys[0]]  # unchanged: not unpacked again
+        assert second[keys[1]].sum_ns == 9 and second[keys[1]].slots[3] == 1
+        assert keys[2] not in second and len(second) == len(keys) - 1
     finally:
         os.close(fd)

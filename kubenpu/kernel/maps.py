@@ -6,7 +6,7 @@ over bpf(2), whoever loaded the program.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from kubenpu.discovery import Device
 from kubenpu.kernel import abi, bpfsys
@@ -38,6 +38,27 @@ def tables(devices: Iterable[Device]) -> tuple[dict[int, int], dict[int, int]]:
     return by_node, ioctls
 
 
+def _read_batches(
+    what: str, fd: int, keys: ctypes.Array, values: ctypes.Array, take: Callable[[int], None]
+) -> None:
+    """Every entry of the `what` hash map, _BATCH a BPF_MAP_LOOKUP_BATCH into the caller's
+    buffers; take(n) decodes the n entries each batch left in them."""
+    token_in, token_out = ctypes.c_uint32(0), ctypes.c_uint32(0)
+    first = True
+    while True:
+        count = ctypes.c_uint32(_BATCH)
+        try:
+            more = bpfsys.lookup_batch(
+                fd, None if first else token_in, token_out, keys, values, count
+            )
+        except bpfsys.BpfError as err:
+            raise ProbeError(f"reading the {what} map failed: {err}") from err
+        take(count.value)
+        if not more or count.value == 0:
+            return
+        token_in.value, first = token_out.value, False
+
+
 class CountsReader:
     """Reads the per-CPU counts map with BPF_MAP_LOOKUP_BATCH into buffers allocated once:
     _BATCH keys a syscall. The buffers are decoded whole (struct, memoryview) and each key's
@@ -53,25 +74,10 @@ class CountsReader:
 
     def read(self) -> dict[Key, int]:
         found: dict[Key, int] = {}
-        token_in, token_out = ctypes.c_uint32(0), ctypes.c_uint32(0)
-        first = True
-        while True:
-            count = ctypes.c_uint32(_BATCH)
-            try:
-                more = bpfsys.lookup_batch(
-                    self._fd,
-                    None if first else token_in,
-                    token_out,
-                    self._keys,
-                    self._values,
-                    count,
-                )
-            except bpfsys.BpfError as err:
-                raise ProbeError(f"reading the counts map failed: {err}") from err
-            self._decode(count.value, found)
-            if not more or count.value == 0:
-                return found
-            token_in.value, first = token_out.value, False
+        _read_batches(
+            "counts", self._fd, self._keys, self._values, lambda n: self._decode(n, found)
+        )
+        return found
 
     def _decode(self, n: int, into: dict[Key, int]) -> None:
         ncpus, known = self._ncpus, self._known
@@ -89,6 +95,46 @@ class CountsReader:
     def forget(self, keys: Iterable[Key]) -> None:
         for key in keys:
             self._known.pop((key.cgroup_id, abi.dev_t(key.major, key.minor), key.kind), None)
+
+
+class DurationsReader:
+    """Reads the durations hash in batches, as CountsReader does the counts (a key's listing
+    and lookup were two syscalls per key at every read), and unpacks a value only when its
+    bytes changed since the previous read: at idle, none. What the previous read held is all
+    it keeps, so a deleted key is forgotten at the next read."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._keys = (abi.CountKey * _BATCH)()
+        self._values = ctypes.create_string_buffer(_BATCH * abi.DURATION_VALUE.size)
+        self._last: dict[bytes, tuple[bytes, Key, Durations]] = {}
+
+    def read(self) -> dict[Key, Durations]:
+        now: dict[bytes, tuple[bytes, Key, Durations]] = {}
+        _read_batches(
+            "durations", self._fd, self._keys, self._values, lambda n: self._decode(n, now)
+        )
+        self._last = now
+        return {key: value for _, key, value in now.values()}
+
+    def _decode(self, n: int, into: dict[bytes, tuple[bytes, Key, Durations]]) -> None:
+        keys, size = memoryview(self._keys).cast("B"), abi.DURATION_VALUE.size
+        values = memoryview(self._values).cast("B")
+        for i in range(n):
+            raw_key = keys[i * abi.COUNT_KEY.size : (i + 1) * abi.COUNT_KEY.size].tobytes()
+            raw = values[i * size : (i + 1) * size].tobytes()
+            last = self._last.get(raw_key)
+            if last is None or last[0] != raw:
+                cgroup_id, rdev, kind = abi.COUNT_KEY.unpack(raw_key)
+                key = last[1] if last else Key(cgroup_id, *abi.split_dev_t(rdev), kind)
+                last = (raw, key, _durations(raw))
+            into[raw_key] = last
+
+
+def _durations(raw: bytes) -> Durations:
+    values = abi.DURATION_VALUE.unpack(raw)
+    slots = values[1 : 1 + abi.DURATION_SLOTS]
+    return Durations(values[0], slots, values[1 + abi.DURATION_SLOTS :])
 
 
 def device_slots(by_node: dict[int, int]) -> tuple[list[int], dict[int, int]]:
@@ -122,6 +168,7 @@ class Maps:
         self.fds = fds
         self._ncpus = bpfsys.possible_cpus()
         self._reader: CountsReader | None = None
+        self._durations: DurationsReader | None = None
 
     def fill(self, devices: Iterable[Device]) -> None:
         """Make the device and ioctl tables what discovery found (at load, and at adoption:
@@ -167,18 +214,9 @@ class Maps:
         fd = self.fds.get(abi.DURATIONS)
         if fd is None:
             return {}
-        found = {}
-        for raw_key in bpfsys.keys(fd, abi.COUNT_KEY.size):
-            raw = bpfsys.lookup(fd, raw_key, abi.DURATION_VALUE.size)
-            if raw is None:  # deleted since the keys were listed
-                continue
-            cgroup_id, rdev, kind = abi.COUNT_KEY.unpack(raw_key)
-            values = abi.DURATION_VALUE.unpack(raw)
-            slots = values[1 : 1 + abi.DURATION_SLOTS]
-            found[Key(cgroup_id, *abi.split_dev_t(rdev), kind)] = Durations(
-                values[0], slots, values[1 + abi.DURATION_SLOTS :]
-            )
-        return found
+        if self._durations is None:
+            self._durations = DurationsReader(fd)
+        return self._durations.read()
 
     def forget_counts(self, keys: Iterable[Key]) -> None:
         keys = list(keys)
