@@ -377,10 +377,10 @@ def test_durations_are_read_in_batches_and_unpacked_only_when_changed() -> None:
     """A real hash of the program's shape holding more keys than one batch: every key read,
     an unchanged value not unpacked again (the same object), a changed one read anew, a
     deleted key gone at the next read (no listing-then-lookup race left to skip)."""
-    shapes = abi.map_shapes(True, 1, 64, 2 * maps._BATCH + 10)
+    shapes = abi.map_shapes(True, 1, 64, 2 * maps._DURATIONS_BATCH + 10)
     fd = bpfsys.map_create(*shapes[abi.DURATIONS], abi.DURATIONS)
     try:
-        keys = [Key(10 + i, 226, 0, 2) for i in range(maps._BATCH + 5)]
+        keys = [Key(10 + i, 226, 0, 2) for i in range(maps._DURATIONS_BATCH + 5)]
         for key in keys:
             bpfsys.update(fd, _packed(key), _durations_value(7, {}, {}))
         m = Maps({abi.COUNTS: -1, abi.DURATIONS: fd})

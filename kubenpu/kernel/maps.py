@@ -15,6 +15,7 @@ from kubenpu.kernel.records import Durations, Key
 from kubenpu.vendors import all_vendors, core
 
 _BATCH = 4096  # keys per BPF_MAP_LOOKUP_BATCH call
+_DURATIONS_BATCH = 256
 
 
 def vendor_ids() -> dict[str, int]:
@@ -41,12 +42,12 @@ def tables(devices: Iterable[Device]) -> tuple[dict[int, int], dict[int, int]]:
 def _read_batches(
     what: str, fd: int, keys: ctypes.Array, values: ctypes.Array, take: Callable[[int], None]
 ) -> None:
-    """Every entry of the `what` hash map, _BATCH a BPF_MAP_LOOKUP_BATCH into the caller's
+    """Every entry of the `what` hash map, len(keys) a BPF_MAP_LOOKUP_BATCH into the caller's
     buffers; take(n) decodes the n entries each batch left in them."""
     token_in, token_out = ctypes.c_uint32(0), ctypes.c_uint32(0)
     first = True
     while True:
-        count = ctypes.c_uint32(_BATCH)
+        count = ctypes.c_uint32(len(keys))
         try:
             more = bpfsys.lookup_batch(
                 fd, None if first else token_in, token_out, keys, values, count
@@ -105,8 +106,9 @@ class DurationsReader:
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
-        self._keys = (abi.CountKey * _BATCH)()
-        self._values = ctypes.create_string_buffer(_BATCH * abi.DURATION_VALUE.size)
+        # Fewer keys a batch than the counts: a value is ~1 KB, and the buffer stays allocated.
+        self._keys = (abi.CountKey * _DURATIONS_BATCH)()
+        self._values = ctypes.create_string_buffer(_DURATIONS_BATCH * abi.DURATION_VALUE.size)
         self._last: dict[bytes, tuple[bytes, Key, Durations]] = {}
 
     def read(self) -> dict[Key, Durations]:
