@@ -10,9 +10,9 @@ per probe mode (aggregate, then events). Scenarios, per mode:
       (drmcall run from the guest in each container's cgroup): steady's before, during and
       after the outage, late's first ones during it. Every call must end up on its pod.
 
-The expected counts are drmcall's COUNT per step (oneshot: its arguments; restart: its report of
-what it issued), each call counted at drm_ioctl's entry whatever the driver answers. Writes /out/result.json;
-tests/test_churn_vm.py asserts on it.
+The expected counts are drmcall's COUNT per step (oneshot: its arguments; restart: its report
+of what it issued), each call counted at drm_ioctl's entry whatever the driver answers. Writes
+/out/result.json; tests/test_churn_vm.py asserts on it.
 """
 
 from __future__ import annotations
