@@ -48,6 +48,7 @@ class Kernel:
     refuse: set[str] = field(default_factory=set)  # programs whose attach fails
     links: dict[int, str] = field(default_factory=dict)
     destroyed: list[str] = field(default_factory=list)
+    asked: list[set[str]] = field(default_factory=list)  # each kallsyms pass: the names wanted
 
     def load(self, obj: int) -> int:
         prog = _OWN.bpf_object__next_program(obj, None)
@@ -102,7 +103,12 @@ def kernel(monkeypatch) -> Iterator[Kernel]:
     monkeypatch.setattr(lib, "bpf_link__destroy", fake.destroy)
     close = lib.bpf_object__close
     monkeypatch.setattr(lib, "bpf_object__close", lambda obj: (fake.closed.append(obj), close(obj)))
-    monkeypatch.setattr(hooks, "kernel_has", lambda f, kallsyms=None: f in HOST_FUNCTIONS)
+
+    def kernel_symbols(wanted):
+        fake.asked.append(set(wanted))
+        return set(wanted) & HOST_FUNCTIONS
+
+    monkeypatch.setattr(hooks, "kernel_symbols", kernel_symbols)
     yield fake
     for fd in fake.fds.values():
         os.close(fd)
@@ -118,6 +124,7 @@ def test_it_loads_only_the_hooks_programs_and_attaches_the_exits_first(kernel, c
         probe, said = started(kernel)
     assert caplog.records == []  # every exit and the births attached: nothing to warn of
     assert said == f"fentry on {HOOK}+{HOOK}_compat (core)"
+    assert kernel.asked == [{f"{HOOK}_compat", *HOST_EXITS}]  # one pass over kallsyms, at start
     exits = ["kubenpu_sys_exit", "kubenpu_compat_exit"]
     assert kernel.autoloaded == {*ENTRIES, *exits, abi.BIRTHS}  # not the drm_ioctl hook's
     assert kernel.attached == [*exits, *ENTRIES, abi.BIRTHS]
@@ -195,12 +202,13 @@ def test_optional_attaches_warn_and_start_goes_on(kernel, caplog) -> None:
 
 
 def test_a_kernel_without_the_exit_functions_counts_untimed(kernel, monkeypatch, caplog) -> None:
-    monkeypatch.setattr(hooks, "kernel_has", lambda f, kallsyms=None: False)
+    monkeypatch.setattr(hooks, "kernel_symbols", lambda wanted: set())
     with caplog.at_level(logging.WARNING, logger=core.__name__):
         probe, _ = started(kernel)
     (warned,) = [r.getMessage() for r in caplog.records]
     assert warned == (
-        "call durations unavailable: the kernel has none of " + ", ".join(abi.EXIT_PROGRAMS[HOOK])
+        "call durations unavailable: the kernel has none of "
+        "__x64_sys_ioctl, __ia32_compat_sys_ioctl"
     )
     assert not {"kubenpu_sys_exit", "kubenpu_compat_exit"} & kernel.autoloaded
     probe.close()

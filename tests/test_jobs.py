@@ -492,3 +492,25 @@ def test_a_reset_whose_pods_are_not_known_yet_is_counted_at_a_later_read(tmp_pat
     resolver.answers[9] = POD_A
     jobs.read()
     assert values(metrics, RESET_VICTIMS) == {("ns", "a", "u-a", "c", GPU, "amdgpu"): 1}
+
+
+def test_kallsyms_is_scanned_again_only_once_the_loaded_modules_changed(tmp_path: Path) -> None:
+    """available() at each retry scans kallsyms (1.3 s under TCG) only when a module came or
+    went since the scan that found nothing; a found set is scanned for again (a failed start
+    is retried)."""
+    kallsyms, modules = tmp_path / "kallsyms", tmp_path / "modules"
+    kallsyms.write_text("0000000000000000 T _stext\n")
+    modules.write_text("vgem 16384 0 - Live 0x0000000000000000\n")
+    kernel = JobsKernel(kallsyms=kallsyms, modules=modules)
+    assert not kernel.available()
+    names = ["drm_sched_job_queue", "drm_sched_job_run", "drm_sched_job_done"]
+    kallsyms.write_text("".join(f"0 d __tracepoint_{n}\t[gpu_sched]\n" for n in names))
+    modules.write_text("vgem 16384 3 - Live 0x0000000000000000\n")  # its use count only
+    assert not kernel.available()  # not scanned: the same modules
+    modules.write_text(modules.read_text() + "gpu_sched 61440 0 - Live 0x0000000000000000\n")
+    assert kernel.available() and kernel.available()
+    kallsyms.write_text("0000000000000000 T _stext\n")
+    assert not kernel.available()  # gone again with the same modules: a found set is not kept
+    modules.unlink()  # no module support: scanned every time
+    kallsyms.write_text("".join(f"0 d __tracepoint_{n}\t[gpu_sched]\n" for n in names))
+    assert kernel.available()

@@ -1,6 +1,7 @@
 """Host-side checks of the kernel side's plumbing (kubenpu/kernel/): hooks, the BCC text, the
 loader choice. Loading and attaching run in the VM (test_e2e_vm); the ABI is tests/test_abi.py."""
 
+import contextlib
 import ctypes
 import os
 import re
@@ -17,7 +18,7 @@ from kubenpu.kernel import abi, bpfsys, core, maps
 from kubenpu.kernel.abi import dev_t
 from kubenpu.kernel.bcc import AttachPlan, BccKernel, attach_plans, source_text
 from kubenpu.kernel.core import CoreKernel
-from kubenpu.kernel.hooks import effective_capabilities, missing_privileges
+from kubenpu.kernel.hooks import effective_capabilities, kernel_symbols, missing_privileges
 from kubenpu.kernel.loader import loaders
 from kubenpu.kernel.maps import Maps, device_slots, vendor_ids
 from kubenpu.kernel.records import Durations
@@ -395,3 +396,35 @@ def test_durations_are_read_in_batches_and_unpacked_only_when_changed() -> None:
         assert keys[2] not in second and len(second) == len(keys) - 1
     finally:
         os.close(fd)
+
+
+class Unread:
+    """A kallsyms whose lines past `lines` must not be read: reading on fails the test."""
+
+    def __init__(self, lines: list[str]) -> None:
+        self.lines = lines
+
+    def open(self) -> contextlib.AbstractContextManager:
+        def lines():
+            yield from self.lines
+            raise AssertionError("read past the last wanted name")
+
+        return contextlib.nullcontext(lines())
+
+
+def test_kernel_symbols_reads_kallsyms_once_and_stops_at_the_last_name_wanted(tmp_path) -> None:
+    lines = [
+        "ffffffff81000000 T _stext\n",
+        "ffffffff81000010 T __x64_sys_ioctl.cold\n",  # a name of its own, not the one wanted
+        "ffffffff81000020 T\n",  # no name: skipped, not an error
+        "ffffffff81000030 T security_file_ioctl_compat\n",
+        "ffffffff81000040 T __x64_sys_ioctl\n",
+    ]
+    wanted = {"security_file_ioctl_compat", "__x64_sys_ioctl"}
+    assert kernel_symbols(wanted, Unread(lines)) == wanted
+    assert kernel_symbols(set(), Unread([])) == set()  # nothing wanted: nothing read
+    ends = tmp_path / "kallsyms"
+    ends.write_text("0 t x_compat\n")
+    assert kernel_symbols({"__x64_sys_ioctl"}, ends) == set()  # the end reached: not found
+    assert kernel_symbols({"x_compat"}, ends) == {"x_compat"}
+    assert kernel_symbols({"x_compat"}, ends, hint="ioctl") == set()  # its line skipped

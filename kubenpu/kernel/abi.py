@@ -229,6 +229,21 @@ EXIT_PROGRAMS = {
     },
     "drm_ioctl": {"drm_ioctl": "kubenpu_drm_exit"},
 }
+# The syscall names' prefixes of each architecture (os.uname().machine): asking kallsyms for
+# another's would read it to its end on every start.
+ARCH_SYSCALL_PREFIXES = {"x86_64": ("__x64_", "__ia32_"), "aarch64": ("__arm64_",)}
+
+
+def exit_programs(hook: str, machine: str) -> dict[str, str]:
+    """EXIT_PROGRAMS[hook] that a kernel of `machine` can have."""
+    prefixes = ARCH_SYSCALL_PREFIXES.get(machine, ())
+    return {
+        f: p
+        for f, p in EXIT_PROGRAMS[hook].items()
+        if not f.startswith("__") or f.startswith(prefixes)
+    }
+
+
 EXIT_LINK = f"{LINK}exit-"  # the pin name of an exit's attachment: link-exit-<function>
 
 # --- GPU jobs (bpf/jobs.bpf.c, its own object: docs/jobs.md) -----------------------------------

@@ -70,7 +70,9 @@ def attach_plans(
     kallsyms: Path = Path("/proc/kallsyms"),
 ) -> list[AttachPlan]:
     """The attach variants to try, best first, for ``attach`` = auto | fentry | kprobe."""
-    functions = hooks.functions(hook, kallsyms)
+    functions = hooks.functions(
+        hook, hooks.kernel_symbols(hooks.optional_functions(hook), kallsyms)
+    )
     if hooks.in_module(hook, btf_dir):
         fentry = AttachPlan(
             "fentry-module",

@@ -13,7 +13,7 @@ import functools
 import hashlib
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 
 from kubenpu.discovery import Device
@@ -204,12 +204,16 @@ class CoreKernel(LoaderBase):
     def start(self, on_record: Callable[[bytes], None]) -> str:
         if self._attach == "kprobe":
             raise ProbeError("the CO-RE object has fentry programs only (probe.attach: kprobe)")
-        functions = hooks.functions(self.hook)
+        # One pass over kallsyms; drm_ioctl is in drm.ko, whose symbols come last.
+        present = hooks.kernel_symbols(
+            hooks.optional_functions(self.hook) | set(self._exits()) - {"drm_ioctl"}
+        )
+        functions, exits = hooks.functions(self.hook, present), self._exits(present)
         try:
             self._lib = shared_libbpf()
             self._lib.messages.clear()
-            self._load(functions)
-            self._attach_all(functions)
+            self._load(functions, exits)
+            self._attach_all(functions, exits)
             self._open_ring(on_record)
         except (ProbeError, bpfsys.BpfError) as err:
             self.close()
@@ -231,7 +235,7 @@ class CoreKernel(LoaderBase):
             return ProbeError(f"{head}{_NO_BTF_CAUSE}: {err}{hint}", Cause.NO_BTF)
         return ProbeError(f"{head}{err}", cause)
 
-    def _load(self, functions: list[str]) -> None:
+    def _load(self, functions: list[str], exits: dict[str, str]) -> None:
         lib = self._lib.lib
         self._obj = self._lib.open(self._object())
         shapes = self.shapes()
@@ -240,19 +244,21 @@ class CoreKernel(LoaderBase):
             if name in shapes:
                 self._map(name, shapes[name].max_entries)
         wanted = {abi.IOCTL_PROGRAMS[f] for f in functions} | {abi.BIRTHS}
-        wanted |= set(self._exits().values())
+        wanted |= set(exits.values())
         self._lib.load(self._obj, wanted, "the object")
         self._fill({n: lib.bpf_map__fd(self._map(n)) for n in shapes})
         if abi.TIMING in shapes:
             self._maps.set_timing(self._durations)
 
-    def _exits(self) -> dict[str, str]:
-        """The exit programs this kernel has functions for, by function: none in events mode or
-        with probe.durations off."""
+    def _exits(self, present: Collection[str] | None = None) -> dict[str, str]:
+        """The exit programs by function: none in events mode or with probe.durations off;
+        given `present` (hooks.kernel_symbols), those whose function this kernel has."""
         if not (self.aggregate and self._durations):
             return {}
-        exits = abi.EXIT_PROGRAMS[self.hook]
-        return {f: p for f, p in exits.items() if f == "drm_ioctl" or hooks.kernel_has(f)}
+        exits = abi.exit_programs(self.hook, os.uname().machine)
+        return {
+            f: p for f, p in exits.items() if present is None or f == "drm_ioctl" or f in present
+        }
 
     def _map(self, name: str, max_entries: int | None = None) -> int:
         found = self._lib.find_map(self._obj, name)
@@ -263,12 +269,12 @@ class CoreKernel(LoaderBase):
             raise ProbeError(f"sizing the map {name} to {max_entries}")
         return found
 
-    def _attach_all(self, functions: list[str]) -> None:
+    def _attach_all(self, functions: list[str], exits: dict[str, str]) -> None:
         if self.before_attach is not None:
             self.before_attach()
         # Exits first: a call that entered before its exit was attached would leave its start
         # for the task's next DRM ioctl to end, with a wrong duration.
-        self._attach_exits()
+        self._attach_exits(exits)
         for function in functions:
             self._links[f"{abi.LINK}{function}"] = self._attach_program(
                 abi.IOCTL_PROGRAMS[function]
@@ -280,13 +286,12 @@ class CoreKernel(LoaderBase):
                 "cgroup births unavailable (%s): short-lived containers may lose their pod", err
             )
 
-    def _attach_exits(self) -> None:
+    def _attach_exits(self, exits: dict[str, str]) -> None:
         """Optional: without an exit the calls are counted, not timed."""
-        exits = self._exits()
         if self.aggregate and self._durations and not exits:
             log.warning(
                 "call durations unavailable: the kernel has none of %s",
-                ", ".join(abi.EXIT_PROGRAMS[self.hook]),
+                ", ".join(self._exits()),
             )
         for function, program in exits.items():
             try:

@@ -24,34 +24,29 @@ class Ring(NamedTuple):
     device: str  # its device's name: a PCI address, or a platform device's name
 
 
-def _symbols(kallsyms: Path, wanted: set[str]) -> set[str]:
-    """Which of `wanted` the kernel has. Only those are kept: a kernel has 100,000s of symbols,
-    and a set of them all cost every check about 12 MiB (this runs at start and at each retry,
-    on most nodes for good)."""
-    with kallsyms.open() as f:
-        return {
-            fields[2]
-            for line in f
-            if "drm_" in line  # in every name looked for; most lines are skipped unsplit
-            and len(fields := line.split(maxsplit=3)) > 2
-            and fields[2] in wanted
-        }
-
-
 def has_timeout_work(kallsyms: Path = Path("/proc/kallsyms")) -> bool:
     """Whether the scheduler's timeout work (abi.JOB_TIMEOUT) can be hooked: reset victims."""
-    return abi.JOB_TIMEOUT[0] in _symbols(kallsyms, {abi.JOB_TIMEOUT[0]})
+    return abi.JOB_TIMEOUT[0] in hooks.kernel_symbols({abi.JOB_TIMEOUT[0]}, kallsyms, "drm_")
 
 
 def tracepoints(kallsyms: Path = Path("/proc/kallsyms")) -> tuple[tuple[str, str], ...] | None:
     """The (tracepoint, program) set of abi.JOB_TRACEPOINTS this kernel has; None before a
     driver on the scheduler is loaded (or on a kernel without it)."""
     wanted = {f"__tracepoint_{tracepoint}" for v in abi.JOB_TRACEPOINTS for tracepoint, _ in v}
-    names = _symbols(kallsyms, wanted)
+    names = hooks.kernel_symbols(wanted, kallsyms, "drm_")  # in every name looked for
     for variant in abi.JOB_TRACEPOINTS:
         if all(f"__tracepoint_{tracepoint}" in names for tracepoint, _ in variant):
             return variant
     return None
+
+
+def _module_names(modules: Path) -> frozenset[str] | None:
+    """The loaded modules' names (not their use counts, which change with every open of a
+    device); None where the kernel has no /proc/modules (no module support)."""
+    try:
+        return frozenset(line.split(maxsplit=1)[0] for line in modules.read_text().splitlines())
+    except (OSError, IndexError):
+        return None
 
 
 def _histogram(sum_ns: int, slots: tuple[int, ...]) -> Durations:
@@ -61,17 +56,32 @@ def _histogram(sum_ns: int, slots: tuple[int, ...]) -> Durations:
 class JobsKernel:
     """start() once (it raises ProbeError with why not); read() from one thread; close()."""
 
-    def __init__(self, path: Path | None = None, kallsyms: Path = Path("/proc/kallsyms")) -> None:
+    def __init__(
+        self,
+        path: Path | None = None,
+        kallsyms: Path = Path("/proc/kallsyms"),
+        modules: Path = Path("/proc/modules"),
+    ) -> None:
         self._path = path or OBJECTS / abi.JOBS_OBJECT
         self._kallsyms = kallsyms
+        self._modules = modules
+        self._absent_with: frozenset[str] | None = None  # the modules of the last scan that failed
         self._lib = None
         self._obj: int | None = None
         self._links: list[int] = []
         self._maps = JobMaps({})
 
     def available(self) -> bool:
-        """Whether the kernel has the scheduler's tracepoints now (a driver on it is loaded)."""
-        return tracepoints(self._kallsyms) is not None
+        """Whether the kernel has the scheduler's tracepoints now (a driver on it is loaded).
+        They come with a module: kallsyms is scanned again only once the loaded modules changed
+        since a scan that did not find them. This is asked at every retry, on most nodes for
+        good, and a scan took 1.3 s of CPU under TCG."""
+        modules = _module_names(self._modules)
+        if modules is not None and modules == self._absent_with:
+            return False
+        found = tracepoints(self._kallsyms) is not None
+        self._absent_with = None if found else modules
+        return found
 
     def check(self) -> None:
         """Raises ProbeError (Cause.CAPABILITIES) when no load could ever succeed."""
