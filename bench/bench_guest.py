@@ -77,6 +77,7 @@ SETTLED_CPU = 0.05  # at most this share of a vCPU over a window
 LOOP_SECONDS = 1.0  # target length of one tight loop
 WINDOW_SECONDS = 5.0  # length of one paced-rate window
 IDLE_SECONDS = 5.0
+IDLE_AFTER_TOUR = 6  # windows of IDLE_SECONDS after the pod tour; the last 3's median is the figure
 CHECK_CALLS = 60_000  # per process, in --check
 HOOKS = ("security_file_ioctl", "drm_ioctl")  # probe.hook
 PTY = "/dev/ptmx"  # each open makes a new pty master: TCGETS on it is a plain tty ioctl
@@ -460,6 +461,16 @@ class Bench:
         time.sleep(IDLE_SECONDS)
         return round((agent.cpu_seconds() - cpu0) / (time.monotonic() - t0), 4)
 
+    def idle_after_tour(self, agent: Usage) -> dict:
+        """Idle CPU with the tour's pods, window by window from the tour's end: the first
+        windows still hold the tour's work (new cgroups resolved, first sightings), so the
+        figure is the median of the last 3 of IDLE_AFTER_TOUR, with every window beside it."""
+        windows = [self.idle_cpu(agent) for _ in range(IDLE_AFTER_TOUR)]
+        return {
+            "idle_cpu_per_second_pods": statistics.median(windows[-3:]),
+            "idle_cpu_windows_pods": windows,
+        }
+
     def first_metric(self, agent: Measured) -> float:
         """Seconds from the agent's start until /metrics shows a call made right after attach."""
         self.burst(10)
@@ -487,7 +498,7 @@ class Bench:
             res["loops_ns"] = self.loops(loop)
             res["windows"] = self.windows(tracer, lambda n: {"issued": n}, rates, top)
             res["tour"] = {"issued": tour(self.card, pods, TOUR_CALLS)}
-            res["idle_cpu_per_second_pods"] = self.idle_cpu(tracer)
+            res |= self.idle_after_tour(tracer)
             res["rss_mib_steady"] = round(tracer.rss_mib(), 1)
         finally:
             counts = tracer.stop()
@@ -515,7 +526,7 @@ class Bench:
             res["tour"] = ledger.settle(tour(self.card, pods, TOUR_CALLS))
             res["tour"]["attributed"] = ledger.last.counted["bench-pods"]
             res["tour"]["series"] = ledger.last.series
-            res["idle_cpu_per_second_pods"] = self.idle_cpu(agent)
+            res |= self.idle_after_tour(agent)
             res["rss_mib_steady"] = round(agent.rss_mib(), 1)
         finally:
             agent.stop(timeout=60)

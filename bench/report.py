@@ -140,7 +140,14 @@ def start_memory(b: dict) -> str:
     return (
         f"### Start and memory with {b['pods']} pods\n\n{b['pods']} kubelet-style pod cgroups "
         "(systemd driver) exist before the agent starts, each known to the CRI test server; "
-        f"after the other phases one process visits every pod's cgroup and makes calls there.\n\n"
+        f"after the other phases one process visits every pod's cgroup and makes calls there. "
+        f"Idle CPU with {b['pods']} pods is the median of the last 3 of these 5 s windows from "
+        "the tour's end:\n\n"
+        + "".join(
+            f"- {mode}: {', '.join(pct(w) for w in b['modes'][mode]['idle_cpu_windows_pods'])}\n"
+            for mode in MODES
+        )
+        + "\n"
         + table(head, rows)
     )
 

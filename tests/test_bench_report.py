@@ -53,6 +53,7 @@ def phases(loops_ns: list[float], cpu: float, rss: float) -> dict:
         "rss_mib_steady": rss + 3,
         "idle_cpu_per_second": cpu,
         "idle_cpu_per_second_pods": cpu,
+        "idle_cpu_windows_pods": [cpu * 3, cpu * 2, cpu, cpu, cpu, cpu],
     }
 
 
@@ -76,6 +77,7 @@ FULL = {
         "rss_mib_steady": 101.0,
         "idle_cpu_per_second": 0.0,
         "idle_cpu_per_second_pods": 0.0,
+        "idle_cpu_windows_pods": [0.0] * 6,
         "loops_ns": [2400.0, 2500.0, 2600.0],
         "windows": phases([], 0.001, 0)["windows"],
         "tour": {"issued": 3000},
@@ -120,6 +122,7 @@ def test_floor_rows_set_the_bpftrace_arm_beside_the_aggregate_mode():
     )
     assert "| start → first count (s) | 55.0 | 4.0 |" in text
     assert "| RSS with 1000 pods (MiB) | 218 | 101 |" in text
+    assert "- aggregate: 6.0 %, 4.0 %, 2.0 %, 2.0 %, 2.0 %, 2.0 %\n" in text  # the settling
 
 
 def test_a_run_without_the_floor_arm_still_renders():
