@@ -450,6 +450,23 @@ def fresh() -> Iterator[core._Libbpf]:
     shared.lib.libbpf_set_print(shared._print)
 
 
+def test_libbpfs_other_lines_are_formatted_only_for_a_debug_log(monkeypatch, caplog) -> None:
+    if not core.object_path(True).exists():
+        pytest.skip("make bpf has not built the CO-RE objects")
+    lib = _libbpf([])
+    formatted: list[bytes] = []
+    vsnprintf = core._libc.vsnprintf
+    monkeypatch.setattr(
+        core._libc, "vsnprintf", lambda *a: (formatted.append(a[2]), vsnprintf(*a))[1]
+    )
+    with caplog.at_level(logging.INFO, logger=core.__name__):
+        lib.lib.bpf_object__close(lib.open(core.object_path(True)))
+    assert formatted == [] and caplog.records == []
+    with caplog.at_level(logging.DEBUG, logger=core.__name__):
+        lib.lib.bpf_object__close(lib.open(core.object_path(True)))
+    assert formatted and len(caplog.records) == len(formatted)  # each line logged at debug
+
+
 def test_a_new_libbpf_types_its_calls_and_keeps_libbpfs_warnings(fresh, tmp_path, caplog) -> None:
     for name, res, args in core._CALLS:
         fn = getattr(fresh.lib, name)
