@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 from typing import Any
+from unittest import mock
 
 import pytest
 from fakes import Clock
@@ -17,6 +18,7 @@ from prometheus_client.exposition import choose_encoder
 
 from kubenpu import config, export
 from kubenpu.events import Key
+from kubenpu.export import prometheus
 from kubenpu.export.prometheus import MetricsApp
 from kubenpu.kernel import abi
 from kubenpu.kernel.records import Durations
@@ -98,6 +100,11 @@ def get(app: MetricsApp, accept: str, gzipped: bool = False, query: str = "") ->
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.lists(ops, max_size=6), min_size=1, max_size=6))
 def test_the_cached_rendering_is_prometheus_clients_after_any_changes(batches) -> None:
+    with mock.patch.object(prometheus, "FAMILY_CHUNK", 2):  # families of several chunks
+        rendered_as_the_library_does(batches)
+
+
+def rendered_as_the_library_does(batches: list[list[tuple]]) -> None:
     clock = Clock()
     m, app, reference = app_and_reference(clock)
     for batch in batches:

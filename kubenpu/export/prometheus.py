@@ -108,6 +108,16 @@ class _One(Collector):
 
 
 _EOF = b"# EOF\n"  # OpenMetrics' last line: once, after every family
+# Points of a family built into samples and encoded at once: 1,000 pods' call histograms are
+# 30,000 samples, ~16 MiB of objects together, and the agent's RSS kept them after the scrape.
+FAMILY_CHUNK = 100
+
+
+def _samples(encoded: bytes) -> bytes:
+    """An encoded family's sample lines: its header (# HELP, # TYPE, # UNIT) left out."""
+    while encoded.startswith(b"# "):
+        encoded = encoded.partition(b"\n")[2]
+    return encoded
 
 
 class MetricsApp:
@@ -157,12 +167,22 @@ class MetricsApp:
             key = (content_type, spec.prometheus_name)
             cached = encoded.get(key)
             if cached is None or cached[0] != points:
-                family = self._collector.family(spec, points)
-                cached = encoded[key] = (points, encoder(_One(family)))
+                cached = encoded[key] = (points, self._family_bytes(encoder, spec, points))
             parts.append(cached[1])
         parts.append(encoder(self._process))
         eof = parts[-1].endswith(_EOF)
         return b"".join(p.removesuffix(_EOF) for p in parts) + (_EOF if eof else b"")
+
+    def _family_bytes(
+        self, encoder: Callable[[Collector], bytes], spec: Spec, points: list[Point]
+    ) -> bytes:
+        """encoder() of the family, FAMILY_CHUNK points at a time, its header once."""
+        parts = []
+        for start in range(0, max(len(points), 1), FAMILY_CHUNK):
+            family = self._collector.family(spec, points[start : start + FAMILY_CHUNK])
+            part = encoder(_One(family)).removesuffix(_EOF)
+            parts.append(_samples(part) if start else part)
+        return b"".join(parts)
 
     @staticmethod
     def variant(accept: str, encoding: str) -> Hashable:
