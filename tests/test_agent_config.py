@@ -146,3 +146,34 @@ def test_a_config_file_that_was_named_must_exist(tmp_path: Path, capsys) -> None
     assert agent.main(["--config", str(tmp_path / "typo.yaml")]) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line == f"{PREFIX}{tmp_path / 'typo.yaml'}: cannot read: No such file or directory"
+
+
+class Libc:
+    """glibc's mallopt as far as the agent uses it: 1 for a known parameter, 0 otherwise."""
+
+    def __init__(self) -> None:
+        self.set: dict[int, int] = {}
+
+    def mallopt(self, param: int, value: int) -> int:
+        if param not in (-3, -8):  # M_MMAP_THRESHOLD, M_ARENA_MAX
+            return 0
+        self.set[param] = value
+        return 1
+
+
+def test_malloc_is_bounded_unless_the_environment_says_otherwise(monkeypatch) -> None:
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    libc = Libc()
+    assert agent.bound_malloc(libc) == ["MALLOC_MMAP_THRESHOLD_", "MALLOC_ARENA_MAX"]
+    assert libc.set == {-3: 128 * 1024, -8: 2}
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")  # glibc read it at exec: not overridden
+    libc = Libc()
+    assert agent.bound_malloc(libc) == ["MALLOC_MMAP_THRESHOLD_"] and libc.set == {-3: 131072}
+    assert agent.bound_malloc(object()) == []  # a C library without mallopt (musl)
+
+
+def test_this_machines_glibc_takes_both_settings(monkeypatch) -> None:
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    assert agent.bound_malloc() == ["MALLOC_MMAP_THRESHOLD_", "MALLOC_ARENA_MAX"]
