@@ -78,9 +78,11 @@ class Probe:
                 self._on_births(births)
 
     def read(self, counts: bool = True) -> None:
-        """Add the kernel counters' increments to the Tally; the counts map only if `counts`.
+        """Add the kernel counters' increments to the Tally: in aggregate mode the counts map
+        and the lost slots only if `counts`, in events mode the lost slots at every read.
         Raises ProbeError or OSError; nothing is lost then, the next read has the totals."""
-        self._tally.kernel_lost(self._lost.step(self._kernel.read_lost()))
+        if not self._aggregate or counts:  # aggregate: lost beside the counts they miss
+            self._tally.kernel_lost(self._lost.step(self._kernel.read_lost()))
         if self._aggregate and counts:
             self._tally.add_counts(self._counts.step(self._kernel.read_counts()))
             self.durations = self._kernel.read_durations()
