@@ -36,6 +36,8 @@ class Resolve(Protocol):
 
     def alive(self, cgroup_id: int) -> bool: ...
 
+    def removed(self) -> bool: ...
+
     def forget(self, cgroup_id: int) -> None: ...
 
 
@@ -106,6 +108,9 @@ class Attributor:
         self._held_keys = 0
         # The durations last stored per key, valid while the store has dropped no pod since.
         self._timed_set: dict[Key, Durations] = {}
+        # Gone cgroups were found and may not be forgotten yet (held, or the reap's read
+        # failed): the next dead_cgroups() checks again without waiting for a removal.
+        self._gone_left = False
 
     def flush(self, batch: Batch) -> None:
         """Count a batch; the counts it did not get to (an exception) stay in `batch.counts`."""
@@ -246,8 +251,13 @@ class Attributor:
         self._seen.setdefault(cgroup_id, set())
 
     def dead_cgroups(self) -> list[int]:
-        """Cgroups seen here whose directory is gone and whose counts are not held."""
-        return [c for c in self._seen if c not in self._pending and not self._resolver.alive(c)]
+        """Cgroups seen here whose directory is gone and whose counts are not held; each one
+        checked only when a cgroup may have been removed since (Resolve.removed)."""
+        if not (self._gone_left or self._resolver.removed()):
+            return []
+        gone = [c for c in self._seen if not self._resolver.alive(c)]
+        self._gone_left = bool(gone)
+        return [c for c in gone if c not in self._pending]
 
     def forget(self, cgroup_ids: list[int]) -> list[Key]:
         """Retire dead cgroups' containers and forget them; returns their keys."""

@@ -213,6 +213,9 @@ class FakeResolver:
     def alive(self, cgroup_id: int) -> bool:
         return cgroup_id not in self.dead
 
+    def removed(self) -> bool:
+        return True  # no tree to watch: every reap checks every cgroup
+
     def forget(self, cgroup_id: int) -> None:
         self.forgotten.append(cgroup_id)
 

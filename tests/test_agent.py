@@ -116,6 +116,25 @@ def test_removed_cgroups_are_forgotten_and_their_pods_retired(cgroups, resolver)
     assert values(metrics, IOCTL) == {}  # TTL 0: retired at the next collection
 
 
+def test_a_reap_looks_for_removed_cgroups_only_after_the_tree_counters_move(cgroups, resolver):
+    """The root's cgroup.stat, moved here as the kernel moves it at a removal: until then the
+    reap stats no cgroup (1,000 pods' stats every 5 s were half of an idle agent's CPU)."""
+    stat = cgroups / "cgroup.stat"
+    stat.write_text("nr_descendants 5\nnr_subsys_cpu 5\nnr_dying_descendants 0\n")
+    tally, attributor = Tally(100), Attributor([VGEM], resolver, Metrics("node-1", 0, 100))
+    pod = os.stat(cgroups / POD_DIR).st_ino
+    tally.add_event(record(key(pod)))
+    attributor.flush(tally.drain())
+    assert attributor.dead_cgroups() == []  # the first look: nothing known of the tree before
+    (cgroups / POD_DIR).rmdir()
+    assert attributor.dead_cgroups() == []  # the counters did not move: no cgroup looked at
+    stat.write_text("nr_descendants 4\nnr_subsys_cpu 4\nnr_dying_descendants 1\n")
+    assert attributor.dead_cgroups() == [pod]
+    assert attributor.dead_cgroups() == [pod]  # not forgotten (the reap's read failed): again
+    attributor.forget([pod])
+    assert attributor.dead_cgroups() == []
+
+
 def test_containers_without_pod_labels_retire_and_free_the_cap(tmp_path, cgroups, resolver):
     """Short-lived containers whose CRI records carry no pod labels (ctr, nerdctl) once filled
     max_series for good, and a real pod's calls went to overflow."""

@@ -266,3 +266,24 @@ def test_a_walk_out_of_descriptors_is_counted_logged_and_retried(
     assert index.rebuilds == walks  # no walk needed to find it again
     index.index([ino(new)])  # descriptors back: the next batch walks again and finds it
     assert index.path(ino(new)) == "kubepods.slice/new.scope"
+
+
+def test_a_removal_is_looked_for_when_the_tree_counters_move_a_birth_comes_or_a_minute_passed(
+    root: Path,
+) -> None:
+    stat, clock = root / "cgroup.stat", Clock()
+    index = CgroupIndex(str(root), clock=clock)
+    assert index.removed()  # no cgroup.stat (not a cgroup v2 root): every time
+    assert index.removed()
+    stat.write_text("nr_descendants 3\nnr_dying_descendants 0\n")
+    assert index.removed() and not index.removed()
+    stat.write_text("nr_descendants 2\nnr_dying_descendants 1\n")  # a rmdir
+    assert index.removed() and not index.removed()
+    stat.write_text("nr_descendants 2\nnr_dying_descendants 0\n")  # freed
+    assert index.removed() and not index.removed()
+    index.cgroups_born([(ino(root / "kubepods.slice"), ino(root))])  # a birth; counters as before
+    assert index.removed() and not index.removed()
+    clock.now += 60
+    assert index.removed() and not index.removed()
+    stat.write_text("nr_descendants two\nnr_dying_descendants 0\n")
+    assert index.removed() and index.removed()  # unreadable counters: every time

@@ -148,6 +148,10 @@ class Resolver:
     def alive(self, cgroup_id: int) -> bool:
         return self._index.alive(cgroup_id)
 
+    def removed(self) -> bool:
+        """Whether a cgroup may have been removed since the last True (CgroupIndex.removed)."""
+        return self._index.removed()
+
     def forget(self, cgroup_id: int) -> None:
         """Free what is known about a cgroup that is gone."""
         self._answers.pop(cgroup_id, None)
