@@ -13,7 +13,7 @@ import functools
 import hashlib
 import logging
 import os
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from kubenpu.discovery import Device
@@ -206,11 +206,13 @@ class CoreKernel(LoaderBase):
     def start(self, on_record: Callable[[bytes], None]) -> str:
         if self._attach == "kprobe":
             raise ProbeError("the CO-RE object has fentry programs only (probe.attach: kprobe)")
+        exits = self._exits()
         # One pass over kallsyms; drm_ioctl is in drm.ko, whose symbols come last.
         present = hooks.kernel_symbols(
-            hooks.optional_functions(self.hook) | set(self._exits()) - {"drm_ioctl"}
+            hooks.optional_functions(self.hook) | set(exits) - {"drm_ioctl"}
         )
-        functions, exits = hooks.functions(self.hook, present), self._exits(present)
+        functions = hooks.functions(self.hook, present)
+        exits = {f: p for f, p in exits.items() if f == "drm_ioctl" or f in present}
         try:
             self._lib = shared_libbpf()
             self._lib.messages.clear()
@@ -252,15 +254,12 @@ class CoreKernel(LoaderBase):
         if abi.TIMING in shapes:
             self._maps.set_timing(self._durations)
 
-    def _exits(self, present: Collection[str] | None = None) -> dict[str, str]:
-        """The exit programs by function: none in events mode or with probe.durations off;
-        given `present` (hooks.kernel_symbols), those whose function this kernel has."""
+    def _exits(self) -> dict[str, str]:
+        """The exit programs by function that this machine's kernels can have: none in events
+        mode or with probe.durations off."""
         if not (self.aggregate and self._durations):
             return {}
-        exits = abi.exit_programs(self.hook, os.uname().machine)
-        return {
-            f: p for f, p in exits.items() if present is None or f == "drm_ioctl" or f in present
-        }
+        return abi.exit_programs(self.hook, os.uname().machine)
 
     def _map(self, name: str, max_entries: int | None = None) -> int:
         found = self._lib.find_map(self._obj, name)
