@@ -5,11 +5,14 @@ import contextlib
 import ctypes
 import os
 import re
+import tempfile
 from pathlib import Path
 
 import pytest
 from fakes import PerCpuBpf
 from helpers import make_config
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kubenpu import vendors
 from kubenpu.discovery import Device, Node
@@ -428,3 +431,37 @@ def test_kernel_symbols_reads_kallsyms_once_and_stops_at_the_last_name_wanted(tm
     assert kernel_symbols({"__x64_sys_ioctl"}, ends) == set()  # the end reached: not found
     assert kernel_symbols({"x_compat"}, ends) == {"x_compat"}
     assert kernel_symbols({"x_compat"}, ends, hint="ioctl") == set()  # its line skipped
+
+
+_names = st.sampled_from(["drm_ioctl", "drm_open", "x_compat", "__x64_sys_ioctl", "a", "drm"])
+_lines = st.one_of(
+    st.tuples(st.sampled_from("TtDd"), _names, st.sampled_from(["", "\t[drm]"])).map(
+        lambda t: f"ffffffff81000000 {t[0]} {t[1]}{t[2]}\n"
+    ),
+    st.sampled_from(["\n", "ffffffff81000000 T\n", "garbage\n"]),  # no name: skipped
+)
+
+
+def _name(line: str) -> str | None:
+    fields = line.split(maxsplit=3)
+    return fields[2] if len(fields) > 2 else None
+
+
+@given(st.lists(_lines, max_size=12), st.sets(_names), st.sampled_from(["", "drm"]))
+def test_kernel_symbols_are_the_wanted_names_kallsyms_lists(lines, wanted, hint) -> None:
+    """For any kallsyms and wanted names (each holding the hint): exactly those listed as a
+    line's name; and once the last of them is listed, nothing after it is read."""
+    wanted = {n for n in wanted if hint in n}
+    listed = {_name(line) for line in lines}
+    with tempfile.TemporaryDirectory() as tmp:
+        kallsyms = Path(tmp) / "kallsyms"
+        kallsyms.write_text("".join(lines))
+        assert kernel_symbols(wanted, kallsyms, hint) == wanted & listed
+    if wanted and wanted <= listed:  # the pass ends at the line of the last one
+        read, seen = [], set()
+        for line in lines:
+            read.append(line)
+            seen.add(_name(line))
+            if wanted <= seen:
+                break
+        assert kernel_symbols(wanted, Unread(read), hint) == wanted
