@@ -21,7 +21,7 @@ from kubenpu.jobs import STALE_RISE_SECONDS, Jobs
 from kubenpu.kernel import abi, bpfsys
 from kubenpu.kernel.core import OBJECTS
 from kubenpu.kernel.errors import Cause, ProbeError
-from kubenpu.kernel.jobs import JobMaps, JobsKernel, Ring, has_timeout_work, tracepoints
+from kubenpu.kernel.jobs import JobMaps, JobsKernel, Ring, tracepoints
 from kubenpu.kernel.records import Durations, JobTimes
 from kubenpu.metrics.catalogue import (
     JOB_RUN,
@@ -124,8 +124,13 @@ def test_the_timeout_work_is_hooked_only_where_the_kernel_has_it(
     tmp_path: Path, line: str, hooked: bool
 ) -> None:
     kallsyms = tmp_path / "kallsyms"
-    kallsyms.write_text(f"0000000000000000 T _stext\n{line}\n")
-    assert has_timeout_work(kallsyms) is hooked
+    names = ["drm_sched_job_queue", "drm_sched_job_run", "drm_sched_job_done"]
+    tracepoints = "".join(f"0 d __tracepoint_{n}\t[gpu_sched]\n" for n in names)
+    kallsyms.write_text(f"0000000000000000 T _stext\n{tracepoints}{line}\n")
+    kernel = RefusingJobsKernel(kallsyms, refused="")
+    said = kernel.start()
+    assert said.endswith("; fentry drm_sched_job_timedout") is hooked
+    assert ("job_timedout" in kernel.loaded[0]) is hooked
 
 
 class RefusingJobsKernel(JobsKernel):

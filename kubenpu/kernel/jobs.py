@@ -24,20 +24,26 @@ class Ring(NamedTuple):
     device: str  # its device's name: a PCI address, or a platform device's name
 
 
-def has_timeout_work(kallsyms: Path = Path("/proc/kallsyms")) -> bool:
-    """Whether the scheduler's timeout work (abi.JOB_TIMEOUT) can be hooked: reset victims."""
-    return abi.JOB_TIMEOUT[0] in hooks.kernel_symbols({abi.JOB_TIMEOUT[0]}, kallsyms, "drm_")
+_TRACEPOINT_SYMBOLS = {f"__tracepoint_{t}" for v in abi.JOB_TRACEPOINTS for t, _ in v}
+
+
+def _scheduler_symbols(kallsyms: Path) -> set[str]:
+    """The scheduler's names of abi.JOB_TRACEPOINTS and abi.JOB_TIMEOUT this kernel has, in
+    one pass (each holds "drm_": other lines are skipped unsplit)."""
+    return hooks.kernel_symbols(_TRACEPOINT_SYMBOLS | {abi.JOB_TIMEOUT[0]}, kallsyms, "drm_")
+
+
+def _variant(names: set[str]) -> tuple[tuple[str, str], ...] | None:
+    for variant in abi.JOB_TRACEPOINTS:
+        if all(f"__tracepoint_{tracepoint}" in names for tracepoint, _ in variant):
+            return variant
+    return None
 
 
 def tracepoints(kallsyms: Path = Path("/proc/kallsyms")) -> tuple[tuple[str, str], ...] | None:
     """The (tracepoint, program) set of abi.JOB_TRACEPOINTS this kernel has; None before a
     driver on the scheduler is loaded (or on a kernel without it)."""
-    wanted = {f"__tracepoint_{tracepoint}" for v in abi.JOB_TRACEPOINTS for tracepoint, _ in v}
-    names = hooks.kernel_symbols(wanted, kallsyms, "drm_")  # in every name looked for
-    for variant in abi.JOB_TRACEPOINTS:
-        if all(f"__tracepoint_{tracepoint}" in names for tracepoint, _ in variant):
-            return variant
-    return None
+    return _variant(_scheduler_symbols(kallsyms))
 
 
 def _module_names(modules: Path) -> frozenset[str] | None:
@@ -94,7 +100,8 @@ class JobsKernel:
 
     def start(self) -> str:
         """Load and attach; call check() first (kubenpu.jobs does, once)."""
-        variant = tracepoints(self._kallsyms)
+        names = _scheduler_symbols(self._kallsyms)  # the tracepoints and the timeout work
+        variant = _variant(names)
         if variant is None:
             raise ProbeError("no DRM GPU scheduler tracepoints (no driver on gpu_sched loaded)")
         if not self._path.exists():
@@ -102,7 +109,7 @@ class JobsKernel:
         how = "tp_btf " + ", ".join(tracepoint for tracepoint, _ in variant)
         programs = {program for _, program in variant}
         function, timeout = abi.JOB_TIMEOUT
-        if not has_timeout_work(self._kallsyms):
+        if function not in names:
             self._load_or_close(programs)
             return f"{how}; no {function}: no reset victims"
         try:  # the victims are an extra: the jobs are counted without them
