@@ -69,7 +69,8 @@ def agent_takes(values: dict[str, Any]) -> bool:
 @pytest.mark.parametrize("path", LEAVES)
 def test_the_schema_and_the_agent_agree_at_every_bound(path: str) -> None:
     for value in candidates(LEAVES[path]):
-        values = helm_values(**{path: value})
+        # bccFallback: the chart's own rule on probe.attach and .loader is tested below
+        values = helm_values(bccFallback=True, **{path: value})
         taken = agent_takes(values)
         agree = VALIDATOR.is_valid(values) == taken or (path in AGENT_ONLY and not taken)
         assert agree, f"{path}={value!r}"
@@ -104,3 +105,21 @@ def helm_takes(values: dict[str, Any]) -> bool:
 def test_helm_takes_what_the_agent_takes(key: str, value: Any, taken: bool) -> None:
     values = helm_values(**{f"config__{key}": value})
     assert (agent_takes(values), VALIDATOR.is_valid(values), helm_takes(values)) == (taken,) * 3
+
+
+@pytest.mark.tools
+@pytest.mark.parametrize("probe", [{"attach": "kprobe"}, {"loader": "bcc"}])
+def test_what_needs_bcc_needs_the_bcc_fallback(probe: dict[str, str]) -> None:
+    """BCC is only in the -bcc image: the kprobe attach, which only BCC has, and the bcc loader
+    make every agent exit 2 without it, so helm refuses them unless bccFallback is true."""
+    values = helm_values(**{f"config__probe__{k}": v for k, v in probe.items()})
+    assert agent_takes(values)  # the agent's own config allows it: the chart's image does not
+    assert (VALIDATOR.is_valid(values), helm_takes(values)) == (False, False)
+    values["bccFallback"] = True
+    assert (VALIDATOR.is_valid(values), helm_takes(values)) == (True, True)
+
+
+@pytest.mark.tools
+def test_fentry_needs_no_bcc_fallback() -> None:
+    values = helm_values(config__probe__attach="fentry")
+    assert (VALIDATOR.is_valid(values), helm_takes(values)) == (True, True)
