@@ -54,6 +54,11 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
+# The ring buffer's sizes: a power of two (the kernel's rule for BPF_MAP_TYPE_RINGBUF), as a list
+# so that JSON Schema (the chart's values.schema.json) can state the rule too.
+RINGBUF_PAGES = [1 << n for n in range(17)]
+
+
 class ProbeConfig(_Model):
     mode: Literal["aggregate", "events"] = "aggregate"
     hook: Literal["drm_ioctl", "security_file_ioctl"] = DEFAULT_HOOK
@@ -61,7 +66,9 @@ class ProbeConfig(_Model):
     # core: the compiled-once CO-RE object; bcc: compile on the node (needs kernel headers);
     # auto: core, and bcc when the kernel refuses the object (docs/core.md)
     loader: Literal["auto", "core", "bcc"] = "auto"
-    ringbuf_pages: int = Field(256, gt=0, le=65536)
+    ringbuf_pages: int = Field(
+        256, gt=0, le=RINGBUF_PAGES[-1], json_schema_extra={"enum": RINGBUF_PAGES}
+    )
     # time counted calls and count their errors (CO-RE, aggregate mode; docs/latency.md)
     durations: bool = True
     # GPU jobs' queue and run times per pod from the DRM GPU scheduler (docs/jobs.md)
@@ -72,7 +79,7 @@ class ProbeConfig(_Model):
     @field_validator("ringbuf_pages")
     @classmethod
     def _power_of_two(cls, v: int) -> int:
-        if v & (v - 1):
+        if v not in RINGBUF_PAGES:  # within the bounds above: not a power of two
             raise ValueError("must be a power of two")
         return v
 
@@ -89,18 +96,25 @@ class CriConfig(_Model):
     concurrency: int = Field(4, ge=1, le=64)
 
 
+# Validators check these patterns, and the models give them to JSON Schema (the chart's values
+# schema) too: an absolute socket path, `unix://` optional; an http(s) URL with a host, the
+# scheme case-blind and leading spaces skipped as urlsplit does.
+_ABSOLUTE_SOCKET = re.compile(r"^(unix://)?/")
+_HTTP_URL = re.compile(r"^ *[hH][tT][tT][pP][sS]?://[^/?#]")
+
+
 class PodResourcesConfig(_Model):
     """The kubelet's PodResources API: which pods were allocated which devices."""
 
     enabled: bool = False
-    socket: _Str = DEFAULT_SOCKET
+    socket: _Str = Field(DEFAULT_SOCKET, json_schema_extra={"pattern": _ABSOLUTE_SOCKET.pattern})
     interval_seconds: float = Field(10, gt=0, le=3600)
     timeout_seconds: float = Field(5, gt=0, le=60)
 
     @field_validator("socket")
     @classmethod
     def _absolute(cls, v: str) -> str:
-        if not v.removeprefix("unix://").startswith("/"):
+        if not _ABSOLUTE_SOCKET.match(v):
             raise ValueError(f"{short(v)} is not an absolute socket path")
         return v
 
@@ -177,7 +191,9 @@ class OtlpConfig(_Model):
     # k8s.container.name (metrics.catalogue.K8S_ATTRIBUTES); legacy = namespace, pod, container
     # (the names before k8s.*), for pipelines built on them; kept for one release.
     attributes: Literal["semconv", "legacy"] = "semconv"
-    endpoint: _Str = "http://localhost:4317"
+    endpoint: _Str = Field(
+        "http://localhost:4317", json_schema_extra={"pattern": _HTTP_URL.pattern}
+    )
     protocol: Literal["grpc", "http/protobuf"] = "grpc"
     headers: dict[str, str] = Field({}, max_length=64)
     insecure: bool | None = None
@@ -203,9 +219,9 @@ class OtlpConfig(_Model):
         # urlsplit drops CR, LF and tab silently: a header injection the HTTP exporter then sent.
         if any(c < " " or c == "\x7f" for c in v):
             raise ValueError(f"{short(v)} holds a control character")
-        parts = urlsplit(v)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
+        if not _HTTP_URL.match(v):
             raise ValueError(f"{short(v)} is not an http:// or https:// URL")
+        urlsplit(v)  # what it cannot split (an unclosed IPv6 literal) fails here, not in url()
         return v
 
     def url(self) -> str:

@@ -101,7 +101,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "accel": {"accel": {"required": True}},
     "events mode": {"config": {"probe": {"mode": "events"}}},
     "drm_ioctl hook": DRM_IOCTL_HOOK,
-    "kprobe attach": {"config": {"probe": {"attach": "kprobe"}}},
+    # Only BCC has the kprobe attach, and only the -bcc image has BCC (values.schema.json).
+    "kprobe attach": {"bccFallback": True, "config": {"probe": {"attach": "kprobe"}}},
     "fentry attach": {"config": {"probe": {"attach": "fentry"}}},
     "no pinning": {"config": {"probe": {"pin_dir": ""}}},
     "bcc fallback": {"bccFallback": True},
