@@ -2,9 +2,10 @@
 
     python bench/idle.py [--pods 1 1000] [--periods 200] [--profile] [--memory]
 
-The real Probe, Resolver, Attributor, Metrics and Agent.cycle() over a FakeKernel (tests/fakes.py)
-whose counts and durations maps hold each pod's keys (3 kinds), a kubelet-style cgroup tree on
-/dev/shm (tmpfs: ext4 reuses inode numbers) and the real CRI test server (tests/cri_server.py).
+The real Probe, Resolver, Attributor, series table and Agent.cycle() over a FakeKernel
+(tests/fakes.py) whose counts and durations maps hold each pod's keys (3 kinds), a kubelet-style
+cgroup tree on /dev/shm (tmpfs: ext4 reuses inode numbers) and the real CRI test server
+(tests/cri_server.py).
 A fake clock moves by the loop's flush period (0.5 s) per cycle, so the counts map is read every
 tenth cycle as the running agent reads it; nothing changes between periods. Prints CPU seconds
 (time.process_time) per period for each pod count, and with --profile the top functions.
@@ -38,8 +39,8 @@ from kubenpu.health import Health
 from kubenpu.kernel import abi
 from kubenpu.kernel.records import Durations
 from kubenpu.loop import Agent
-from kubenpu.metrics.store import Metrics
 from kubenpu.probe import Probe
+from kubenpu.sources.registry import table
 
 PERIOD = 0.5  # the attribution loop's flush period (kubenpu.loop._FLUSH_SECONDS)
 TIMED = Durations(1000, (1,) + (0,) * (abi.DURATION_SLOTS - 1), (0,) * len(abi.ERRORS))
@@ -54,7 +55,7 @@ def agent(setup: micro.Setup) -> Agent:
             kernel.calls(key, 10)
             kernel.durations[key] = TIMED
     tally = Tally(65536)
-    metrics = Metrics("node", 300, 100_000)
+    metrics = table(300, 100_000)
     resolver = setup.resolver()
     a = Agent(
         probe=Probe(kernel, tally),

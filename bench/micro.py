@@ -5,7 +5,7 @@
 Measures, in ns, what the agent spends per call in per-event mode (decode, fold into the Tally,
 attribute and count) and per key per collection in aggregate mode (cumulative kernel counts into
 deltas, attribute and count), with the real Resolver over a kubelet-style cgroup tree in a
-temporary directory, a real CRI gRPC server (tests/cri_server.py) and the real Metrics.
+temporary directory, a real CRI gRPC server (tests/cri_server.py) and the real series table.
 The fdinfo figures read a synthetic /proc tree of 1,000 DRM clients (one per pod, in a process
 of FDS_PER_PROCESS fds) among 50,000 fds in all: the full scan the agent makes at start, and one
 steady-state read of kubenpu.usage.Usage (the holders only, attributed and counted). The
@@ -37,8 +37,8 @@ from kubenpu.attribution import Attributor
 from kubenpu.discovery import Device, Node, discover
 from kubenpu.events import SIZE, Deltas, Event, Key, Tally, decode
 from kubenpu.fdinfo import FdinfoReader
-from kubenpu.metrics.store import Metrics
 from kubenpu.resolve.resolver import Resolver
+from kubenpu.sources.registry import table
 from kubenpu.telemetry import Telemetry
 from kubenpu.usage import Usage
 
@@ -92,7 +92,7 @@ class Setup:
         resolver = Resolver(str(self.root / "cgroup"), f"unix://{self.root / 'cri.sock'}")
         for cgroup_id in self.cgroup_ids:
             resolved(resolver, cgroup_id)
-        return Attributor([self.device], resolver, Metrics("node", 300, 100_000))
+        return Attributor([self.device], resolver, table(300, 100_000))
 
     def resolver(self) -> Resolver:
         return Resolver(str(self.root / "cgroup"), f"unix://{self.root / 'cri.sock'}")
@@ -170,13 +170,13 @@ def measure(setup: Setup) -> dict[str, float]:
 
 def telemetry_read() -> float:
     """ms of one telemetry read of every fixture machine's devices (energy split included)."""
-    metrics = Metrics("node", 300, 100_000)
+    metrics = table(300, 100_000)
     readers = [Telemetry(discover(TESTDATA / m), metrics, TESTDATA / m) for m in TELEMETRY_MACHINES]
 
     def once() -> tuple[int, int]:
         t0 = time.perf_counter_ns()
         for reader in readers:
-            reader.read({})
+            reader.sample({})
         return time.perf_counter_ns() - t0, 1_000_000
 
     once()  # the first read is the energy baseline
@@ -193,7 +193,7 @@ def fdinfo_read(setup: Setup) -> dict[str, float]:
     usage = Usage(
         reader,
         resolver,
-        Metrics("node", 300, 100_000),
+        table(300, 100_000),
         [setup.device],
         str(root / "cgroup"),
         pending_seconds=120,

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def serve(series: int, port: int) -> None:
     """The child: the real server with `series` ioctl series; says "ready", runs until EOF."""
     from kubenpu import config, export
-    from kubenpu.metrics.store import Metrics
+    from kubenpu.sources.registry import table
 
     class Healthy:
         def live(self) -> tuple[bool, str]:
@@ -44,7 +44,7 @@ def serve(series: int, port: int) -> None:
     cfg = config.Config.model_validate(
         {"node_name": "bench", "export": {"prometheus": {"host": "127.0.0.1", "port": port}}}
     )
-    metrics = Metrics("bench", 300, series + 1)
+    metrics = table(300, series + 1)
     for i in range(series):
         pod, kind = divmod(i, 2)
         metrics.add_calls("bench", f"pod-{pod // 2}", f"c{pod % 2}", "0000:03:00.0", "vgem",

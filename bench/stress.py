@@ -116,7 +116,7 @@ def push_sizes(series: int) -> dict[str, object]:
     from kubenpu import config
     from kubenpu.export import build_resource
     from kubenpu.export.otlp import OtlpPusher
-    from kubenpu.metrics.store import Metrics
+    from kubenpu.sources.registry import table
 
     with OtlpReceiver() as rx:
         cfg = config.Config.model_validate(
@@ -133,7 +133,7 @@ def push_sizes(series: int) -> dict[str, object]:
                 },
             }
         )
-        metrics = Metrics("bench", 300, series)
+        metrics = table(300, series)
         for i in range(series):
             metrics.add_calls("bench", f"pod-{i:06d}", "container", "0000:03:00.0", "xe",
                               "submit", i + 1)  # fmt: skip

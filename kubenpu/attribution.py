@@ -13,11 +13,60 @@ from typing import Protocol, TextIO
 from kubenpu.activity import Activity
 from kubenpu.discovery import Device
 from kubenpu.events import Batch, Drop, Key
+from kubenpu.kernel.abi import ERRORS
 from kubenpu.kernel.records import Durations
+from kubenpu.metrics.catalogue import (
+    DROP_REASONS,
+    DROPPED,
+    IOCTL_DURATION,
+    IOCTL_ERRORS,
+    LATE_SIGHTINGS,
+    PENDING_EXPIRED,
+    RECEIVED,
+    UNATTRIBUTED,
+    UNATTRIBUTED_REASONS,
+    UNTIMED,
+)
 from kubenpu.metrics.inputs import Where
-from kubenpu.metrics.store import Metrics
+from kubenpu.metrics.points import Point, Snapshot, summed
+from kubenpu.metrics.series import PodFamily, PodRow, Series, by_label, counter, keyed
 from kubenpu.resolve import Attribution, Unattributed
 from kubenpu.vendors import Kind
+
+
+# The calls' families beside kubenpu_ioctl_total (the table's own): their durations and errors,
+# and what became of the calls that were not counted under a pod.
+def _duration_points(rows: list[PodRow]) -> Snapshot:
+    """Each timed series' histogram (its cgroups' summed) and its non-zero error counts."""
+    durations: list[Point] = []
+    errors: list[Point] = []
+    for row in rows:
+        attrs = {**row.where, "kind": row.key}
+        timed = list(row.value.values())
+        durations.append(Point(attrs, summed(timed), row.start_ns))
+        totals = map(sum, zip(*(x.errors for x in timed), strict=True))
+        errors += [
+            Point({**attrs, "error": name}, n, row.start_ns)
+            for name, n in zip(ERRORS, totals, strict=True)
+            if n
+        ]
+    return [(IOCTL_DURATION, durations), (IOCTL_ERRORS, errors)]
+
+
+# put(DURATIONS, where, kind, (key, durations)): the kernel's cumulative durations and errors of
+# one key (a cgroup) of a counted calls series. A series whose calls are not counted (capped) is
+# not timed either; a new histogram takes room under metrics.max_series as one series.
+DURATIONS = PodFamily(
+    "durations", _duration_points, keyed, capped=True, needs_calls=True, live=False
+)
+DROPS = by_label(DROPPED, DROP_REASONS)
+EVENTS = counter(RECEIVED)
+# Calls also counted, with empty pod labels, through add_calls().
+UNNAMED = by_label(UNATTRIBUTED, UNATTRIBUTED_REASONS)
+LATE = counter(LATE_SIGHTINGS)
+UNTIMED_CALLS = counter(UNTIMED)
+EXPIRED = counter(PENDING_EXPIRED)
+FAMILIES = (DURATIONS, DROPS, EVENTS, UNNAMED, LATE, UNTIMED_CALLS, EXPIRED)
 
 _MAX_PENDING_KEYS = 10000  # keys held for pods the CRI cannot name yet
 # A long flush (an adopted probe's totals for 1,000 pods: a cgroup walk and 1,000 CRI lookups
@@ -87,7 +136,7 @@ class Attributor:
         self,
         devices: list[Device],
         resolver: Resolve,
-        metrics: Metrics,
+        metrics: Series,
         trace: TextIO | None = None,
         *,
         pending_seconds: float = 120.0,
@@ -120,13 +169,13 @@ class Attributor:
         for cgroup_id in batch.sighted:
             self._resolver.resolve(cgroup_id)
         if batch.received:
-            self._metrics.events_received(batch.received)
+            self._metrics.set(EVENTS, "", batch.received)
         for reason, n in batch.dropped.items():
-            self._metrics.dropped(reason, n)
+            self._metrics.set(DROPS, reason, n)
         if batch.late_sightings:
-            self._metrics.late_sightings(batch.late_sightings)
+            self._metrics.set(LATE, "", batch.late_sightings)
         if batch.untimed:
-            self._metrics.untimed(batch.untimed)
+            self._metrics.set(UNTIMED_CALLS, "", batch.untimed)
         counts = batch.counts
         retry_at = self._clock() + _RETRY_PENDING_SECONDS
         while counts:  # popped as counted: a caller can put back what an exception left
@@ -162,8 +211,8 @@ class Attributor:
         who = self._resolver.resolve(key.cgroup_id)
         if who is None:
             return False
-        where = Where(who.namespace, who.pod, who.pod_uid, who.container, dev.id, dev.vendor or "")
-        return self._metrics.set_durations(where, Kind(key.kind).label, key, value)
+        where = Where.of(who, dev.id, dev.vendor or "")
+        return self._metrics.put(DURATIONS, where, Kind(key.kind).label, (key, value))
 
     def pending(self) -> int:
         """Keys held for a pod the resolver cannot name yet."""
@@ -193,7 +242,7 @@ class Attributor:
     def _count(self, key: Key, n: int) -> None:
         dev = self._by_node.get((key.major, key.minor))
         if dev is None:
-            self._metrics.dropped(Drop.DEVICE_UNKNOWN, n)
+            self._metrics.set(DROPS, Drop.DEVICE_UNKNOWN, n)
             return
         self._seen.setdefault(key.cgroup_id, set()).add(key)
         held = self._pending.get(key.cgroup_id)
@@ -208,13 +257,13 @@ class Attributor:
             held.counts[key] = n
             self._held_keys += 1
         else:
-            self._metrics.unattributed(Unattributed.PENDING_FULL, n)
+            self._metrics.set(UNNAMED, Unattributed.PENDING_FULL, n)
             self._add(Attribution(), key, n)
 
     def _add(self, who: Attribution, key: Key, n: int, dev: Device | None = None) -> None:
         dev = dev or self._by_node[(key.major, key.minor)]
         if who.reason:
-            self._metrics.unattributed(who.reason, n)
+            self._metrics.set(UNNAMED, who.reason, n)
         self._metrics.add_calls(
             namespace=who.namespace,
             pod=who.pod,
@@ -235,7 +284,7 @@ class Attributor:
                 continue
             who, settled = answer
             if settled:
-                self._metrics.pending_expired(sum(held.counts.values()))
+                self._metrics.set(EXPIRED, "", sum(held.counts.values()))
             del self._pending[cgroup_id]
             self._held_keys -= len(held.counts)
             for key, n in held.counts.items():
@@ -265,7 +314,7 @@ class Attributor:
         for cgroup_id in cgroup_ids:
             who = self._resolver.resolve(cgroup_id)
             if who is not None:  # a container without pod labels retires too
-                self._metrics.container_gone(who.namespace, who.pod, who.container, who.pod_uid)
+                self._metrics.gone(Where.of(who))
                 if self._activity is not None:
                     self._activity.gone(who.namespace, who.pod, who.container)
             self._resolver.forget(cgroup_id)

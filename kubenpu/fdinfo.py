@@ -27,13 +27,13 @@ import stat
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import Generic, TypeVar
 
 from kubenpu.descriptors import exhausted
 from kubenpu.discovery import Device
 from kubenpu.files import read_regular
+from kubenpu.metrics.catalogue import Skip
 from kubenpu.text import ascii_digits
 
 # Node directories (discovery's drm_devnode/accel_devnode names), as fd links spell them.
@@ -41,21 +41,6 @@ _NODE_DIRS = ("/dev/dri/", "/dev/accel/")
 _DELETED = " (deleted)"  # what d_path appends to an unlinked file's path
 
 _K = TypeVar("_K")
-
-
-class Skip(StrEnum):
-    """Why something found during a scan was not (fully) used. One owner for these names."""
-
-    VANISHED = "vanished"  # the process or fd went away between listing and reading
-    UNREADABLE = "unreadable"  # no ptrace-read access (EACCES/EPERM) or another read error
-    # EMFILE/ENFILE: the agent had no descriptor left; what the process holds is unknown.
-    NO_DESCRIPTORS = "no_descriptors"
-    MALFORMED = "malformed"  # one drm- line whose value breaks the spec; the rest is kept
-    # A value past what the wire formats carry (OTLP int64): a u64 -1 that a driver prints for
-    # "unknown", or a KiB size that scales past 2^63. The rest of the file is kept.
-    OUT_OF_RANGE = "out_of_range"
-    NO_CLIENT_ID = "no_client_id"  # a DRM fd without drm-client-id: the driver prints no stats
-    UNKNOWN_DEVICE = "unknown_device"  # no drm-pdev and a node discovery does not list
 
 
 # Value units per key kind; "" is a bare number. The spec fixes each kind's unit set.

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
+
+from kubenpu.services import Worker
 
 
 class Health:
@@ -13,12 +14,13 @@ class Health:
     def __init__(self, stale_after: float, clock: Callable[[], float] = time.monotonic) -> None:
         self._stale_after = stale_after
         self._clock = clock
-        self._workers: list[threading.Thread] = []
+        self._workers: list[Worker] = []
         self._attached = False
         self._last_read: float | None = None
         self._last_poll: float | None = None
 
-    def watch(self, worker: threading.Thread) -> None:
+    def watch(self, worker: Worker) -> None:
+        """Watch a worker by its name: its end or stall fails liveness (Worker.broken)."""
         self._workers.append(worker)
 
     def attached(self) -> None:
@@ -33,9 +35,9 @@ class Health:
         self._last_poll = self._clock()
 
     def live(self) -> tuple[bool, str]:
-        dead = [w.name for w in self._workers if not w.is_alive()]
-        if dead:
-            return False, f"worker thread stopped: {', '.join(dead)}"
+        broken = [why for w in self._workers if (why := w.broken())]
+        if broken:
+            return False, "; ".join(broken)
         for what, last in (
             ("kernel counters last read", self._last_read),
             ("ring buffer last polled", self._last_poll),

@@ -1,5 +1,5 @@
 """GPU jobs per pod (docs/jobs.md): the kernel's per-{cgroup, ring} job counts and histograms
-(kubenpu.kernel.jobs), attributed like the calls and set into Metrics at each fdinfo read.
+(kubenpu.kernel.jobs), attributed like the calls and put into the series table at each fdinfo read.
 
 The DRM GPU scheduler is a module: its tracepoints appear when a driver built on it loads, so
 the probe attaches on the `jobs` thread, retried every `retry_seconds` until it does (a kernel
@@ -30,19 +30,71 @@ from typing import NamedTuple, Protocol
 
 from kubenpu.attribution import Hold, Resolve
 from kubenpu.discovery import Device, platform_id
+from kubenpu.kernel.abi import JOB_LOST_REASONS
 from kubenpu.kernel.errors import ProbeError
-from kubenpu.kernel.jobs import Ring
+from kubenpu.kernel.jobs import JobsKernel, Ring
 from kubenpu.kernel.records import JobTimes
-from kubenpu.metrics.catalogue import POD_HANGS, RESET_VICTIMS
+from kubenpu.metrics.catalogue import (
+    JOB_RUN,
+    JOB_WAIT,
+    JOBS,
+    JOBS_IN_FLIGHT,
+    JOBS_LOST,
+    POD_HANGS,
+    RESET_VICTIMS,
+    Spec,
+)
 from kubenpu.metrics.inputs import Where
-from kubenpu.metrics.store import Metrics
+from kubenpu.metrics.points import Point, Snapshot, summed
+from kubenpu.metrics.series import NodeFamily, PodFamily, PodRow, Series, added, keyed
 from kubenpu.resolve import Attribution
 from kubenpu.resolve.cgroups import ProcCgroups
-from kubenpu.services import Streak
+from kubenpu.services import Streak, Worker
+from kubenpu.sources import Node
 
 log = logging.getLogger(__name__)
 
 STALE_RISE_SECONDS = 30.0  # a timeout's reset uevent comes within the driver's reset, or never
+
+
+def _job_points(rows: list[PodRow]) -> Snapshot:
+    """The GPU job histograms, counts and jobs in flight of each (pod, device, ring)."""
+    by_spec: dict[Spec, list[Point]] = {s: [] for s in (JOB_WAIT, JOB_RUN, JOBS, JOBS_IN_FLIGHT)}
+    for row in rows:
+        attrs, times = {**row.where, "ring": row.key}, list(row.value.values())
+        done = sum(t.done for t in times)
+        in_flight = max(0, sum(t.queued for t in times) - done)
+        by_spec[JOB_WAIT].append(Point(attrs, summed(t.wait for t in times), row.start_ns))
+        by_spec[JOB_RUN].append(Point(attrs, summed(t.run for t in times), row.start_ns))
+        by_spec[JOBS].append(Point(attrs, done, row.start_ns))
+        by_spec[JOBS_IN_FLIGHT].append(Point(attrs, in_flight, row.start_ns))
+    return list(by_spec.items())
+
+
+def _resets(spec: Spec) -> PodFamily:
+    """put(family, where, "", 1): one device reset the container hung or lost work in. Not a
+    sign of life: a reset names a container that may be gone."""
+    return PodFamily(
+        spec.name,
+        lambda rows: [(spec, [Point(r.where, r.value, r.start_ns) for r in rows])],
+        added,
+        live=False,
+    )
+
+
+# put(JOB_TIMES, where, ring, (cgroup id, times)): the kernel's cumulative GPU jobs of one cgroup
+# on one ring; a new (pod, device, ring) takes room under metrics.max_series as one series.
+JOB_TIMES = PodFamily("jobs", _job_points, keyed, capped=True)
+RESETS = {spec: _resets(spec) for spec in (POD_HANGS, RESET_VICTIMS)}
+# set(LOST, "", {reason: n}): the kernel side's job losses by reason, cumulative.
+LOST = NodeFamily(
+    JOBS_LOST.name,
+    lambda rows, start: [
+        (JOBS_LOST, [Point({"reason": r}, n, start) for r, n in rows[""].items()])
+    ],
+    initial=lambda: {"": dict.fromkeys(JOB_LOST_REASONS, 0)},
+)
+FAMILIES = (JOB_TIMES, *RESETS.values(), LOST)
 
 
 class _Reset(NamedTuple):
@@ -64,11 +116,15 @@ class JobsProbe(Protocol):
 
 
 class Jobs:
+    """The GPU jobs source: attaches on its own thread, read on the attribution thread."""
+
+    name = "jobs"
+
     def __init__(
         self,
         kernel: JobsProbe,
         resolver: Resolve,
-        metrics: Metrics,
+        metrics: Series,
         devices: Iterable[Device],
         pending_seconds: float = 5.0,
         retry_seconds: float = 30.0,
@@ -86,16 +142,18 @@ class Jobs:
         self._who: dict[int, Attribution] = {}  # cgroup id -> its answer, once given
         self.attached = threading.Event()
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread: Worker | None = None
         self._failures = Streak("attaching the GPU jobs probe", log)
         self._cgroups = cgroups
         self._resets: collections.deque[_Reset] = collections.deque()
         self._paired: dict[tuple[int, int], int] = {}  # key -> its timeouts taken by resets
         self._rising_since: dict[tuple[int, int], float] = {}  # key -> unpaired rise first seen
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._attach, name="jobs", daemon=True)
+    def start(self) -> Worker:
+        """The attach thread, started; it ends once attached (or when the kernel cannot)."""
+        self._thread = Worker(self.name, self._attach, lasting=False)
         self._thread.start()
+        return self._thread
 
     def _attach(self) -> None:
         try:
@@ -136,11 +194,15 @@ class Jobs:
                 continue  # read again next time: the values are cumulative
             device = self._device(ring.device)
             vendor = self._vendor.get(device, "")
-            where = Where(who.namespace, who.pod, who.pod_uid, who.container, device, vendor)
-            self._metrics.set_jobs(where, ring.name, cgroup_id, times)
-        self._metrics.jobs_lost(self._kernel.lost())
+            where = Where.of(who, device, vendor)
+            self._metrics.put(JOB_TIMES, where, ring.name, (cgroup_id, times))
+        self._metrics.set(LOST, "", dict(self._kernel.lost()))
         self._count_resets(table, rings)
         self._reap([c for c in cgroups if c in self._who and not self._resolver.alive(c)])
+
+    def finish(self) -> None:
+        """The last read, at the stop: the kernel's values since the last read are not lost."""
+        self.read()
 
     def reset(self, device: str, pid: int | None) -> None:
         """A reset of `device` now, its guilty task's pid where the kernel named one."""
@@ -168,8 +230,7 @@ class Jobs:
             vendor = self._vendor.get(r.device, "")
             for spec, who in answers:
                 assert who is not None
-                where = Where(who.namespace, who.pod, who.pod_uid, who.container, r.device, vendor)
-                self._metrics.pod_reset(spec, where)
+                self._metrics.put(RESETS[spec], Where.of(who, r.device, vendor), "", 1)
         self._drop_stale(rising, table)
 
     def _drop_stale(
@@ -213,7 +274,7 @@ class Jobs:
             for key in [k for k in self._paired if k[0] == cgroup_id]:
                 del self._paired[key]
                 self._rising_since.pop(key, None)
-            self._metrics.container_gone(who.namespace, who.pod, who.container, who.pod_uid)
+            self._metrics.gone(Where.of(who))
         self._kernel.forget(dead)
 
     def _device(self, name: str) -> str:
@@ -226,3 +287,14 @@ class Jobs:
         if self._thread is not None:
             self._thread.join(5.0)
         self._kernel.close()
+
+
+def build(node: Node) -> Jobs | None:
+    """The GPU jobs source, if `probe.jobs`; its start() attaches on its own thread once the DRM
+    GPU scheduler is loaded."""
+    cfg = node.cfg
+    if not cfg.probe.jobs:
+        return None
+    cgroups = ProcCgroups(cfg.attribution.cgroup_root)  # a reset's guilty pid to its cgroup
+    pending = cfg.attribution.pending_seconds
+    return Jobs(JobsKernel(), node.resolver, node.table, node.found, pending, cgroups=cgroups)

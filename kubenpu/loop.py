@@ -1,6 +1,7 @@
 """The running agent's loop. Two workers: the `poll` thread moves ring-buffer records into the
-Tally; the `attribution` thread reads the kernel's counters, attributes the Tally's counts to pods
-and reaps dead cgroups. No exception stops either: each iteration is guarded, and Health reports a
+Tally; the `attribution` thread reads the kernel's counters, attributes the Tally's counts to pods,
+reads the registered sources every `interval` (kubenpu.sources: each through its Report) and
+reaps dead cgroups. No exception stops either: each iteration is guarded, and Health reports a
 worker that died anyway. kubenpu.wiring builds it with its collaborators.
 """
 
@@ -9,22 +10,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from kubenpu.events import Tally
 from kubenpu.health import Health
 from kubenpu.kernel.errors import ProbeError
+from kubenpu.metrics.own import KERNEL_READ_FAILED, STAMPS
 from kubenpu.probe import Probe
-from kubenpu.services import Streak
+from kubenpu.services import Streak, Worker
+from kubenpu.sources import Finishes, Reads, Report, Sees, Source, Ticks
 
 if TYPE_CHECKING:
     from kubenpu.attribution import Attributor
-    from kubenpu.jobs import Jobs
-    from kubenpu.metrics.store import Metrics
+    from kubenpu.metrics.series import Series
     from kubenpu.resolve.resolver import Resolver
-    from kubenpu.telemetry import Telemetry
-    from kubenpu.usage import Usage
 
 log = logging.getLogger("kubenpu")
 
@@ -60,14 +60,12 @@ class Agent:
         probe: Probe,
         tally: Tally,
         attributor: Attributor,
-        metrics: Metrics,
+        metrics: Series,
         resolver: Resolver,
         health: Health,
         devices: int,
-        usage: Usage | None = None,
-        usage_interval: float = 5.0,
-        telemetry: Telemetry | None = None,
-        jobs: Jobs | None = None,
+        sources: Sequence[Source] = (),
+        interval: float = 5.0,
         answered: threading.Event | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
@@ -79,23 +77,20 @@ class Agent:
         self.resolver = resolver
         self.health = health
         self._devices = devices
-        self.usage = usage
-        self._usage_interval = usage_interval
-        self.telemetry = telemetry
-        self.jobs = jobs
+        self.sources = list(sources)
+        self._interval = interval
+        self._reports = {s.name: Report(s.name, metrics, clock=clock, wall=wall) for s in sources}
         self._clock = clock
         self._wall = wall  # the Unix time of reads, for kubenpu_counters_read_timestamp_seconds
         self._counts_at: float | None = None  # of the last read that brought calls
         self.stop = threading.Event()
         self._answered = answered or threading.Event()  # set by the resolver's on_answer
-        self._last_counts = self._last_reap = self._last_usage = -float("inf")
+        self._last_counts = self._last_reap = self._last_sources = -float("inf")
         self._new_keys = False  # sighted since the last counts read
         self._reads = Streak("reading the kernel's counters", log)
         self._steps = {
             "poll": Streak("poll", log),
             "attribution": Streak("attribution", log),
-            "fdinfo": Streak("reading fdinfo", log),
-            "jobs": Streak("reading GPU jobs", log),
         }
 
     def run(self) -> int:
@@ -103,8 +98,8 @@ class Agent:
         exporters is the Services group's (build() registered them)."""
         self.attach()
         workers = [
-            threading.Thread(target=self._poll_loop, name="poll", daemon=True),
-            threading.Thread(target=self._attribute_loop, name="attribution", daemon=True),
+            Worker("poll", self._poll_loop),
+            Worker("attribution", self._attribute_loop),
         ]
         for worker in workers:
             self.health.watch(worker)
@@ -164,9 +159,9 @@ class Agent:
 
     def cycle(self) -> None:
         """One attribution step: read the kernel (the counts map every _READ_SECONDS, or
-        _NEW_KEY_READ_SECONDS after a new key), count what the Tally holds, read fdinfo every
-        usage_interval (and hand its busy time to the telemetry thread) and reap dead cgroups
-        every _REAP_SECONDS."""
+        _NEW_KEY_READ_SECONDS after a new key), count what the Tally holds, read the sources every
+        `interval` in the registry's order (then tick those that hand work to a thread of their
+        own: telemetry, after fdinfo's read) and reap dead cgroups every _REAP_SECONDS."""
         now = self._clock()
         self._new_keys = self._new_keys or self.tally.sighted()
         since = now - self._last_counts
@@ -177,16 +172,9 @@ class Agent:
         self._flush()
         if timed:  # after the flush: the read's new keys are counted, so their series exist
             self.attributor.timed(self.probe.durations)
-        if now - self._last_usage >= self._usage_interval:
-            self._last_usage = now
-            if self.usage is not None:
-                self._stamped("fdinfo", self.usage.read)
-            if self.jobs is not None:
-                self._guarded("jobs", self.jobs.read)
-            if self.telemetry is not None:  # right after fdinfo: energy splits by its busy time
-                busy = self.usage.interval_busy() if self.usage is not None else {}
-                # Handed over, not read here: a sysfs read can block for good (a GPU reset).
-                self.telemetry.submit(busy)
+        if now - self._last_sources >= self._interval:
+            self._last_sources = now
+            self._read_sources()
         if now - self._last_reap >= _REAP_SECONDS:
             self._reap()
             self._last_reap = now
@@ -195,23 +183,26 @@ class Agent:
         """The calls made since the last cycle, and every held one, before exit."""
         self._read(counts=True)
         self._flush()
-        if self.jobs is not None:
-            self._guarded("jobs", self.jobs.read)
+        for source in self.sources:
+            if isinstance(source, Finishes):
+                self._reports[source.name].read(source.finish)
         self.attributor.settle_all()
         self.attributor.timed(self.probe.durations)
 
-    def _stamped(self, source: str, read: Callable[..., object], *args: object) -> None:
-        """A guarded read whose success stamps its counters with the time it started."""
-        at = self._wall()
-        if self._guarded(source, read, *args):
-            self.metrics.counters_read(source, at)
+    def _read_sources(self) -> None:
+        for source in self.sources:
+            if isinstance(source, Reads):
+                self._reports[source.name].read(source.read)
+        for source in self.sources:
+            if isinstance(source, Ticks):  # a hand-over that never waits, not a read
+                self._guarded("attribution", source.tick)
 
     def _read(self, counts: bool) -> bool:
         at = self._wall()
         try:
             self.probe.read(counts)
         except (ProbeError, OSError) as exc:
-            self.metrics.read_error()
+            self.metrics.set(KERNEL_READ_FAILED, "", 1)
             self._reads.failed(exc)
             return False
         self._reads.ok()
@@ -232,14 +223,15 @@ class Agent:
 
     def _flush(self) -> None:
         batch = self.tally.drain()
-        if self.usage is not None:
-            self.usage.saw(batch.tgids, {key.cgroup_id for key in batch.counts})
+        for source in self.sources:
+            if isinstance(source, Sees):
+                source.saw(batch.tgids, {key.cgroup_id for key in batch.counts})
         try:
             self.attributor.flush(batch)
         finally:  # what an exception left uncounted is counted at the next flush
             self.tally.put_back(batch.counts)
         if self._counts_at is not None:  # the calls of that read are all counted now
-            self.metrics.counters_read("kernel", self._counts_at)
+            self.metrics.set(STAMPS, "kernel", self._counts_at)
 
 
 def _join(workers: list[threading.Thread], seconds: float) -> list[str]:

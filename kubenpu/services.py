@@ -87,3 +87,48 @@ class Streak:
         if self._failures:
             self._log.info("%s works again after %d failure(s)", self._what, self._failures)
             self._failures = 0
+
+
+class Worker(threading.Thread):
+    """A thread of the agent's, watched by Health by its name: one that ends by an exception,
+    a lasting one that ends at all, or one that stops beating (`beat()`: once an iteration) for
+    longer than `stale_after` seconds fails liveness, with one log line when it ends. The agent's
+    stop ends them too, and the process exits then."""
+
+    def __init__(
+        self,
+        name: str,
+        target: Callable[[], object],
+        *,
+        lasting: bool = True,
+        stale_after: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(name=name, daemon=True)
+        self._step = target
+        self._lasting = lasting
+        self._stale_after = stale_after
+        self._clock = clock
+        self._beat = clock()
+        self.failure: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self._step()
+        except BaseException as exc:  # a thread's end is said, whatever ended it
+            self.failure = exc
+            log.error("thread %s stopped: %s: %s", self.name, type(exc).__name__, exc)
+
+    def beat(self) -> None:
+        self._beat = self._clock()
+
+    def broken(self) -> str | None:
+        """Why liveness fails for this thread, or None."""
+        if not self.is_alive() and self.ident is not None:
+            if self.failure is not None:
+                return f"worker thread stopped: {self.name} ({type(self.failure).__name__})"
+            return f"worker thread stopped: {self.name}" if self._lasting else None
+        age = self._clock() - self._beat
+        if self._stale_after is not None and age > self._stale_after:
+            return f"worker thread stalled: {self.name} (no step for {age:.0f} s)"
+        return None

@@ -32,6 +32,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import partial
 from pathlib import Path
 
 from kubenpu import energy
@@ -50,8 +51,11 @@ from kubenpu.metrics.catalogue import (
     MEMORY_LIMIT,
     MEMORY_USED,
     MEMORY_UTILIZATION,
+    POD_ENERGY,
     POWER,
     POWER_LIMIT,
+    TELEMETRY_SKIPPED,
+    TELEMETRY_SPECS,
     TELEMETRY_STALE,
     TEMPERATURE,
     TEMPERATURE_LIMIT,
@@ -62,9 +66,14 @@ from kubenpu.metrics.catalogue import (
     Spec,
 )
 from kubenpu.metrics.inputs import Where
-from kubenpu.metrics.store import Metrics
-from kubenpu.services import Streak
+from kubenpu.metrics.points import Point, Snapshot
+from kubenpu.metrics.series import NodeFamily, PodFamily, Series, added, by_label
+from kubenpu.services import Streak, Worker
+from kubenpu.sources import Node, Report
 from kubenpu.text import ascii_digits
+from kubenpu.uevents import Wedges
+from kubenpu.usage import SKIPS as USAGE_SKIPS
+from kubenpu.usage import Usage
 
 log = logging.getLogger(__name__)
 
@@ -475,21 +484,59 @@ class _Read:
             self.done.set()
 
 
+# A device's state: kept when the cap leaves no room for its other telemetry, so a full cap never
+# hides that a device failed or went stale (docs/metrics.md, The series cap).
+_STATE_SPECS = (DEVICE_STATUS, TELEMETRY_STALE)
+
+
+def _fit(points: Points, room: int) -> tuple[Points, int, int]:
+    """The device's points within `room`: its state first, then the rest in read order."""
+    ranked = sorted(points, key=lambda p: p[0] not in _STATE_SPECS)  # stable
+    state = sum(p[0] in _STATE_SPECS for p in points)
+    kept = ranked[: max(room, state)]
+    return kept, len(kept), len(points) - len(kept)
+
+
+def _telemetry_points(rows: dict[str, Points], start: int) -> Snapshot:
+    return [
+        (spec, [Point(a, v, start) for points in rows.values() for s, a, v in points if s is spec])
+        for spec in TELEMETRY_SPECS
+    ]
+
+
+# set(TELEMETRY, device, points): the device's telemetry of its last read (counters cumulative).
+TELEMETRY = NodeFamily("telemetry", _telemetry_points, fit=_fit)
+SKIPS = by_label(TELEMETRY_SKIPPED)
+# put(POD_ENERGY_SHARES, where, "", µJ): a pod's share of its device's energy, in whole µJ (sums
+# stay exact); its series retire with the pod's calls.
+POD_ENERGY_SHARES = PodFamily(
+    POD_ENERGY.name,
+    lambda rows: [(POD_ENERGY, [Point(r.where, r.value / 1e6, r.start_ns) for r in rows])],
+    added,
+)
+FAMILIES = (TELEMETRY, SKIPS, POD_ENERGY_SHARES)
+
+
 class Telemetry:
     """Reads every device's telemetry on its own thread and turns energy increments into
     per-pod energy. The attribution thread only hands it busy time (`submit`): counting never
-    waits on sysfs. `read()` is one step; `start()` runs it at each `submit` until `close()`."""
+    waits on sysfs. `sample()` is one read; `start()` runs it at each `submit` until `close()`,
+    each read through the source's Report (its stamp, duration and failures)."""
+
+    name = "telemetry"
 
     def __init__(
         self,
         devices: Iterable[Device],
-        metrics: Metrics,
+        metrics: Series,
         root: str | Path = "/",
         clock: Clock = time.monotonic_ns,
         deadline: float = 1.0,
         read: Callable[[Device, Path], Reading] = read_device,
         wall: Callable[[], float] = time.time,
         wedged: Callable[[str], bool] = lambda device: False,
+        busy: Callable[[], Busy] = dict,
+        stale_after: float | None = None,
     ) -> None:
         self._devices = list(devices)
         self._metrics = metrics
@@ -497,7 +544,9 @@ class Telemetry:
         self._clock = clock
         self._deadline = deadline
         self._read_device = read
-        self._wall = wall  # the Unix time of reads, for kubenpu_counters_read_timestamp_seconds
+        self._report = Report(self.name, metrics, wall=wall)
+        self._busy_of = busy  # the last fdinfo interval's busy time (Usage.interval_busy)
+        self._stale_after = stale_after  # its thread's: kubenpu.services.Worker
         self._wedged = wedged  # a device's last DRM wedged uevent asks for a recovery (Wedges)
         self._hw = {d.id: _hw_attrs(d) for d in self._devices}
         self._meters: dict[str, energy.Meter[Where]] = {d.id: energy.Meter() for d in self._devices}
@@ -508,9 +557,12 @@ class Telemetry:
         self._submitted: dict[str, _DeviceBusy] = {}  # busy time the thread has not taken yet
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._failures = Streak("reading device telemetry", log)
+        self._thread: Worker | None = None
         self._streaks = {d.id: Streak(f"reading the telemetry of {d.id}", log) for d in devices}
+
+    def tick(self) -> None:
+        """After the interval's reads (fdinfo's first): its busy time to the thread."""
+        self.submit(self._busy_of())
 
     def submit(self, busy: Busy) -> None:
         """Hands one fdinfo interval's busy time (Usage.interval_busy()) to the telemetry
@@ -521,9 +573,12 @@ class Telemetry:
                 _add(self._submitted.setdefault(device, {}), per)
         self._wake.set()
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="telemetry", daemon=True)
+    def start(self) -> Worker:
+        """The sampler's thread, started: it fails liveness when a step is older than
+        `stale_after` (the agent ticks once every fdinfo interval)."""
+        self._thread = Worker(self.name, self._loop, stale_after=self._stale_after)
         self._thread.start()
+        return self._thread
 
     def close(self) -> None:
         """Stops the thread after its read; a device read stuck in sysfs is left behind (its
@@ -536,24 +591,20 @@ class Telemetry:
     def _loop(self) -> None:
         while True:
             self._wake.wait()
+            if self._thread is not None:
+                self._thread.beat()
             if self._stop.is_set():
                 return
             self._wake.clear()
             with self._lock:
                 busy, self._submitted = self._submitted, {}
-            try:
-                self.read(busy)
-            except Exception as exc:  # no bad read may stop the next ones
-                self._failures.failed(exc)
-            else:
-                self._failures.ok()
+            self._report.read(partial(self.sample, busy))  # no bad read stops the next ones
 
-    def read(self, busy: Busy) -> None:
+    def sample(self, busy: Busy) -> None:
         """One read of every device, each within the deadline, with the busy time of the same
         interval. A device whose read is still running at the deadline is skipped (deadline)
         and marked stale, its last values kept; it gets no new read until that one returns,
         and the busy time meanwhile goes to the read that follows."""
-        at = self._wall()
         for device, per in busy.items():
             if device in self._busy:
                 _add(self._busy[device], per)
@@ -579,8 +630,9 @@ class Telemetry:
                 skipped.update(job.reading.skipped)
                 if reason := self._account(device, job.reading, job.at_ns):
                     skipped[reason] += 1
-        self._metrics.telemetry_skipped({r: n for r, n in skipped.items() if n})
-        self._metrics.counters_read("telemetry", at)
+        for reason, n in skipped.items():
+            if n:
+                self._metrics.set(SKIPS, reason, n)
 
     def _account(self, device: Device, reading: Reading, now: int) -> str | None:
         """The device's series and energy split from a finished read; the skip reason of an
@@ -600,7 +652,7 @@ class Telemetry:
         hw = {**self._hw[device.id], **reading.descriptive}
         points += [(DEVICE_STATUS, {**hw, "state": s}, float(s == state)) for s in STATES]
         self._last[device.id] = points
-        self._metrics.set_telemetry(device.id, [*points, self._stale_point(device, 0.0)])
+        self._metrics.set(TELEMETRY, device.id, [*points, self._stale_point(device, 0.0)])
         return reason
 
     def _state(self, device: Device, reading: Reading) -> str:
@@ -610,7 +662,7 @@ class Telemetry:
     def _stale(self, device: Device) -> None:
         """The device's last values stay, marked stale."""
         points = self._last.get(device.id, [])
-        self._metrics.set_telemetry(device.id, [*points, self._stale_point(device, 1.0)])
+        self._metrics.set(TELEMETRY, device.id, [*points, self._stale_point(device, 1.0)])
 
     def _stale_point(self, device: Device, value: float) -> tuple[Spec, Attrs, float]:
         hw = self._hw[device.id]
@@ -624,8 +676,10 @@ class Telemetry:
         busy: Mapping[Where | None, list[int]],
     ) -> None:
         for where, share in meter.split(delta, interval_ns, busy).items():
-            if isinstance(where, Where):
-                self._metrics.add_energy(where, share)
+            if not isinstance(where, Where):
+                continue  # the idle and unattributed shares are the meter's
+            if not self._metrics.put(POD_ENERGY_SHARES, where, "", share):  # past a double
+                self._metrics.set(USAGE_SKIPS, Skip.OUT_OF_RANGE, 1)  # as an engine counter's
 
     @staticmethod
     def _points(hw: Attrs, meter: energy.Meter[Where], reading: Reading) -> Points:
@@ -665,3 +719,23 @@ def _hw_attrs(device: Device) -> Attrs:
     if vendor:  # semconv leaves out what is not known: no empty string
         hw["hw.vendor"] = vendor
     return hw
+
+
+def build(node: Node) -> Telemetry | None:
+    """The telemetry source, if `telemetry.enabled`: its thread reads at each tick, after the
+    fdinfo read whose busy time splits the energy; a device the uevents source saw wedged is
+    reported failed."""
+    cfg = node.cfg
+    if not cfg.telemetry.enabled:
+        return None
+    usage, wedges = node.built.get("fdinfo"), node.built.get("uevents")
+    return Telemetry(
+        node.watched,
+        node.table,
+        cfg.discovery.root,
+        deadline=cfg.telemetry.deadline_seconds,
+        wedged=wedges.wedged if isinstance(wedges, Wedges) else lambda device: False,
+        busy=usage.interval_busy if isinstance(usage, Usage) else dict,
+        # A step per fdinfo interval: three missed, and the read's deadline, is a stall.
+        stale_after=3 * cfg.fdinfo.interval_seconds + cfg.telemetry.deadline_seconds,
+    )

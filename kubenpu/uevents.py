@@ -29,8 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kubenpu.discovery import Device
-from kubenpu.metrics.store import Metrics
-from kubenpu.services import Streak
+from kubenpu.jobs import Jobs
+from kubenpu.metrics.catalogue import DEVICE_COREDUMPS, DEVICE_RESETS, UEVENT_SKIPS, UEVENTS_SKIPPED
+from kubenpu.metrics.series import Series, by_label, by_labels
+from kubenpu.services import Streak, Worker
+from kubenpu.sources import Node
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +43,12 @@ _MAX_DATAGRAM = 64 << 10  # UEVENT_BUFFER_SIZE is 2 KiB; a datagram is never lar
 _RCVBUF = 1 << 20  # room for a burst of hotplug events before the kernel drops (ENOBUFS)
 _SUBSYSTEMS = ("drm", "accel")
 RECOVERED = "none"  # WEDGED=none: reset and usable again
+
+# set(RESETS, (device, vendor, method), 1): one DRM wedged uevent of the device.
+RESETS = by_labels(DEVICE_RESETS)
+COREDUMPS = by_labels(DEVICE_COREDUMPS)  # set(COREDUMPS, (device, vendor), 1)
+SKIPS = by_label(UEVENTS_SKIPPED, UEVENT_SKIPS)
+FAMILIES = (RESETS, COREDUMPS, SKIPS)
 
 
 @dataclass(frozen=True)
@@ -79,10 +88,12 @@ class Wedges:
     A socket that cannot be opened (a kernel without netlink, a seccomp profile refusing it)
     is logged once and retried at each ``interval``: the rest of the agent runs on."""
 
+    name = "uevents"
+
     def __init__(
         self,
         devices: Iterable[Device],
-        metrics: Metrics,
+        metrics: Series,
         root: str | Path = "/",
         open_socket: Callable[[], socket.socket] = netlink_socket,
         retry_seconds: float = 30.0,
@@ -98,17 +109,19 @@ class Wedges:
         self._failed: dict[str, str] = {}  # device id -> the recovery it waits for
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread: Worker | None = None
         self._failures = Streak("listening for kernel uevents", log)
+        self._handling = Streak("handling a kernel uevent", log)
 
     def wedged(self, device: str) -> bool:
         """The device's last wedged event asks for a recovery that has not happened."""
         with self._lock:
             return device in self._failed
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="uevents", daemon=True)
+    def start(self) -> Worker:
+        self._thread = Worker(self.name, self._run)
         self._thread.start()
+        return self._thread
 
     def close(self) -> None:
         self._stop.set()
@@ -135,13 +148,19 @@ class Wedges:
                 if exc.errno != errno.ENOBUFS:
                     raise
                 # The socket's buffer overflowed (a burst of hotplug events): some were lost.
-                self._metrics.uevent_skipped("overrun")
+                self._metrics.set(SKIPS, "overrun", 1)
                 continue
             event = parse(datagram)
             if event is None:
-                self._metrics.uevent_skipped("malformed")
-            else:
+                self._metrics.set(SKIPS, "malformed", 1)
+                continue
+            try:
                 self.handle(event)
+            except Exception as exc:  # one event the code did not expect must not end the thread
+                self._metrics.set(SKIPS, "malformed", 1)
+                self._handling.failed(exc)
+            else:
+                self._handling.ok()
 
     def handle(self, event: Uevent) -> None:
         subsystem = event.env.get("SUBSYSTEM")
@@ -155,7 +174,7 @@ class Wedges:
         if "WEDGED" not in event.env and event.action != "add":
             return  # hotplug and connector events: not the device's health
         if device is None:
-            self._metrics.uevent_skipped("unknown_device")
+            self._metrics.set(SKIPS, "unknown_device", 1)
             return
         if event.action == "add":  # the node is back: a rebind or a bus reset recovered it
             with self._lock:
@@ -170,7 +189,7 @@ class Wedges:
                 self._failed.pop(device.id, None)
             else:
                 self._failed[device.id] = method
-        self._metrics.device_reset(device.id, device.vendor or "", method)
+        self._metrics.set(RESETS, (device.id, device.vendor or "", method), 1)
         pid = env.get("PID", "")
         if self._on_reset is not None:
             self._on_reset(device.id, int(pid) if pid.isascii() and pid.isdigit() else None)
@@ -190,10 +209,21 @@ class Wedges:
             failing = ""
         device = next((d for d in self._devices if self._sysfs(d) == failing), None)
         if device is None:
-            self._metrics.uevent_skipped("unknown_device")
+            self._metrics.set(SKIPS, "unknown_device", 1)
             return
-        self._metrics.device_coredump(device.id, device.vendor or "")
+        self._metrics.set(COREDUMPS, (device.id, device.vendor or ""), 1)
         log.warning("device %s: the driver captured a coredump (%s)", device.id, event.devpath)
 
     def _sysfs(self, device: Device) -> str:
         return os.path.realpath(device.nodes[0].sysfs(self._root) / "device")
+
+
+def build(node: Node) -> Wedges | None:
+    """The uevents source, if `telemetry.enabled` and `telemetry.uevents`; a reset goes to the
+    GPU jobs source, when built, for its victims."""
+    cfg = node.cfg.telemetry
+    if not (cfg.enabled and cfg.uevents):
+        return None
+    jobs = node.built.get("jobs")
+    on_reset = jobs.reset if isinstance(jobs, Jobs) else None
+    return Wedges(node.watched, node.table, node.cfg.discovery.root, on_reset=on_reset)

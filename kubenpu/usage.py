@@ -25,19 +25,33 @@ client closes, they are counted with the resolver's settled answer.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 
 from kubenpu.activity import Activity
 from kubenpu.attribution import Hold, Resolve
 from kubenpu.descriptors import FDINFO, Exhaustion, exhausted
 from kubenpu.discovery import Device
 from kubenpu.fdinfo import Client, FdinfoReader, HighWater, Scan, Skip
-from kubenpu.metrics.catalogue import ENGINE_BUSY, ENGINE_COUNTERS, ENGINE_CYCLES
+from kubenpu.metrics.catalogue import (
+    ENGINE_BUSY,
+    ENGINE_CAPACITY,
+    ENGINE_COUNTERS,
+    ENGINE_CYCLES,
+    FDINFO_SKIPPED,
+    MEMORY,
+    SKIP_REASONS,
+    Spec,
+)
 from kubenpu.metrics.inputs import Where
-from kubenpu.metrics.store import Metrics
+from kubenpu.metrics.own import EXHAUSTED
+from kubenpu.metrics.points import Point, Snapshot
+from kubenpu.metrics.series import NodeFamily, PodFamily, Series, added, by_label
 from kubenpu.resolve import Attribution
 from kubenpu.resolve.cgroups import ProcCgroups
+from kubenpu.sources import Node
 
 # Client fields that are cumulative counters, in ENGINE_COUNTERS order, with their scale.
 _COUNTERS = (("busy_ns", 1e-9), ("cycles", 1), ("total_cycles", 1))
@@ -46,6 +60,40 @@ _ClientKey = tuple[str, int]  # (device, drm-client-id)
 # Closed clients whose counted values are kept, oldest forgotten first: a client taken as closed
 # may be held by a process no read scanned yet (a fork whose parent exited, idle since).
 _MAX_CLOSED = 10_000
+
+
+def _engine_counter(spec: Spec) -> PodFamily:
+    """put(family, where, engine, increment): one of a pod's engine counters."""
+    return PodFamily(
+        spec.name,
+        lambda rows: [
+            (spec, [Point({**r.where, "engine": r.key}, r.value, r.start_ns) for r in rows])
+        ],
+        added,
+    )
+
+
+def _gauges(rows: dict[str, tuple[dict, dict]], start: int) -> Snapshot:
+    capacity, memory = rows.get("", ({}, {}))
+    return [
+        (ENGINE_CAPACITY, _gauge_points(capacity, ("engine",), start)),
+        (MEMORY, _gauge_points(memory, ("region", "state"), start)),
+    ]
+
+
+def _gauge_points(values: dict, names: tuple[str, ...], start: int) -> list[Point]:
+    return [
+        Point({**key[0]._asdict(), **dict(zip(names, key[1:], strict=True))}, v, start)
+        for key, v in values.items()
+    ]
+
+
+ENGINES = {spec: _engine_counter(spec) for spec in ENGINE_COUNTERS}
+# set(GAUGES, "", (capacity, memory)): the engine capacities and memory of the clients read
+# last, by (where, engine) and (where, region, state); a closed client's memory is gone.
+GAUGES = NodeFamily("usage", _gauges)
+SKIPS = by_label(FDINFO_SKIPPED, SKIP_REASONS)
+FAMILIES = (*ENGINES.values(), GAUGES, SKIPS)
 
 
 @dataclass
@@ -63,11 +111,13 @@ class _Tracked:
 class Usage:
     """Reads DRM clients every `interval` seconds and turns them into per-pod metrics."""
 
+    name = "fdinfo"
+
     def __init__(
         self,
         reader: FdinfoReader,
         resolver: Resolve,
-        metrics: Metrics,
+        metrics: Series,
         devices: Iterable[Device],
         cgroup_root: str,
         *,
@@ -118,7 +168,8 @@ class Usage:
         else:
             scan = self._reader.scan(sorted(self._pids | self._procs()))
         self._interval = {}
-        self._metrics.fdinfo_skipped({str(r): n for r, n in scan.skipped.items()})
+        for reason, n in scan.skipped.items():
+            self._metrics.set(SKIPS, str(reason), n)
         if scan.skipped[Skip.NO_DESCRIPTORS]:
             self._exhaustion.failed(scan.skipped[Skip.NO_DESCRIPTORS])
         else:
@@ -213,7 +264,8 @@ class Usage:
                 high = tracked.high.get((engine, name))
                 done = tracked.counted.get((engine, name), 0)
                 if high > done:
-                    self._metrics.add_engine(spec, where, engine, (high - done) * scale)
+                    if not self._metrics.put(ENGINES[spec], where, engine, (high - done) * scale):
+                        self._metrics.set(SKIPS, Skip.OUT_OF_RANGE, 1)  # past a double
                     tracked.counted[(engine, name)] = high
                     if self._activity is not None and spec in (ENGINE_BUSY, ENGINE_CYCLES):
                         user = (where.namespace, where.pod, where.container, where.device)
@@ -222,7 +274,7 @@ class Usage:
     def _where(self, tracked: _Tracked) -> Where:
         who, device = tracked.who or Attribution(), tracked.client.device
         vendor = self._vendor.get(device, "")
-        return Where(who.namespace, who.pod, who.pod_uid, who.container, device, vendor)
+        return Where.of(who, device, vendor)
 
     def _cgroup_id(self, client: Client) -> int | None:
         """The cgroup id of the client's lowest pid: its cgroup directory's inode."""
@@ -248,7 +300,7 @@ class Usage:
                 for state, value in states.items():
                     mkey = (where, region, state)
                     memory[mkey] = memory.get(mkey, 0) + value
-        self._metrics.set_usage_gauges(capacity, memory)
+        self._metrics.set(GAUGES, "", (capacity, memory))
 
 
 def _add_busy(total: list[int], more: list[int]) -> None:
@@ -257,3 +309,23 @@ def _add_busy(total: list[int], more: list[int]) -> None:
     total[0] += more[0]
     total[1] += more[1]
     total[2] = max(total[2], more[2])
+
+
+def build(node: Node) -> Usage | None:
+    """The fdinfo source, if `fdinfo.enabled`: every device not ignored, a driver without a
+    vendor plug-in too (it has no ioctl table to count, but may print usage stats)."""
+    cfg = node.cfg
+    if not cfg.fdinfo.enabled:
+        return None
+    return Usage(
+        FdinfoReader(node.watched, cfg.discovery.root),
+        node.resolver,
+        node.table,
+        node.watched,
+        cfg.attribution.cgroup_root,
+        pending_seconds=cfg.attribution.pending_seconds,
+        on_cgroup=node.attributor.watch,  # reaped as the calls' cgroups are
+        on_exhausted=partial(node.table.set, EXHAUSTED),
+        activity=node.activity,
+        clock=time.monotonic,
+    )

@@ -1,6 +1,7 @@
-"""The agent wired: every stage built with its collaborators, in data-flow order (discovery, the
-kernel side and probe, the resolver, attribution, fdinfo usage, telemetry, allocations, metrics
-and the exporters), each registered with the Services group as it starts.
+"""The agent wired in one place, in data-flow order: discovery, the series table and the
+exporters that read it, the resolver, the calls' attribution, the sources of
+kubenpu.sources.registry, the kernel side and its probe; each registered with the Services group
+as it starts.
 """
 
 from __future__ import annotations
@@ -8,29 +9,25 @@ from __future__ import annotations
 import logging
 import sys
 import threading
-import time
 from collections.abc import Iterable
+from functools import partial
 
 from kubenpu import config, export
 from kubenpu.activity import Activity
 from kubenpu.attribution import Attributor
 from kubenpu.discovery import Device, discover
 from kubenpu.events import Tally
-from kubenpu.fdinfo import FdinfoReader
 from kubenpu.health import Health
-from kubenpu.jobs import Jobs
-from kubenpu.kernel.jobs import JobsKernel
+from kubenpu.kernel.base import Loader
 from kubenpu.kernel.loader import loaders, open_kernel
 from kubenpu.loop import STALE_AFTER, Agent
 from kubenpu.metrics.inputs import DeviceRow
-from kubenpu.metrics.store import Metrics
+from kubenpu.metrics.own import CRI, DEVICES, EXHAUSTED, INDEX_REBUILT
 from kubenpu.probe import Probe
-from kubenpu.resolve.cgroups import ProcCgroups
 from kubenpu.resolve.resolver import Resolver
 from kubenpu.services import Services
-from kubenpu.telemetry import Telemetry
-from kubenpu.uevents import Wedges
-from kubenpu.usage import Usage
+from kubenpu.sources import Closes, Node, Runs, Source, registry
+from kubenpu.sources.registry import table
 from kubenpu.vendors import Kind, by_name, core
 
 log = logging.getLogger("kubenpu")
@@ -82,16 +79,18 @@ def _numa(dev: Device) -> str:
 def build(
     cfg: config.Config, services: Services, debug: bool = False, trace: bool = False
 ) -> Agent:
-    """The agent with its real collaborators: the kernel side, the CRI resolver, the exporters.
-    Each is registered with `services` as it starts, so a later one that fails stops them."""
+    """The agent with its real collaborators: the exporters, the CRI resolver, the calls'
+    attribution, the registered sources, the kernel side. Each is registered with `services`
+    as it starts, so a later one that fails stops them."""
     found = discover(cfg.discovery.root)
     devices = select_devices(found, cfg.discovery.ignore_devices)
     _log_tables(devices)
     health = Health(STALE_AFTER)
-    metrics = Metrics(cfg.node_name, cfg.metrics.series_ttl_seconds, cfg.metrics.max_series)
-    metrics.set_devices(
+    metrics = table(cfg.metrics.series_ttl_seconds, cfg.metrics.max_series)
+    rows = [
         DeviceRow(d.id, d.vendor or "", d.driver or "", d.pci_id or "", _numa(d)) for d in devices
-    )
+    ]
+    metrics.set(DEVICES, cfg.node_name, rows)
     exporters = export.start(cfg, metrics, health)
     services.add("exporters", exporters.shutdown)
     cri = cfg.attribution.cri
@@ -101,15 +100,14 @@ def build(
         cri_endpoint=cri.endpoint,
         cri_timeout=cri.timeout_seconds,
         cri_retry_after=cri.retry_after_seconds,
-        on_rebuild=metrics.index_rebuilt,
-        on_cri_request=metrics.cri_request,
+        on_rebuild=lambda: metrics.set(INDEX_REBUILT, "", 1),
+        on_cri_request=lambda seconds, ok: metrics.set(CRI, "", (seconds, ok)),
         on_answer=answered.set,
-        on_exhausted=metrics.descriptors_exhausted,
+        on_exhausted=partial(metrics.set, EXHAUSTED),
         concurrency=cri.concurrency,
     )
     services.add("resolver", resolver.close)
     tally = Tally(cfg.probe.queue_size, keep_events=trace)
-    pending = cfg.attribution.pending_seconds
     # Allocations' signals of use, fed by attribution and usage while allocations run.
     activity = None
     if cfg.attribution.pod_resources.enabled:
@@ -119,47 +117,34 @@ def build(
         resolver,
         metrics,
         sys.stdout if trace else None,
-        pending_seconds=pending,
+        pending_seconds=cfg.attribution.pending_seconds,
         activity=activity,
     )
-    usage = None
-    if cfg.fdinfo.enabled:
-        readable = fdinfo_devices(found, cfg.discovery.ignore_devices)
-        usage = Usage(
-            FdinfoReader(readable, cfg.discovery.root),
-            resolver,
-            metrics,
-            readable,
-            cfg.attribution.cgroup_root,
-            pending_seconds=pending,
-            on_cgroup=attributor.watch,
-            on_exhausted=metrics.descriptors_exhausted,
-            activity=activity,
-            clock=time.monotonic,
-        )
-    jobs = _jobs(cfg, resolver, metrics, found, services) if cfg.probe.jobs else None
-    telemetry = None
-    if cfg.telemetry.enabled:
-        watched = fdinfo_devices(found, cfg.discovery.ignore_devices)
-        on_reset = jobs.reset if jobs is not None else None
-        # Never started without telemetry.uevents: then no device is wedged.
-        wedges = Wedges(watched, metrics, cfg.discovery.root, on_reset=on_reset)
-        if cfg.telemetry.uevents:
-            services.add("uevents", wedges.close)
-            wedges.start()
-        telemetry = Telemetry(
-            watched,
-            metrics,
-            cfg.discovery.root,
-            deadline=cfg.telemetry.deadline_seconds,
-            wedged=wedges.wedged,
-        )
-        services.add("telemetry", telemetry.close)
-        telemetry.start()
-    if activity is not None:
-        _start_allocations(cfg, found, metrics, activity, services)
-    p = cfg.probe
-    tried = loaders(
+    watched = fdinfo_devices(found, cfg.discovery.ignore_devices)
+    node = Node(cfg, metrics, found, watched, resolver, attributor, activity)
+    sources = registry.build(node)
+    kernel = open_kernel(_loaders(cfg.probe, devices, debug), devices, cfg.probe.pin_dir)
+    # After the probe: a start that fails stops before the sources' threads, in one line.
+    start(sources, services, health)
+    # A new cgroup is indexed on the polling thread at once: it may be gone by the next flush.
+    probe = Probe(kernel, tally, on_births=resolver.cgroups_born)
+    services.add("probe", probe.close)
+    return Agent(
+        probe=probe,
+        tally=tally,
+        attributor=attributor,
+        sources=sources,
+        interval=cfg.fdinfo.interval_seconds,
+        answered=answered,
+        metrics=metrics,
+        resolver=resolver,
+        health=health,
+        devices=len(devices),
+    )
+
+
+def _loaders(p: config.ProbeConfig, devices: list[Device], debug: bool) -> list[Loader]:
+    return loaders(
         devices,
         loader=p.loader,
         mode=p.mode,
@@ -169,66 +154,15 @@ def build(
         durations=p.durations,
         debug=debug,
     )
-    kernel = open_kernel(tried, devices, p.pin_dir)
-    if jobs is not None:  # after the probe: a start that fails stops before it, in one line
-        jobs.start()
-    # A new cgroup is indexed on the polling thread at once: it may be gone by the next flush.
-    probe = Probe(kernel, tally, on_births=resolver.cgroups_born)
-    services.add("probe", probe.close)
-    return Agent(
-        probe=probe,
-        tally=tally,
-        attributor=attributor,
-        usage=usage,
-        usage_interval=cfg.fdinfo.interval_seconds,
-        telemetry=telemetry,
-        jobs=jobs,
-        answered=answered,
-        metrics=metrics,
-        resolver=resolver,
-        health=health,
-        devices=len(devices),
-    )
 
 
-def _jobs(
-    cfg: config.Config,
-    resolver: Resolver,
-    metrics: Metrics,
-    found: list[Device],
-    services: Services,
-) -> Jobs:
-    """The GPU jobs stage; start() attaches its probe on its own thread once the DRM GPU
-    scheduler is loaded."""
-    cgroups = ProcCgroups(cfg.attribution.cgroup_root)  # a reset's guilty pid to its cgroup
-    pending = cfg.attribution.pending_seconds
-    jobs = Jobs(JobsKernel(), resolver, metrics, found, pending, cgroups=cgroups)
-    services.add("jobs", jobs.close)
-    return jobs
-
-
-def _start_allocations(
-    cfg: config.Config,
-    found: list[Device],
-    metrics: Metrics,
-    activity: Activity,
-    services: Services,
-) -> None:
-    """The kubelet's allocations, refreshed on their own thread: a dead kubelet never stalls
-    counting. Imported here: only an agent with pod_resources enabled needs the module."""
-    from kubenpu.allocations import Allocations
-    from kubenpu.resolve.podresources.client import PodResourcesClient
-    from kubenpu.resolve.podresources.mapping import Mapper
-
-    pr = cfg.attribution.pod_resources
-    allocations = Allocations(
-        PodResourcesClient(pr.socket, pr.timeout_seconds),
-        Mapper(fdinfo_devices(found, cfg.discovery.ignore_devices)),
-        metrics,
-        pr.interval_seconds,
-        activity,
-        # A device plugged in after the start maps once discovery sees it.
-        lambda: fdinfo_devices(discover(cfg.discovery.root), cfg.discovery.ignore_devices),
-    )
-    services.add("allocations", allocations.close)
-    allocations.start()
+def start(sources: Iterable[Source], services: Services, health: Health) -> None:
+    """Every source's stop registered, then each source with a thread of its own started and
+    watched by its name."""
+    sources = list(sources)
+    for source in sources:
+        if isinstance(source, Closes):
+            services.add(source.name, source.close)
+    for source in sources:
+        if isinstance(source, Runs):
+            health.watch(source.start())

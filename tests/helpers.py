@@ -41,13 +41,14 @@ from kubenpu.export.server import HealthChecks
 from kubenpu.kernel import abi
 from kubenpu.metrics.catalogue import IOCTL, K8S_ATTRIBUTES, Spec
 from kubenpu.metrics.inputs import DeviceRow
-from kubenpu.metrics.store import Metrics
+from kubenpu.metrics.series import Series
+from kubenpu.registry import table
 from kubenpu.resolve import Attribution
 from kubenpu.resolve.resolver import Resolver
 
 ROOT = Path(__file__).resolve().parents[1]
 VGEM_ROW = DeviceRow("0000:03:00.0", "vgem", "vgem", "1af4:1050", "0")
-# kubenpu_device_info's labels for VGEM_ROW in the Metrics of node "node-a"
+# kubenpu_device_info's labels for VGEM_ROW on node "node-a": set(DEVICES, "node-a", [VGEM_ROW])
 VGEM_INFO = {
     "device": "0000:03:00.0",
     "vendor": "vgem",
@@ -233,12 +234,13 @@ def start_telemetry(
     clock: Callable[[], float] = time.monotonic,
     health: HealthChecks | None = None,
 ) -> export.Exporters:
-    """export.start as the agent calls it: the caller creates Metrics. A config that leaves the
-    port at its default gets a free one: another test run on the machine may hold 8080."""
+    """export.start as the agent calls it: the caller creates the series table. A config that
+    leaves the port at its default gets a free one: another test run on the machine may hold
+    8080."""
     if cfg.export.prometheus.port == config.PrometheusConfig().port:
         cfg.export.prometheus.port = free_port()
     m = cfg.metrics
-    metrics = Metrics(cfg.node_name, m.series_ttl_seconds, m.max_series, clock)
+    metrics = table(m.series_ttl_seconds, m.max_series, clock)
     return export.start(cfg, metrics, health or StubHealth())
 
 
@@ -247,10 +249,10 @@ def scrape(port: int) -> str:
         return r.read().decode()
 
 
-# --- metrics: calls recorded on a Metrics and the ioctl series they make (one device)
+# --- metrics: calls recorded in the series table and the ioctl series they make (one device)
 
 
-def values(metrics: Metrics, spec: Spec, skip: Collection[str] = ()) -> dict[tuple, Any]:
+def values(metrics: Series, spec: Spec, skip: Collection[str] = ()) -> dict[tuple, Any]:
     """{the values of a point's labels but `skip`: its value} of spec's points not at zero. An
     empty pod_uid (the tests' pods that have none) is left out too: a test that gives pods
     uids sees them."""
@@ -277,7 +279,7 @@ def ioctl(ns: str, pod: str, c: str, kind: str = "submit", uid: str = "") -> fro
 
 
 def calls(
-    m: Metrics, ns: str, pod: str, c: str, n: int = 1, kind: str = "submit", uid: str = ""
+    m: Series, ns: str, pod: str, c: str, n: int = 1, kind: str = "submit", uid: str = ""
 ) -> None:
     m.add_calls(ns, pod, c, "0000:03:00.0", "vgem", kind, n, pod_uid=uid)
 

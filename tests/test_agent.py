@@ -1,7 +1,7 @@
 """The agent on the host: the real Agent loop, Probe, Tally, Resolver (cgroup tree + CRI gRPC
-server) and Metrics. Only the BPF program is faked (tests/fakes.py: FakeKernel feeds recorded
-records and map snapshots; the VM e2e covers the real one), and a FakeResolver stands in where a
-test needs pending answers (None) on cue."""
+server) and the series table. Only the BPF program is faked (tests/fakes.py: FakeKernel feeds
+recorded records and map snapshots; the VM e2e covers the real one), and a FakeResolver stands in
+where a test needs pending answers (None) on cue."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from helpers import eventually, free_port, make_config, resolved, values
 from kubenpu import __version__, export
 from kubenpu.activity import Activity
 from kubenpu.agent import main
-from kubenpu.attribution import Attributor
+from kubenpu.attribution import DURATIONS, Attributor
 from kubenpu.discovery import Device, Node
 from kubenpu.events import Key, Tally
 from kubenpu.health import Health
@@ -48,8 +48,10 @@ from kubenpu.metrics.catalogue import (
     TELEMETRY_STALE,
     UNATTRIBUTED,
 )
-from kubenpu.metrics.store import Metrics
+from kubenpu.metrics.own import INDEX_REBUILT
+from kubenpu.metrics.series import Series
 from kubenpu.probe import Probe
+from kubenpu.registry import table
 from kubenpu.resolve import Attribution
 from kubenpu.resolve.resolver import Resolver
 from kubenpu.services import Services
@@ -84,7 +86,7 @@ def resolver(cri: CriTestServer, cri_socket: str, cgroups: Path) -> Iterator[Res
 
 
 def test_pod_and_host_calls_are_counted_with_a_reason_for_the_partial_ones(cgroups, resolver):
-    metrics = Metrics("node-1", series_ttl=300, max_series=100)
+    metrics = table(series_ttl=300, max_series=100)
     tally, attributor = Tally(100), Attributor([VGEM], resolver, metrics)
     pod = os.stat(cgroups / POD_DIR).st_ino
     host = os.stat(cgroups / "system.slice/sshd.service").st_ino
@@ -102,7 +104,7 @@ def test_pod_and_host_calls_are_counted_with_a_reason_for_the_partial_ones(cgrou
 
 
 def test_removed_cgroups_are_forgotten_and_their_pods_retired(cgroups, resolver):
-    metrics = Metrics("node-1", series_ttl=0, max_series=100)
+    metrics = table(series_ttl=0, max_series=100)
     tally, attributor = Tally(100), Attributor([VGEM], resolver, metrics)
     pod = os.stat(cgroups / POD_DIR).st_ino
     tally.add_event(record(key(pod)))
@@ -121,7 +123,7 @@ def test_a_reap_looks_for_removed_cgroups_only_after_the_tree_counters_move(cgro
     reap stats no cgroup (1,000 pods' stats every 5 s were half of an idle agent's CPU)."""
     stat = cgroups / "cgroup.stat"
     stat.write_text("nr_descendants 5\nnr_subsys_cpu 5\nnr_dying_descendants 0\n")
-    tally, attributor = Tally(100), Attributor([VGEM], resolver, Metrics("node-1", 0, 100))
+    tally, attributor = Tally(100), Attributor([VGEM], resolver, table(0, 100))
     pod = os.stat(cgroups / POD_DIR).st_ino
     tally.add_event(record(key(pod)))
     attributor.flush(tally.drain())
@@ -141,7 +143,7 @@ def test_containers_without_pod_labels_retire_and_free_the_cap(tmp_path, cgroups
     server = CriTestServer()
     server.start(str(tmp_path / "bare.sock"))
     bare = Resolver(cgroups, f"unix://{tmp_path / 'bare.sock'}", cri_timeout=2.0)
-    metrics = Metrics("node-1", series_ttl=0, max_series=3)
+    metrics = table(series_ttl=0, max_series=3)
     tally, attributor = Tally(100), Attributor([VGEM], bare, metrics)
     try:
         for i in range(6):  # twice the cap, one after another
@@ -170,7 +172,7 @@ def test_containers_without_pod_labels_retire_and_free_the_cap(tmp_path, cgroups
 def test_trace_prints_each_call_with_its_pod(cgroups, resolver):
     out = io.StringIO()
     tally = Tally(100, keep_events=True)
-    attributor = Attributor([VGEM], resolver, Metrics("n", 300, 100), trace=out)
+    attributor = Attributor([VGEM], resolver, table(300, 100), trace=out)
     tally.add_event(record(key(os.stat(cgroups / POD_DIR).st_ino, kind=3), nr=0xC3))
     attributor.flush(tally.drain())
     line = json.loads(out.getvalue())
@@ -221,6 +223,8 @@ class Exporters:
 class Usage:
     """Stands in for kubenpu.usage.Usage (tests/test_usage.py tests it): records what it gets."""
 
+    name = "fdinfo"
+
     def __init__(self) -> None:
         self.seen: list[tuple[set[int], set[int]]] = []
         self.reads = 0
@@ -236,13 +240,17 @@ class Usage:
 
 
 class Telemetry:
-    """Stands in for kubenpu.telemetry.Telemetry (tests/test_telemetry.py tests it)."""
+    """Stands in for kubenpu.telemetry.Telemetry (tests/test_telemetry.py tests it): what each
+    tick hands its thread."""
 
-    def __init__(self) -> None:
+    name = "telemetry"
+
+    def __init__(self, busy=dict) -> None:
+        self._busy = busy
         self.busy: list[dict] = []
 
-    def submit(self, busy: dict) -> None:
-        self.busy.append(busy)
+    def tick(self) -> None:
+        self.busy.append(self._busy())
 
 
 def make_agent(
@@ -250,13 +258,12 @@ def make_agent(
     resolver,
     clock: Clock | None = None,
     ttl: float = 300,
-    usage=None,
-    telemetry=None,
+    sources=(),
     activity: Activity | None = None,
-    metrics: Metrics | None = None,
+    metrics: Series | None = None,
 ) -> Agent:
     clock = clock or Clock()
-    tally, metrics = Tally(100), metrics or Metrics("node-1", series_ttl=ttl, max_series=100)
+    tally, metrics = Tally(100), metrics or table(series_ttl=ttl, max_series=100)
     return Agent(
         probe=Probe(kernel, tally),
         tally=tally,
@@ -265,9 +272,8 @@ def make_agent(
         resolver=resolver,
         health=Health(stale_after=15, clock=clock),
         devices=1,
-        usage=usage,
-        usage_interval=5,
-        telemetry=telemetry,
+        sources=sources,
+        interval=5,
         clock=clock,
     )
 
@@ -543,7 +549,7 @@ def test_a_dead_worker_fails_liveness(worker, running):
         resolver.raises = Kill()
         kernel.calls(key(9))
     eventually(lambda: not agent.health.live()[0], "the dead worker seen")
-    assert agent.health.live() == (False, f"worker thread stopped: {worker}")
+    assert agent.health.live() == (False, f"worker thread stopped: {worker} (Kill)")
 
 
 def _probe_answer(port: int, path: str) -> tuple[int, str]:
@@ -567,14 +573,14 @@ def test_the_kubelets_probes_see_a_dead_worker(tmp_path, running):
     resolver.raises = Kill()
     kernel.calls(key(9))
     eventually(lambda: _probe_answer(port, "/healthz")[0] == 503, "/healthz failing")
-    assert _probe_answer(port, "/healthz") == (503, "worker thread stopped: attribution")
+    assert _probe_answer(port, "/healthz") == (503, "worker thread stopped: attribution (Kill)")
 
 
 # --- pending attribution ---------------------------------------------------------------------
 
 
 def test_pending_counts_are_attributed_when_the_answer_comes():
-    resolver, clock, metrics = FakeResolver(), Clock(), Metrics("n", 300, 100)
+    resolver, clock, metrics = FakeResolver(), Clock(), table(300, 100)
     attributor = Attributor([VGEM], resolver, metrics, clock=clock)
     tally = Tally(100)
     tally.add(key(9), 4)
@@ -592,7 +598,7 @@ class _AnswersDuringAFlush(FakeResolver):
     """The answer for cgroup 1 arrives while the flush resolves cgroup 2, a moment later; what
     the metrics held when cgroup 3 was first resolved is recorded."""
 
-    def __init__(self, clock: Clock, metrics: Metrics) -> None:
+    def __init__(self, clock: Clock, metrics: Series) -> None:
         super().__init__()
         self.clock, self.metrics, self.seen_before_3 = clock, metrics, None
 
@@ -606,7 +612,7 @@ class _AnswersDuringAFlush(FakeResolver):
 
 
 def test_answers_that_come_during_a_long_flush_are_counted_before_it_ends():
-    clock, metrics = Clock(), Metrics("n", 300, 100)
+    clock, metrics = Clock(), table(300, 100)
     resolver = _AnswersDuringAFlush(clock, metrics)
     attributor = Attributor([VGEM], resolver, metrics, clock=clock)
     tally = Tally(100)
@@ -618,7 +624,7 @@ def test_answers_that_come_during_a_long_flush_are_counted_before_it_ends():
 
 
 def test_pending_counts_settle_after_pending_seconds():
-    resolver, clock, metrics = FakeResolver(), Clock(), Metrics("n", 300, 100)
+    resolver, clock, metrics = FakeResolver(), Clock(), table(300, 100)
     attributor = Attributor([VGEM], resolver, metrics, pending_seconds=120, clock=clock)
     tally = Tally(100)
     tally.add(key(9), 4)
@@ -637,7 +643,7 @@ def test_pending_counts_settle_after_pending_seconds():
 
 
 def test_pending_keys_are_capped_and_the_overflow_counted_unattributed():
-    resolver, metrics = FakeResolver(), Metrics("n", 300, 100)
+    resolver, metrics = FakeResolver(), table(300, 100)
     attributor = Attributor([VGEM], resolver, metrics, max_pending=2, clock=Clock())
     tally = Tally(100)
     for cgroup in (1, 2, 3):
@@ -655,7 +661,7 @@ def test_pending_keys_are_capped_and_the_overflow_counted_unattributed():
 def test_trace_prints_pending_lookups_with_empty_labels():
     out = io.StringIO()
     tally = Tally(100, keep_events=True)
-    attributor = Attributor([VGEM], FakeResolver(), Metrics("n", 300, 100), trace=out)
+    attributor = Attributor([VGEM], FakeResolver(), table(300, 100), trace=out)
     tally.add_event(record(key(9)))
     attributor.flush(tally.drain())
     line = json.loads(out.getvalue())
@@ -680,7 +686,7 @@ def test_without_the_agent_extras_the_agent_says_what_to_install():
 
 def test_fdinfo_is_read_every_interval_with_the_callers_the_probe_saw(cgroups, resolver):
     kernel, clock, usage = FakeKernel(aggregate=False), Clock(), Usage()
-    agent = make_agent(kernel, resolver, clock, usage=usage)
+    agent = make_agent(kernel, resolver, clock, sources=[usage])
     agent.attach()
     kernel.calls(key(77), 2)
     kernel.poll(0)
@@ -696,8 +702,8 @@ def test_fdinfo_is_read_every_interval_with_the_callers_the_probe_saw(cgroups, r
 
 def test_telemetry_is_read_right_after_fdinfo_with_its_busy_time(cgroups, resolver):
     kernel, clock, usage = FakeKernel(aggregate=False), Clock(), Usage()
-    telemetry = Telemetry()
-    agent = make_agent(kernel, resolver, clock, usage=usage, telemetry=telemetry)
+    telemetry = Telemetry(usage.interval_busy)
+    agent = make_agent(kernel, resolver, clock, sources=[usage, telemetry])
     agent.attach()
     agent.cycle()
     agent.cycle()  # within the interval: no read
@@ -706,7 +712,7 @@ def test_telemetry_is_read_right_after_fdinfo_with_its_busy_time(cgroups, resolv
     assert telemetry.busy == [{"dev": {None: [1, 0, 0]}}, {"dev": {None: [2, 0, 0]}}]
     assert usage.reads == 2
     alone = Telemetry()
-    agent = make_agent(kernel, resolver, clock, telemetry=alone)  # fdinfo.enabled: false
+    agent = make_agent(kernel, resolver, clock, sources=[alone])  # fdinfo.enabled: false
     agent.cycle()
     assert alone.busy == [{}]
 
@@ -725,9 +731,11 @@ def test_a_sensor_read_that_blocks_stalls_neither_counting_nor_liveness(cgroups,
         return Reading()
 
     kernel, clock, usage = FakeKernel(aggregate=True), Clock(), Usage()
-    metrics = Metrics("node-1", series_ttl=300, max_series=100)
-    telemetry = RealTelemetry([VGEM], metrics, deadline=0.05, read=blocked)
-    agent = make_agent(kernel, resolver, clock, usage=usage, telemetry=telemetry, metrics=metrics)
+    metrics = table(series_ttl=300, max_series=100)
+    telemetry = RealTelemetry(
+        [VGEM], metrics, deadline=0.05, read=blocked, busy=usage.interval_busy
+    )
+    agent = make_agent(kernel, resolver, clock, sources=[usage, telemetry], metrics=metrics)
     telemetry.start()
     pod = key(os.stat(cgroups / POD_DIR).st_ino)
 
@@ -812,8 +820,12 @@ def test_misses_in_one_batch_share_one_walk_of_a_big_cgroup_tree(tmp_path):
     root = tmp_path / "cgroup"
     for i in range(10_000):
         (root / f"kubepods/burstable/pod{i // 100}/c{i}").mkdir(parents=True)
-    metrics = Metrics("node-1", series_ttl=300, max_series=1000)
-    resolver = Resolver(root, f"unix://{tmp_path / 'none.sock'}", on_rebuild=metrics.index_rebuilt)
+    metrics = table(series_ttl=300, max_series=1000)
+
+    def rebuilt() -> None:
+        metrics.set(INDEX_REBUILT, "", 1)
+
+    resolver = Resolver(root, f"unix://{tmp_path / 'none.sock'}", on_rebuild=rebuilt)
     tally, attributor = Tally(1000), Attributor([VGEM], resolver, metrics)
     try:
         gone = [1 << 40 | i for i in range(200)]  # ids no directory has (any more)
@@ -956,14 +968,16 @@ def test_durations_the_store_did_not_take_are_offered_again(cgroups, resolver, m
     """A key whose durations the store refused (its series not counted yet, or capped) is
     offered again at the next read although its value did not change."""
     agent, _, clock, _ = one_timed_call(cgroups, resolver)
-    taken = agent.metrics.set_durations
+    taken = agent.metrics.put
     offers: list[bool] = []
 
-    def spy(*args):  # type: ignore[no-untyped-def]
-        offers.append(taken(*args) if len(offers) else False)  # the first one not taken
+    def spy(family, *args):  # type: ignore[no-untyped-def]
+        if family is not DURATIONS:
+            return taken(family, *args)
+        offers.append(taken(family, *args) if len(offers) else False)  # the first not taken
         return offers[-1]
 
-    monkeypatch.setattr(agent.metrics, "set_durations", spy)
+    monkeypatch.setattr(agent.metrics, "put", spy)
     for _ in range(3):  # not taken, then taken, then unchanged: skipped
         agent.cycle()
         clock.now += 5
@@ -978,13 +992,14 @@ def test_unchanged_durations_are_not_set_again_until_the_store_drops_a_pod(cgrou
     agent, kernel, clock, pod = one_timed_call(cgroups, resolver)
     agent.cycle()
     set_calls: list[Key] = []
-    real_set = agent.metrics.set_durations
+    real_put = agent.metrics.put
 
-    def spy(where, kind, k, value):  # type: ignore[no-untyped-def]
-        set_calls.append(k)
-        return real_set(where, kind, k, value)
+    def spy(family, where, kind, value):  # type: ignore[no-untyped-def]
+        if family is DURATIONS:
+            set_calls.append(value[0])  # (key, durations)
+        return real_put(family, where, kind, value)
 
-    agent.metrics.set_durations = spy  # type: ignore[method-assign]
+    agent.metrics.put = spy  # type: ignore[method-assign]
     for _ in range(3):
         clock.now += 5
         agent.cycle()

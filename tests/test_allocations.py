@@ -1,6 +1,6 @@
 """Allocations from the kubelet's PodResources API: id formats, the client against a real gRPC
 server (tests/podresources_server.py), and idle / shared / unallocated accounting with the real
-Metrics."""
+series table."""
 
 from __future__ import annotations
 
@@ -34,10 +34,12 @@ from kubenpu.metrics.catalogue import (
     ALLOCATED_IDLE_FOR,
     ALLOCATIONS_UNMAPPED,
     PODRESOURCES_ERRORS,
+    SOURCE_ERRORS,
     UNALLOCATED_CALLS,
 )
 from kubenpu.metrics.inputs import Held
-from kubenpu.metrics.store import Metrics
+from kubenpu.metrics.series import Series
+from kubenpu.registry import table
 from kubenpu.resolve import Attribution
 from kubenpu.resolve.podresources import client as client_module
 from kubenpu.resolve.podresources.client import Allocated, PodResourcesClient, PodResourcesError
@@ -272,12 +274,12 @@ def test_no_socket_is_an_error_not_a_crash(tmp_path: Path) -> None:
 # --- idle, shared and unallocated accounting --------------------------------------------------
 
 
-def points(metrics: Metrics, spec: object) -> dict[tuple, float]:
+def points(metrics: Series, spec: object) -> dict[tuple, float]:
     found = dict(metrics.collect())[spec]  # type: ignore[index]
     return {tuple(sorted(p.attrs.items())): p.value for p in found}
 
 
-def value(metrics: Metrics, spec: object, **attrs: str) -> float | None:
+def value(metrics: Series, spec: object, **attrs: str) -> float | None:
     return points(metrics, spec).get(tuple(sorted(attrs.items())))
 
 
@@ -285,13 +287,13 @@ def hold(ns: str, p: str, device: str = IGPU, resource: str = I915) -> dict[str,
     return {"namespace": ns, "pod": p, "container": "main", "device": device, "resource": resource}
 
 
-Tracked = tuple[Allocations, Metrics, Clock, Activity]
+Tracked = tuple[Allocations, Series, Clock, Activity]
 
 
 @pytest.fixture
 def tracked(kubelet: PodResourcesTestServer, sock: str) -> Tracked:
     clock = Clock()
-    metrics = Metrics("node", 300, 1000, clock=clock)
+    metrics = table(300, 1000, clock=clock)
     activity = Activity(300, clock)
     allocations = Allocations(
         PodResourcesClient(sock), mapper("hybrid-two-gpu"), metrics, 10, activity, clock=clock
@@ -408,7 +410,7 @@ def test_thousands_of_pods(kubelet: PodResourcesTestServer, sock: str) -> None:
     pods = [pod("ml", f"p{i}", [container("main", {I915: [f"card1-{i}"]})]) for i in range(5000)]
     pods += [pod("ml", f"q{i}", [container("main", {"x.com/y": [f"z{i}"]})]) for i in range(5000)]
     kubelet.set_state({"pods": pods})
-    metrics = Metrics("node", 300, 15_001)  # allocation series count against max_series
+    metrics = table(300, 15_001)  # allocation series count against max_series
     client = PodResourcesClient(sock)
     assert Allocations(client, mapper("hybrid-two-gpu"), metrics, 10, Activity(300)).refresh()
     assert len(points(metrics, ALLOCATED)) == 5000
@@ -526,7 +528,7 @@ def test_list_unimplemented_is_one_counted_line_a_streak(
 def test_a_device_plugged_after_start_maps_once_rediscovered(
     kubelet: PodResourcesTestServer, sock: str
 ) -> None:
-    clock, metrics = Clock(), Metrics("node", 300, 1000)
+    clock, metrics = Clock(), table(300, 1000)
     found: list[Device] = []  # the first discovery saw no device
     client = PodResourcesClient(sock)
     allocations = Allocations(
@@ -549,7 +551,7 @@ def test_an_mi300_partition_allocated_and_busy_is_not_idle(
     busy = container("main", {partition: ["amdgpu_xcp_0"]})
     idle = container("main", {partition: ["amdgpu_xcp_1"]})
     kubelet.set_state({"pods": [pod("ml", "busy", [busy]), pod("ml", "idle", [idle])]})
-    clock, metrics = Clock(), Metrics("node", 300, 1000)
+    clock, metrics = Clock(), table(300, 1000)
     activity = Activity(300, clock)
     client = PodResourcesClient(sock)
     allocations = Allocations(client, mapper(MI300), metrics, 10, activity, clock=clock)
@@ -592,7 +594,7 @@ class WedgedKubelet:
 
 def test_a_wedged_kubelet_does_not_hold_the_stop(tmp_path: Path, caplog) -> None:
     wedged = WedgedKubelet(str(tmp_path / "kubelet.sock"))
-    metrics = Metrics("node", 300, 1000)
+    metrics = table(300, 1000)
     # The longest request timeout the config allows, and an interval beyond the stop deadline.
     client = PodResourcesClient(str(tmp_path / "kubelet.sock"), timeout=60)
     allocations = Allocations(client, Mapper([]), metrics, 3600, Activity(300))
@@ -626,7 +628,7 @@ def test_an_mi300_partitions_calls_are_counted_as_its_use(
     kubelet.set_state(
         {"pods": [pod("ml", "p", [container("main", {partition: ["amdgpu_xcp_0"]})])]}
     )
-    clock, metrics = Clock(), Metrics("node", 300, 1000)
+    clock, metrics = Clock(), table(300, 1000)
     activity, resolver = Activity(300, clock), FakeResolver()
     resolver.answers[7] = Attribution("ml", "p", "main")
     attributor = Attributor(devices, resolver, metrics, activity=activity, clock=clock)
@@ -720,7 +722,7 @@ def test_allocatable_unavailable_again_after_a_redial_is_not_warned_again(
 def test_rediscovery_waits_its_interval_and_only_for_ids_that_name_no_device(
     kubelet: PodResourcesTestServer, sock: str
 ) -> None:
-    clock, metrics = Clock(), Metrics("node", 300, 1000)
+    clock, metrics = Clock(), table(300, 1000)
     scans: list[float] = []
     found: list[Device] = []
 
@@ -771,7 +773,7 @@ class _Breaks(Activity):
 def test_the_thread_logs_a_failed_refresh_and_goes_on(
     kubelet: PodResourcesTestServer, sock: str, caplog
 ) -> None:
-    metrics = Metrics("node", 300, 1000)
+    metrics = table(300, 1000)
     allocations = Allocations(
         PodResourcesClient(sock), mapper("hybrid-two-gpu"), metrics, 0.01, _Breaks(300)
     )
@@ -779,7 +781,7 @@ def test_the_thread_logs_a_failed_refresh_and_goes_on(
     allocations = Allocations(
         PodResourcesClient(sock), mapper("hybrid-two-gpu"), metrics, 0.01, _Breaks(300)
     )
-    with caplog.at_level(logging.ERROR, logger="kubenpu.allocations"):
+    with caplog.at_level(logging.ERROR, logger="kubenpu"):
         allocations.start()
         assert allocations._thread.name == "allocations" and allocations._thread.daemon
         deadline = threading.Event()
@@ -788,7 +790,9 @@ def test_the_thread_logs_a_failed_refresh_and_goes_on(
         allocations.close()
     assert kubelet.requests["List"] >= 3  # the refreshes went on after the failure
     (failed,) = caplog.records
-    assert failed.getMessage() == "allocations refresh failed" and failed.exc_info
+    # Through the source's Report: logged once a streak, counted by source.
+    assert failed.getMessage() == "reading allocations failed (retrying): RuntimeError: a bug"
+    assert value(metrics, SOURCE_ERRORS, source="allocations") >= 1
     assert value(metrics, ALLOCATED, **hold("ml", "a")) == 2
 
 

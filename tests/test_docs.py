@@ -81,7 +81,7 @@ def test_every_quoted_config_key_exists():
     assert not missing, f"docs/architecture.md names config keys that do not exist: {missing}"
 
 
-@pytest.mark.parametrize("spec", ["Kind", "Vendor", "Device", "Tally", "Resolver", "Metrics"])
+@pytest.mark.parametrize("spec", ["Kind", "Vendor", "Device", "Tally", "Resolver", "Series"])
 def test_named_public_surfaces_are_quoted(spec):
     # The table lists each stage's public surface; these must stay in it.
     assert f"`{spec}" in ARCHITECTURE
@@ -254,12 +254,15 @@ def test_the_stage_table_follows_the_data_flow():
 
 
 def test_the_export_snapshot_is_spec_and_point():
-    """architecture.md says what Metrics.collect() hands export: the project's own types."""
-    from kubenpu.metrics.store import Metrics
+    """architecture.md says what Series.collect() hands export: the project's own types."""
+    import typing
+
+    from kubenpu.metrics.catalogue import Spec
+    from kubenpu.metrics.points import Point
+    from kubenpu.metrics.series import Series
 
     assert "`collect()` gives export plain `(Spec, [Point])` snapshots" in ARCHITECTURE
-    assert "Spec" in Metrics.collect.__annotations__["return"]
-    assert "Point" in Metrics.collect.__annotations__["return"]
+    assert typing.get_type_hints(Series.collect)["return"] == list[tuple[Spec, list[Point]]]
 
 
 def test_the_allocations_doc_says_what_the_chart_and_code_do():

@@ -39,7 +39,9 @@ from otlp_receiver import OtlpHttpReceiver, OtlpReceiver, Relay, attrs
 from vm.guestlib import parse
 
 from kubenpu import __version__, config, export
+from kubenpu.attribution import DURATIONS, UNNAMED
 from kubenpu.export import otlp
+from kubenpu.jobs import JOB_TIMES, RESETS
 from kubenpu.kernel import abi
 from kubenpu.kernel.records import Durations, JobTimes, Key
 from kubenpu.metrics.catalogue import (
@@ -47,7 +49,6 @@ from kubenpu.metrics.catalogue import (
     ENGINE_COUNTERS,
     ENGINE_CYCLES,
     EXPORT_ERRORS,
-    FDINFO_SKIPPED,
     K8S_ATTRIBUTES,
     OVERFLOW_ATTRS,
     POD_HANGS,
@@ -57,7 +58,12 @@ from kubenpu.metrics.catalogue import (
     Spec,
 )
 from kubenpu.metrics.inputs import DeviceRow, Where
-from kubenpu.metrics.store import Metrics, Point
+from kubenpu.metrics.own import DEVICES
+from kubenpu.metrics.points import Point
+from kubenpu.metrics.series import Series
+from kubenpu.registry import FAMILIES
+from kubenpu.telemetry import POD_ENERGY_SHARES
+from kubenpu.usage import ENGINES, GAUGES
 
 HOUR = 3600.0  # an interval long enough that only explicit flushes push
 
@@ -100,13 +106,12 @@ def test_call_durations_push_as_the_kernels_exponential_buckets(tmp_path, receiv
     try:
         m = tel.metrics
         calls(m, "ns", "p", "c", 6, kind="alloc", uid="u-1")
-        m.set_durations(
-            where, "alloc", Key(1, 226, 0, 2), Durations(70_000, tuple(slots), tuple(errors))
-        )
-        m.set_durations(
-            where, "alloc", Key(2, 226, 0, 2), Durations(30_000, tuple(slots), (0,) * 15)
-        )
-        m.set_durations(where, "wait", Key(2, 226, 0, 3), Durations(1, tuple(slots), (0,) * 15))
+        alloc_1 = Durations(70_000, tuple(slots), tuple(errors))
+        m.put(DURATIONS, where, "alloc", (Key(1, 226, 0, 2), alloc_1))
+        alloc_2 = Durations(30_000, tuple(slots), (0,) * 15)
+        m.put(DURATIONS, where, "alloc", (Key(2, 226, 0, 2), alloc_2))
+        wait = Durations(1, tuple(slots), (0,) * 15)
+        m.put(DURATIONS, where, "wait", (Key(2, 226, 0, 3), wait))
         assert tel.pusher.push()
     finally:
         tel.shutdown()
@@ -133,8 +138,8 @@ def test_grpc_push_exact_values_resource_and_headers(tmp_path, receiver, clean_r
         calls(m, "ns", "p", "c", 41)
         calls(m, "ns", "p", "c", 1)
         calls(m, "", "", "", 5)
-        m.unattributed("not_indexed", 5)
-        m.set_devices([DeviceRow("0000:03:00.0", "vgem", "vgem", "1af4:1050", "1")])
+        m.set(UNNAMED, "not_indexed", 5)
+        m.set(DEVICES, cfg.node_name, [DeviceRow("0000:03:00.0", "vgem", "vgem", "1af4:1050", "1")])
         assert tel.pusher.push()
     finally:
         tel.shutdown()
@@ -387,7 +392,7 @@ def test_retired_series_disappear_from_metrics_and_otlp(tmp_path, receiver):
         calls(tel.metrics, "ns", "stays", "c", 3)
         assert tel.pusher.push()
         assert 'pod="gone"' in scrape(port)
-        tel.metrics.container_gone("ns", "gone", "c")
+        tel.metrics.gone(Where("ns", "gone", "", "c", "", ""))
         clock.now += 60
         body = scrape(port)
         assert 'pod="gone"' not in body
@@ -698,11 +703,12 @@ def test_stop_with_a_blackholed_collector_is_bounded_and_reports_the_loss(
     ]
 
 
-class GatedMetrics(Metrics):
-    """Metrics whose collect() takes its snapshot, then waits for the test to open the gate."""
+class GatedMetrics(Series):
+    """A series table whose collect() takes its snapshot, then waits for the test to open the
+    gate."""
 
     def __init__(self) -> None:
-        super().__init__("node-a", 300, 100)
+        super().__init__(FAMILIES, 300, 100)
         self.entered = threading.Event()
         self.gate = threading.Event()
 
@@ -773,9 +779,9 @@ def test_the_start_imports_only_what_its_config_uses(tmp_path, prometheus, otlp,
 import sys
 from kubenpu import agent, config, export
 from kubenpu.health import Health
-from kubenpu.metrics.store import Metrics
+from kubenpu.registry import table
 cfg = config.load({str(tmp_path / "kubenpu.yaml")!r}, {{"K8S_NODE_NAME": "n"}})
-export.start(cfg, Metrics("n", 60, 100), Health(15)).shutdown()
+export.start(cfg, table(60, 100), Health(15)).shutdown()
 print(sorted({{h for h in {HEAVY!r} for m in sys.modules if m == h or m.startswith(h + ".")}}))
 """
     # No tests/helpers.py in the script: it imports prometheus_client for the VM tests.
@@ -839,7 +845,7 @@ def test_a_counter_past_int64_is_pushed_as_a_double(tmp_path, any_receiver):
     tel = start_pushing(tmp_path, protocol, rx.port)
     try:
         for _ in range(2):
-            tel.metrics.add_engine(ENGINE_CYCLES, CYCLES_WHERE, "rcs", 2**63 - 1)
+            assert tel.metrics.put(ENGINES[ENGINE_CYCLES], CYCLES_WHERE, "rcs", 2**63 - 1)
         calls(tel.metrics, "ns", "p", "c", 3)
         assert tel.pusher.push()
         assert tel.pusher.push()  # and the next one
@@ -853,21 +859,24 @@ def test_a_counter_past_int64_is_pushed_as_a_double(tmp_path, any_receiver):
 
 def test_an_increment_past_a_double_is_skipped_at_the_edge_and_pushes_go_on(tmp_path, any_receiver):
     """A counter above ~1e308 (an int no double holds, or a float sum that became inf) failed
-    every push and every scrape while the pod lived."""
+    every push and every scrape while the pod lived. The table refuses such an increment (put
+    is False; the caller counts it in kubenpu_fdinfo_skipped_total{reason="out_of_range"}:
+    tests/test_usage.py) and keeps the sum it had."""
     protocol, rx = any_receiver
     cfg = make_config(tmp_path, otlp_yaml(rx.port, f"    protocol: {protocol}\n"))
     cfg.export.prometheus.enabled = True
     tel = start_telemetry(cfg)
+    cycles, busy = ENGINES[ENGINE_CYCLES], ENGINES[ENGINE_BUSY]
     try:
-        tel.metrics.add_engine(ENGINE_CYCLES, CYCLES_WHERE, "rcs", 10**400)  # > any double
-        tel.metrics.add_engine(ENGINE_BUSY, CYCLES_WHERE, "rcs", 1e308)
-        tel.metrics.add_engine(ENGINE_BUSY, CYCLES_WHERE, "rcs", 1e308)  # the sum: inf
+        assert not tel.metrics.put(cycles, CYCLES_WHERE, "rcs", 10**400)  # > any double
+        assert tel.metrics.put(busy, CYCLES_WHERE, "rcs", 1e308)
+        assert not tel.metrics.put(busy, CYCLES_WHERE, "rcs", 1e308)  # the sum: inf
         calls(tel.metrics, "ns", "p", "c", 3)
         assert tel.pusher.push()
         assert 'kubenpu_engine_busy_seconds_total{container="c"' in scrape(tel.server.port)
     finally:
         tel.shutdown()
-    assert values(tel.metrics, FDINFO_SKIPPED)[("out_of_range",)] == 2
+    assert values(tel.metrics, ENGINE_CYCLES) == {}  # the refused row was never made
     assert list(rx.values("kubenpu.engine.busy").values()) == [1e308]
     assert rx.values("kubenpu.ioctl") == {ioctl("ns", "p", "c"): 3}
     assert rx.values("kubenpu.otlp.export.errors") == {frozenset(): 0}
@@ -878,7 +887,7 @@ def test_an_encoding_failure_is_a_counted_export_error_and_the_next_push_goes_ou
 ):
     """The edge keeps such values out (above); planted past it, an encoding failure must fail
     one push, counted and logged, while that push's other requests and the next push go out.
-    (Planted by wrapping Metrics.collect: nothing real can make such a value any more.)"""
+    (Planted by wrapping Series.collect: nothing real can make such a value any more.)"""
     protocol, rx = any_receiver
     tel = start_pushing(tmp_path, protocol, rx.port, "    max_request_bytes: 65536\n", 60)
     for i in range(1000):
@@ -901,7 +910,7 @@ def test_an_encoding_failure_is_a_counted_export_error_and_the_next_push_goes_ou
     assert "failed (1 in a row): cannot encode the push: OverflowError" in lines[0]
 
 
-def values_of(metrics: Metrics, spec: Spec) -> float:
+def values_of(metrics: Series, spec: Spec) -> float:
     return sum(p.value for p in dict(metrics.collect())[spec])  # type: ignore[misc]
 
 
@@ -984,7 +993,7 @@ UID_A, UID_B = "8f2c3a10-0000-4000-8000-00000000000a", "8f2c3a10-0000-4000-8000-
 
 def push_pods(tmp_path: Path, rx: OtlpReceiver, attributes: str) -> None:
     """Two pods of one name, one after the other (uids a, b), with calls, their durations and
-    errors, engine time, memory, capacity, energy and GPU jobs: every per-pod series the store makes
+    errors, engine time, memory, capacity, energy and GPU jobs: every per-pod series the table makes
     from an Attribution."""
     text = otlp_yaml(rx.port, f"    attributes: {attributes}\n")
     tel = start_telemetry(make_config(tmp_path, text))
@@ -995,18 +1004,18 @@ def push_pods(tmp_path: Path, rx: OtlpReceiver, attributes: str) -> None:
             calls(m, "ns", "p", "c", n, uid=uid)
             where = Where("ns", "p", uid, "c", "0000:03:00.0", "vgem")
             for spec in ENGINE_COUNTERS:
-                m.add_engine(spec, where, "render", n)
-            m.add_energy(where, n * 1_000_000)
+                m.put(ENGINES[spec], where, "render", n)
+            m.put(POD_ENERGY_SHARES, where, "", n * 1_000_000)
             slots = (n,) + (0,) * (abi.DURATION_SLOTS - 1)
             errors = (n,) + (0,) * (len(abi.ERRORS) - 1)
-            m.set_durations(where, "submit", Key(n, 226, 0, 1), Durations(n, slots, errors))
+            m.put(DURATIONS, where, "submit", (Key(n, 226, 0, 1), Durations(n, slots, errors)))
             histogram = Durations(n, slots, ())
-            m.set_jobs(where, "gfx_0.0.0", n, JobTimes(n + 1, n, histogram, histogram))
-            m.pod_reset(POD_HANGS, where)
-            m.pod_reset(RESET_VICTIMS, where)
+            m.put(JOB_TIMES, where, "gfx_0.0.0", (n, JobTimes(n + 1, n, histogram, histogram)))
+            m.put(RESETS[POD_HANGS], where, "", 1)
+            m.put(RESETS[RESET_VICTIMS], where, "", 1)
             capacity[(where, "render")] = 1
             memory[(where, "vram0", "resident")] = n
-        m.set_usage_gauges(capacity, memory)
+        m.set(GAUGES, "", (capacity, memory))
         assert tel.pusher.push()
     finally:
         tel.shutdown()

@@ -23,7 +23,9 @@ from helpers import (
     start_telemetry,
 )
 
-from kubenpu import export
+from kubenpu import export, jobs, telemetry, uevents
+from kubenpu.allocations import ALLOCATIONS
+from kubenpu.attribution import DROPS, DURATIONS, EVENTS, UNNAMED
 from kubenpu.kernel import abi
 from kubenpu.kernel.records import Durations, JobTimes, Key
 from kubenpu.metrics.catalogue import (
@@ -35,6 +37,16 @@ from kubenpu.metrics.catalogue import (
     TELEMETRY_SPECS,
 )
 from kubenpu.metrics.inputs import AllocationState, Held, Where
+from kubenpu.metrics.own import (
+    CERTIFICATES,
+    CRI,
+    DEVICES,
+    INDEX_REBUILT,
+    SOURCE_DURATION,
+    SOURCE_FAILED,
+    STAMPS,
+)
+from kubenpu.usage import ENGINES, GAUGES
 
 pytestmark = pytest.mark.tools
 ROOT = Path(__file__).resolve().parent.parent
@@ -98,37 +110,41 @@ def fill(tel: export.Exporters) -> None:
     m = tel.metrics
     calls(m, "ns", "p", "c", 42, uid="u-1")
     calls(m, "", "", "", 5)
-    m.unattributed("cri_error", 5)
-    m.dropped("ringbuf_full", 3)
-    m.events_received(47)
-    m.index_rebuilt()
-    m.cri_request(0.004, True)
-    m.set_devices([VGEM_ROW])
+    m.set(UNNAMED, "cri_error", 5)
+    m.set(DROPS, "ringbuf_full", 3)
+    m.set(EVENTS, "", 47)
+    m.set(INDEX_REBUILT, "", 1)
+    m.set(CRI, "", (0.004, True))
+    m.set(DEVICES, VGEM_INFO["node"], [VGEM_ROW])
     where = Where("ns", "p", "u-1", "c", "0000:03:00.0", "vgem")
     for spec in ENGINE_COUNTERS:
-        m.add_engine(spec, where, "render", 2.5)
-    m.set_usage_gauges({(where, "render"): 1}, {(where, "vram0", "resident"): 4096})
+        m.put(ENGINES[spec], where, "render", 2.5)
+    m.set(GAUGES, "", ({(where, "render"): 1}, {(where, "vram0", "resident"): 4096}))
     held = Held("ns", "p", "c", "0000:03:00.0", "gpu.intel.com/i915")
     unallocated = {("ns", "q", "c", "0000:03:00.0"): (4, 1)}
     unmapped = {("example.com/x", "unknown_format"): 1}
-    m.set_allocations(
-        AllocationState({held: 2}, {held: (120.0, 1)}, {held: 60.0}, unallocated, unmapped)
+    m.set(
+        ALLOCATIONS,
+        "",
+        AllocationState({held: 2}, {held: (120.0, 1)}, {held: 60.0}, unallocated, unmapped),
     )
     hw = {"device": "0000:03:00.0", "vendor": "vgem", "hw.id": "0000:03:00.0", "hw.type": "gpu"}
-    m.set_telemetry("0000:03:00.0", [(spec, hw, 1.5) for spec in TELEMETRY_SPECS])
-    m.telemetry_skipped({"missing": 1})
-    m.device_reset("0000:03:00.0", "vgem", "rebind")
-    m.device_coredump("0000:03:00.0", "vgem")
-    m.uevent_skipped("malformed")
-    m.add_energy(where, 2_000_000)
-    m.set_certificates({"export.prometheus.tls.cert_file": 1.9e9})
-    m.counters_read("kernel", 1.8e9)
-    m.set_durations(where, "submit", Key(7, 226, 0, 1), TIMED)
-    jobs = Durations(TIMED.sum_ns, TIMED.slots, ())
-    m.set_jobs(where, "gfx_0.0.0", 7, JobTimes(5, 4, jobs, jobs))
-    m.jobs_lost({"unmatched": 1, "keys_full": 0})
-    m.pod_reset(POD_HANGS, where)
-    m.pod_reset(RESET_VICTIMS, where)
+    m.set(telemetry.TELEMETRY, "0000:03:00.0", [(spec, hw, 1.5) for spec in TELEMETRY_SPECS])
+    m.set(telemetry.SKIPS, "missing", 1)
+    m.set(uevents.RESETS, ("0000:03:00.0", "vgem", "rebind"), 1)
+    m.set(uevents.COREDUMPS, ("0000:03:00.0", "vgem"), 1)
+    m.set(uevents.SKIPS, "malformed", 1)
+    m.put(telemetry.POD_ENERGY_SHARES, where, "", 2_000_000)
+    m.set(CERTIFICATES, "", {"export.prometheus.tls.cert_file": 1.9e9})
+    m.set(STAMPS, "kernel", 1.8e9)
+    m.set(SOURCE_DURATION, "fdinfo", 0.25)
+    m.set(SOURCE_FAILED, "fdinfo", 1)
+    m.put(DURATIONS, where, "submit", (Key(7, 226, 0, 1), TIMED))
+    times = Durations(TIMED.sum_ns, TIMED.slots, ())
+    m.put(jobs.JOB_TIMES, where, "gfx_0.0.0", (7, JobTimes(5, 4, times, times)))
+    m.set(jobs.LOST, "", {"unmatched": 1, "keys_full": 0})
+    m.put(jobs.RESETS[POD_HANGS], where, "", 1)
+    m.put(jobs.RESETS[RESET_VICTIMS], where, "", 1)
 
 
 # Two calls of 2.0 ms (bucket -36, (1.95, 2.32] ms), one of 50 ms (bucket -18, (44.2, 52.6]

@@ -18,13 +18,17 @@ from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metr
 from prometheus_client import CollectorRegistry, generate_latest
 from test_export_prometheus import TIMED, start_victoria_metrics, tools  # noqa: F401 (fixture)
 
-from kubenpu import export
+from kubenpu import export, telemetry
+from kubenpu.allocations import ALLOCATIONS
+from kubenpu.attribution import DURATIONS
 from kubenpu.export.otlp import metrics_data, otlp_names
 from kubenpu.export.prometheus import PrometheusCollector
 from kubenpu.kernel.records import Key
 from kubenpu.metrics.catalogue import ENGINE_COUNTERS, TELEMETRY_SPECS
 from kubenpu.metrics.inputs import AllocationState, Held, Where
-from kubenpu.metrics.store import Metrics
+from kubenpu.metrics.series import Series
+from kubenpu.registry import table
+from kubenpu.usage import ENGINES, GAUGES
 
 pytestmark = pytest.mark.tools
 NODES = 8
@@ -33,7 +37,7 @@ KINDS = ("submit", "alloc", "wait")
 DEVICES = ("0000:03:00.0", "0000:83:00.0")
 
 
-def fill_node(m: Metrics, pods: int = PODS) -> None:
+def fill_node(m: Series, pods: int = PODS) -> None:
     """A node of `pods` pods, half on each device, with every per-pod series kind on."""
     held, capacity, memory = {}, {}, {}
     for i in range(pods):
@@ -43,24 +47,24 @@ def fill_node(m: Metrics, pods: int = PODS) -> None:
             m.add_calls(
                 where.namespace, where.pod, "main", device, "amdgpu", kind, 10 + k, where.pod_uid
             )
-            m.set_durations(where, kind, Key(1000 + i, 226, i, k + 1), TIMED)
+            m.put(DURATIONS, where, kind, (Key(1000 + i, 226, i, k + 1), TIMED))
         for spec in ENGINE_COUNTERS:
-            m.add_engine(spec, where, "gfx", 2.5)
+            m.put(ENGINES[spec], where, "gfx", 2.5)
         capacity[where, "gfx"], memory[where, "vram", "resident"] = 1, 4096
-        m.add_energy(where, 2_000_000)
+        m.put(telemetry.POD_ENERGY_SHARES, where, "", 2_000_000)
         held[Held(where.namespace, where.pod, "main", device, "amd.com/gpu")] = 1
-    m.set_usage_gauges(capacity, memory)  # one snapshot of every pod's gauges
-    m.set_allocations(AllocationState(held, {}, {}, {}, {}))
+    m.set(GAUGES, "", (capacity, memory))  # one snapshot of every pod's gauges
+    m.set(ALLOCATIONS, "", AllocationState(held, {}, {}, {}, {}))
     for device in DEVICES:
         hw = {"device": device, "vendor": "amdgpu", "hw.id": device, "hw.type": "gpu"}
-        m.set_telemetry(device, [(spec, hw, 1.5) for spec in TELEMETRY_SPECS])
+        m.set(telemetry.TELEMETRY, device, [(spec, hw, 1.5) for spec in TELEMETRY_SPECS])
 
 
 def node_figures(tmp: Path, pods: int) -> dict[str, int]:
     """One node's series (OTLP points; Prometheus samples, a histogram's buckets each one),
     an OTLP push's protobuf bytes and a scrape's text bytes."""
     cfg = make_config(tmp, "")
-    m = Metrics("node-0", 300, 1_000_000)
+    m = table(300, 1_000_000)
     fill_node(m, pods)
     resource = export.build_resource(cfg)
     snapshot = otlp_names(m.collect(), "semconv")

@@ -22,6 +22,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "kubenpu.text",
         "kubenpu.vendors",
     ),
+    ("kubenpu.metrics.catalogue",),  # names only (specs, reasons): every layer may name them
     ("kubenpu.discovery",),
     ("kubenpu.fdinfo",),
     ("kubenpu.kernel", "kubenpu.kernel.abi", "kubenpu.kernel.records", "kubenpu.kernel.errors"),
@@ -36,8 +37,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("kubenpu.probe",),
     ("kubenpu.resolve",),
     ("kubenpu.metrics", "kubenpu.metrics.inputs"),
-    ("kubenpu.metrics.catalogue",),
-    ("kubenpu.metrics.store",),
+    ("kubenpu.metrics.points",),
+    ("kubenpu.metrics.series",),
+    ("kubenpu.metrics.own",),
+    ("kubenpu.sources",),  # the sources' framework: the table's, beneath every source
     ("kubenpu.activity",),
     ("kubenpu.attribution", "kubenpu.energy"),
     (
@@ -47,6 +50,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "kubenpu.uevents",
         "kubenpu.jobs",
     ),
+    ("kubenpu.registry", "kubenpu.sources.registry"),  # every source and family, listed
     ("kubenpu.config",),
     ("kubenpu.export",),
     ("kubenpu.health",),
@@ -136,7 +140,7 @@ def _upward(graph: dict[str, set[str]]) -> list[str]:
 
 def test_the_graph_is_read():
     graph = _graph()
-    assert "kubenpu.metrics.store" in graph["kubenpu.usage"]  # else the next passes idly
+    assert "kubenpu.metrics.series" in graph["kubenpu.usage"]  # else the next passes idly
     assert _cycle({"a": {"b"}, "b": {"a"}}) == ["a", "b", "a"]
 
 

@@ -32,7 +32,9 @@ from kubenpu.metrics.catalogue import (
     POD_HANGS,
     RESET_VICTIMS,
 )
-from kubenpu.metrics.store import ExpHist, Metrics
+from kubenpu.metrics.points import ExpHist
+from kubenpu.metrics.series import Series
+from kubenpu.registry import table
 from kubenpu.resolve import Attribution
 from kubenpu.resolve.cgroups import ProcCgroups
 
@@ -230,7 +232,7 @@ class FakeJobsKernel:
 DEVICES = [Device(GPU, "amdgpu", "1002:744c", 0, (), "amdgpu")]
 
 
-def stage(kernel: FakeJobsKernel, resolver: FakeResolver, clock: Clock, metrics: Metrics) -> Jobs:
+def stage(kernel: FakeJobsKernel, resolver: FakeResolver, clock: Clock, metrics: Series) -> Jobs:
     jobs = Jobs(
         kernel, resolver, metrics, DEVICES, pending_seconds=5, retry_seconds=0.01, clock=clock
     )
@@ -243,7 +245,7 @@ def test_the_probe_is_retried_until_the_scheduler_is_loaded_and_it_loads(caplog)
     """No scheduler yet is one info line, not an error; a failed load is an error, retried."""
     caplog.set_level(logging.INFO, "kubenpu.jobs")
     kernel = FakeJobsKernel(failures=2, absent=3)
-    jobs = stage(kernel, FakeResolver(), Clock(), Metrics("node", 60, 1000))
+    jobs = stage(kernel, FakeResolver(), Clock(), table(60, 1000))
     assert (kernel.absent, kernel.failures) == (0, 0)
     said = [(r.levelname, r.getMessage().split(":")[0]) for r in caplog.records]
     assert said.count(("INFO", "GPU jobs")) == 2  # "not loaded yet" once, then "attached"
@@ -263,7 +265,7 @@ class Refused(FakeJobsKernel):
 def test_missing_capabilities_are_one_error_and_no_retry(caplog) -> None:
     """Said at once, before any scheduler is loaded: the capabilities never change."""
     kernel = Refused(absent=1_000_000)
-    jobs = Jobs(kernel, FakeResolver(), Metrics("node", 60, 1000), DEVICES, retry_seconds=0.01)
+    jobs = Jobs(kernel, FakeResolver(), table(60, 1000), DEVICES, retry_seconds=0.01)
     jobs.start()
     jobs._thread.join(5)
     assert not jobs._thread.is_alive() and kernel.tries == 1 and not jobs.attached.is_set()
@@ -273,7 +275,7 @@ def test_missing_capabilities_are_one_error_and_no_retry(caplog) -> None:
 
 
 def test_jobs_are_set_per_pod_device_and_ring_with_the_kernels_histograms() -> None:
-    kernel, resolver, metrics = FakeJobsKernel(), FakeResolver(), Metrics("node", 60, 1000)
+    kernel, resolver, metrics = FakeJobsKernel(), FakeResolver(), table(60, 1000)
     resolver.answers[7] = POD_A
     kernel.times = {(7, RING): times(3, [2 * MS, 40 * MS], [50 * MS, 50 * MS])}
     jobs = stage(kernel, resolver, Clock(), metrics)
@@ -291,7 +293,7 @@ def test_jobs_are_set_per_pod_device_and_ring_with_the_kernels_histograms() -> N
 def test_a_cgroup_the_resolver_cannot_name_waits_then_takes_the_settled_answer() -> None:
     """Nothing is lost while it waits: the kernel's values are cumulative."""
     kernel, resolver, clock = FakeJobsKernel(), FakeResolver(), Clock()
-    metrics = Metrics("node", 60, 1000)
+    metrics = table(60, 1000)
     kernel.times = {(8, RING + 1): times(1, [MS], [10 * MS])}
     jobs = stage(kernel, resolver, clock, metrics)
     jobs.read()
@@ -307,7 +309,7 @@ def test_a_cgroup_the_resolver_cannot_name_waits_then_takes_the_settled_answer()
 
 def test_a_gone_cgroup_keeps_its_last_values_retires_and_leaves_the_kernel_table() -> None:
     kernel, resolver, clock = FakeJobsKernel(), FakeResolver(), Clock()
-    metrics = Metrics("node", 10, 1000, clock=clock)
+    metrics = table(10, 1000, clock=clock)
     resolver.answers[7] = POD_A
     kernel.times = {(7, RING): times(4, [MS] * 4, [MS] * 4)}
     jobs = stage(kernel, resolver, clock, metrics)
@@ -322,7 +324,7 @@ def test_a_gone_cgroup_keeps_its_last_values_retires_and_leaves_the_kernel_table
 
 def test_job_series_count_against_the_series_cap() -> None:
     kernel, resolver = FakeJobsKernel(), FakeResolver()
-    metrics = Metrics("node", 60, 2)
+    metrics = table(60, 2)
     for cgroup in (1, 2, 3):
         resolver.answers[cgroup] = Attribution(namespace="ns", pod=f"p{cgroup}", container="c")
         kernel.times[(cgroup, RING)] = times(1, [MS], [MS])
@@ -341,7 +343,7 @@ def test_job_series_count_against_the_series_cap() -> None:
 def test_the_kernels_losses_are_counted_by_reason() -> None:
     kernel = FakeJobsKernel()
     kernel.lost_counts = {"unmatched": 3, "keys_full": 0}
-    metrics = Metrics("node", 60, 1000)
+    metrics = table(60, 1000)
     stage(kernel, FakeResolver(), Clock(), metrics).read()
     assert values(metrics, JOBS_LOST) == {("unmatched",): 3}
 
@@ -395,7 +397,7 @@ def procs(tmp_path: Path) -> tuple[ProcCgroups, dict[str, int]]:
 
 def reset_stage(procs, clock: Clock | None = None):
     found, ids = procs
-    kernel, resolver, metrics = FakeJobsKernel(), FakeResolver(), Metrics("node", 60, 1000)
+    kernel, resolver, metrics = FakeJobsKernel(), FakeResolver(), table(60, 1000)
     for name, cgroup in ids.items():
         resolver.answers[cgroup] = Attribution(namespace="ns", pod=name, container="c")
     jobs = Jobs(
@@ -488,7 +490,7 @@ def test_a_timeout_no_reset_takes_is_dropped_and_said(procs, caplog) -> None:
 
 def test_a_reset_whose_pods_are_not_known_yet_is_counted_at_a_later_read(tmp_path: Path) -> None:
     kernel, resolver, clock = FakeJobsKernel(), FakeResolver(), Clock()
-    metrics = Metrics("node", 60, 1000)
+    metrics = table(60, 1000)
     kernel.times = {(9, RING): timed_out(times(2, [], []))}
     jobs = stage(kernel, resolver, clock, metrics)
     jobs.reset(GPU, None)

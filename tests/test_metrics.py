@@ -13,11 +13,14 @@ from fakes import Clock
 from helpers import VGEM_INFO, VGEM_ROW, calls, ioctl_key, values
 
 from kubenpu import config, export
+from kubenpu.allocations import ALLOCATIONS
+from kubenpu.attribution import DROPS, EVENTS, UNNAMED
 from kubenpu.export import otlp
 from kubenpu.export.prometheus import PrometheusCollector
 from kubenpu.metrics.catalogue import (
     ALLOCATED,
     ALLOCATED_IDLE,
+    DEVICE_STATUS,
     DROP_REASONS,
     DROPPED,
     IOCTL,
@@ -29,25 +32,28 @@ from kubenpu.metrics.catalogue import (
     POD_LABELS,
     POWER,
     SPECS,
+    TELEMETRY_STALE,
     UNATTRIBUTED,
     UNATTRIBUTED_REASONS,
     Spec,
 )
 from kubenpu.metrics.inputs import AllocationState, Held, Where
-from kubenpu.metrics.store import Metrics
+from kubenpu.metrics.own import CRI, DEVICES, INDEX_REBUILT
+from kubenpu.registry import table
+from kubenpu.telemetry import TELEMETRY
 
 
 def test_counts_are_exact() -> None:
-    m = Metrics("node-a", 300, 100)
+    m = table(300, 100)
     calls(m, "ns", "p", "c", 3)
     calls(m, "ns", "p", "c", 4)
     calls(m, "ns", "p", "c", 1, kind="wait")
     calls(m, "", "", "", 2)
-    m.unattributed("not_pod", 2)
-    m.dropped("queue_full", 7)
-    m.events_received(10)
-    m.index_rebuilt()
-    m.set_devices([VGEM_ROW])
+    m.set(UNNAMED, "not_pod", 2)
+    m.set(DROPS, "queue_full", 7)
+    m.set(EVENTS, "", 10)
+    m.set(INDEX_REBUILT, "", 1)
+    m.set(DEVICES, "node-a", [VGEM_ROW])
     assert values(m, IOCTL) == {
         ioctl_key("ns", "p", "c"): 7,
         ioctl_key("ns", "p", "c", "wait"): 1,
@@ -63,9 +69,9 @@ def test_counts_are_exact() -> None:
 
 
 def test_cri_histogram_and_errors() -> None:
-    m = Metrics("n", 300, 100)
+    m = table(300, 100)
     for seconds, ok in ((0.0005, True), (0.03, True), (30.0, False)):
-        m.cri_request(seconds, ok)
+        m.set(CRI, "", (seconds, ok))
     snap = {s.name: pts for s, pts in m.collect()}
     h = snap["kubenpu.cri.request.duration"][0].value
     assert (h.count, h.low, h.high, sum(h.buckets)) == (3, 0.0005, 30.0, 3)
@@ -75,13 +81,13 @@ def test_cri_histogram_and_errors() -> None:
 
 def test_pod_series_retire_after_ttl_when_all_containers_are_gone() -> None:
     clock = Clock()
-    m = Metrics("n", 60, 100, clock)
+    m = table(60, 100, clock)
     calls(m, "ns", "p", "a")
     calls(m, "ns", "p", "b")
-    m.container_gone("ns", "p", "a")
+    m.gone(Where("ns", "p", "", "a", "", ""))
     clock.now += 3600
     assert set(values(m, IOCTL)) == {ioctl_key("ns", "p", "a"), ioctl_key("ns", "p", "b")}
-    m.container_gone("ns", "p", "b")
+    m.gone(Where("ns", "p", "", "b", "", ""))
     clock.now += 59
     assert len(values(m, IOCTL)) == 2  # still within the TTL: the last counts get exported
     clock.now += 1
@@ -93,9 +99,9 @@ def test_two_pods_of_one_name_one_after_the_other_are_two_series_retiring_apart(
     """A StatefulSet's pod-0 recreated: same namespace, pod and container names, a new uid.
     The old pod's counts stay its own (and retire after the TTL); the new pod starts at 0."""
     clock = Clock()
-    m = Metrics("n", 60, 100, clock)
+    m = table(60, 100, clock)
     calls(m, "ns", "p", "c", 2, uid="uid-old")
-    m.container_gone("ns", "p", "c", "uid-old")
+    m.gone(Where("ns", "p", "uid-old", "c", "", ""))
     calls(m, "ns", "p", "c", 3, uid="uid-new")
     assert values(m, IOCTL) == {
         ioctl_key("ns", "p", "c", uid="uid-old"): 2,
@@ -108,12 +114,12 @@ def test_two_pods_of_one_name_one_after_the_other_are_two_series_retiring_apart(
 
 def test_containers_without_pod_labels_retire_each_on_its_own() -> None:
     clock = Clock()
-    m = Metrics("n", 60, 100, clock)
+    m = table(60, 100, clock)
     calls(m, "", "", "ctr-a", 2)
     calls(m, "", "", "ctr-b", 3)
     calls(m, "", "", "", 4)  # unattributed: no container to retire
-    m.container_gone("", "", "ctr-a")
-    m.container_gone("", "", "")
+    m.gone(Where("", "", "", "ctr-a", "", ""))
+    m.gone(Where("", "", "", "", "", ""))
     clock.now += 60
     assert values(m, IOCTL) == {ioctl_key("", "", "ctr-b"): 3, ioctl_key("", "", ""): 4}
     assert values(m, IOCTL_SERIES) == {(): 2}
@@ -121,19 +127,19 @@ def test_containers_without_pod_labels_retire_each_on_its_own() -> None:
 
 def test_a_call_revives_a_gone_container() -> None:
     clock = Clock()
-    m = Metrics("n", 60, 100, clock)
+    m = table(60, 100, clock)
     calls(m, "ns", "p", "a", 5)
-    m.container_gone("ns", "p", "a")
+    m.gone(Where("ns", "p", "", "a", "", ""))
     clock.now += 30
     calls(m, "ns", "p", "a", 1)  # a restarted container with the same name
     clock.now += 3600
     assert values(m, IOCTL) == {ioctl_key("ns", "p", "a"): 6}
-    m.container_gone("ns", "p", "unknown")  # never seen: ignored, allocates nothing
+    m.gone(Where("ns", "p", "", "unknown", "", ""))  # never seen: ignored, allocates nothing
     assert m.pods_held() == 1
 
 
 def test_cardinality_cap_folds_new_series_into_overflow() -> None:
-    m = Metrics("n", 60, 3)
+    m = table(60, 3)
     for i in range(5):
         calls(m, "ns", f"p{i}", "c", 10)
     calls(m, "ns", "p0", "c", 1)  # an existing series keeps counting
@@ -159,30 +165,58 @@ def _allocations(pods: int) -> AllocationState:
 
 def test_allocation_and_telemetry_series_count_against_the_cap() -> None:
     """50,001 pods' allocations were ~150,000 series past metrics.max_series."""
-    m = Metrics("n", 60, 8)
+    m = table(60, 8)
     calls(m, "ns", "p0", "c", 10)  # one ioctl series: 7 left
     power = [(POWER, {"sensor": f"s{i}"}, 1.0) for i in range(4)]
-    m.set_telemetry("0000:03:00.0", power[:3])  # 4 left
-    m.set_allocations(_allocations(5))  # 2 series a Held: 2 Helds fit
+    m.set(TELEMETRY, "0000:03:00.0", power[:3])  # 4 left
+    m.set(ALLOCATIONS, "", _allocations(5))  # 2 series a Held: 2 Helds fit
     assert {k[1] for k in values(m, ALLOCATED)} == {"p0", "p1"}
     assert {k[1] for k in values(m, ALLOCATED_IDLE)} == {"p0", "p1"}
     calls(m, "ns", "p9", "c", 4)  # the cap is full: folded into overflow
     assert values(m, OVERFLOW_CALLS) == {(): 4}
     assert values(m, OVERFLOW_SERIES) == {("allocations",): 3 * 2 + 1}  # and the unallocated
-    m.set_telemetry("0000:03:00.0", power)  # the device's own room is used again, and 1 more
+    m.set(TELEMETRY, "0000:03:00.0", power)  # the device's own room is used again, and 1 more
     assert len(values(m, POWER)) == 3
     assert values(m, OVERFLOW_SERIES)[("telemetry",)] == 1
-    m.set_allocations(AllocationState())  # released: room for new pods' calls
+    m.set(ALLOCATIONS, "", AllocationState())  # released: room for new pods' calls
     calls(m, "ns", "p9", "c", 1)
     assert values(m, IOCTL)[ioctl_key("ns", "p9", "c")] == 1
 
 
+def test_a_telemetry_read_keeps_the_devices_state_first_then_its_points_in_read_order() -> None:
+    """Short of room, a device's read keeps its state (hw.status, the stale flag) before its
+    other points, which it keeps in read order; with no room at all, the state alone, past the
+    cap (docs/metrics.md, The series cap). It once kept the first points read, which left the
+    state, listed last, out."""
+    m = table(60, 8)
+    calls(m, "ns", "p0", "c", 10)  # one ioctl series: 7 left
+    hw = {"device": "0000:03:00.0", "vendor": "vgem"}
+    power = [(POWER, {**hw, "sensor": f"s{i}"}, 1.0) for i in range(4)]
+    state = [(DEVICE_STATUS, {**hw, "state": s}, float(s == "ok")) for s in ("ok", "failed")]
+    state.append((TELEMETRY_STALE, hw, 0.0))
+    m.set(TELEMETRY, "0000:03:00.0", [*power, *state])  # 7 points: all fit
+    assert values(m, OVERFLOW_SERIES) == {}
+    m.set(TELEMETRY, "0000:03:00.0", [*power, (POWER, {**hw, "sensor": "s4"}, 1.0), *state])
+    assert [k[-1] for k in values(m, POWER)] == ["s0", "s1", "s2", "s3"]  # s4: no room left
+    assert values(m, DEVICE_STATUS) == {(*hw.values(), "ok"): 1.0}
+    assert len(dict(m.collect())[TELEMETRY_STALE]) == 1
+    assert values(m, OVERFLOW_SERIES) == {("telemetry",): 1}
+    full = table(60, 2)
+    calls(full, "ns", "p0", "c")
+    calls(full, "ns", "p1", "c")  # the cap full of calls: no room
+    full.set(TELEMETRY, "0000:03:00.0", [*power, *state])
+    assert (values(full, POWER), values(full, DEVICE_STATUS)) == ({}, {(*hw.values(), "ok"): 1.0})
+    assert len(dict(full.collect())[TELEMETRY_STALE]) == 1
+    assert values(full, OVERFLOW_SERIES) == {("telemetry",): 4}
+    assert values(full, IOCTL_SERIES) == {(): 2}  # the pods' call series stay
+
+
 def test_expired_series_free_the_cap_at_once_not_at_the_next_collect() -> None:
     clock = Clock()
-    m = Metrics("n", 60, 2, clock)
+    m = table(60, 2, clock)
     calls(m, "ns", "old", "a")
     calls(m, "ns", "old", "a", kind="wait")
-    m.container_gone("ns", "old", "a")
+    m.gone(Where("ns", "old", "", "a", "", ""))
     clock.now += 60  # expired; no collect() since
     calls(m, "ns", "new", "b", 4)
     assert values(m, IOCTL_SERIES) == {(): 1}
@@ -191,7 +225,7 @@ def test_expired_series_free_the_cap_at_once_not_at_the_next_collect() -> None:
 
 
 def test_concurrent_updates_and_collections_are_exact() -> None:
-    m = Metrics("n", 60, 10_000)
+    m = table(60, 10_000)
     stop = threading.Event()
 
     def collect() -> None:
@@ -220,7 +254,7 @@ def test_churn_of_1000_containers_returns_memory_to_baseline() -> None:
     state, rendered through both exporters each round, does not grow with the pods that left."""
     clock = Clock()
     cfg = config.Config(node_name="n")
-    m = Metrics("n", 60, 10_000, clock)
+    m = table(60, 10_000, clock)
     resource = export.build_resource(cfg)
     prom = PrometheusCollector(m, resource)
     calls(m, "", "", "", 1)  # the never-retired host series
@@ -233,7 +267,7 @@ def test_churn_of_1000_containers_returns_memory_to_baseline() -> None:
         otlp.metrics_data(m.collect(), resource)
         for p in range(50):
             for c in ("app", "sidecar"):
-                m.container_gone("ns", f"pod-{wave}-{p}", c)
+                m.gone(Where("ns", f"pod-{wave}-{p}", "", c, "", ""))
         clock.now += 61
         list(prom.collect())
         otlp.metrics_data(m.collect(), resource)
@@ -287,6 +321,6 @@ def test_every_reason_is_in_its_help_text() -> None:
 
 
 def test_the_pod_inputs_name_the_catalogues_pod_labels_in_order() -> None:
-    """Where's fields are the series' labels (Metrics builds attrs from Where._asdict())."""
+    """Where's fields are the series' labels (the table builds attrs from Where._asdict())."""
     assert Where._fields[: len(POD_LABELS)] == POD_LABELS
     assert set(POD_LABELS) == K8S_ATTRIBUTES.keys()

@@ -13,7 +13,7 @@ from kubenpu import __version__
 from kubenpu.export import otlp
 from kubenpu.kernel import abi
 from kubenpu.metrics.catalogue import CRI_BOUNDS, Spec
-from kubenpu.metrics.store import ExpHist, Hist, Point
+from kubenpu.metrics.points import ExpHist, Hist, Point
 
 RESOURCE = Resource({"service.name": "kubenpu", "k8s.node.name": "n1"})
 T0 = 1_700_000_000_000_000_000

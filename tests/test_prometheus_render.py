@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from kubenpu import config, export
+from kubenpu.attribution import DROPS, DURATIONS
 from kubenpu.events import Key
 from kubenpu.export import prometheus
 from kubenpu.export.prometheus import MetricsApp
@@ -24,7 +25,9 @@ from kubenpu.kernel import abi
 from kubenpu.kernel.records import Durations
 from kubenpu.metrics.catalogue import COUNTER_SOURCES
 from kubenpu.metrics.inputs import Where
-from kubenpu.metrics.store import Metrics
+from kubenpu.metrics.own import STAMPS
+from kubenpu.metrics.series import Series
+from kubenpu.registry import table
 
 TEXT = "text/plain"
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
@@ -50,7 +53,7 @@ ops = st.one_of(
 )  # fmt: skip
 
 
-def apply(m: Metrics, clock: Clock, op: tuple) -> None:
+def apply(m: Series, clock: Clock, op: tuple) -> None:
     match op:
         case ("calls", ns, pod, c, kind, n):
             calls(m, ns, pod, c, n, kind)
@@ -60,19 +63,19 @@ def apply(m: Metrics, clock: Clock, op: tuple) -> None:
             slots[slot] = 1
             value = Durations(ns_total, tuple(slots), (0,) * len(abi.ERRORS))
             where = Where("ns", pod, "", c, "0000:03:00.0", "vgem")
-            m.set_durations(where, "submit", Key(1, 226, 0, 0), value)
+            m.put(DURATIONS, where, "submit", (Key(1, 226, 0, 0), value))
         case ("gone", ns, pod, c):
-            m.container_gone(ns, pod, c)
+            m.gone(Where(ns, pod, "", c, "", ""))
         case ("tick", seconds):
             clock.now += seconds
         case ("read", source, at):
-            m.counters_read(source, at)
+            m.set(STAMPS, source, at)
         case ("dropped", reason, n):
-            m.dropped(reason, n)
+            m.set(DROPS, reason, n)
 
 
-def app_and_reference(clock: Clock) -> tuple[Metrics, MetricsApp, CollectorRegistry]:
-    m = Metrics("node-a", 60, 10_000, clock)
+def app_and_reference(clock: Clock) -> tuple[Series, MetricsApp, CollectorRegistry]:
+    m = table(60, 10_000, clock)
     app = MetricsApp(m, export.build_resource(config.Config(node_name="node-a")))
     app._process = CollectorRegistry()  # the process' CPU seconds differ from one call to the next
     reference = CollectorRegistry(auto_describe=False)

@@ -26,7 +26,9 @@ from kubenpu.export import otlp
 from kubenpu.fdinfo import _FREQ, _SIZE, MAX_VALUE, Skip, parse_number
 from kubenpu.kernel import abi
 from kubenpu.metrics.catalogue import ALLOCATED_IDLE, ALLOCATED_IDLE_FOR, ENERGY, IOCTL, POWER
-from kubenpu.metrics.store import Metrics, Point
+from kubenpu.metrics.points import Point
+from kubenpu.metrics.series import Series
+from kubenpu.registry import table
 from kubenpu.resolve.podresources.client import Allocated
 from kubenpu.resolve.podresources.mapping import Mapper
 
@@ -212,7 +214,7 @@ class _Kubelet:
         pass
 
 
-def _by_pod(metrics: Metrics, spec) -> dict[str, float]:  # type: ignore[no-untyped-def]
+def _by_pod(metrics: Series, spec) -> dict[str, float]:  # type: ignore[no-untyped-def]
     return {p.attrs["pod"]: p.value for s, points in metrics.collect() if s is spec for p in points}
 
 
@@ -228,7 +230,7 @@ _step = st.tuples(
 def test_the_idle_streak_never_passes_the_idle_total(steps) -> None:
     now = [1000.0]
     clock = lambda: now[0]  # noqa: E731
-    metrics = Metrics("node", 300, 1000, clock=clock)
+    metrics = table(300, 1000, clock=clock)
     activity = Activity(300, clock)
     kubelet = _Kubelet()
     allocations = Allocations(kubelet, Mapper([_DEVICE]), metrics, 10, activity, clock=clock)  # type: ignore[arg-type]

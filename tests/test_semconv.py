@@ -15,7 +15,7 @@ from otlp_receiver import OtlpReceiver, attrs
 
 from kubenpu.discovery import discover
 from kubenpu.metrics.catalogue import SPECS
-from kubenpu.metrics.store import Metrics
+from kubenpu.metrics.series import Series
 from kubenpu.telemetry import Telemetry
 
 TESTDATA = Path(__file__).parent / "testdata"
@@ -83,10 +83,10 @@ def received(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         )
         exporters = start_telemetry(cfg)
         try:
-            metrics: Metrics = exporters.metrics
+            metrics: Series = exporters.metrics
             for machine in MACHINES:
                 root = TESTDATA / machine
-                Telemetry(discover(root), metrics, root).read({})
+                Telemetry(discover(root), metrics, root).sample({})
             assert exporters.pusher.push()
         finally:
             exporters.shutdown()

@@ -16,7 +16,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
-from helpers import eventually, make_config, scrape, start_telemetry, values
+from helpers import calls, eventually, make_config, scrape, start_telemetry, values
 from otlp_receiver import OtlpReceiver
 from prometheus_client.parser import text_string_to_metric_families
 from test_usage import POD_A, POD_B, Machine
@@ -31,14 +31,17 @@ from kubenpu.metrics.catalogue import (
     ENERGY_IDLE,
     ENERGY_UNATTRIBUTED,
     FREQUENCY,
+    IOCTL_SERIES,
     MEMORY_BUSY,
     MEMORY_LIMIT,
     MEMORY_USED,
     MEMORY_UTILIZATION,
+    OVERFLOW_SERIES,
     POD_ENERGY,
     POWER,
     POWER_LIMIT,
     TELEMETRY_SKIPPED,
+    TELEMETRY_SPECS,
     TELEMETRY_STALE,
     TEMPERATURE,
     TEMPERATURE_LIMIT,
@@ -47,8 +50,9 @@ from kubenpu.metrics.catalogue import (
     Spec,
 )
 from kubenpu.metrics.inputs import Where
-from kubenpu.metrics.store import Metrics
-from kubenpu.telemetry import Reading, Telemetry, read_device
+from kubenpu.metrics.series import Series
+from kubenpu.registry import table
+from kubenpu.telemetry import POD_ENERGY_SHARES, Reading, Telemetry, read_device
 
 TESTDATA = Path(__file__).parent / "testdata"
 SECOND = 1_000_000_000
@@ -167,14 +171,14 @@ def test_uncorrected_errors_degrade_the_device_and_an_inaccessible_count_is_a_sk
     degraded; a block whose query is not ready says so in words, counted as malformed."""
     tel, metrics, _, root = telemetry("amd-server", tmp_path)
     ras = next(root.glob("sys/devices/*/*/0000:c3:00.0/ras"))
-    tel.read({})
+    tel.sample({})
     assert {k[-1] for k, v in values(metrics, DEVICE_STATUS).items() if k[0] == "0000:c3:00.0"} == {
         "ok"
     }
     (ras / "gfx_err_count").write_text("ue: 2\nce: 1\n")
     (ras / "umc_err_count").write_text("Query currently inaccessible\n")
     (ras / "sdma_err_count").write_text("ue: 1\nxe: 4\n")  # an unknown type: the whole file
-    tel.read({})
+    tel.sample({})
     errors = values(metrics, DEVICE_ERRORS, skip=("device", "vendor", "hw.id", "hw.type"))
     assert {k[-2:]: v for k, v in errors.items()} == {
         ("gfx", "uncorrected"): 2,
@@ -204,9 +208,9 @@ def test_power_input_wins_over_average_of_the_same_channel(tmp_path: Path) -> No
     assert got.power_uw == 71000000
 
 
-def telemetry(machine: str, tmp_path: Path) -> tuple[Telemetry, Metrics, Clock, Path]:
+def telemetry(machine: str, tmp_path: Path) -> tuple[Telemetry, Series, Clock, Path]:
     shutil.copytree(TESTDATA / machine, tmp_path, symlinks=True, dirs_exist_ok=True)
-    clock, metrics = Clock(), Metrics("node", 60, 1000)
+    clock, metrics = Clock(), table(60, 1000)
     return Telemetry(discover(tmp_path), metrics, tmp_path, clock), metrics, clock, tmp_path
 
 
@@ -214,7 +218,7 @@ def xe_energy(root: Path) -> Path:
     return next(root.glob("sys/devices/**/hwmon2/energy1_input"))
 
 
-def device_energy(metrics: Metrics) -> float:
+def device_energy(metrics: Series) -> float:
     [(_, value)] = values(metrics, ENERGY).items()
     return value
 
@@ -226,7 +230,7 @@ def test_driver_energy_across_a_reset_and_a_32_bit_wrap(tmp_path: Path) -> None:
     for raw, step in ((1_000, 0), (4_000, 5), (500, 5), ((1 << 32) - 100, 6), (400, 5)):
         counter.write_text(f"{raw}\n")
         clock.ns += step * SECOND
-        tel.read({})
+        tel.sample({})
     # 3000, then a reset (the 500 since), 4294966796 up to the top, 500 past the wrap.
     assert device_energy(metrics) == (3_000 + 500 + (1 << 32) - 600 + 500) / 1e6
     assert values(metrics, TELEMETRY_SKIPPED) == {("counter_reset",): 1}
@@ -235,7 +239,7 @@ def test_driver_energy_across_a_reset_and_a_32_bit_wrap(tmp_path: Path) -> None:
     assert power == 500 / 5 / 1e6
 
 
-def energy_steps(tmp_path: Path, steps: list[tuple[int, int]]) -> tuple[Metrics, int]:
+def energy_steps(tmp_path: Path, steps: list[tuple[int, int]]) -> tuple[Series, int]:
     """The xe card's counter read at (µJ, seconds after the last read), two pods busy half the
     time each: its device energy in µJ and the metrics."""
     tel, metrics, clock, root = telemetry("intel-arc-xe", tmp_path)
@@ -249,7 +253,7 @@ def energy_steps(tmp_path: Path, steps: list[tuple[int, int]]) -> tuple[Metrics,
                 for pod in ("a", "b")
             }
         }
-        tel.read(busy)
+        tel.sample(busy)
     return metrics, round(device_energy(metrics) * 1e6)
 
 
@@ -293,7 +297,7 @@ def test_the_ceiling_is_the_margin_over_the_highest_limit_else_the_fallback() ->
 def test_power_is_integrated_where_the_driver_has_no_energy_counter(tmp_path: Path) -> None:
     tel, metrics, clock, _ = telemetry("amd-server", tmp_path)
     for _ in range(4):
-        tel.read({})
+        tel.sample({})
         clock.ns += 5 * SECOND + 7  # 63 W * 5.000000007 s, remainders carried
     [(key, joules)] = values(metrics, ENERGY).items()
     assert "integrated" in key
@@ -371,7 +375,7 @@ def test_energy_per_pod_from_fdinfo_sums_to_the_device_counter(tmp_path: Path) -
         m.usage.saw([10, 11, 12], [])
         m.read()
         clock.ns += 5 * SECOND
-        tel.read(m.usage.interval_busy())
+        tel.sample(m.usage.interval_busy())
     pods = values(m.metrics, POD_ENERGY, ("namespace", "container", "device", "vendor"))
     idle = values(m.metrics, ENERGY_IDLE)[("0000:03:00.0", "xe")]
     unattributed = values(m.metrics, ENERGY_UNATTRIBUTED)[("0000:03:00.0", "xe")]
@@ -384,8 +388,8 @@ def test_energy_per_pod_from_fdinfo_sums_to_the_device_counter(tmp_path: Path) -
     assert sum(micro.values()) + round(idle * 1e6) + round(unattributed * 1e6) == round(total * 1e6)
 
 
-def push_and_scrape(tmp_path: Path, fill: Callable[[Metrics], None]) -> tuple[OtlpReceiver, str]:
-    """fill the agent's Metrics, push them to a real OTLP receiver and scrape /metrics."""
+def push_and_scrape(tmp_path: Path, fill: Callable[[Series], None]) -> tuple[OtlpReceiver, str]:
+    """fill the agent's series table, push them to a real OTLP receiver and scrape /metrics."""
     with OtlpReceiver() as rx:
         cfg = make_config(
             tmp_path,
@@ -403,10 +407,10 @@ def push_and_scrape(tmp_path: Path, fill: Callable[[Metrics], None]) -> tuple[Ot
 
 
 def test_metrics_and_otlp_carry_every_fixture_drivers_telemetry(tmp_path: Path) -> None:
-    def fill(metrics: Metrics) -> None:
+    def fill(metrics: Series) -> None:
         for machine in ("intel-i915", "intel-arc-xe", "amd-server", "intel-npu", "gaudi"):
             root = TESTDATA / machine
-            Telemetry(discover(root), metrics, root).read({})
+            Telemetry(discover(root), metrics, root).sample({})
 
     rx, text = push_and_scrape(tmp_path, fill)
     samples = {
@@ -442,7 +446,9 @@ def test_metrics_and_otlp_carry_every_fixture_drivers_telemetry(tmp_path: Path) 
 
 def test_pod_energy_is_exported_under_its_prometheus_and_otlp_names(tmp_path: Path) -> None:
     where = Where("ns", "a", "", "main", "platform:kubenpu_testdrm", "kubenpu_testdrm")
-    rx, text = push_and_scrape(tmp_path, lambda metrics: metrics.add_energy(where, 1_500_001))
+    rx, text = push_and_scrape(
+        tmp_path, lambda metrics: metrics.put(POD_ENERGY_SHARES, where, "", 1_500_001)
+    )
     assert 'kubenpu_energy_joules_total{container="main",device="platform:kubenpu_testdrm"' in text
     [(attrs, joules)] = rx.values("kubenpu.energy").items()
     assert joules == 1.500001 and ("k8s.pod.name", "a") in attrs
@@ -490,14 +496,14 @@ class Sensors:
 DEADLINE = 0.2  # waited for each stuck read; no assertion is on time
 
 
-def stale(metrics: Metrics) -> dict[str, float]:
+def stale(metrics: Series) -> dict[str, float]:
     [points] = [p for s, p in metrics.collect() if s is TELEMETRY_STALE]
     return {p.attrs["device"]: p.value for p in points}
 
 
-def read_until_fresh(tel: Telemetry, metrics: Metrics, device: str) -> None:
+def read_until_fresh(tel: Telemetry, metrics: Series, device: str) -> None:
     """Reads until the device's late read is used (it returns a moment after the fake's read)."""
-    eventually(lambda: tel.read({}) is None and stale(metrics)[device] == 0, "the late read used")
+    eventually(lambda: tel.sample({}) is None and stale(metrics)[device] == 0, "the late read used")
 
 
 def test_a_read_that_blocks_is_skipped_its_device_marked_stale_and_never_read_twice(
@@ -506,15 +512,15 @@ def test_a_read_that_blocks_is_skipped_its_device_marked_stale_and_never_read_tw
     """A sysfs read that never returned (a driver blocks them during a GPU reset) held up every
     device's telemetry, and with it counting."""
     shutil.copytree(TESTDATA / "amd-server", tmp_path, symlinks=True, dirs_exist_ok=True)
-    sensors, metrics = Sensors("0000:c3:00.0"), Metrics("node", 60, 1000)
+    sensors, metrics = Sensors("0000:c3:00.0"), table(60, 1000)
     tel = Telemetry(discover(tmp_path), metrics, tmp_path, Clock(), DEADLINE, sensors)
     try:
-        tel.read({})
+        tel.sample({})
         assert stale(metrics) == {"0000:02:00.0": 0, "0000:c3:00.0": 0}
         hwmon = next(tmp_path.glob("sys/devices/*/*/0000:c3:00.0/hwmon/hwmon4"))
         (hwmon / "power1_average").write_text("70000000\n")
         for _ in range(2):  # stuck: skipped at each read, and no second read started
-            tel.read({})
+            tel.sample({})
         assert sensors.blocked.is_set()
         assert sensors.started == {"0000:02:00.0": 3, "0000:c3:00.0": 2}
         assert values(metrics, TELEMETRY_SKIPPED) == {("deadline",): 2}
@@ -527,7 +533,7 @@ def test_a_read_that_blocks_is_skipped_its_device_marked_stale_and_never_read_tw
     read_until_fresh(tel, metrics, "0000:c3:00.0")  # the read that took long is used
     assert stale(metrics) == {"0000:02:00.0": 0, "0000:c3:00.0": 0}
     assert [v for k, v in values(metrics, POWER).items() if "0000:c3:00.0" in k] == [70.0]
-    tel.read({})
+    tel.sample({})
     assert sensors.started["0000:c3:00.0"] == 3
 
 
@@ -535,7 +541,7 @@ def test_busy_time_handed_while_a_read_is_stuck_is_split_at_the_read_after(
     tmp_path: Path,
 ) -> None:
     shutil.copytree(TESTDATA / "intel-arc-xe", tmp_path, symlinks=True, dirs_exist_ok=True)
-    sensors, metrics, clock = Sensors("0000:03:00.0"), Metrics("node", 60, 1000), Clock()
+    sensors, metrics, clock = Sensors("0000:03:00.0"), table(60, 1000), Clock()
     tel = Telemetry(discover(tmp_path), metrics, tmp_path, clock, DEADLINE, sensors)
     counter = xe_energy(tmp_path)
     a = Where("ns", "a", "", "c", "0000:03:00.0", "xe")
@@ -544,15 +550,15 @@ def test_busy_time_handed_while_a_read_is_stuck_is_split_at_the_read_after(
         return {"0000:03:00.0": {a: [seconds * SECOND, 0, 0]}}
 
     counter.write_text("1000000\n")
-    tel.read(busy(0))
+    tel.sample(busy(0))
     clock.ns += 5 * SECOND  # the stuck read returns 5 s after the first
     try:
-        tel.read(busy(2))
+        tel.sample(busy(2))
     finally:
         counter.write_text("4000000\n")
         sensors.release.set()
     assert sensors.returned.wait(30)
-    tel.read(busy(3))  # 2 s + 3 s busy of 5 s: all of the 3 J is a's
+    tel.sample(busy(3))  # 2 s + 3 s busy of 5 s: all of the 3 J is a's
     read_until_fresh(tel, metrics, "0000:03:00.0")
     assert values(metrics, POD_ENERGY, ("namespace", "container", "device", "vendor")) == {
         ("a",): 3.0
@@ -560,11 +566,60 @@ def test_busy_time_handed_while_a_read_is_stuck_is_split_at_the_read_after(
     assert values(metrics, ENERGY_IDLE) == {}
 
 
+def status(metrics: Series) -> dict[tuple[str, str], float]:
+    """hw.status by (device, state), zeros included."""
+    [points] = [p for s, p in metrics.collect() if s is DEVICE_STATUS]
+    return {(p.attrs["device"], p.attrs["state"]): p.value for p in points}
+
+
+def test_a_full_cap_keeps_each_devices_status_and_stale_flag(tmp_path: Path) -> None:
+    """metrics.max_series full of pods' calls leaves telemetry no room: a read keeps the
+    device's state all the same (hw.status and kubenpu_device_telemetry_stale, a few series
+    past the cap) and leaves its other points out, counted by source. A full cap must not hide
+    that a device failed or that its telemetry went stale (docs/metrics.md, The series cap)."""
+    shutil.copytree(TESTDATA / "intel-arc-xe", tmp_path, symlinks=True, dirs_exist_ok=True)
+    gpu, wedged = "0000:03:00.0", [False]
+    sensors, metrics = Sensors(""), table(60, 2)
+    calls(metrics, "ns", "a", "c")
+    calls(metrics, "ns", "b", "c")  # the cap is full
+    devices, clock = discover(tmp_path), Clock()
+    tel = Telemetry(
+        devices, metrics, tmp_path, clock, DEADLINE, sensors, wedged=lambda d: wedged[0]
+    )
+
+    def kept() -> set[Spec]:
+        return {s for s, points in metrics.collect() if s in TELEMETRY_SPECS and points}
+
+    tel.sample({})
+    assert kept() == {DEVICE_STATUS, TELEMETRY_STALE}
+    assert status(metrics) == {(gpu, "ok"): 1, (gpu, "degraded"): 0, (gpu, "failed"): 0}
+    assert stale(metrics) == {gpu: 0}
+    uncapped = table(60, 1000)
+    Telemetry(discover(tmp_path), uncapped, tmp_path, Clock()).sample({})
+    every = sum(len(points) for s, points in uncapped.collect() if s in TELEMETRY_SPECS)
+    state = 3 + 1  # ok, degraded, failed; stale
+    assert values(metrics, OVERFLOW_SERIES) == {("telemetry",): every - state}
+    wedged[0] = True  # a DRM wedged uevent asked for a recovery
+    tel.sample({})
+    assert status(metrics) == {(gpu, "ok"): 0, (gpu, "degraded"): 0, (gpu, "failed"): 1}
+    sensors.stuck = gpu  # the next read blocks, as sysfs does during a reset
+    try:
+        tel.sample({})
+        assert sensors.blocked.is_set()
+        assert kept() == {DEVICE_STATUS, TELEMETRY_STALE}
+        assert stale(metrics) == {gpu: 1}
+        assert status(metrics)[(gpu, "failed")] == 1  # the last read's state, kept with it
+    finally:
+        sensors.release.set()
+    assert sensors.returned.wait(30)
+    assert values(metrics, IOCTL_SERIES) == {(): 2}  # the pods' calls keep their series
+
+
 def test_a_read_that_raises_is_counted_and_the_next_one_runs(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     shutil.copytree(TESTDATA / "intel-arc-xe", tmp_path, symlinks=True, dirs_exist_ok=True)
-    sensors, metrics = Sensors(""), Metrics("node", 60, 1000)
+    sensors, metrics = Sensors(""), table(60, 1000)
     tel = Telemetry(discover(tmp_path), metrics, tmp_path, Clock(), DEADLINE, sensors)
     tel.start()
     skipped = {("unreadable",): 2}

@@ -24,7 +24,8 @@ from kubenpu.metrics.catalogue import (
     TEMPERATURE_LIMIT,
     THROTTLE,
 )
-from kubenpu.metrics.store import Metrics
+from kubenpu.metrics.series import Series
+from kubenpu.registry import table
 from kubenpu.telemetry import MISSING, Reading, Telemetry, read_device
 
 MI = "0000:c3:00.0"  # amd-server's Instinct card (amdgpu): hwmon4, RAS counts, VRAM files
@@ -122,7 +123,7 @@ def test_a_throttle_reason_malformed_or_gone_is_counted_and_the_others_kept(
 
 
 def test_close_before_start_returns() -> None:
-    Telemetry([], Metrics("node", 60, 1000)).close()
+    Telemetry([], table(60, 1000)).close()
 
 
 def test_a_failed_read_is_logged_with_its_reason_and_the_thread_goes_on(
@@ -137,7 +138,7 @@ def test_a_failed_read_is_logged_with_its_reason_and_the_thread_goes_on(
             raise RuntimeError("clock gone")
         return 1.0
 
-    tel = Telemetry(discover(tmp_path), Metrics("node", 60, 1000), tmp_path, Clock(), wall=wall)
+    tel = Telemetry(discover(tmp_path), table(60, 1000), tmp_path, Clock(), wall=wall)
     caplog.set_level(logging.INFO, "kubenpu")
     tel.start()
     try:
@@ -145,7 +146,7 @@ def test_a_failed_read_is_logged_with_its_reason_and_the_thread_goes_on(
         _wait(lambda: "works again" in caplog.text, tel.submit)
     finally:
         tel.close()
-    assert "reading device telemetry failed (retrying): RuntimeError: clock gone" in caplog.text
+    assert "reading telemetry failed (retrying): RuntimeError: clock gone" in caplog.text
 
 
 def _wait(done, poke) -> None:  # type: ignore[no-untyped-def]
@@ -161,16 +162,16 @@ def test_the_energy_no_pod_holds_is_unattributed(tmp_path: Path) -> None:
     tel, metrics, clock, root = telemetry("intel-arc-xe", tmp_path)
     counter = xe_energy(root)
     counter.write_text("1000000\n")
-    tel.read({})
+    tel.sample({})
     clock.ns += 5 * SECOND
     counter.write_text("4000000\n")
-    tel.read({XE: {None: [5 * SECOND, 0, 0]}})  # busy the whole interval, owner unknown
+    tel.sample({XE: {None: [5 * SECOND, 0, 0]}})  # busy the whole interval, owner unknown
     assert values(metrics, ENERGY_UNATTRIBUTED) == {(XE, "xe"): 3.0}
 
 
-def _two_cards(tmp_path: Path, read) -> tuple[Telemetry, Metrics]:  # type: ignore[no-untyped-def]
+def _two_cards(tmp_path: Path, read) -> tuple[Telemetry, Series]:  # type: ignore[no-untyped-def]
     shutil.copytree(TESTDATA / "amd-server", tmp_path, symlinks=True, dirs_exist_ok=True)
-    metrics = Metrics("node", 60, 1000)
+    metrics = table(60, 1000)
     devices = sorted(discover(tmp_path), key=lambda d: d.id != MI)  # MI first
     return Telemetry(devices, metrics, tmp_path, Clock(), deadline=0.05, read=read), metrics
 
@@ -184,18 +185,18 @@ def test_each_device_over_the_deadline_is_counted_and_the_next_still_read(tmp_pa
         return read_device(device, root)
 
     tel, metrics = _two_cards(tmp_path, read)
-    tel.read({})
+    tel.sample({})
     assert values(metrics, TELEMETRY_SKIPPED) == {("deadline",): 1}
     assert _all(metrics, TELEMETRY_STALE) == [(NAVI, 0.0), (MI, 1.0)]  # the next card was read
     release.set()
-    tel.read({})  # the stuck read came back: taken, and the device no longer stale
+    tel.sample({})  # the stuck read came back: taken, and the device no longer stale
     assert _all(metrics, TELEMETRY_STALE) == [(NAVI, 0.0), (MI, 0.0)]
 
 
 def test_two_devices_skipped_for_one_reason_count_two(tmp_path: Path) -> None:
     never = threading.Event()
     tel, metrics = _two_cards(tmp_path, lambda device, root: never.wait(10) or Reading())
-    tel.read({})
+    tel.sample({})
     assert values(metrics, TELEMETRY_SKIPPED) == {("deadline",): 2}
     never.set()
 
@@ -205,7 +206,7 @@ def test_two_failed_reads_count_two_unreadable(tmp_path: Path) -> None:
         raise OSError("reset in progress")
 
     tel, metrics = _two_cards(tmp_path, read)
-    tel.read({})
+    tel.sample({})
     assert values(metrics, TELEMETRY_SKIPPED) == {("unreadable",): 2}
 
 
@@ -213,12 +214,12 @@ def test_two_implausible_counters_count_two(tmp_path: Path) -> None:
     """Both cards' counters step back from 10^12 uJ by 1 uJ: no restart starts that high."""
     energy = iter([10**12, 10**12, 10**12 - 1, 10**12 - 1])
     tel, metrics = _two_cards(tmp_path, lambda device, root: Reading(energy_uj=next(energy)))
-    tel.read({})
-    tel.read({})
+    tel.sample({})
+    tel.sample({})
     assert values(metrics, TELEMETRY_SKIPPED) == {("counter_implausible",): 2}
 
 
-def _all(metrics: Metrics, spec: object) -> list[tuple[str, float]]:
+def _all(metrics: Series, spec: object) -> list[tuple[str, float]]:
     """Every point of spec by device, zeros too (values() leaves them out)."""
     [points] = [p for s, p in metrics.collect() if s is spec]
     return sorted((p.attrs["device"], p.value) for p in points)

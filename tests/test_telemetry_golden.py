@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from kubenpu.discovery import discover
-from kubenpu.metrics.store import Metrics
+from kubenpu.registry import table
 from kubenpu.telemetry import Telemetry
 
 TESTDATA = Path(__file__).parent / "testdata"
@@ -27,8 +27,8 @@ PREFIXES = ("hw.", "kubenpu.npu.", "kubenpu.device.", "kubenpu.telemetry.")
 
 def points(machine: str) -> list[list]:
     root = TESTDATA / machine
-    metrics = Metrics("n1", 300, 100_000)
-    Telemetry(discover(root), metrics, root).read({})
+    metrics = table(300, 100_000)
+    Telemetry(discover(root), metrics, root).sample({})
     return sorted(
         [spec.name, sorted(p.attrs.items()), p.value]
         for spec, found in metrics.collect()

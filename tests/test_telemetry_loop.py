@@ -22,14 +22,15 @@ from kubenpu.metrics.catalogue import (
     TEMPERATURE,
 )
 from kubenpu.metrics.inputs import Where
-from kubenpu.metrics.store import Metrics
+from kubenpu.metrics.series import Series
+from kubenpu.registry import table
 from kubenpu.telemetry import Reading, Summary, Telemetry, read_device
 
 XE = "0000:03:00.0"
 POD = Where("ns", "a", "", "c", XE, "xe")
 
 
-def points(metrics: Metrics, spec: object) -> list:
+def points(metrics: Series, spec: object) -> list:
     [found] = [p for s, p in metrics.collect() if s is spec]
     return found
 
@@ -41,7 +42,7 @@ def test_busy_time_submitted_to_the_running_thread_is_split_and_its_threads_are_
     telemetry thread reads at once and splits the energy by it. Its threads are daemons (a
     read stuck in sysfs must not hold the agent's exit) and named for thread dumps."""
     shutil.copytree(TESTDATA / "intel-arc-xe", tmp_path, symlinks=True, dirs_exist_ok=True)
-    metrics, clock, seen = Metrics("node", 60, 1000), Clock(), []
+    metrics, clock, seen = table(60, 1000), Clock(), []
 
     def read(device, root):  # type: ignore[no-untyped-def]
         me = threading.current_thread()
@@ -71,10 +72,10 @@ def test_busy_time_submitted_to_the_running_thread_is_split_and_its_threads_are_
 
 def test_a_wedged_device_is_failed_whatever_its_sensors_say(tmp_path: Path) -> None:
     shutil.copytree(TESTDATA / "amd-server", tmp_path, symlinks=True, dirs_exist_ok=True)
-    metrics = Metrics("node", 60, 1000)
+    metrics = table(60, 1000)
     wedged = "0000:c3:00.0"
     tel = Telemetry(discover(tmp_path), metrics, tmp_path, Clock(), wedged=lambda d: d == wedged)
-    tel.read({})
+    tel.sample({})
     status = {(k[0], k[-1]): v for k, v in values(metrics, DEVICE_STATUS).items()}
     assert status == {(wedged, "failed"): 1, ("0000:02:00.0", "ok"): 1}
 
@@ -87,21 +88,29 @@ def test_power_derived_from_the_energy_counter_says_so_in_its_labels(tmp_path: P
     for raw in (1_000_000, 6_000_000):
         counter.write_text(f"{raw}\n")
         clock.ns += 5 * SECOND
-        tel.read({})
+        tel.sample({})
     derived = [p for p in points(metrics, POWER) if p.attrs.get("source") == "derived"]
     [power] = derived
     assert power.value == 1.0
     assert {"sensor": "energy", "chip": "", "source": "derived"}.items() <= power.attrs.items()
 
 
-def test_a_read_stamps_the_telemetry_counters_with_its_start(tmp_path: Path) -> None:
+def test_the_threads_read_stamps_the_telemetry_counters_with_its_start(tmp_path: Path) -> None:
     shutil.copytree(TESTDATA / "intel-arc-xe", tmp_path, symlinks=True, dirs_exist_ok=True)
-    metrics = Metrics("node", 60, 1000)
+    metrics = table(60, 1000)
     tel = Telemetry(discover(tmp_path), metrics, tmp_path, Clock(), wall=lambda: 1234.5)
-    tel.read({})
-    assert {p.attrs["source"]: p.value for p in points(metrics, COUNTERS_READ)} == {
-        "telemetry": 1234.5
-    }
+    tel.sample({})  # a read of its own is not stamped: the thread's go through its Report
+    assert not points(metrics, COUNTERS_READ)
+    tel.start()
+    try:
+        tel.tick()
+        stamps = eventually(
+            lambda: {p.attrs["source"]: p.value for p in points(metrics, COUNTERS_READ)} or None,
+            "the thread's read stamped",
+        )
+    finally:
+        tel.close()
+    assert stamps == {"telemetry": 1234.5}
 
 
 GPU = {"device": XE, "vendor": "xe", "sensor": "gpu", "chip": "xe"}

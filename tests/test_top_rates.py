@@ -2,9 +2,9 @@
 
 The agent reads the kernel's counts every 5 s; top scrapes every 2 s. Dividing each scrape's
 change by top's own clock read a steady 100 calls/s as 0, 248, 0, 249, 0 over five `--once`
-runs. Here the real Agent loop, Metrics and metrics server run; the kernel is FakeKernel and the
-CRI FakeResolver (both tested elsewhere), and one fake clock drives the agent, its stamps and
-top, so no test sleeps or measures time.
+runs. Here the real Agent loop, series table and metrics server run; the kernel is FakeKernel
+and the CRI FakeResolver (both tested elsewhere), and one fake clock drives the agent, its stamps
+and top, so no test sleeps or measures time.
 """
 
 from __future__ import annotations

@@ -27,7 +27,8 @@ from kubenpu.metrics.catalogue import (
     DEVICE_STATUS,
     UEVENTS_SKIPPED,
 )
-from kubenpu.metrics.store import Metrics
+from kubenpu.metrics.series import Series
+from kubenpu.registry import table
 from kubenpu.telemetry import Telemetry
 from kubenpu.uevents import Uevent, Wedges, netlink_socket, parse
 
@@ -59,7 +60,7 @@ def machine(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def wedges(root: Path, metrics: Metrics) -> Wedges:
+def wedges(root: Path, metrics: Series) -> Wedges:
     return Wedges(discover(root), metrics, root)
 
 
@@ -70,7 +71,7 @@ def handle(w: Wedges, *datagrams: bytes) -> None:
         w.handle(event)
 
 
-def status(metrics: Metrics) -> dict[str, float]:
+def status(metrics: Series) -> dict[str, float]:
     """The GPU's hw.status points that are 1."""
     return {key[-1]: v for key, v in values(metrics, DEVICE_STATUS).items() if key[0] == GPU}
 
@@ -110,26 +111,26 @@ def test_anything_but_a_kernel_uevent_is_none(raw: bytes) -> None:
 def test_a_wedged_event_counts_a_reset_and_fails_the_device_until_it_is_added_again(
     machine: Path,
 ) -> None:
-    metrics = Metrics("node", 60, 1000)
+    metrics = table(60, 1000)
     w = wedges(machine, metrics)
     tel = Telemetry(discover(machine), metrics, machine, wedged=w.wedged)
-    tel.read({})
+    tel.sample({})
     assert status(metrics) == {"ok": 1}
     handle(w, wedged("rebind", PID="4242", TASK="trainer"))
-    tel.read({})
+    tel.sample({})
     assert status(metrics) == {"failed": 1}
     handle(w, card_added())  # the driver was bound again
-    tel.read({})
+    tel.sample({})
     assert status(metrics) == {"ok": 1}
     handle(w, wedged("none"))  # reset and recovered: counted, still ok
-    tel.read({})
+    tel.sample({})
     assert status(metrics) == {"ok": 1}
     resets = {(GPU, "amdgpu", "rebind"): 1, (GPU, "amdgpu", "none"): 1}
     assert values(metrics, DEVICE_RESETS) == resets
 
 
 def test_a_later_recovered_event_clears_a_failed_device(machine: Path) -> None:
-    w = wedges(machine, Metrics("node", 60, 1000))
+    w = wedges(machine, table(60, 1000))
     handle(w, wedged("bus-reset,vendor-specific"))
     assert w.wedged(GPU)
     handle(w, wedged("none"))
@@ -137,7 +138,7 @@ def test_a_later_recovered_event_clears_a_failed_device(machine: Path) -> None:
 
 
 def test_events_of_other_devices_and_without_wedged_are_not_resets(machine: Path) -> None:
-    metrics = Metrics("node", 60, 1000)
+    metrics = table(60, 1000)
     w = wedges(machine, metrics)
     other = datagram(
         "change", "/devices/x/drm/card7", SUBSYSTEM="drm", DEVNAME="dri/card7", WEDGED="rebind"
@@ -152,7 +153,7 @@ def test_events_of_other_devices_and_without_wedged_are_not_resets(machine: Path
 
 
 def test_a_devcoredump_is_counted_for_its_failing_device(machine: Path) -> None:
-    metrics = Metrics("node", 60, 1000)
+    metrics = table(60, 1000)
     w = wedges(machine, metrics)
     dump = machine / "sys/devices/virtual/devcoredump/devcd1"
     dump.mkdir(parents=True)
@@ -198,10 +199,10 @@ class Socket:
 
 
 @pytest.fixture
-def running(machine: Path) -> Iterator[tuple[Wedges, Metrics, list[Socket]]]:
+def running(machine: Path) -> Iterator[tuple[Wedges, Series, list[Socket]]]:
     """Wedges reading on its thread from sockets: the first open fails (a seccomp profile
     refusing netlink), the next one lost a burst (ENOBUFS) and then reads a wedged event."""
-    metrics = Metrics("node", 60, 1000)
+    metrics = table(60, 1000)
     opened: list[Socket] = []
     sockets: list[Socket | OSError] = [
         OSError(errno.EPROTONOSUPPORT, "Protocol not supported"),
@@ -222,7 +223,7 @@ def running(machine: Path) -> Iterator[tuple[Wedges, Metrics, list[Socket]]]:
 
 
 def test_the_thread_retries_a_socket_that_fails_and_counts_lost_and_bad_datagrams(
-    running: tuple[Wedges, Metrics, list[Socket]],
+    running: tuple[Wedges, Series, list[Socket]],
 ) -> None:
     w, metrics, opened = running
     eventually(lambda: w.wedged(GPU), "the wedged event read")
@@ -233,7 +234,7 @@ def test_the_thread_retries_a_socket_that_fails_and_counts_lost_and_bad_datagram
 
 
 def test_an_empty_wedged_method_is_unknown(machine: Path) -> None:
-    metrics = Metrics("node", 60, 1000)
+    metrics = table(60, 1000)
     w = wedges(machine, metrics)
     w.handle(Uevent("change", "/x", {"SUBSYSTEM": "drm", "DEVNAME": "dri/card1", "WEDGED": ""}))
     assert values(metrics, DEVICE_RESETS) == {(GPU, "amdgpu", "unknown"): 1}
@@ -249,9 +250,7 @@ def test_a_real_netlink_socket_is_a_kernel_uevent_listener() -> None:
 def test_each_wedged_event_hands_its_reset_to_the_jobs_stage(machine: Path) -> None:
     """kubenpu.jobs counts the guilty pod (PID=) and the victims of each reset."""
     resets: list[tuple[str, int | None]] = []
-    w = Wedges(
-        discover(machine), Metrics("node", 60, 1000), machine, on_reset=lambda *r: resets.append(r)
-    )
+    w = Wedges(discover(machine), table(60, 1000), machine, on_reset=lambda *r: resets.append(r))
     handle(
         w, wedged("rebind", PID="4242", TASK="trainer"), wedged("none"), wedged("none", PID="x1")
     )

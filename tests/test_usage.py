@@ -3,13 +3,14 @@
 The tree is a copy of a machine like tests/testdata/proc's: proc/PID/{fd,fdinfo,cgroup} whose fd
 links name /dev/dri nodes, the intel-i915 sysfs fixture, and a cgroup v2 hierarchy of plain
 directories whose inodes are the cgroup ids. The resolver is tests/fakes.py's FakeResolver (no
-CRI here); the reader, the Usage and the Metrics are the real ones.
+CRI here); the reader, the Usage and the series table are the real ones.
 """
 
 from __future__ import annotations
 
 import logging
 import shutil
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -24,12 +25,15 @@ from kubenpu.metrics.catalogue import (
     DESCRIPTORS_EXHAUSTED,
     ENGINE_BUSY,
     ENGINE_CAPACITY,
+    ENGINE_CYCLES,
     FDINFO_SKIPPED,
     MEMORY,
 )
-from kubenpu.metrics.store import Metrics
+from kubenpu.metrics.inputs import Where
+from kubenpu.metrics.own import EXHAUSTED
+from kubenpu.registry import table
 from kubenpu.resolve import Attribution
-from kubenpu.usage import Usage
+from kubenpu.usage import ENGINES, Usage
 
 I915 = Path(__file__).parent / "testdata" / "intel-i915"
 DEVICE = "0000:00:02.0"
@@ -48,7 +52,7 @@ class Machine:
         self.cgroups = root / "cgroup"
         self.resolver = FakeResolver()
         self.clock = Clock()
-        self.metrics = Metrics("node", 60, 1000, clock=self.clock)
+        self.metrics = table(60, 1000, clock=self.clock)
         self.watched: list[int] = []
         devices = discover(root)
         self.reader = Reader(devices, root)
@@ -62,7 +66,7 @@ class Machine:
             pending_seconds=120,
             on_cgroup=self.watched.append,
             own_cgroup=str(self.cgroups / "kubepods" / "agent"),
-            on_exhausted=self.metrics.descriptors_exhausted,
+            on_exhausted=partial(self.metrics.set, EXHAUSTED),
             clock=self.clock,
         )
 
@@ -213,6 +217,25 @@ def test_one_clients_bad_numbers_stop_no_other_pods_counts(machine: Machine) -> 
     }
     skipped = values(machine.metrics, FDINFO_SKIPPED)
     assert (skipped[("malformed",)], skipped[("out_of_range",)]) == (2, 2)  # pid 20, twice
+
+
+def test_an_increment_past_a_double_is_counted_out_of_range_and_left_out(machine: Machine) -> None:
+    """A counter past what a double holds failed every push and scrape while the pod lived:
+    the table refuses the increment that would take it there (put is False) and Usage counts
+    it in out_of_range, keeping the counter and the pod's other engines. (The counter is
+    planted near the top: no real fdinfo climbs that far.)"""
+    machine.cgroup("pod-a", POD_A)
+    machine.process(10, "pod-a", {1: "drm-cycles-render:\t5\n" + busy(1e9)})
+    machine.read()
+    [point] = dict(machine.metrics.collect())[ENGINE_CYCLES]
+    where = Where(*(point.attrs[k] for k in Where._fields))
+    top = 2**1024 - 2**970 - 1  # the largest int that float() still rounds to a double
+    assert machine.metrics.put(ENGINES[ENGINE_CYCLES], where, "render", top - 5)
+    machine.process(10, "pod-a", {1: "drm-cycles-render:\t10\n" + busy(2e9)})
+    machine.read()
+    assert values(machine.metrics, ENGINE_CYCLES, WHERE) == {("a", "main", "render"): top}
+    assert values(machine.metrics, FDINFO_SKIPPED) == {("out_of_range",): 1}
+    assert values(machine.metrics, ENGINE_BUSY, WHERE) == {("a", "main", "render"): 2.0}
 
 
 def test_memory_and_capacity_are_those_of_the_open_clients(machine: Machine) -> None:

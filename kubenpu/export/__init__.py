@@ -1,10 +1,10 @@
 """Export the agent's metrics: OTLP push (gRPC or HTTP/protobuf) and Prometheus pull (/metrics).
 
-Both read snapshots of kubenpu.metrics.Metrics (see there why the OTel SDK's instruments are not
-used). The modules: `otlp` (imported only when OTLP is enabled: the OTel SDK's data model and its
-OTLP exporters, with cumulative temporality), `prometheus` (imported only when Prometheus export
-is enabled: a prometheus_client collector), `server` (the socket that serves /metrics, /healthz
-and /readyz) and `errors`.
+Both read snapshots of the series table, kubenpu.metrics.series (see there why the OTel SDK's
+instruments are not used). The modules: `otlp` (imported only when OTLP is enabled: the OTel
+SDK's data model and its OTLP exporters, with cumulative temporality), `prometheus` (imported
+only when Prometheus export is enabled: a prometheus_client collector), `server` (the socket
+that serves /metrics, /healthz and /readyz) and `errors`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from kubenpu.config import Config
 from kubenpu.export import certs, files, tls
 from kubenpu.export.errors import ExportError, PortInUseError
 from kubenpu.export.server import HealthChecks, MetricsServer
-from kubenpu.metrics.store import Metrics
+from kubenpu.metrics.own import CERTIFICATES, EXHAUSTED
+from kubenpu.metrics.series import Series
 
 if TYPE_CHECKING:
     from kubenpu.export.otlp import OtlpPusher
@@ -57,7 +58,7 @@ def build_resource(cfg: Config) -> Resource:
 class Exporters:
     """The running exporters: the metrics server and, when enabled, the OTLP pusher."""
 
-    metrics: Metrics
+    metrics: Series
     resource: Resource
     pusher: OtlpPusher | None = None
     server: MetricsServer | None = None
@@ -84,20 +85,20 @@ def check(cfg: Config) -> list[str]:
     return problems
 
 
-def start(cfg: Config, metrics: Metrics, health: HealthChecks) -> Exporters:
+def start(cfg: Config, metrics: Series, health: HealthChecks) -> Exporters:
     """Serve /metrics, /healthz and /readyz and start the OTLP pusher, for the agent's
     `metrics` and `health`. Raises ExportError."""
     tel = Exporters(metrics, build_resource(cfg))
     found = certs.check(cfg)
     certs.warn(found)
-    metrics.set_certificates({v.setting: v.not_after for v in found})
+    metrics.set(CERTIFICATES, "", {v.setting: v.not_after for v in found})
     prom = cfg.export.prometheus
     app: MetricsApp | None = None  # without Prometheus the server answers only the probes
     if prom.enabled:
         from kubenpu.export.prometheus import MetricsApp  # prometheus_client: only for /metrics
 
         app = MetricsApp(metrics, tel.resource)
-    tel.server = MetricsServer(prom, app, health, metrics.descriptors_exhausted)
+    tel.server = MetricsServer(prom, app, health, lambda where, n: metrics.set(EXHAUSTED, where, n))
     if cfg.export.otlp.enabled:
         from kubenpu.export.otlp import OtlpPusher  # the OTel SDK's metrics modules: only for OTLP
 

@@ -38,7 +38,9 @@ from kubenpu.config import OtlpConfig
 from kubenpu.export.files import read_regular
 from kubenpu.kernel import abi
 from kubenpu.metrics.catalogue import CRI_BOUNDS, K8S_ATTRIBUTES, Attrs, Spec
-from kubenpu.metrics.store import ExpHist, Hist, Metrics, Point
+from kubenpu.metrics.own import EXPORT_FAILED
+from kubenpu.metrics.points import ExpHist, Hist, Point
+from kubenpu.metrics.series import Series
 
 if TYPE_CHECKING:
     import requests
@@ -65,7 +67,7 @@ _REQUEST_BYTES = 8 * 5  # resource and scope metrics, resource, scope, its name 
 
 def _wire(value: float) -> float:
     """OTLP's as_int is an int64: a larger int (a sum of clients' cycle counters) goes as a
-    double, as Prometheus would hold it; float() raises only past 1e308 (Metrics refuses
+    double, as Prometheus would hold it; float() raises only past 1e308 (the series table refuses
     such increments), caught by _send()."""
     return value if not isinstance(value, int) or value in _INT64 else float(value)
 
@@ -288,7 +290,7 @@ class OtlpPusher:
     """Pushes a snapshot every interval. Nothing is queued: the counts are cumulative, so a
     failed push is simply superseded by the next one and memory stays bounded."""
 
-    def __init__(self, cfg: OtlpConfig, metrics: Metrics, resource: Resource) -> None:
+    def __init__(self, cfg: OtlpConfig, metrics: Series, resource: Resource) -> None:
         self._cfg = cfg
         self._metrics = metrics
         self._resource = resource
@@ -326,7 +328,7 @@ class OtlpPusher:
             self._failures = 0
             return True
         self._failures += 1
-        self._metrics.export_error()
+        self._metrics.set(EXPORT_FAILED, "", 1)
         log.warning(
             "OTLP export to %s failed (%d in a row): %s; next try in %gs, counts are cumulative",
             self._cfg.url(),

@@ -1,4 +1,4 @@
-"""Prometheus rendering: the agent's Metrics as a prometheus_client collector, plus target_info
+"""Prometheus rendering: the agent's series table as a prometheus_client collector, plus target_info
 for the resource. Names are Spec.prometheus_name: Prometheus' own OTLP translation of each OTel
 name and unit, so both export paths name a metric alike.
 
@@ -23,7 +23,8 @@ from prometheus_client.registry import Collector
 
 from kubenpu.kernel import abi
 from kubenpu.metrics.catalogue import CRI_BOUNDS, SPECS, Spec
-from kubenpu.metrics.store import ExpHist, Hist, Metrics, Point
+from kubenpu.metrics.points import ExpHist, Hist, Point
+from kubenpu.metrics.series import Series
 
 # The classic buckets of an ExpHist: every other power of two of its range, 2^-20 s to 2^6 s,
 # each an edge of the kernel's buckets, so no count is re-binned. `le` 2^k holds the under
@@ -41,9 +42,10 @@ def _label_value(v: str | bool) -> str:
 
 
 class PrometheusCollector(Collector):
-    """Renders Metrics snapshots for prometheus_client, plus target_info for the resource."""
+    """Renders the series table's snapshots for prometheus_client, plus target_info for the
+    resource."""
 
-    def __init__(self, metrics: Metrics, resource: Resource) -> None:
+    def __init__(self, metrics: Series, resource: Resource) -> None:
         self._metrics = metrics
         self._target = {_label_name(k): str(v) for k, v in resource.attributes.items()}
 
@@ -126,7 +128,7 @@ class MetricsApp:
     which of its renderings a request gets. A plain GET encodes the families here, each
     only when its points changed since that rendering last encoded it."""
 
-    def __init__(self, metrics: Metrics, resource: Resource) -> None:
+    def __init__(self, metrics: Series, resource: Resource) -> None:
         self._collector = PrometheusCollector(metrics, resource)
         registry = CollectorRegistry(auto_describe=False)
         registry.register(self._collector)

@@ -1,16 +1,60 @@
 """The description of every metric the agent exports: its name, kind, unit, labels and help,
 the Prometheus names derived from them, and the reason tuples of the reason-labelled counters.
-Both exporters and `kubenpuctl top` read it; kubenpu.metrics.store holds the counts.
+Both exporters and `kubenpuctl top` read it; kubenpu.metrics.series holds the values. It imports
+nothing of the agent's.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Literal
 
-from kubenpu.events import Drop
-from kubenpu.fdinfo import Skip
-from kubenpu.resolve import Unattributed
+# The reason vocabularies, each the one list of its names: the stages that count by them import
+# them from here, so the catalogue imports no stage.
+
+
+class Drop(StrEnum):
+    """Why calls were lost (kubenpu_events_dropped_total{reason})."""
+
+    RINGBUF_FULL = "ringbuf_full"  # events mode: the kernel ring buffer had no room
+    MAP_FULL = "map_full"  # aggregate mode: the counts map had no room for a new key
+    QUEUE_FULL = "queue_full"  # a batch already held probe.queue_size distinct keys
+    DEVICE_UNKNOWN = "device_unknown"  # a call on a device the agent did not list
+    BAD_RECORD = "bad_record"  # a ring-buffer record that could not be decoded
+    # a call made while a new probe took over from a pinned one (docs/pinning.md): counted once
+    # by the retiring probe or not at all; an upper bound of the calls a hand-over lost
+    HANDOVER = "handover"
+
+
+class Skip(StrEnum):
+    """Why something found during a scan was not (fully) used. One owner for these names."""
+
+    VANISHED = "vanished"  # the process or fd went away between listing and reading
+    UNREADABLE = "unreadable"  # no ptrace-read access (EACCES/EPERM) or another read error
+    # EMFILE/ENFILE: the agent had no descriptor left; what the process holds is unknown.
+    NO_DESCRIPTORS = "no_descriptors"
+    MALFORMED = "malformed"  # one drm- line whose value breaks the spec; the rest is kept
+    # A value past what the wire formats carry (OTLP int64): a u64 -1 that a driver prints for
+    # "unknown", or a KiB size that scales past 2^63. The rest of the file is kept.
+    OUT_OF_RANGE = "out_of_range"
+    NO_CLIENT_ID = "no_client_id"  # a DRM fd without drm-client-id: the driver prints no stats
+    UNKNOWN_DEVICE = "unknown_device"  # no drm-pdev and a node discovery does not list
+
+
+class Unattributed(StrEnum):
+    """Why a cgroup's calls carry empty (or partial) pod labels; the one list of these names."""
+
+    NOT_INDEXED = "not_indexed"  # no cgroup with this id under the cgroup root
+    NOT_POD = "not_pod"  # a host process, or a container kubelet did not create
+    CONTAINER_NOT_FOUND = "container_not_found"  # in a pod, but no container the runtime knows
+    CRI_ERROR = "cri_error"  # the runtime did not answer
+    # The runtime's labels break Kubernetes' own length limits (cri.LABEL_LIMITS): a hostile or
+    # broken runtime's megabyte of pod name is not made a label of every series.
+    LABEL_TOO_LONG = "label_too_long"
+    # Not a resolver answer: the agent held calls for a pending lookup, but its table was full.
+    PENDING_FULL = "pending_full"
+
 
 Attrs = dict[str, str | bool]
 
@@ -286,14 +330,31 @@ READ_ERRORS = Spec(
     "Reads of the kernel's counters that failed; retried at the next read, which loses nothing.",
 )
 # The sources of kubenpu.counters.read_timestamp, and the counters each brings up to date.
-COUNTER_SOURCES = ("kernel", "fdinfo", "telemetry")
+COUNTER_SOURCES = ("kernel", "fdinfo", "jobs", "telemetry", "allocations")
 COUNTERS_READ = Spec(
     "kubenpu.counters.read_timestamp",
     "gauge",
     "s",
     "When (Unix time) the counters were last brought up to date, by source: kernel (calls, "
-    "drops and unattributed calls), fdinfo (engine time), telemetry (energy). Rate a counter "
-    "over the change of its source's timestamp, not over the time between two scrapes.",
+    "drops and unattributed calls), fdinfo (engine time), jobs (GPU job histograms), telemetry "
+    "(energy), allocations (idle time). Rate a counter over the change of its source's "
+    "timestamp, not over the time between two scrapes.",
+    ("source",),
+)
+# What the framework keeps of every source's reads (kubenpu.sources.Report).
+SOURCE_READ_DURATION = Spec(
+    "kubenpu.source.read.duration",
+    "gauge",
+    "s",
+    "How long each source's last successful read took, by source.",
+    ("source",),
+)
+SOURCE_ERRORS = Spec(
+    "kubenpu.source.errors",
+    "counter",
+    "{read}",
+    "Reads of a source that failed, by source; the first failure of a streak is logged, and the "
+    "recovery, and the next read retries.",
     ("source",),
 )
 PENDING_EXPIRED = Spec(
@@ -713,6 +774,8 @@ SPECS = (
     UNTIMED,
     READ_ERRORS,
     COUNTERS_READ,
+    SOURCE_READ_DURATION,
+    SOURCE_ERRORS,
     PENDING_EXPIRED,
     ENGINE_BUSY,
     ENGINE_CYCLES,

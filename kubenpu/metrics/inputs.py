@@ -1,10 +1,12 @@
-"""What the stages hand the metrics store: Where (usage, telemetry), Held and AllocationState
+"""What the sources hand the series table: Where (usage, telemetry), Held and AllocationState
 (allocations), DeviceRow (the wiring's device list)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import NamedTuple
+
+from kubenpu.resolve import Attribution
 
 
 class Held(NamedTuple):
@@ -48,3 +50,9 @@ class Where(NamedTuple):
     container: str
     device: str
     vendor: str
+
+    @classmethod
+    def of(cls, who: Attribution, device: str = "", vendor: str = "") -> Where:
+        """The labels of the resolver's answer `who` on `device` (none: the container alone,
+        as a retirement names it)."""
+        return cls(who.namespace, who.pod, who.pod_uid, who.container, device, vendor)

@@ -33,7 +33,7 @@ ENERGY = catalogue.POD_ENERGY.prometheus_name  # counter per pod and device: its
 BUCKETS = catalogue.IOCTL_DURATION.prometheus_name + "_bucket"  # counter per ...,kind,le
 ERRORS = catalogue.IOCTL_ERRORS.prometheus_name  # counter per ...,kind,error
 # The GPU jobs (probe.jobs); top shows QUEUE p99 and RUN p99 when they appear. The agent reads
-# them with fdinfo.
+# them every fdinfo interval, and stamps them as their own source.
 QUEUE_BUCKETS = catalogue.JOB_WAIT.prometheus_name + "_bucket"  # counter per ...,ring,le
 RUN_BUCKETS = catalogue.JOB_RUN.prometheus_name + "_bucket"
 KINDS = ("submit", "alloc", "wait")
@@ -45,8 +45,10 @@ RATED = (IOCTL, BUSY, DROPPED, UNATTRIBUTED, ENERGY, BUCKETS, ERRORS, QUEUE_BUCK
 STAMP = catalogue.COUNTERS_READ.prometheus_name
 SOURCES = {
     "kernel": (IOCTL, DROPPED, UNATTRIBUTED, BUCKETS, ERRORS),
-    "fdinfo": (BUSY, QUEUE_BUCKETS, RUN_BUCKETS),
+    "fdinfo": (BUSY,),
+    "jobs": (QUEUE_BUCKETS, RUN_BUCKETS),
     "telemetry": (ENERGY,),
+    "allocations": (),  # nothing top rates
 }
 
 

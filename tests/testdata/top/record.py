@@ -4,7 +4,7 @@ Run `.venv/bin/python tests/testdata/top/record.py` after changing it; the .prom
 committed. Each pod calls at fixed rates, so snapshot 1 is snapshot 0 plus exactly
 SECONDS seconds of calls, and every rate top must show is known:
 
-- agent-0.prom, agent-1.prom: today's agent (kubenpu.metrics.Metrics rendered by
+- agent-0.prom, agent-1.prom: today's agent (its series table, kubenpu.metrics.series, rendered by
   kubenpu.export.PrometheusCollector, as /metrics serves it). ml/old-job-0 exists only in
   snapshot 0: its pod went and the agent retired its series. batch/etl-0 is idle.
 - fdinfo-0.prom, fdinfo-1.prom: the same plus the provisional fdinfo families (issue 10),
@@ -24,9 +24,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 
 from kubenpu import __version__
+from kubenpu.attribution import DROPS, EVENTS, UNNAMED
 from kubenpu.export.prometheus import PrometheusCollector
-from kubenpu.metrics.inputs import DeviceRow
-from kubenpu.metrics.store import Metrics
+from kubenpu.metrics.inputs import DeviceRow, Where
+from kubenpu.metrics.own import DEVICES
+from kubenpu.registry import table
 
 HERE = Path(__file__).resolve().parent
 SECONDS = 2
@@ -59,24 +61,27 @@ MEMORY = {
 def agent(t: int, gone: bool) -> CollectorRegistry:
     """A registry serving the agent's state after t seconds of calls; `gone`: old-job-0 went
     and its series were retired."""
-    metrics = Metrics("worker-1", series_ttl=0, max_series=10_000, clock=lambda: 0.0)
-    metrics.set_devices(
+    metrics = table(series_ttl=0, max_series=10_000, clock=lambda: 0.0)
+    metrics.set(
+        DEVICES,
+        "worker-1",
         [
             DeviceRow(GPU, "i915", "i915", "8086:9a49", "0"),
             DeviceRow(NPU, "ivpu", "intel_vpu", "8086:7d1d", "0"),
-        ]
+        ],
     )
     for (ns, pod, container, device), per_kind in RATES.items():
         for kind, rate in zip(("submit", "alloc", "wait"), per_kind, strict=True):
             n = rate * t or 7  # a kind it no longer calls: a few calls long ago
             metrics.add_calls(ns, pod, container, device, VENDOR[device], kind, n)
             if not pod:
-                metrics.unattributed("not_pod", n)
+                metrics.set(UNNAMED, "not_pod", n)
     metrics.add_calls(*GONE, VENDOR[GPU], "submit", 5000)
     if gone:
-        metrics.container_gone(*GONE[:3])  # TTL 0: retired at once
-    metrics.dropped("ringbuf_full", t)  # one a second
-    metrics.events_received(123_456 + t)
+        ns, pod, container, _ = GONE
+        metrics.gone(Where(ns, pod, "", container, "", ""))  # TTL 0: retired at once
+    metrics.set(DROPS, "ringbuf_full", t)  # one a second
+    metrics.set(EVENTS, "", 123_456 + t)
     resource = Resource.create(
         {
             "service.name": "kubenpu",
