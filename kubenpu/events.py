@@ -9,28 +9,15 @@ import threading
 from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Generic, TypeVar
 
+from kubenpu.drops import Drop
 from kubenpu.kernel.abi import BIRTH, EVENT, LOST_SLOTS
 from kubenpu.kernel.records import Birth, Event, Key
 from kubenpu.vendors import Kind
 
 SIZE = EVENT.size
 _KINDS = frozenset(Kind)
-
-
-class Drop(StrEnum):
-    """Why calls were lost (kubenpu_events_dropped_total{reason})."""
-
-    RINGBUF_FULL = "ringbuf_full"  # events mode: the kernel ring buffer had no room
-    MAP_FULL = "map_full"  # aggregate mode: the counts map had no room for a new key
-    QUEUE_FULL = "queue_full"  # a batch already held probe.queue_size distinct keys
-    DEVICE_UNKNOWN = "device_unknown"  # a call on a device the agent did not list
-    BAD_RECORD = "bad_record"  # a ring-buffer record that could not be decoded
-    # a call made while a new probe took over from a pinned one (docs/pinning.md): counted once
-    # by the retiring probe or not at all; an upper bound of the calls a hand-over lost
-    HANDOVER = "handover"
 
 
 # What each slot of the BPF `lost` array counts, by index (abi.LOST_SLOTS). late_sighting loses

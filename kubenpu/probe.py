@@ -8,7 +8,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from kubenpu.events import BadRecord, Birth, Deltas, Drop, Key, Tally, birth
+from kubenpu.drops import Drop
+from kubenpu.events import BadRecord, Birth, Deltas, Key, Tally, birth
 from kubenpu.kernel.loader import Kernel
 from kubenpu.kernel.records import Durations
 

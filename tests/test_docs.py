@@ -88,7 +88,7 @@ def test_named_public_surfaces_are_quoted(spec):
 
 
 def test_the_drops_contract_lists_every_drop_reason():
-    from kubenpu.events import Drop
+    from kubenpu.drops import Drop
 
     contract = ARCHITECTURE.split("- **Drops.**", 1)[1].split("\n- ", 1)[0]
     quoted = set(re.findall(r"`([a-z_]+)` \(", contract))  # each reason is followed by its why

@@ -2,7 +2,8 @@ import struct
 
 import pytest
 
-from kubenpu.events import SIZE, BadRecord, Deltas, Drop, Key, Tally, decode
+from kubenpu.drops import Drop
+from kubenpu.events import SIZE, BadRecord, Deltas, Key, Tally, decode
 from kubenpu.kernel.abi import dev_t, split_dev_t
 
 

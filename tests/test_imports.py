@@ -17,6 +17,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     (
         "kubenpu",
         "kubenpu.descriptors",
+        "kubenpu.drops",
         "kubenpu.files",
         "kubenpu.services",
         "kubenpu.text",

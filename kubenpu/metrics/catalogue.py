@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from kubenpu.events import Drop
+from kubenpu.drops import Drop
 from kubenpu.fdinfo import Skip
 from kubenpu.resolve import Unattributed
 
