@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from kubenpu.ctl import main
+from kubenpu.ctl import Summary, main
+from kubenpu.metrics.catalogue import DEVICE_ERRORS, FREQUENCY, POWER, TEMPERATURE
+from kubenpu.sysfs import Reading
 from kubenpu.vendors import all_vendors, core
 
 REPO = Path(__file__).resolve().parent.parent
@@ -116,6 +118,24 @@ def test_devices_json(capsys: pytest.CaptureFixture[str]) -> None:
 def test_devices_json_numa_node(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["devices", "--root", str(TESTDATA / "amd-server"), "-o", "json"]) == 0
     assert [d["numa_node"] for d in json.loads(capsys.readouterr().out)] == [0, 1]
+
+
+def test_the_summary_is_the_first_of_each_kind_and_the_actual_frequency() -> None:
+    gpu = {"device": "0000:03:00.0", "vendor": "xe", "sensor": "gpu", "chip": "xe"}
+    reading = Reading(
+        values=[
+            (POWER, {**gpu, "sensor": "package"}, 63.0),
+            (POWER, gpu, 10.0),
+            (TEMPERATURE, gpu, 45.0),
+            (FREQUENCY, {"domain": "gt0", "state": "requested"}, 2.0e9),
+            (FREQUENCY, {"domain": "gt0", "state": "actual"}, 1.5e9),
+            (DEVICE_ERRORS, {"block": "gfx", "type": "corrected"}, 3),
+            (DEVICE_ERRORS, {"block": "umc", "type": "uncorrected"}, 2),
+        ],
+        uncorrected=2,
+    )
+    assert Summary.of(reading) == Summary(63.0, 45.0, 1500.0, 2, "degraded")
+    assert Summary.of(Reading()) == Summary(None, None, None, None, "ok")  # no error counts: None
 
 
 def test_ioctls_tsv() -> None:

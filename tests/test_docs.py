@@ -284,8 +284,8 @@ def test_the_allocations_doc_says_what_the_chart_and_code_do():
 
 
 def test_the_metrics_doc_names_every_drivers_telemetry_file():
-    """docs/metrics.md's sources table lists each driver file kubenpu/telemetry.py reads."""
-    from kubenpu.telemetry import DRIVER_FILES
+    """docs/metrics.md's sources table lists each driver file kubenpu/sysfs.py reads."""
+    from kubenpu.sysfs import DRIVER_FILES
 
     doc = (ROOT / "docs" / "metrics.md").read_text()
     section = doc[doc.index("Sources per driver") : doc.index("### Energy per pod")]

@@ -38,6 +38,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("kubenpu.resolve",),
     ("kubenpu.metrics", "kubenpu.metrics.inputs"),
     ("kubenpu.metrics.catalogue",),
+    ("kubenpu.sysfs",),
     ("kubenpu.metrics.store",),
     ("kubenpu.activity",),
     ("kubenpu.attribution", "kubenpu.energy"),

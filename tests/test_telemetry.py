@@ -48,7 +48,8 @@ from kubenpu.metrics.catalogue import (
 )
 from kubenpu.metrics.inputs import Where
 from kubenpu.metrics.store import Metrics
-from kubenpu.telemetry import Reading, Telemetry, read_device
+from kubenpu.sysfs import Reading, read_device
+from kubenpu.telemetry import Telemetry
 
 TESTDATA = Path(__file__).parent / "testdata"
 SECOND = 1_000_000_000

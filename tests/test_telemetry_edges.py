@@ -25,7 +25,8 @@ from kubenpu.metrics.catalogue import (
     THROTTLE,
 )
 from kubenpu.metrics.store import Metrics
-from kubenpu.telemetry import MISSING, Reading, Telemetry, read_device
+from kubenpu.sysfs import MISSING, Reading, read_device
+from kubenpu.telemetry import Telemetry
 
 MI = "0000:c3:00.0"  # amd-server's Instinct card (amdgpu): hwmon4, RAS counts, VRAM files
 NAVI = "0000:02:00.0"  # amd-server's other card

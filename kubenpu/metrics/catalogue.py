@@ -408,7 +408,7 @@ PODRESOURCES_ERRORS = Spec(
     "PodResources requests to the kubelet that failed or timed out: a List, retried at the next "
     "refresh, or a connection's one GetAllocatableResources (then not available on it).",
 )
-# Device telemetry from sysfs and hwmon (kubenpu/telemetry.py): OTel hardware semantic
+# Device telemetry from sysfs and hwmon (kubenpu/sysfs.py): OTel hardware semantic
 # conventions' names where they have one. Every point carries these, plus the kind's own labels,
 # plus HW_DESCRIPTIVE where the driver publishes them. A sensor (temperature, voltage) is a
 # component of its own, as semconv has it: hw.id names the sensor, hw.parent its device.
@@ -417,7 +417,7 @@ _SENSOR = (*_HW, "hw.parent", "sensor", "chip")
 _LOCATION = (("sensor", "hw.sensor_location"),)
 _LIMIT = (*_LOCATION, ("limit", "hw.limit_type"))
 # semconv's recommended descriptive attributes (model/hardware/gpu-metrics.yaml), on every
-# telemetry point of a device whose driver publishes them (telemetry.DESCRIPTIVE_FILES).
+# telemetry point of a device whose driver publishes them (sysfs.DESCRIPTIVE_FILES).
 HW_DESCRIPTIVE = ("hw.model", "hw.serial_number", "hw.firmware_version", "hw.driver_version")
 POWER = Spec(
     "hw.power",
