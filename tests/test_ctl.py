@@ -228,6 +228,50 @@ def test_needs_only_the_standard_library() -> None:
     assert result.stdout.splitlines()[-1] == "OUTSIDE []"
 
 
+# What kubenpuctl may load of kubenpu: discovery and the readers of sysfs, /proc and the vendor
+# tables, the metric catalogue (top's names), the resolver's results, and its own modules. The
+# agent's store, sampler, kernel side, exporters and wiring are not among them.
+CTL_MODULES = {
+    "kubenpu",
+    "kubenpu.ctl",
+    "kubenpu.descriptors",
+    "kubenpu.discovery",
+    "kubenpu.drops",
+    "kubenpu.fdinfo",
+    "kubenpu.files",
+    "kubenpu.metrics",
+    "kubenpu.metrics.catalogue",
+    "kubenpu.resolve",
+    "kubenpu.resolve.containers",
+    "kubenpu.resolve.podresources",  # the kubelet socket's default, for --help
+    "kubenpu.resolve.result",
+    "kubenpu.sysfs",
+    "kubenpu.text",
+    "kubenpu.top",
+    "kubenpu.vendors",
+}
+CTL_PACKAGES = ("kubenpu.top.", "kubenpu.vendors.")  # and every module in them
+
+
+def test_imports_no_module_of_the_agent() -> None:
+    code = textwrap.dedent(
+        f"""
+        import sys
+        import kubenpu.ctl
+        assert kubenpu.ctl.main(["devices", "--root", {str(TESTDATA / "amd-server")!r}]) == 0
+        assert kubenpu.ctl.main(["ioctls"]) == 0
+        print(*sorted(m for m in sys.modules if m.split(".")[0] == "kubenpu"))
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    loaded = set(result.stdout.splitlines()[-1].split())
+    assert {"kubenpu.sysfs", "kubenpu.top.view", "kubenpu.vendors.amdgpu"} <= loaded
+    assert sorted(m for m in loaded - CTL_MODULES if not m.startswith(CTL_PACKAGES)) == []
+
+
 def test_allocations_without_the_agent_extras_is_one_line_and_exit_2() -> None:
     code = textwrap.dedent(
         """
