@@ -21,8 +21,9 @@ from kubenpu import __version__
 from kubenpu import top as kubenpu_top
 from kubenpu.discovery import Device, discover
 from kubenpu.fdinfo import Client, FdinfoReader
+from kubenpu.metrics.catalogue import DEVICE_ERRORS, FREQUENCY, POWER, TEMPERATURE, Spec
 from kubenpu.resolve import DEFAULT_ENDPOINT, Attribution, containers
-from kubenpu.telemetry import Summary, read_device
+from kubenpu.sysfs import Reading, health, read_device
 from kubenpu.text import iec_bytes, printable
 from kubenpu.top import latency
 from kubenpu.vendors import Vendor, all_vendors, by_name, core, for_driver
@@ -224,6 +225,33 @@ def _devices(args: argparse.Namespace) -> str:
     ]
     header = ["DRIVER", "PCI ID", "ADDRESS", "MAJOR:MINOR", "NUMA", "VENDOR", "POWER", "TEMP"]
     return _table([*header, "FREQ", "HEALTH"], rows)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What `kubenpuctl devices` shows of a reading: the first sensor of each kind."""
+
+    power_watts: float | None
+    temperature_celsius: float | None
+    frequency_mhz: float | None
+    uncorrected: int | None  # None: the driver publishes no error counts
+    health: str  # hw.state by its rule, but for wedged: that takes the agent's uevents
+
+    @classmethod
+    def of(cls, reading: Reading) -> Summary:
+        def first(spec: Spec, **attrs: str) -> float | None:
+            found = (v for s, a, v in reading.values if s is spec and attrs.items() <= a.items())
+            return next(found, None)
+
+        freq = first(FREQUENCY, state="actual")
+        counted = first(DEVICE_ERRORS) is not None
+        return cls(
+            first(POWER),
+            first(TEMPERATURE),
+            None if freq is None else freq / 1e6,
+            reading.uncorrected if counted else None,
+            health(reading),
+        )
 
 
 def _unit(value: float | None, unit: str) -> str:

@@ -8,9 +8,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from kubenpu.events import BadRecord, Birth, Deltas, Drop, Key, Tally, birth
+from kubenpu.events import BadRecord, Birth, Deltas, Key, Tally, birth
 from kubenpu.kernel.loader import Kernel
 from kubenpu.kernel.records import Durations
+from kubenpu.metrics.catalogue import Drop
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@
 - allocation mapping: the device plugins' id formats (PLUGINS in
   kubenpu/resolve/podresources/mapping.py), else the PCI address / node name fallback;
 - fdinfo time and memory, power, energy, temperature and clocks: what the agent's own readers
-  (kubenpu.fdinfo, kubenpu.telemetry) return on the recorded sysfs and /proc trees of
+  (kubenpu.fdinfo, kubenpu.sysfs) return on the recorded sysfs and /proc trees of
   tests/testdata, copied from each driver's kernel source (each tree's README cites it).
 tests/test_drivers_doc.py fails when the committed page differs from what this writes.
 
@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kubenpu import discovery, fdinfo, telemetry, vendors  # noqa: E402
+from kubenpu import discovery, fdinfo, sysfs, vendors  # noqa: E402
 from kubenpu.resolve.podresources.mapping import PLUGINS  # noqa: E402
 
 TESTDATA = ROOT / "tests" / "testdata"
@@ -61,7 +61,7 @@ def merge(into: dict[str, str], new: dict[str, str]) -> None:
 
 
 def telemetry_features(device: discovery.Device, root: Path) -> dict[str, str]:
-    reading = telemetry.read_device(device, root)
+    reading = sysfs.read_device(device, root)
     specs = {spec.name for spec, _, _ in reading.values}
     power = "hw.power" in specs
     energy = reading.energy_uj is not None

@@ -39,13 +39,18 @@ TESTS: dict[str, list[str]] = {
         "tests/test_usage.py",
         "tests/test_properties.py",
     ],
-    "kubenpu/telemetry.py": [
+    "kubenpu/sysfs.py": [
         "tests/test_telemetry.py",
         "tests/test_telemetry_golden.py",
         "tests/test_telemetry_files.py",
-        "tests/test_telemetry_loop.py",
         "tests/test_telemetry_edges.py",
         "tests/test_ctl.py",
+    ],
+    "kubenpu/telemetry.py": [
+        "tests/test_telemetry.py",
+        "tests/test_telemetry_golden.py",
+        "tests/test_telemetry_loop.py",
+        "tests/test_telemetry_edges.py",
         "tests/test_semconv.py",
     ],
     "kubenpu/allocations.py": ["tests/test_allocations.py", "tests/test_properties.py"],

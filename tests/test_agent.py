@@ -55,7 +55,7 @@ from kubenpu.registry import table
 from kubenpu.resolve import Attribution
 from kubenpu.resolve.resolver import Resolver
 from kubenpu.services import Services
-from kubenpu.telemetry import Reading
+from kubenpu.sysfs import Reading
 from kubenpu.telemetry import Telemetry as RealTelemetry
 from kubenpu.wiring import fdinfo_devices, select_devices
 

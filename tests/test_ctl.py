@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from kubenpu.ctl import main
+from kubenpu.ctl import Summary, main
+from kubenpu.metrics.catalogue import DEVICE_ERRORS, FREQUENCY, POWER, TEMPERATURE
+from kubenpu.sysfs import Reading
 from kubenpu.vendors import all_vendors, core
 
 REPO = Path(__file__).resolve().parent.parent
@@ -118,6 +120,24 @@ def test_devices_json_numa_node(capsys: pytest.CaptureFixture[str]) -> None:
     assert [d["numa_node"] for d in json.loads(capsys.readouterr().out)] == [0, 1]
 
 
+def test_the_summary_is_the_first_of_each_kind_and_the_actual_frequency() -> None:
+    gpu = {"device": "0000:03:00.0", "vendor": "xe", "sensor": "gpu", "chip": "xe"}
+    reading = Reading(
+        values=[
+            (POWER, {**gpu, "sensor": "package"}, 63.0),
+            (POWER, gpu, 10.0),
+            (TEMPERATURE, gpu, 45.0),
+            (FREQUENCY, {"domain": "gt0", "state": "requested"}, 2.0e9),
+            (FREQUENCY, {"domain": "gt0", "state": "actual"}, 1.5e9),
+            (DEVICE_ERRORS, {"block": "gfx", "type": "corrected"}, 3),
+            (DEVICE_ERRORS, {"block": "umc", "type": "uncorrected"}, 2),
+        ],
+        uncorrected=2,
+    )
+    assert Summary.of(reading) == Summary(63.0, 45.0, 1500.0, 2, "degraded")
+    assert Summary.of(Reading()) == Summary(None, None, None, None, "ok")  # no error counts: None
+
+
 def test_ioctls_tsv() -> None:
     result = run("ioctls", "--output", "tsv")
     assert (result.returncode, result.stderr) == (0, "")
@@ -206,6 +226,49 @@ def test_needs_only_the_standard_library() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == "OUTSIDE []"
+
+
+# What kubenpuctl may load of kubenpu: discovery and the readers of sysfs, /proc and the vendor
+# tables, the metric catalogue (top's names), the resolver's results, and its own modules. The
+# agent's store, sampler, kernel side, exporters and wiring are not among them.
+CTL_MODULES = {
+    "kubenpu",
+    "kubenpu.ctl",
+    "kubenpu.descriptors",
+    "kubenpu.discovery",
+    "kubenpu.fdinfo",
+    "kubenpu.files",
+    "kubenpu.metrics",
+    "kubenpu.metrics.catalogue",
+    "kubenpu.resolve",
+    "kubenpu.resolve.containers",
+    "kubenpu.resolve.podresources",  # the kubelet socket's default, for --help
+    "kubenpu.resolve.result",
+    "kubenpu.sysfs",
+    "kubenpu.text",
+    "kubenpu.top",
+    "kubenpu.vendors",
+}
+CTL_PACKAGES = ("kubenpu.top.", "kubenpu.vendors.")  # and every module in them
+
+
+def test_imports_no_module_of_the_agent() -> None:
+    code = textwrap.dedent(
+        f"""
+        import sys
+        import kubenpu.ctl
+        assert kubenpu.ctl.main(["devices", "--root", {str(TESTDATA / "amd-server")!r}]) == 0
+        assert kubenpu.ctl.main(["ioctls"]) == 0
+        print(*sorted(m for m in sys.modules if m.split(".")[0] == "kubenpu"))
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    loaded = set(result.stdout.splitlines()[-1].split())
+    assert {"kubenpu.sysfs", "kubenpu.top.view", "kubenpu.vendors.amdgpu"} <= loaded
+    assert sorted(m for m in loaded - CTL_MODULES if not m.startswith(CTL_PACKAGES)) == []
 
 
 def test_allocations_without_the_agent_extras_is_one_line_and_exit_2() -> None:

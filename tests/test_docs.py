@@ -88,7 +88,7 @@ def test_named_public_surfaces_are_quoted(spec):
 
 
 def test_the_drops_contract_lists_every_drop_reason():
-    from kubenpu.events import Drop
+    from kubenpu.metrics.catalogue import Drop
 
     contract = ARCHITECTURE.split("- **Drops.**", 1)[1].split("\n- ", 1)[0]
     quoted = set(re.findall(r"`([a-z_]+)` \(", contract))  # each reason is followed by its why
@@ -287,8 +287,8 @@ def test_the_allocations_doc_says_what_the_chart_and_code_do():
 
 
 def test_the_metrics_doc_names_every_drivers_telemetry_file():
-    """docs/metrics.md's sources table lists each driver file kubenpu/telemetry.py reads."""
-    from kubenpu.telemetry import DRIVER_FILES
+    """docs/metrics.md's sources table lists each driver file kubenpu/sysfs.py reads."""
+    from kubenpu.sysfs import DRIVER_FILES
 
     doc = (ROOT / "docs" / "metrics.md").read_text()
     section = doc[doc.index("Sources per driver") : doc.index("### Energy per pod")]

@@ -17,6 +17,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     (
         "kubenpu",
         "kubenpu.descriptors",
+        "kubenpu.drops",
         "kubenpu.files",
         "kubenpu.services",
         "kubenpu.text",
@@ -37,6 +38,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("kubenpu.probe",),
     ("kubenpu.resolve",),
     ("kubenpu.metrics", "kubenpu.metrics.inputs"),
+    ("kubenpu.sysfs",),
     ("kubenpu.metrics.points",),
     ("kubenpu.metrics.series",),
     ("kubenpu.metrics.own",),

@@ -52,7 +52,8 @@ from kubenpu.metrics.catalogue import (
 from kubenpu.metrics.inputs import Where
 from kubenpu.metrics.series import Series
 from kubenpu.registry import table
-from kubenpu.telemetry import POD_ENERGY_SHARES, Reading, Telemetry, read_device
+from kubenpu.sysfs import Reading, read_device
+from kubenpu.telemetry import POD_ENERGY_SHARES, Telemetry
 
 TESTDATA = Path(__file__).parent / "testdata"
 SECOND = 1_000_000_000

@@ -26,7 +26,8 @@ from kubenpu.metrics.catalogue import (
 )
 from kubenpu.metrics.series import Series
 from kubenpu.registry import table
-from kubenpu.telemetry import MISSING, Reading, Telemetry, read_device
+from kubenpu.sysfs import MISSING, Reading, read_device
+from kubenpu.telemetry import Telemetry
 
 MI = "0000:c3:00.0"  # amd-server's Instinct card (amdgpu): hwmon4, RAS counts, VRAM files
 NAVI = "0000:02:00.0"  # amd-server's other card

@@ -1,6 +1,6 @@
 """kubenpu.telemetry's thread as the agent runs it: busy time handed over by submit(), the
 threads it starts, the health of a wedged device, the derived power's labels, the read's
-timestamp, and what `kubenpukctl devices` summarises of a reading (from mutmut's survivors)."""
+timestamp (from mutmut's survivors)."""
 
 from __future__ import annotations
 
@@ -14,17 +14,15 @@ from test_telemetry import SECOND, TESTDATA, Clock, telemetry, xe_energy
 from kubenpu.discovery import discover
 from kubenpu.metrics.catalogue import (
     COUNTERS_READ,
-    DEVICE_ERRORS,
     DEVICE_STATUS,
-    FREQUENCY,
     POD_ENERGY,
     POWER,
-    TEMPERATURE,
 )
 from kubenpu.metrics.inputs import Where
 from kubenpu.metrics.series import Series
 from kubenpu.registry import table
-from kubenpu.telemetry import Reading, Summary, Telemetry, read_device
+from kubenpu.sysfs import read_device
+from kubenpu.telemetry import Telemetry
 
 XE = "0000:03:00.0"
 POD = Where("ns", "a", "", "c", XE, "xe")
@@ -111,23 +109,3 @@ def test_the_threads_read_stamps_the_telemetry_counters_with_its_start(tmp_path:
     finally:
         tel.close()
     assert stamps == {"telemetry": 1234.5}
-
-
-GPU = {"device": XE, "vendor": "xe", "sensor": "gpu", "chip": "xe"}
-
-
-def test_the_summary_is_the_first_of_each_kind_and_the_actual_frequency() -> None:
-    reading = Reading(
-        values=[
-            (POWER, {**GPU, "sensor": "package"}, 63.0),
-            (POWER, GPU, 10.0),
-            (TEMPERATURE, GPU, 45.0),
-            (FREQUENCY, {"domain": "gt0", "state": "requested"}, 2.0e9),
-            (FREQUENCY, {"domain": "gt0", "state": "actual"}, 1.5e9),
-            (DEVICE_ERRORS, {"block": "gfx", "type": "corrected"}, 3),
-            (DEVICE_ERRORS, {"block": "umc", "type": "uncorrected"}, 2),
-        ],
-        uncorrected=2,
-    )
-    assert Summary.of(reading) == Summary(63.0, 45.0, 1500.0, 2, "degraded")
-    assert Summary.of(Reading()) == Summary(None, None, None, None, "ok")  # no error counts: None

@@ -29,7 +29,7 @@ from kubenpu import top
 from kubenpu.ctl import main as ctl_main
 from kubenpu.top.render import columns
 from kubenpu.top.sources import ALLOCATED
-from kubenpu.top.view import _View
+from kubenpu.top.view import ALIASES, HELP, _View
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests/testdata/top"
@@ -318,6 +318,32 @@ def test_a_short_screen_says_how_many_rows_it_hides():
     assert lines[9].startswith("sort total descending | keys:")
     assert view.key(ord("w")) and view.sort == "wait"
     assert not view.key(ord("q"))
+
+
+def key_effects() -> dict[str, str]:
+    """What each one-byte key does to a view: the sort it picks, "reverse" or "quit"; keys that
+    do nothing are left out. The view starts on no sort and reversed, so every key shows."""
+
+    class Source:
+        url, multi_node = "http://node:8080/metrics", False
+
+    effects = {}
+    for ch in range(256):
+        view = _View(Source(), 2.0, "", reverse=True)
+        if not view.key(ch):
+            effects[chr(ch)] = "quit"
+        elif view.sort or not view.reverse:
+            effects[chr(ch)] = view.sort or "reverse"
+    return effects
+
+
+def test_the_help_names_every_key_the_view_handles():
+    effects = key_effects()
+    assert {"t": "total", "u": "queue", "r": "reverse", "\x1b": "quit"}.items() <= effects.items()
+    assert {c: effects[ALIASES.get(c, c)] for c in effects} == effects  # an alias does as its key
+    assert set(top.SORTS) <= set(effects.values())  # no sort lost its key to another
+    helped = dict(re.findall(r"(\S) (\S+)", HELP.removeprefix("keys: ")))
+    assert helped == {c: does for c, does in effects.items() if c not in ALIASES}
 
 
 # --- the parser --------------------------------------------------------------------------------

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from helpers import script_output
 
-from kubenpu.vendors import DRM_IOCTL_TYPE, Ioctl, Vendor, all_vendors, core
+from kubenpu.kernel.abi import DRM_IOCTL_TYPE
+from kubenpu.vendors import Ioctl, Vendor, all_vendors, core
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLES = (core(), *all_vendors())

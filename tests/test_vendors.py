@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 
 import kubenpu.vendors as vendors
+from kubenpu.kernel.abi import DRM_COMMAND_BASE, DRM_COMMAND_END
 from kubenpu.vendors import (
-    DRM_COMMAND_BASE,
-    DRM_COMMAND_END,
     Ioctl,
     Kind,
     Vendor,

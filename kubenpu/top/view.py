@@ -13,10 +13,11 @@ from kubenpu.top.frames import NUMERIC, SORT_KEYS, Frame, build_frame
 from kubenpu.top.render import header, table
 from kubenpu.top.sources import Source, TopError
 
-HELP = (
-    "keys: t total s submit a alloc w wait p pod n namespace c container d device v vendor"
-    " b busy m memory h shares i idle o node r reverse q quit"
-)
+# Every key the view handles -> what it does: a sort's name (SORTS), "reverse" or "quit". key()
+# dispatches from this table and HELP is built from it, so the help cannot leave a key out.
+KEYS: dict[str, str] = {**SORT_KEYS, "r": "reverse", "q": "quit"}
+ALIASES = {"Q": "q", "\x1b": "q"}  # Esc and Q also quit; the help names q alone
+HELP = "keys: " + " ".join(f"{key} {does}" for key, does in KEYS.items())
 
 
 @dataclass
@@ -42,12 +43,13 @@ class _View:
     def key(self, ch: int) -> bool:
         """Apply a key press; False means quit."""
         c = chr(ch) if 0 <= ch < 256 else ""
-        if c in ("q", "Q", "\x1b"):
+        does = KEYS.get(ALIASES.get(c, c))
+        if does == "quit":
             return False
-        if c == "r":
+        if does == "reverse":
             self.reverse = not self.reverse
-        elif c in SORT_KEYS:
-            self.sort, self.reverse = SORT_KEYS[c], False
+        elif does is not None:
+            self.sort, self.reverse = does, False
         return True
 
     def lines(self, width: int, height: int) -> tuple[list[str], int]:

@@ -19,12 +19,6 @@ from dataclasses import dataclass
 from enum import IntEnum
 from functools import cache
 
-# DRM splits the 8-bit ioctl nr: driver-private ioctls live in [DRM_COMMAND_BASE, DRM_COMMAND_END),
-# everything else is a DRM core ioctl shared by every driver.
-DRM_COMMAND_BASE = 0x40
-DRM_COMMAND_END = 0xA0
-DRM_IOCTL_TYPE = ord("d")
-
 
 class Kind(IntEnum):
     """What a counted ioctl does. The values are shared with bpf/kubenpu.bpf.c."""
@@ -40,7 +34,7 @@ class Kind(IntEnum):
 
 @dataclass(frozen=True)
 class Ioctl:
-    nr: int  # cmd & 0xff, i.e. DRM_COMMAND_BASE already added for driver ioctls
+    nr: int  # cmd & 0xff, i.e. DRM_COMMAND_BASE already added for driver ioctls (kernel.abi)
     kind: Kind
     name: str  # the uapi macro, e.g. DRM_IOCTL_I915_GEM_EXECBUFFER2
 
