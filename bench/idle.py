@@ -33,16 +33,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import micro
 from fakes import Clock, FakeKernel
 
-from kubenpu.attribution import Attributor
-from kubenpu.events import Key, Tally
-from kubenpu.health import Health
+from kubenpu.agent.health import Health
+from kubenpu.agent.loop import Agent
 from kubenpu.kernel import abi
 from kubenpu.kernel.records import Durations
-from kubenpu.loop import Agent
-from kubenpu.probe import Probe
+from kubenpu.sources.calls.attribution import Attributor
+from kubenpu.sources.calls.events import Key, Tally
+from kubenpu.sources.calls.probe import Probe
 from kubenpu.sources.registry import table
 
-PERIOD = 0.5  # the attribution loop's flush period (kubenpu.loop._FLUSH_SECONDS)
+PERIOD = 0.5  # the attribution loop's flush period (kubenpu.agent.loop._FLUSH_SECONDS)
 TIMED = Durations(1000, (1,) + (0,) * (abi.DURATION_SLOTS - 1), (0,) * len(abi.ERRORS))
 
 

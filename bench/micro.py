@@ -8,8 +8,8 @@ deltas, attribute and count), with the real Resolver over a kubelet-style cgroup
 temporary directory, a real CRI gRPC server (tests/cri_server.py) and the real series table.
 The fdinfo figures read a synthetic /proc tree of 1,000 DRM clients (one per pod, in a process
 of FDS_PER_PROCESS fds) among 50,000 fds in all: the full scan the agent makes at start, and one
-steady-state read of kubenpu.usage.Usage (the holders only, attributed and counted). The
-telemetry figure is one kubenpu.telemetry read of every device of the sysfs fixture machines
+steady-state read of kubenpu.sources.usage.Usage (the holders only, attributed and counted). The
+telemetry figure is one kubenpu.sources.telemetry read of every device of the sysfs fixture machines
 shaped like i915, xe, amdgpu, ivpu and habanalabs (tests/testdata): all their hwmon and driver
 files, on tmpfs-like disk pages rather than sysfs, so a floor of the real cost.
 Prints one line per figure: the best of REPEATS runs (as timeit does: slower runs measure
@@ -33,14 +33,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from cri_server import CriTestServer
 from helpers import resolved
 
-from kubenpu.attribution import Attributor
 from kubenpu.discovery import Device, Node, discover
-from kubenpu.events import SIZE, Deltas, Event, Key, Tally, decode
-from kubenpu.fdinfo import FdinfoReader
 from kubenpu.resolve.resolver import Resolver
+from kubenpu.sources.calls.attribution import Attributor
+from kubenpu.sources.calls.events import SIZE, Deltas, Event, Key, Tally, decode
+from kubenpu.sources.fdinfo import FdinfoReader
 from kubenpu.sources.registry import table
-from kubenpu.telemetry import Telemetry
-from kubenpu.usage import Usage
+from kubenpu.sources.telemetry import Telemetry
+from kubenpu.sources.usage import Usage
 
 REPEATS = 5
 FDS = 50_000
@@ -60,7 +60,9 @@ def record(cgroup_id: int, kind: int) -> bytes:
     data = _RECORD.pack(1, cgroup_id, 42, 0xC02064B2, MAJOR, MINOR, kind, 0)
     want = Event(1, cgroup_id, 42, 0xC02064B2, MAJOR, MINOR, kind)
     if len(data) != SIZE or decode(data) != want:
-        raise SystemExit("micro.py: the event layout no longer matches kubenpu.events")
+        raise SystemExit(
+            "micro.py: the event layout no longer matches kubenpu.sources.calls.events"
+        )
     return data
 
 

@@ -171,7 +171,8 @@ class TelemetryConfig(_Model):
     enabled: bool = True  # device power, energy, clocks from sysfs/hwmon, on the fdinfo interval
     # Each device's sysfs/hwmon read must finish within this, or the device is marked stale.
     deadline_seconds: float = Field(1, gt=0, le=60)
-    # DRM wedged and devcoredump uevents (kubenpu.uevents): resets, coredumps, hw.status failed.
+    # DRM wedged and devcoredump uevents (kubenpu.sources.wedges): resets, coredumps, hw.status
+    # failed.
     uevents: bool = True
 
 

@@ -4,7 +4,7 @@
 - allocation mapping: the device plugins' id formats (PLUGINS in
   kubenpu/resolve/podresources/mapping.py), else the PCI address / node name fallback;
 - fdinfo time and memory, power, energy, temperature and clocks: what the agent's own readers
-  (kubenpu.fdinfo, kubenpu.sysfs) return on the recorded sysfs and /proc trees of
+  (kubenpu.sources.fdinfo, kubenpu.sources.sysfs) return on the recorded sysfs and /proc trees of
   tests/testdata, copied from each driver's kernel source (each tree's README cites it).
 tests/test_drivers_doc.py fails when the committed page differs from what this writes.
 
@@ -21,8 +21,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kubenpu import discovery, fdinfo, sysfs, vendors  # noqa: E402
+from kubenpu import discovery, vendors  # noqa: E402
 from kubenpu.resolve.podresources.mapping import PLUGINS  # noqa: E402
+from kubenpu.sources import fdinfo, sysfs  # noqa: E402
 
 TESTDATA = ROOT / "tests" / "testdata"
 SKIP_MACHINES = {"broken"}  # malformed on purpose

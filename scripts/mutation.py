@@ -10,7 +10,7 @@ before the next module. Prints killed / total per module and lists the survivors
 (docs/mutation.md says which are equivalent, and why).
 
     scripts/mutation.py                       # every module in TESTS
-    scripts/mutation.py kubenpu/energy.py     # some of them
+    scripts/mutation.py kubenpu/sources/energy.py     # some of them
     MUTATION_CHILDREN=1 scripts/mutation.py   # fewer parallel pytest children (default 2)
 """
 
@@ -29,31 +29,31 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Module (a file, or a package directory) -> the unit test files that exercise it.
 TESTS: dict[str, list[str]] = {
-    "kubenpu/energy.py": [
+    "kubenpu/sources/energy.py": [
         "tests/test_energy.py",
         "tests/test_telemetry.py",
         "tests/test_properties.py",
     ],
-    "kubenpu/fdinfo.py": [
+    "kubenpu/sources/fdinfo.py": [
         "tests/test_fdinfo.py",
         "tests/test_usage.py",
         "tests/test_properties.py",
     ],
-    "kubenpu/sysfs.py": [
+    "kubenpu/sources/sysfs.py": [
         "tests/test_telemetry.py",
         "tests/test_telemetry_golden.py",
         "tests/test_telemetry_files.py",
         "tests/test_telemetry_edges.py",
         "tests/test_ctl.py",
     ],
-    "kubenpu/telemetry.py": [
+    "kubenpu/sources/telemetry.py": [
         "tests/test_telemetry.py",
         "tests/test_telemetry_golden.py",
         "tests/test_telemetry_loop.py",
         "tests/test_telemetry_edges.py",
         "tests/test_semconv.py",
     ],
-    "kubenpu/allocations.py": ["tests/test_allocations.py", "tests/test_properties.py"],
+    "kubenpu/sources/allocations.py": ["tests/test_allocations.py", "tests/test_properties.py"],
     "kubenpu/export/otlp.py": [
         "tests/test_export.py",
         "tests/test_metrics.py",

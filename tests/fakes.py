@@ -16,11 +16,11 @@ from collections.abc import Callable, Iterable
 
 import pytest
 
-from kubenpu.events import KERNEL_LOST, Key
 from kubenpu.kernel import abi, bpfsys
 from kubenpu.kernel.errors import ProbeError
 from kubenpu.kernel.records import Durations
 from kubenpu.resolve import Attribution
+from kubenpu.sources.calls.events import KERNEL_LOST, Key
 
 _RECORD = struct.Struct("<QQIIIIII")  # the C struct event, packed independently of kubenpu
 

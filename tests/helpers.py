@@ -42,9 +42,9 @@ from kubenpu.kernel import abi
 from kubenpu.metrics.catalogue import IOCTL, K8S_ATTRIBUTES, Spec
 from kubenpu.metrics.inputs import DeviceRow
 from kubenpu.metrics.series import Series
-from kubenpu.registry import table
 from kubenpu.resolve import Attribution
 from kubenpu.resolve.resolver import Resolver
+from kubenpu.sources.registry import table
 
 ROOT = Path(__file__).resolve().parents[1]
 VGEM_ROW = DeviceRow("0000:03:00.0", "vgem", "vgem", "1af4:1050", "0")
@@ -367,6 +367,8 @@ RECORDED_SINCE = {
     "Device throttling": "kubenpu_device_throttle_ratio",
     "Device memory used and busy (driver)": "kubenpu_device_memory_used_bytes",
     "Telemetry files skipped, by reason": "kubenpu_telemetry_skipped_total",
+    "Source read time": "kubenpu_source_read_duration_seconds",
+    "Failed source reads": "kubenpu_source_errors_total",
     "GPU job queue wait p99 by pod": "kubenpu_job_wait_duration_seconds_bucket",
     "GPU job run time p99 by pod": "kubenpu_job_run_duration_seconds_bucket",
     "GPU jobs per second by pod": "kubenpu_jobs_total",

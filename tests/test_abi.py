@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from kubenpu import vendors
-from kubenpu.events import KERNEL_LOST
 from kubenpu.kernel import abi
 from kubenpu.kernel.bcc import BccKernel
 from kubenpu.kernel.core import CoreKernel, object_path
+from kubenpu.sources.calls.events import KERNEL_LOST
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = (ROOT / "bpf" / "kubenpu.bpf.c").read_text()

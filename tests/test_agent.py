@@ -25,14 +25,12 @@ from fakes import Clock, FakeKernel, FakeResolver, record
 from helpers import eventually, free_port, make_config, resolved, values
 
 from kubenpu import __version__, export
-from kubenpu.activity import Activity
 from kubenpu.agent import main
-from kubenpu.attribution import DURATIONS, Attributor
+from kubenpu.agent.health import Health
+from kubenpu.agent.loop import Agent
+from kubenpu.agent.wiring import fdinfo_devices, select_devices
 from kubenpu.discovery import Device, Node
-from kubenpu.events import Key, Tally
-from kubenpu.health import Health
 from kubenpu.kernel.errors import ProbeError
-from kubenpu.loop import Agent
 from kubenpu.metrics.catalogue import (
     DROPPED,
     INDEX_REBUILDS,
@@ -50,14 +48,16 @@ from kubenpu.metrics.catalogue import (
 )
 from kubenpu.metrics.own import INDEX_REBUILT
 from kubenpu.metrics.series import Series
-from kubenpu.probe import Probe
-from kubenpu.registry import table
 from kubenpu.resolve import Attribution
 from kubenpu.resolve.resolver import Resolver
 from kubenpu.services import Services
-from kubenpu.sysfs import Reading
-from kubenpu.telemetry import Telemetry as RealTelemetry
-from kubenpu.wiring import fdinfo_devices, select_devices
+from kubenpu.sources.activity import Activity
+from kubenpu.sources.calls.attribution import DURATIONS, Attributor
+from kubenpu.sources.calls.events import Key, Tally
+from kubenpu.sources.calls.probe import Probe
+from kubenpu.sources.registry import table
+from kubenpu.sources.sysfs import Reading
+from kubenpu.sources.telemetry import Telemetry as RealTelemetry
 
 UID = "0e6f7c3a-1b2d-4c5e-8f9a-0b1c2d3e4f5a"
 CID = "c" * 64
@@ -221,7 +221,8 @@ class Exporters:
 
 
 class Usage:
-    """Stands in for kubenpu.usage.Usage (tests/test_usage.py tests it): records what it gets."""
+    """Stands in for kubenpu.sources.usage.Usage (tests/test_usage.py tests it): records what it
+    gets."""
 
     name = "fdinfo"
 
@@ -240,8 +241,8 @@ class Usage:
 
 
 class Telemetry:
-    """Stands in for kubenpu.telemetry.Telemetry (tests/test_telemetry.py tests it): what each
-    tick hands its thread."""
+    """Stands in for kubenpu.sources.telemetry.Telemetry (tests/test_telemetry.py tests it): what
+    each tick hands its thread."""
 
     name = "telemetry"
 
@@ -673,7 +674,7 @@ def test_without_the_agent_extras_the_agent_says_what_to_install():
     code = (
         "import sys\n"
         f"for name in {blocked!r}: sys.modules[name] = None\n"
-        "import kubenpu.ctl\n"  # kubenpuctl needs none of them
+        "import kubenpu.cli.ctl\n"  # kubenpuctl needs none of them
         "from kubenpu.agent import main\n"
         "sys.exit(main([]))\n"
     )

@@ -20,11 +20,8 @@ import pytest
 from fakes import Clock, FakeResolver
 from podresources_server import PodResourcesTestServer, container, pod
 
-from kubenpu.activity import Activity
-from kubenpu.allocations import Allocations, held
-from kubenpu.attribution import Attributor
+from kubenpu.agent.wiring import select_devices
 from kubenpu.discovery import Device, discover
-from kubenpu.events import Batch
 from kubenpu.kernel import abi
 from kubenpu.kernel.maps import tables, vendor_ids
 from kubenpu.kernel.records import Key
@@ -39,14 +36,17 @@ from kubenpu.metrics.catalogue import (
 )
 from kubenpu.metrics.inputs import Held
 from kubenpu.metrics.series import Series
-from kubenpu.registry import table
 from kubenpu.resolve import Attribution
 from kubenpu.resolve.podresources import client as client_module
 from kubenpu.resolve.podresources.client import Allocated, PodResourcesClient, PodResourcesError
 from kubenpu.resolve.podresources.mapping import PLUGINS, Mapper, Unmapped
 from kubenpu.services import Services
+from kubenpu.sources.activity import Activity
+from kubenpu.sources.allocations import Allocations, held
+from kubenpu.sources.calls.attribution import Attributor
+from kubenpu.sources.calls.events import Batch
+from kubenpu.sources.registry import table
 from kubenpu.vendors import Kind
-from kubenpu.wiring import select_devices
 
 TESTDATA = Path(__file__).parent / "testdata"
 IGPU, DGPU = "0000:00:02.0", "0000:03:00.0"  # hybrid-two-gpu: i915 card1, amdgpu card0
@@ -521,7 +521,7 @@ def test_list_unimplemented_is_one_counted_line_a_streak(
         assert not allocations.refresh()
         assert not allocations.refresh()
     assert value(metrics, PODRESOURCES_ERRORS) == 2
-    (line,) = [r for r in caplog.records if r.name == "kubenpu.allocations"]
+    (line,) = [r for r in caplog.records if r.name == "kubenpu.sources.allocations"]
     assert "List: UNIMPLEMENTED" in line.getMessage() and line.exc_info is None
 
 
@@ -651,7 +651,7 @@ def test_the_agent_wires_allocations(
     from fakes import FakeKernel
     from helpers import eventually, make_config
 
-    from kubenpu import wiring
+    from kubenpu.agent import wiring
 
     monkeypatch.setattr(wiring, "open_kernel", lambda *a, **k: FakeKernel())
     cfg = make_config(
@@ -682,7 +682,7 @@ def test_a_kubelet_back_is_said_once_and_a_new_streak_warns_again(
     allocations, *_ = tracked
     failing = {**STATE, "fail": {"List": "UNAVAILABLE"}}
     said: list[str] = []
-    with caplog.at_level(logging.INFO, logger="kubenpu.allocations"):
+    with caplog.at_level(logging.INFO, logger="kubenpu.sources.allocations"):
         for state in (failing, failing, STATE, STATE, failing):
             kubelet.set_state(state)
             allocations.refresh()
@@ -708,7 +708,7 @@ def test_allocatable_unavailable_again_after_a_redial_is_not_warned_again(
 ) -> None:
     kubelet.set_state({**STATE, "fail": {"GetAllocatableResources": "UNKNOWN"}})
     allocations, _, _, _ = tracked
-    with caplog.at_level(logging.DEBUG, logger="kubenpu.allocations"):
+    with caplog.at_level(logging.DEBUG, logger="kubenpu.sources.allocations"):
         assert allocations.refresh()
         kubelet.stop()
         assert not allocations.refresh()  # the channel goes: the next one asks again

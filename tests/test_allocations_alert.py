@@ -29,12 +29,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_agent import VGEM, make_agent
 
 from kubenpu import export
-from kubenpu.activity import Activity
-from kubenpu.allocations import Allocations
-from kubenpu.events import Key
 from kubenpu.resolve.podresources.client import PodResourcesClient
 from kubenpu.resolve.podresources.mapping import Mapper
 from kubenpu.resolve.resolver import Resolver
+from kubenpu.sources.activity import Activity
+from kubenpu.sources.allocations import Allocations
+from kubenpu.sources.calls.events import Key
 
 ROOT = Path(__file__).parents[1]
 NODE = "kubenpu-node"

@@ -7,9 +7,9 @@ import struct
 import pytest
 from fakes import FakeKernel
 
-from kubenpu.events import SIZE, Birth, Key, Tally, birth
 from kubenpu.metrics.catalogue import Drop
-from kubenpu.probe import Probe
+from kubenpu.sources.calls.events import SIZE, Birth, Key, Tally, birth
+from kubenpu.sources.calls.probe import Probe
 
 BIRTH = struct.pack("<QQ", 7, 3)  # struct birth {u64 cgroup_id; u64 parent_id;}, packed here
 

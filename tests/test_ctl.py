@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from kubenpu.ctl import Summary, main
+from kubenpu.cli.ctl import Summary, main
 from kubenpu.metrics.catalogue import DEVICE_ERRORS, FREQUENCY, POWER, TEMPERATURE
-from kubenpu.sysfs import Reading
+from kubenpu.sources.sysfs import Reading
 from kubenpu.vendors import all_vendors, core
 
 REPO = Path(__file__).resolve().parent.parent
@@ -211,7 +211,7 @@ def test_needs_only_the_standard_library() -> None:
 
         sys.meta_path.insert(0, Block())
         at_start = set(sys.modules)  # site's own, e.g. setuptools' _distutils_hack
-        from kubenpu.ctl import main
+        from kubenpu.cli.ctl import main
         assert main(["devices", "--root", {str(TESTDATA / "intel-i915")!r}]) == 0
         assert main(["ioctls"]) == 0
         outside = sorted(
@@ -233,10 +233,11 @@ def test_needs_only_the_standard_library() -> None:
 # agent's store, sampler, kernel side, exporters and wiring are not among them.
 CTL_MODULES = {
     "kubenpu",
-    "kubenpu.ctl",
+    "kubenpu.cli",
+    "kubenpu.cli.ctl",
     "kubenpu.descriptors",
     "kubenpu.discovery",
-    "kubenpu.fdinfo",
+    "kubenpu.sources.fdinfo",
     "kubenpu.files",
     "kubenpu.metrics",
     "kubenpu.metrics.catalogue",
@@ -244,21 +245,22 @@ CTL_MODULES = {
     "kubenpu.resolve.containers",
     "kubenpu.resolve.podresources",  # the kubelet socket's default, for --help
     "kubenpu.resolve.result",
-    "kubenpu.sysfs",
+    "kubenpu.sources",  # a docstring: the package's face loads nothing
+    "kubenpu.sources.sysfs",
     "kubenpu.text",
-    "kubenpu.top",
+    "kubenpu.cli.top",
     "kubenpu.vendors",
 }
-CTL_PACKAGES = ("kubenpu.top.", "kubenpu.vendors.")  # and every module in them
+CTL_PACKAGES = ("kubenpu.cli.top.", "kubenpu.vendors.")  # and every module in them
 
 
 def test_imports_no_module_of_the_agent() -> None:
     code = textwrap.dedent(
         f"""
         import sys
-        import kubenpu.ctl
-        assert kubenpu.ctl.main(["devices", "--root", {str(TESTDATA / "amd-server")!r}]) == 0
-        assert kubenpu.ctl.main(["ioctls"]) == 0
+        import kubenpu.cli.ctl
+        assert kubenpu.cli.ctl.main(["devices", "--root", {str(TESTDATA / "amd-server")!r}]) == 0
+        assert kubenpu.cli.ctl.main(["ioctls"]) == 0
         print(*sorted(m for m in sys.modules if m.split(".")[0] == "kubenpu"))
         """
     )
@@ -267,7 +269,7 @@ def test_imports_no_module_of_the_agent() -> None:
     )
     assert result.returncode == 0, result.stderr
     loaded = set(result.stdout.splitlines()[-1].split())
-    assert {"kubenpu.sysfs", "kubenpu.top.view", "kubenpu.vendors.amdgpu"} <= loaded
+    assert {"kubenpu.sources.sysfs", "kubenpu.cli.top.view", "kubenpu.vendors.amdgpu"} <= loaded
     assert sorted(m for m in loaded - CTL_MODULES if not m.startswith(CTL_PACKAGES)) == []
 
 
@@ -282,7 +284,7 @@ def test_allocations_without_the_agent_extras_is_one_line_and_exit_2() -> None:
                     raise ModuleNotFoundError("No module named " + name, name=name)
 
         sys.meta_path.insert(0, Block())
-        from kubenpu.ctl import main
+        from kubenpu.cli.ctl import main
         sys.exit(main(["allocations"]))
         """
     )

@@ -919,7 +919,7 @@ def test_uninstall_hook_runs_the_uninstall_on_every_agent_node() -> None:
     assert wait["command"][:5] == [
         "python3",
         "-m",
-        "kubenpu.rollout",
+        "kubenpu.cli.rollout",
         "kubenpu",
         ds["metadata"]["name"],
     ]

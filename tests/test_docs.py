@@ -15,10 +15,11 @@ import yaml
 from helpers import CHART, chart_capabilities
 from test_imports import LAYERS
 
-from kubenpu import energy, jobs, loop
+from kubenpu.agent import loop
 from kubenpu.config import ProbeConfig
 from kubenpu.kernel import abi
 from kubenpu.resolve import resolver
+from kubenpu.sources import energy, jobs
 
 ROOT = Path(__file__).resolve().parents[1]
 ARCHITECTURE = (ROOT / "docs" / "architecture.md").read_text()
@@ -287,8 +288,8 @@ def test_the_allocations_doc_says_what_the_chart_and_code_do():
 
 
 def test_the_metrics_doc_names_every_drivers_telemetry_file():
-    """docs/metrics.md's sources table lists each driver file kubenpu/sysfs.py reads."""
-    from kubenpu.sysfs import DRIVER_FILES
+    """docs/metrics.md's sources table lists each driver file kubenpu/sources/sysfs.py reads."""
+    from kubenpu.sources.sysfs import DRIVER_FILES
 
     doc = (ROOT / "docs" / "metrics.md").read_text()
     section = doc[doc.index("Sources per driver") : doc.index("### Energy per pod")]

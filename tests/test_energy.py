@@ -1,4 +1,4 @@
-"""kubenpu/energy.py's rules one case at a time, each where a plausible slip would show
+"""kubenpu/sources/energy.py's rules one case at a time, each where a plausible slip would show
 (test_properties holds the same rules for all inputs; test_telemetry drives them through the
 sysfs reads)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from kubenpu.energy import COUNTER_RESET, Meter, apportion, most_uj
+from kubenpu.sources.energy import COUNTER_RESET, Meter, apportion, most_uj
 
 S = 1_000_000_000  # ns
 WRAP = 1 << 32

@@ -2,9 +2,9 @@ import struct
 
 import pytest
 
-from kubenpu.events import SIZE, BadRecord, Deltas, Key, Tally, decode
 from kubenpu.kernel.abi import dev_t, split_dev_t
 from kubenpu.metrics.catalogue import Drop
+from kubenpu.sources.calls.events import SIZE, BadRecord, Deltas, Key, Tally, decode
 
 
 def raw(cgroup_id=7, major=226, minor=128, kind=1, cmd=0xC0306443, tgid=42, ts=99) -> bytes:

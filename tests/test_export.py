@@ -39,9 +39,7 @@ from otlp_receiver import OtlpHttpReceiver, OtlpReceiver, Relay, attrs
 from vm.guestlib import parse
 
 from kubenpu import __version__, config, export
-from kubenpu.attribution import DURATIONS, UNNAMED
 from kubenpu.export import otlp
-from kubenpu.jobs import JOB_TIMES, RESETS
 from kubenpu.kernel import abi
 from kubenpu.kernel.records import Durations, JobTimes, Key
 from kubenpu.metrics.catalogue import (
@@ -61,9 +59,11 @@ from kubenpu.metrics.inputs import DeviceRow, Where
 from kubenpu.metrics.own import DEVICES
 from kubenpu.metrics.points import Point
 from kubenpu.metrics.series import Series
-from kubenpu.registry import FAMILIES
-from kubenpu.telemetry import POD_ENERGY_SHARES
-from kubenpu.usage import ENGINES, GAUGES
+from kubenpu.sources.calls.attribution import DURATIONS, UNNAMED
+from kubenpu.sources.jobs import JOB_TIMES, RESETS
+from kubenpu.sources.registry import FAMILIES
+from kubenpu.sources.telemetry import POD_ENERGY_SHARES
+from kubenpu.sources.usage import ENGINES, GAUGES
 
 HOUR = 3600.0  # an interval long enough that only explicit flushes push
 
@@ -778,8 +778,8 @@ def test_the_start_imports_only_what_its_config_uses(tmp_path, prometheus, otlp,
     script = f"""
 import sys
 from kubenpu import agent, config, export
-from kubenpu.health import Health
-from kubenpu.registry import table
+from kubenpu.agent.health import Health
+from kubenpu.sources.registry import table
 cfg = config.load({str(tmp_path / "kubenpu.yaml")!r}, {{"K8S_NODE_NAME": "n"}})
 export.start(cfg, table(60, 100), Health(15)).shutdown()
 print(sorted({{h for h in {HEAVY!r} for m in sys.modules if m == h or m.startswith(h + ".")}}))

@@ -23,9 +23,7 @@ from helpers import (
     start_telemetry,
 )
 
-from kubenpu import export, jobs, telemetry, uevents
-from kubenpu.allocations import ALLOCATIONS
-from kubenpu.attribution import DROPS, DURATIONS, EVENTS, UNNAMED
+from kubenpu import export
 from kubenpu.kernel import abi
 from kubenpu.kernel.records import Durations, JobTimes, Key
 from kubenpu.metrics.catalogue import (
@@ -46,7 +44,11 @@ from kubenpu.metrics.own import (
     SOURCE_FAILED,
     STAMPS,
 )
-from kubenpu.usage import ENGINES, GAUGES
+from kubenpu.sources import jobs, telemetry
+from kubenpu.sources import wedges as uevents
+from kubenpu.sources.allocations import ALLOCATIONS
+from kubenpu.sources.calls.attribution import DROPS, DURATIONS, EVENTS, UNNAMED
+from kubenpu.sources.usage import ENGINES, GAUGES
 
 pytestmark = pytest.mark.tools
 ROOT = Path(__file__).resolve().parent.parent

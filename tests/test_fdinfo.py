@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 from cri_server import CriTestServer
 
-from kubenpu.ctl import main
+from kubenpu.cli.ctl import main
 from kubenpu.discovery import discover
-from kubenpu.fdinfo import (
+from kubenpu.sources.fdinfo import (
     _MAX_FDINFO,
     _MAX_NAME,
     Client,
@@ -627,7 +627,8 @@ def test_full_live_scan_skips_the_reader_itself() -> None:
     # ...so a full scan leaves it out. In a PID namespace of its own the reader is the only
     # process: nothing may be skipped.
     code = (
-        "from kubenpu.fdinfo import FdinfoReader; print(dict(FdinfoReader([], '/').scan().skipped))"
+        "from kubenpu.sources.fdinfo import FdinfoReader; "
+        "print(dict(FdinfoReader([], '/').scan().skipped))"
     )
     unshare = ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", code]
     result = subprocess.run(unshare, capture_output=True, text=True, timeout=60)

@@ -18,17 +18,18 @@ from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metr
 from prometheus_client import CollectorRegistry, generate_latest
 from test_export_prometheus import TIMED, start_victoria_metrics, tools  # noqa: F401 (fixture)
 
-from kubenpu import export, telemetry
-from kubenpu.allocations import ALLOCATIONS
-from kubenpu.attribution import DURATIONS
+from kubenpu import export
 from kubenpu.export.otlp import metrics_data, otlp_names
 from kubenpu.export.prometheus import PrometheusCollector
 from kubenpu.kernel.records import Key
 from kubenpu.metrics.catalogue import ENGINE_COUNTERS, TELEMETRY_SPECS
 from kubenpu.metrics.inputs import AllocationState, Held, Where
 from kubenpu.metrics.series import Series
-from kubenpu.registry import table
-from kubenpu.usage import ENGINES, GAUGES
+from kubenpu.sources import telemetry
+from kubenpu.sources.allocations import ALLOCATIONS
+from kubenpu.sources.calls.attribution import DURATIONS
+from kubenpu.sources.registry import table
+from kubenpu.sources.usage import ENGINES, GAUGES
 
 pytestmark = pytest.mark.tools
 NODES = 8

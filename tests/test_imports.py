@@ -9,59 +9,30 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 # The layers, lowest first: a module may import its own layer's and those below, never one above.
-# The order is the data flow (docs/architecture.md): sources, the kernel side and its events, the
-# resolver, the metrics, the stages that count into them, export, then the wiring and the CLI. An
+# The order is the data flow (docs/architecture.md): the node's devices, the kernel side, the
+# resolver, the series table, the sources that write it, export, then the agent and the CLI. An
 # entry names a module and the modules below it (a package); the longest entry that names a
 # module is its layer. "kubenpu" names kubenpu/__init__.py alone.
 LAYERS: tuple[tuple[str, ...], ...] = (
     (
         "kubenpu",
         "kubenpu.descriptors",
-        "kubenpu.drops",
         "kubenpu.files",
         "kubenpu.services",
         "kubenpu.text",
         "kubenpu.vendors",
+        "kubenpu.metrics.catalogue",  # names only (specs, reasons): every layer may name them
     ),
-    ("kubenpu.metrics.catalogue",),  # names only (specs, reasons): every layer may name them
-    ("kubenpu.discovery",),
-    ("kubenpu.fdinfo",),
-    ("kubenpu.kernel", "kubenpu.kernel.abi", "kubenpu.kernel.records", "kubenpu.kernel.errors"),
-    ("kubenpu.kernel.hooks", "kubenpu.kernel.bpfsys"),
-    ("kubenpu.kernel.maps",),
-    ("kubenpu.kernel.base",),
-    ("kubenpu.kernel.bcc", "kubenpu.kernel.core", "kubenpu.kernel.pins"),
-    ("kubenpu.kernel.child", "kubenpu.kernel.jobs"),
-    ("kubenpu.kernel.pinned",),
-    ("kubenpu.kernel.loader",),
-    ("kubenpu.events",),
-    ("kubenpu.probe",),
+    # The node's devices, and the pure readers kubenpuctl shares with the sources.
+    ("kubenpu.discovery", "kubenpu.sources.fdinfo", "kubenpu.sources.sysfs"),
+    ("kubenpu.kernel",),
     ("kubenpu.resolve",),
-    ("kubenpu.metrics", "kubenpu.metrics.inputs"),
-    ("kubenpu.sysfs",),
-    ("kubenpu.metrics.points",),
-    ("kubenpu.metrics.series",),
-    ("kubenpu.metrics.own",),
-    ("kubenpu.sources",),  # the sources' framework: the table's, beneath every source
-    ("kubenpu.activity",),
-    ("kubenpu.attribution", "kubenpu.energy"),
-    (
-        "kubenpu.usage",
-        "kubenpu.telemetry",
-        "kubenpu.allocations",
-        "kubenpu.uevents",
-        "kubenpu.jobs",
-    ),
-    ("kubenpu.registry", "kubenpu.sources.registry"),  # every source and family, listed
     ("kubenpu.config",),
+    ("kubenpu.metrics",),  # the series table: it imports no source
+    ("kubenpu.sources",),  # every signal, its framework (base) and its registry
     ("kubenpu.export",),
-    ("kubenpu.health",),
-    ("kubenpu.loop",),
-    ("kubenpu.wiring",),
-    ("kubenpu.agent",),
-    ("kubenpu.top",),
-    ("kubenpu.ctl",),
-    ("kubenpu.rollout",),
+    ("kubenpu.agent",),  # wiring, loop, health, the program
+    ("kubenpu.cli",),
 )
 
 
@@ -142,7 +113,7 @@ def _upward(graph: dict[str, set[str]]) -> list[str]:
 
 def test_the_graph_is_read():
     graph = _graph()
-    assert "kubenpu.metrics.series" in graph["kubenpu.usage"]  # else the next passes idly
+    assert "kubenpu.metrics.series" in graph["kubenpu.sources.usage"]  # else the next passes idly
     assert _cycle({"a": {"b"}, "b": {"a"}}) == ["a", "b", "a"]
 
 
@@ -155,8 +126,12 @@ def test_every_module_has_a_layer():
 
 
 def test_no_module_imports_one_from_a_layer_above():
-    assert _layer("kubenpu.kernel.maps") < _layer("kubenpu.events") < _layer("kubenpu.wiring")
-    assert _upward({"kubenpu.kernel.maps": {"kubenpu.events"}}) == [
-        "kubenpu.kernel.maps -> kubenpu.events"
+    assert (
+        _layer("kubenpu.kernel.maps")
+        < _layer("kubenpu.sources.calls.events")
+        < _layer("kubenpu.agent.wiring")
+    )
+    assert _upward({"kubenpu.kernel.maps": {"kubenpu.sources.calls.events"}}) == [
+        "kubenpu.kernel.maps -> kubenpu.sources.calls.events"
     ]
     assert _upward(_graph()) == []

@@ -1,5 +1,5 @@
-"""GPU jobs per pod (kubenpu.jobs, kubenpu.kernel.jobs): the kernel's maps read back from real
-bpf(2) maps on the host (no program runs here: tests/test_node_vm.py runs the tracepoints on a
+"""GPU jobs per pod (kubenpu.sources.jobs, kubenpu.kernel.jobs): the kernel's maps read back from
+real bpf(2) maps on the host (no program runs here: tests/test_node_vm.py runs the tracepoints on a
 real scheduler), and the stage's attribution, retirement and export with a fake probe.
 """
 
@@ -17,7 +17,6 @@ from fakes import Clock, FakeResolver
 from helpers import eventually, values
 
 from kubenpu.discovery import Device
-from kubenpu.jobs import STALE_RISE_SECONDS, Jobs
 from kubenpu.kernel import abi, bpfsys
 from kubenpu.kernel.core import OBJECTS
 from kubenpu.kernel.errors import Cause, ProbeError
@@ -34,9 +33,10 @@ from kubenpu.metrics.catalogue import (
 )
 from kubenpu.metrics.points import ExpHist
 from kubenpu.metrics.series import Series
-from kubenpu.registry import table
 from kubenpu.resolve import Attribution
 from kubenpu.resolve.cgroups import ProcCgroups
+from kubenpu.sources.jobs import STALE_RISE_SECONDS, Jobs
+from kubenpu.sources.registry import table
 
 RING = 0xFFFF_8880_0123_4000  # a scheduler's kernel address
 GPU = "0000:03:00.0"
@@ -243,7 +243,7 @@ def stage(kernel: FakeJobsKernel, resolver: FakeResolver, clock: Clock, metrics:
 
 def test_the_probe_is_retried_until_the_scheduler_is_loaded_and_it_loads(caplog) -> None:
     """No scheduler yet is one info line, not an error; a failed load is an error, retried."""
-    caplog.set_level(logging.INFO, "kubenpu.jobs")
+    caplog.set_level(logging.INFO, "kubenpu.sources.jobs")
     kernel = FakeJobsKernel(failures=2, absent=3)
     jobs = stage(kernel, FakeResolver(), Clock(), table(60, 1000))
     assert (kernel.absent, kernel.failures) == (0, 0)
@@ -474,7 +474,7 @@ def test_a_timeout_no_reset_takes_is_dropped_and_said(procs, caplog) -> None:
     clock = Clock()
     jobs, kernel, metrics, ids = reset_stage(procs, clock)
     kernel.times = {(ids["victim"], RING): timed_out(times(3, [], []))}
-    with caplog.at_level(logging.INFO, "kubenpu.jobs"):
+    with caplog.at_level(logging.INFO, "kubenpu.sources.jobs"):
         jobs.read()
         clock.now += STALE_RISE_SECONDS - 1
         jobs.read()

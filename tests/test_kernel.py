@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 
 from kubenpu import vendors
 from kubenpu.discovery import Device, Node
-from kubenpu.events import Key
 from kubenpu.kernel import abi, bpfsys, core, maps
 from kubenpu.kernel.abi import dev_t
 from kubenpu.kernel.bcc import AttachPlan, BccKernel, attach_plans, source_text
@@ -25,6 +24,7 @@ from kubenpu.kernel.hooks import effective_capabilities, kernel_symbols, missing
 from kubenpu.kernel.loader import loaders
 from kubenpu.kernel.maps import Maps, device_slots, vendor_ids
 from kubenpu.kernel.records import Durations
+from kubenpu.sources.calls.events import Key
 
 KALLSYMS_6_8 = (
     "0000000000000000 T security_file_ioctl\n0000000000000000 T security_file_ioctl_compat\n"

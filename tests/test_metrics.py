@@ -13,8 +13,6 @@ from fakes import Clock
 from helpers import VGEM_INFO, VGEM_ROW, calls, ioctl_key, values
 
 from kubenpu import config, export
-from kubenpu.allocations import ALLOCATIONS
-from kubenpu.attribution import DROPS, EVENTS, UNNAMED
 from kubenpu.export import otlp
 from kubenpu.export.prometheus import PrometheusCollector
 from kubenpu.metrics.catalogue import (
@@ -39,8 +37,10 @@ from kubenpu.metrics.catalogue import (
 )
 from kubenpu.metrics.inputs import AllocationState, Held, Where
 from kubenpu.metrics.own import CRI, DEVICES, INDEX_REBUILT
-from kubenpu.registry import table
-from kubenpu.telemetry import TELEMETRY
+from kubenpu.sources.allocations import ALLOCATIONS
+from kubenpu.sources.calls.attribution import DROPS, EVENTS, UNNAMED
+from kubenpu.sources.registry import table
+from kubenpu.sources.telemetry import TELEMETRY
 
 
 def test_counts_are_exact() -> None:

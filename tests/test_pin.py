@@ -19,13 +19,13 @@ from helpers import in_private_bpffs
 
 from kubenpu.agent import main
 from kubenpu.discovery import Device, Node
-from kubenpu.events import Key
 from kubenpu.kernel import abi, bpfsys
 from kubenpu.kernel.abi import GATE_CLOSED, GATE_HANDOVER, GATE_OPEN, LINK, dev_t
 from kubenpu.kernel.child import load_in_child
 from kubenpu.kernel.maps import CountsReader, empty_devices, tables, vendor_ids
 from kubenpu.kernel.pinned import PinnedProbe
 from kubenpu.kernel.pins import BIRTHS_LINK, META, pin_objects, uninstall
+from kubenpu.sources.calls.events import Key
 
 VGEM = Device(
     "platform:vgem", "vgem", None, None, (Node("/dev/dri/card0", "card0", 226, 0),), "vgem"

@@ -17,8 +17,6 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from kubenpu import config, export
-from kubenpu.attribution import DROPS, DURATIONS
-from kubenpu.events import Key
 from kubenpu.export import prometheus
 from kubenpu.export.prometheus import MetricsApp
 from kubenpu.kernel import abi
@@ -27,7 +25,9 @@ from kubenpu.metrics.catalogue import COUNTER_SOURCES
 from kubenpu.metrics.inputs import Where
 from kubenpu.metrics.own import STAMPS
 from kubenpu.metrics.series import Series
-from kubenpu.registry import table
+from kubenpu.sources.calls.attribution import DROPS, DURATIONS
+from kubenpu.sources.calls.events import Key
+from kubenpu.sources.registry import table
 
 TEXT = "text/plain"
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"

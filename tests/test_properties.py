@@ -18,19 +18,19 @@ from hypothesis import strategies as st
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 from opentelemetry.sdk.resources import Resource
 
-from kubenpu import energy
-from kubenpu.activity import Activity
-from kubenpu.allocations import Allocations
 from kubenpu.discovery import Device
 from kubenpu.export import otlp
-from kubenpu.fdinfo import _FREQ, _SIZE, MAX_VALUE, Skip, parse_number
 from kubenpu.kernel import abi
 from kubenpu.metrics.catalogue import ALLOCATED_IDLE, ALLOCATED_IDLE_FOR, ENERGY, IOCTL, POWER
 from kubenpu.metrics.points import Point
 from kubenpu.metrics.series import Series
-from kubenpu.registry import table
 from kubenpu.resolve.podresources.client import Allocated
 from kubenpu.resolve.podresources.mapping import Mapper
+from kubenpu.sources import energy
+from kubenpu.sources.activity import Activity
+from kubenpu.sources.allocations import Allocations
+from kubenpu.sources.fdinfo import _FREQ, _SIZE, MAX_VALUE, Skip, parse_number
+from kubenpu.sources.registry import table
 
 PROPERTY = settings(
     max_examples=150,

@@ -1,4 +1,4 @@
-"""kubenpu.rollout, the uninstall hook's wait: against a local HTTP server that answers the one
+"""kubenpu.cli.rollout, the uninstall hook's wait: against a local HTTP server that answers the one
 path the API server serves a DaemonSet at (the API server itself cannot run here), with the
 status fields the DaemonSet controller writes, in the order it writes them."""
 
@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from kubenpu import rollout
+from kubenpu.cli import rollout
 
 PATH = "/apis/apps/v1/namespaces/kubenpu/daemonsets/kubenpu-uninstall"
 
@@ -82,7 +82,7 @@ def test_a_node_that_never_runs_it_fails_with_the_counts(api, capsys):
     assert run(url, "--timeout", "0") == 1
     out = capsys.readouterr().out
     assert out == (
-        "kubenpu.rollout: daemonset kubenpu/kubenpu-uninstall not done after 0 s: "
+        "kubenpu.cli.rollout: daemonset kubenpu/kubenpu-uninstall not done after 0 s: "
         "1 of 2 nodes done\n"
     )
 

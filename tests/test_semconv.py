@@ -16,7 +16,7 @@ from otlp_receiver import OtlpReceiver, attrs
 from kubenpu.discovery import discover
 from kubenpu.metrics.catalogue import SPECS
 from kubenpu.metrics.series import Series
-from kubenpu.telemetry import Telemetry
+from kubenpu.sources.telemetry import Telemetry
 
 TESTDATA = Path(__file__).parent / "testdata"
 MACHINES = ("intel-arc-xe", "amd-server", "intel-npu", "gaudi")

@@ -10,7 +10,8 @@ import time
 import pytest
 from helpers import eventually, free_port
 
-from kubenpu import agent, wiring
+from kubenpu import agent
+from kubenpu.agent import wiring
 from kubenpu.kernel.errors import ProbeError
 from kubenpu.services import Services
 

@@ -11,15 +11,16 @@ import pytest
 from fakes import Clock, FakeResolver
 from helpers import eventually, make_config
 
-from kubenpu.activity import Activity
-from kubenpu.attribution import Attributor
+from kubenpu.agent.health import Health
+from kubenpu.agent.wiring import fdinfo_devices, start
 from kubenpu.discovery import discover
-from kubenpu.health import Health
 from kubenpu.metrics.catalogue import COUNTER_SOURCES, SOURCE_ERRORS, SOURCE_READ_DURATION
 from kubenpu.metrics.catalogue import COUNTERS_READ as STAMP
 from kubenpu.services import Services, Worker
-from kubenpu.sources import Node, Report, Runs, registry
-from kubenpu.wiring import fdinfo_devices, start
+from kubenpu.sources import registry
+from kubenpu.sources.activity import Activity
+from kubenpu.sources.base import Node, Report, Runs
+from kubenpu.sources.calls.attribution import Attributor
 
 TESTDATA = Path(__file__).parent / "testdata"
 EVERY_SOURCE = """\
@@ -59,7 +60,7 @@ def test_a_read_is_stamped_with_its_start_and_timed() -> None:
     assert report.read(read)
     assert points(table, STAMP) == {"fdinfo": 1244.5}  # when it started, not when it ended
     assert points(table, SOURCE_READ_DURATION) == {"fdinfo": 0.25}
-    assert points(table, SOURCE_ERRORS) == {}
+    assert points(table, SOURCE_ERRORS) == {"fdinfo": 0}  # there from the start, for alerts
 
 
 def test_a_failed_read_is_counted_logged_once_a_streak_and_not_stamped(caplog) -> None:
@@ -85,7 +86,7 @@ def test_a_failed_read_is_counted_logged_once_a_streak_and_not_stamped(caplog) -
 def test_a_read_with_nothing_new_is_neither_stamped_nor_an_error() -> None:
     table = registry.table(300, 100)
     assert not Report("allocations", table).read(lambda: False)
-    assert points(table, STAMP) == {} and points(table, SOURCE_ERRORS) == {}
+    assert points(table, STAMP) == {} and points(table, SOURCE_ERRORS) == {"allocations": 0}
 
 
 # --- the registry ---------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""Device telemetry (kubenpu.telemetry) on the fixture machines, and energy per pod
-(kubenpu.energy) from real fdinfo reads (tests/test_usage.py's Machine) on them.
+"""Device telemetry (kubenpu.sources.telemetry) on the fixture machines, and energy per pod
+(kubenpu.sources.energy) from real fdinfo reads (tests/test_usage.py's Machine) on them.
 
 The clock is the test's: intervals are exact numbers of ns, so every split is known exactly.
 """
@@ -21,7 +21,6 @@ from otlp_receiver import OtlpReceiver
 from prometheus_client.parser import text_string_to_metric_families
 from test_usage import POD_A, POD_B, Machine
 
-from kubenpu import energy
 from kubenpu.discovery import discover
 from kubenpu.metrics.catalogue import (
     DEVICE_BUSY,
@@ -51,9 +50,10 @@ from kubenpu.metrics.catalogue import (
 )
 from kubenpu.metrics.inputs import Where
 from kubenpu.metrics.series import Series
-from kubenpu.registry import table
-from kubenpu.sysfs import Reading, read_device
-from kubenpu.telemetry import POD_ENERGY_SHARES, Telemetry
+from kubenpu.sources import energy
+from kubenpu.sources.registry import table
+from kubenpu.sources.sysfs import Reading, read_device
+from kubenpu.sources.telemetry import POD_ENERGY_SHARES, Telemetry
 
 TESTDATA = Path(__file__).parent / "testdata"
 SECOND = 1_000_000_000
@@ -625,7 +625,7 @@ def test_a_read_that_raises_is_counted_and_the_next_one_runs(
     tel.start()
     skipped = {("unreadable",): 2}
     try:
-        with caplog.at_level(logging.INFO, logger="kubenpu.telemetry"):
+        with caplog.at_level(logging.INFO, logger="kubenpu.sources.telemetry"):
             sensors.fail = True
             for _ in range(2):
                 tel.submit({})

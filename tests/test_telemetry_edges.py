@@ -1,5 +1,5 @@
-"""kubenpu.telemetry at its edges (from mutmut's survivors): labels and block names outside the
-allowed characters or over their cut, limits and sizes of zero, skips counted per file and per
+"""kubenpu.sources.telemetry at its edges (from mutmut's survivors): labels and block names outside
+the allowed characters or over their cut, limits and sizes of zero, skips counted per file and per
 device, a device whose read overruns once, the energy no pod holds, and a thread that fails.
 """
 
@@ -25,9 +25,9 @@ from kubenpu.metrics.catalogue import (
     THROTTLE,
 )
 from kubenpu.metrics.series import Series
-from kubenpu.registry import table
-from kubenpu.sysfs import MISSING, Reading, read_device
-from kubenpu.telemetry import Telemetry
+from kubenpu.sources.registry import table
+from kubenpu.sources.sysfs import MISSING, Reading, read_device
+from kubenpu.sources.telemetry import Telemetry
 
 MI = "0000:c3:00.0"  # amd-server's Instinct card (amdgpu): hwmon4, RAS counts, VRAM files
 NAVI = "0000:02:00.0"  # amd-server's other card

@@ -1,4 +1,4 @@
-"""kubenpu.sysfs's reads of a device's files where a driver's tree is odd: the module's
+"""kubenpu.sources.sysfs's reads of a device's files where a driver's tree is odd: the module's
 version with control characters, RAS counts over several blocks and one gone, hwmon
 directories that cannot be listed (from mutmut's survivors)."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 from test_telemetry import TESTDATA
 
 from kubenpu.discovery import Device, discover
-from kubenpu.sysfs import MISSING, read_device
+from kubenpu.sources.sysfs import MISSING, read_device
 
 MI = "0000:c3:00.0"  # amd-server's Instinct card: hwmon4 and RAS counts
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from kubenpu.discovery import discover
-from kubenpu.registry import table
-from kubenpu.telemetry import Telemetry
+from kubenpu.sources.registry import table
+from kubenpu.sources.telemetry import Telemetry
 
 TESTDATA = Path(__file__).parent / "testdata"
 GOLDEN = TESTDATA / "telemetry-golden.json"

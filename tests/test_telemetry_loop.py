@@ -1,4 +1,4 @@
-"""kubenpu.telemetry's thread as the agent runs it: busy time handed over by submit(), the
+"""kubenpu.sources.telemetry's thread as the agent runs it: busy time handed over by submit(), the
 threads it starts, the health of a wedged device, the derived power's labels, the read's
 timestamp (from mutmut's survivors)."""
 
@@ -20,9 +20,9 @@ from kubenpu.metrics.catalogue import (
 )
 from kubenpu.metrics.inputs import Where
 from kubenpu.metrics.series import Series
-from kubenpu.registry import table
-from kubenpu.sysfs import read_device
-from kubenpu.telemetry import Telemetry
+from kubenpu.sources.registry import table
+from kubenpu.sources.sysfs import read_device
+from kubenpu.sources.telemetry import Telemetry
 
 XE = "0000:03:00.0"
 POD = Where("ns", "a", "", "c", XE, "xe")

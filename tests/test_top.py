@@ -25,11 +25,11 @@ import pytest
 from helpers import free_port, receiver_tools, run_server, script_output
 from prometheus_client.parser import text_string_to_metric_families
 
-from kubenpu import top
-from kubenpu.ctl import main as ctl_main
-from kubenpu.top.render import columns
-from kubenpu.top.sources import ALLOCATED
-from kubenpu.top.view import ALIASES, HELP, _View
+from kubenpu.cli import top
+from kubenpu.cli.ctl import main as ctl_main
+from kubenpu.cli.top.render import columns
+from kubenpu.cli.top.sources import ALLOCATED
+from kubenpu.cli.top.view import ALIASES, HELP, _View
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests/testdata/top"
@@ -832,7 +832,7 @@ def test_idle_for_format(seconds, text):
 
 def test_top_imports_the_metric_catalogue_alone() -> None:
     """kubenpuctl top needs the metrics' names, not the agent's store of their counts."""
-    code = "import sys, kubenpu.top; print(sorted(m for m in sys.modules if 'metrics' in m))"
+    code = "import sys, kubenpu.cli.top; print(sorted(m for m in sys.modules if 'metrics' in m))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "['kubenpu.metrics', 'kubenpu.metrics.catalogue']"
 

@@ -17,15 +17,15 @@ import pytest
 from fakes import Clock, FakeKernel, FakeResolver
 from helpers import make_config, start_telemetry
 
-from kubenpu import top
-from kubenpu.attribution import Attributor
+from kubenpu.agent.health import Health
+from kubenpu.agent.loop import Agent
+from kubenpu.cli import top
+from kubenpu.cli.top.view import _View
 from kubenpu.discovery import Device, Node
-from kubenpu.events import Key, Tally
-from kubenpu.health import Health
-from kubenpu.loop import Agent
-from kubenpu.probe import Probe
 from kubenpu.resolve import Attribution
-from kubenpu.top.view import _View
+from kubenpu.sources.calls.attribution import Attributor
+from kubenpu.sources.calls.events import Key, Tally
+from kubenpu.sources.calls.probe import Probe
 
 VGEM = Device("platform:vgem", None, None, None, (Node("/dev/dri/card0", "card0", 226, 0),), "vgem")
 POD = Key(4242, 226, 0, 1)  # a submit call of cgroup 4242
@@ -156,8 +156,8 @@ def test_once_gives_up_on_an_agent_that_stopped_reading(node: Node1) -> None:
 
 
 def test_every_rated_family_has_a_source() -> None:
+    from kubenpu.cli.top import sources
     from kubenpu.metrics import catalogue
-    from kubenpu.top import sources
 
     assert set(sources.SOURCES) == set(catalogue.COUNTER_SOURCES)
     assert sorted(n for names in sources.SOURCES.values() for n in names) == sorted(top.RATED)

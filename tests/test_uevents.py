@@ -1,4 +1,4 @@
-"""Device hangs from kernel uevents (kubenpu.uevents): the datagram format on the host's real
+"""Device hangs from kernel uevents (kubenpu.sources.wedges): the datagram format on the host's real
 netlink socket, and the DRM wedged and devcoredump events a driver sends on a hang.
 
 No driver here hangs on request, so the wedged and devcoredump datagrams are built as the
@@ -28,9 +28,9 @@ from kubenpu.metrics.catalogue import (
     UEVENTS_SKIPPED,
 )
 from kubenpu.metrics.series import Series
-from kubenpu.registry import table
-from kubenpu.telemetry import Telemetry
-from kubenpu.uevents import Uevent, Wedges, netlink_socket, parse
+from kubenpu.sources.registry import table
+from kubenpu.sources.telemetry import Telemetry
+from kubenpu.sources.wedges import Uevent, Wedges, netlink_socket, parse
 
 TESTDATA = Path(__file__).parent / "testdata"
 GPU = "0000:c3:00.0"  # amd-server's amdgpu card, /dev/dri/card1
@@ -248,7 +248,7 @@ def test_a_real_netlink_socket_is_a_kernel_uevent_listener() -> None:
 
 
 def test_each_wedged_event_hands_its_reset_to_the_jobs_stage(machine: Path) -> None:
-    """kubenpu.jobs counts the guilty pod (PID=) and the victims of each reset."""
+    """kubenpu.sources.jobs counts the guilty pod (PID=) and the victims of each reset."""
     resets: list[tuple[str, int | None]] = []
     w = Wedges(discover(machine), table(60, 1000), machine, on_reset=lambda *r: resets.append(r))
     handle(

@@ -1,4 +1,4 @@
-"""Device time and memory per pod (kubenpu.usage) on a /proc tree written by the test.
+"""Device time and memory per pod (kubenpu.sources.usage) on a /proc tree written by the test.
 
 The tree is a copy of a machine like tests/testdata/proc's: proc/PID/{fd,fdinfo,cgroup} whose fd
 links name /dev/dri nodes, the intel-i915 sysfs fixture, and a cgroup v2 hierarchy of plain
@@ -17,10 +17,8 @@ import pytest
 from fakes import Clock, FakeResolver
 from helpers import out_of_descriptors, values
 
-from kubenpu import top
-from kubenpu.attribution import Attributor
+from kubenpu.cli import top
 from kubenpu.discovery import discover
-from kubenpu.fdinfo import FdinfoReader, Scan
 from kubenpu.metrics.catalogue import (
     DESCRIPTORS_EXHAUSTED,
     ENGINE_BUSY,
@@ -31,9 +29,11 @@ from kubenpu.metrics.catalogue import (
 )
 from kubenpu.metrics.inputs import Where
 from kubenpu.metrics.own import EXHAUSTED
-from kubenpu.registry import table
 from kubenpu.resolve import Attribution
-from kubenpu.usage import ENGINES, Usage
+from kubenpu.sources.calls.attribution import Attributor
+from kubenpu.sources.fdinfo import FdinfoReader, Scan
+from kubenpu.sources.registry import table
+from kubenpu.sources.usage import ENGINES, Usage
 
 I915 = Path(__file__).parent / "testdata" / "intel-i915"
 DEVICE = "0000:00:02.0"

@@ -77,8 +77,6 @@ g.dashboard(
                  '{{node}} late first sightings', refId='B'),
         g.target('sum by (node) (increase(kubenpu_pending_expired_calls_total{%s}[$__rate_interval]))' % node,
                  '{{node}} calls unattributed after pending_seconds', refId='C'),
-        g.target('sum by (node, source) (increase(kubenpu_source_errors_total{%s}[$__rate_interval]))' % node,
-                 '{{node}} failed {{source}} reads', refId='D'),
       ],
       'short',
       g.pos(0, 24, 12, 8),
@@ -93,6 +91,14 @@ g.dashboard(
       "How long each source's last read took (fdinfo, jobs, telemetry, allocations).",
     ),
     g.timeseries(
+      'Failed source reads',
+      [g.target('sum by (node, source) (increase(kubenpu_source_errors_total{%s}[$__rate_interval]))' % node,
+                '{{node}} {{source}}')],
+      'short',
+      g.pos(0, 32, 12, 8),
+      'Reads of a source (fdinfo, jobs, telemetry, allocations) that failed; each is logged once a streak and retried at the next read.',
+    ),
+    g.timeseries(
       'Allocations: unmapped ids and kubelet errors',
       [
         g.target('sum by (node, resource, reason) (kubenpu_allocations_unmapped{%s})' % node,
@@ -101,7 +107,7 @@ g.dashboard(
                  '{{node}} PodResources errors', refId='B'),
       ],
       'short',
-      g.pos(0, 32, 24, 8),
+      g.pos(12, 32, 12, 8),
       'Allocated ids that map to no device, by reason (kubenpuctl allocations lists them), and failed requests to the kubelet (attribution.pod_resources; docs/allocations.md).',
     ),
     g.timeseries(

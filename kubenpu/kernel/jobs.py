@@ -1,7 +1,7 @@
 """The GPU jobs probe (bpf/jobs.bpf.c, docs/jobs.md): its own CO-RE object on the DRM GPU
 scheduler's tracepoints, loaded with the same system libbpf as the counting probe. The
 scheduler is a module (gpu_sched): its tracepoints exist once a driver built on it is loaded,
-so start() can fail now and succeed later (kubenpu.jobs retries it). Its programs attach to
+so start() can fail now and succeed later (kubenpu.sources.jobs retries it). Its programs attach to
 that module's tracepoints and read its types, which libbpf finds through the module's BTF
 object: the kernel lets only CAP_SYS_ADMIN look BTF objects up (BPF_BTF_GET_NEXT_ID,
 GET_FD_BY_ID), as for the drm_ioctl hook's fentry.
@@ -99,7 +99,7 @@ class JobsKernel:
             )
 
     def start(self) -> str:
-        """Load and attach; call check() first (kubenpu.jobs does, once)."""
+        """Load and attach; call check() first (kubenpu.sources.jobs does, once)."""
         names = _scheduler_symbols(self._kallsyms)  # the tracepoints and the timeout work
         variant = _variant(names)
         if variant is None:

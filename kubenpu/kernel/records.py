@@ -1,6 +1,6 @@
 """The kernel's records as Python reads them: a ring-buffer event, a cgroup birth, the key of the
 `counts` map, the durations and the GPU jobs (their byte layouts are kernel/abi.py's).
-kubenpu.events aggregates them."""
+kubenpu.sources.calls.events aggregates them."""
 
 from __future__ import annotations
 

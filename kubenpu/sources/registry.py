@@ -8,10 +8,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kubenpu import allocations, attribution, jobs, telemetry, uevents, usage
 from kubenpu.metrics import own
 from kubenpu.metrics.series import Family, Series
-from kubenpu.sources import Node, Source
+from kubenpu.sources import allocations, jobs, telemetry, usage
+from kubenpu.sources import wedges as uevents
+from kubenpu.sources.base import Node, Source
+from kubenpu.sources.calls import attribution
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ vgem node open: one as uid 1000 with no capabilities (a non-root pod), one as ro
 capability (a privileged pod). For each entry the real FdinfoReader scans both, under setpriv
 with only `caps` in every set and no_new_privs (what a container gets from drop: [ALL] + add:
 caps); OUT/<name>.json records which holders it could read. The same launch also reads every
-device's telemetry (sysfs, hwmon: kubenpu.sysfs) with the test driver loaded where the
+device's telemetry (sysfs, hwmon: kubenpu.sources.sysfs) with the test driver loaded where the
 kernel has it (issue 22): what it read and skipped by reason is the entry's "telemetry".
 """
 
@@ -29,7 +29,7 @@ HOLD = (
 SCAN = (
     "import json, sys\n"
     "from kubenpu.discovery import discover\n"
-    "from kubenpu.fdinfo import FdinfoReader\n"
+    "from kubenpu.sources.fdinfo import FdinfoReader\n"
     "for pid in sys.argv[1:]:\n"
     "    s = FdinfoReader(discover('/'), '/').scan([int(pid)])\n"
     "    print(json.dumps({'pid': int(pid), 'drm_fds': s.drm_fds,"
@@ -38,7 +38,7 @@ SCAN = (
 TELEMETRY = (
     "import json\n"
     "from kubenpu.discovery import discover\n"
-    "from kubenpu.sysfs import read_device\n"
+    "from kubenpu.sources.sysfs import read_device\n"
     "readings = {d.id: read_device(d) for d in discover('/')}\n"
     "print(json.dumps({i: {'values': len(r.values), 'power_uw': r.power_uw,"
     " 'energy_uj': r.energy_uj, 'skipped': dict(r.skipped)} for i, r in readings.items()}))\n"

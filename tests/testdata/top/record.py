@@ -24,11 +24,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 
 from kubenpu import __version__
-from kubenpu.attribution import DROPS, EVENTS, UNNAMED
 from kubenpu.export.prometheus import PrometheusCollector
 from kubenpu.metrics.inputs import DeviceRow, Where
 from kubenpu.metrics.own import DEVICES
-from kubenpu.registry import table
+from kubenpu.sources.calls.attribution import DROPS, EVENTS, UNNAMED
+from kubenpu.sources.registry import table
 
 HERE = Path(__file__).resolve().parent
 SECONDS = 2

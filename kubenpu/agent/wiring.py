@@ -13,20 +13,21 @@ from collections.abc import Iterable
 from functools import partial
 
 from kubenpu import config, export
-from kubenpu.activity import Activity
-from kubenpu.attribution import Attributor
+from kubenpu.agent.health import Health
+from kubenpu.agent.loop import STALE_AFTER, Agent
 from kubenpu.discovery import Device, discover
-from kubenpu.events import Tally
-from kubenpu.health import Health
 from kubenpu.kernel.base import Loader
 from kubenpu.kernel.loader import loaders, open_kernel
-from kubenpu.loop import STALE_AFTER, Agent
 from kubenpu.metrics.inputs import DeviceRow
 from kubenpu.metrics.own import CRI, DEVICES, EXHAUSTED, INDEX_REBUILT
-from kubenpu.probe import Probe
 from kubenpu.resolve.resolver import Resolver
 from kubenpu.services import Services
-from kubenpu.sources import Closes, Node, Runs, Source, registry
+from kubenpu.sources import registry
+from kubenpu.sources.activity import Activity
+from kubenpu.sources.base import Closes, Node, Runs, Source
+from kubenpu.sources.calls.attribution import Attributor
+from kubenpu.sources.calls.events import Tally
+from kubenpu.sources.calls.probe import Probe
 from kubenpu.sources.registry import table
 from kubenpu.vendors import Kind, by_name, core
 

@@ -2,7 +2,7 @@
 Tally; the `attribution` thread reads the kernel's counters, attributes the Tally's counts to pods,
 reads the registered sources every `interval` (kubenpu.sources: each through its Report) and
 reaps dead cgroups. No exception stops either: each iteration is guarded, and Health reports a
-worker that died anyway. kubenpu.wiring builds it with its collaborators.
+worker that died anyway. kubenpu.agent.wiring builds it with its collaborators.
 """
 
 from __future__ import annotations
@@ -13,18 +13,18 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from kubenpu.events import Tally
-from kubenpu.health import Health
+from kubenpu.agent.health import Health
 from kubenpu.kernel.errors import ProbeError
 from kubenpu.metrics.own import KERNEL_READ_FAILED, STAMPS
-from kubenpu.probe import Probe
 from kubenpu.services import Streak, Worker
-from kubenpu.sources import Finishes, Reads, Report, Sees, Source, Ticks
+from kubenpu.sources.base import Finishes, Reads, Report, Sees, Source, Ticks
+from kubenpu.sources.calls.events import Tally
+from kubenpu.sources.calls.probe import Probe
 
 if TYPE_CHECKING:
-    from kubenpu.attribution import Attributor
     from kubenpu.metrics.series import Series
     from kubenpu.resolve.resolver import Resolver
+    from kubenpu.sources.calls.attribution import Attributor
 
 log = logging.getLogger("kubenpu")
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from kubenpu.events import BadRecord, Birth, Deltas, Key, Tally, birth
 from kubenpu.kernel.loader import Kernel
 from kubenpu.kernel.records import Durations
 from kubenpu.metrics.catalogue import Drop
+from kubenpu.sources.calls.events import BadRecord, Birth, Deltas, Key, Tally, birth
 
 log = logging.getLogger(__name__)
 

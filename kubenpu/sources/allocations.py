@@ -3,7 +3,7 @@ of them are idle.
 
 Every `interval` seconds the `allocations` thread asks the kubelet (PodResources List), maps
 each id to a device (kubenpu.resolve.podresources.mapping) and compares each held allocation's
-use signals (kubenpu.activity: submit-class calls and engine busy time, of that container on
+use signals (kubenpu.sources.activity: submit-class calls and engine busy time, of that container on
 that device, from attribution and usage) with the previous refresh: unchanged means the whole
 interval was idle. A kubelet that does not answer is a counted error and a retry at the next
 refresh; the last allocations stay exported meanwhile. GetAllocatableResources only adds the
@@ -21,7 +21,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 
-from kubenpu.activity import Activity, Use, User
 from kubenpu.discovery import Device, discover
 from kubenpu.metrics.catalogue import (
     ALLOCATED,
@@ -37,7 +36,8 @@ from kubenpu.metrics.series import NodeFamily, Series, counter
 from kubenpu.resolve.podresources.client import Allocated, PodResourcesClient, PodResourcesError
 from kubenpu.resolve.podresources.mapping import Mapper, Unmapped
 from kubenpu.services import Worker
-from kubenpu.sources import Node, Report
+from kubenpu.sources.activity import Activity, Use, User
+from kubenpu.sources.base import Node, Report
 
 log = logging.getLogger(__name__)
 

@@ -10,10 +10,10 @@ resolver cannot name yet loses nothing: its jobs are set once it can, or after
 gone has its last values set, its container retired, and its keys deleted from the kernel's
 table (which has room for abi's JOB_KEYS).
 
-A device reset (kubenpu.uevents calls reset() on its thread) is taken in at once with its guilty
-task's cgroup (the uevent's PID=, read before the task can exit). Its victims are the keys whose
-scheduler timeout count (JobTimes.timeouts: the kernel counts, at the ring's timeout, every key
-with jobs in flight) rose on the device's rings: read then, not at the uevent, after which they
+A device reset (kubenpu.sources.wedges calls reset() on its thread) is taken in at once with its
+guilty task's cgroup (the uevent's PID=, read before the task can exit). Its victims are the keys
+whose scheduler timeout count (JobTimes.timeouts: the kernel counts, at the ring's timeout, every
+key with jobs in flight) rose on the device's rings: read then, not at the uevent, after which they
 may long be done. The next read pairs each reset, in order, with one rise of those keys and counts
 it per pod (POD_HANGS, RESET_VICTIMS). A rise no reset takes within `STALE_RISE_SECONDS` (the
 driver recovered without one) is dropped, and said.
@@ -28,7 +28,6 @@ import time
 from collections.abc import Callable, Iterable
 from typing import NamedTuple, Protocol
 
-from kubenpu.attribution import Hold, Resolve
 from kubenpu.discovery import Device, platform_id
 from kubenpu.kernel.abi import JOB_LOST_REASONS
 from kubenpu.kernel.errors import ProbeError
@@ -50,7 +49,8 @@ from kubenpu.metrics.series import NodeFamily, PodFamily, PodRow, Series, added,
 from kubenpu.resolve import Attribution
 from kubenpu.resolve.cgroups import ProcCgroups
 from kubenpu.services import Streak, Worker
-from kubenpu.sources import Node
+from kubenpu.sources.base import Node
+from kubenpu.sources.calls.attribution import Hold, Resolve
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Device telemetry from sysfs and hwmon, read once: power, energy, temperature, clocks, memory,
 throttling, errors. Pure reads, no thread and no metrics store: the agent's sampler
-(kubenpu.telemetry) and `kubenpuctl devices` both read through it.
+(kubenpu.sources.telemetry) and `kubenpuctl devices` both read through it.
 
 Sources, per discovered device, all readable without privileges:
 - the generic hwmon ABI (Documentation/hwmon/sysfs-interface.rst) of every hwmon device whose
@@ -25,7 +25,6 @@ from enum import Enum
 from pathlib import Path
 
 from kubenpu.discovery import Device
-from kubenpu.fdinfo import Skip, parse_number
 from kubenpu.files import read_regular
 from kubenpu.metrics.catalogue import (
     DEVICE_BUSY,
@@ -45,6 +44,7 @@ from kubenpu.metrics.catalogue import (
     Attrs,
     Spec,
 )
+from kubenpu.sources.fdinfo import Skip, parse_number
 from kubenpu.text import ascii_digits
 
 # A reading's values: each metric, its attributes and its value in the metric's unit.

@@ -18,14 +18,14 @@ from pathlib import Path
 from typing import NoReturn
 
 from kubenpu import __version__
-from kubenpu import top as kubenpu_top
+from kubenpu.cli import top as kubenpu_top
+from kubenpu.cli.top import latency
 from kubenpu.discovery import Device, discover
-from kubenpu.fdinfo import Client, FdinfoReader
 from kubenpu.metrics.catalogue import DEVICE_ERRORS, FREQUENCY, POWER, TEMPERATURE, Spec
 from kubenpu.resolve import DEFAULT_ENDPOINT, Attribution, containers
-from kubenpu.sysfs import Reading, health, read_device
+from kubenpu.sources.fdinfo import Client, FdinfoReader
+from kubenpu.sources.sysfs import Reading, health, read_device
 from kubenpu.text import iec_bytes, printable
-from kubenpu.top import latency
 from kubenpu.vendors import Vendor, all_vendors, by_name, core, for_driver
 
 PROG = "kubenpuctl"

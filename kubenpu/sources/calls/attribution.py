@@ -10,9 +10,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol, TextIO
 
-from kubenpu.activity import Activity
 from kubenpu.discovery import Device
-from kubenpu.events import Batch, Drop, Key
 from kubenpu.kernel.abi import ERRORS
 from kubenpu.kernel.records import Durations
 from kubenpu.metrics.catalogue import (
@@ -31,6 +29,8 @@ from kubenpu.metrics.inputs import Where
 from kubenpu.metrics.points import Point, Snapshot, summed
 from kubenpu.metrics.series import PodFamily, PodRow, Series, by_label, counter, keyed
 from kubenpu.resolve import Attribution, Unattributed
+from kubenpu.sources.activity import Activity
+from kubenpu.sources.calls.events import Batch, Drop, Key
 from kubenpu.vendors import Kind
 
 
@@ -92,7 +92,7 @@ class Resolve(Protocol):
 
 class Hold:
     """The one hold-then-settle policy for counts whose pod the resolver cannot name yet (calls
-    in the Attributor, DRM clients' usage in kubenpu.usage): wait for the resolver's answer,
+    in the Attributor, DRM clients' usage in kubenpu.sources.usage): wait for the resolver's answer,
     and after `pending_seconds`, or when the caller stops waiting, take its settled one."""
 
     def __init__(

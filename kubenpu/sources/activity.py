@@ -1,6 +1,7 @@
 """Signals of use per container and device, from the stages that see them: submit-class calls
-(kubenpu.attribution) and engine busy time (kubenpu.usage). Allocations compares them between
-refreshes to find idle allocations and unallocated use, so they never read the export store.
+(kubenpu.sources.calls.attribution) and engine busy time (kubenpu.sources.usage). Allocations
+compares them between refreshes to find idle allocations and unallocated use, so they never
+read the export store.
 
 A container's signals are dropped `ttl` seconds after it is gone (as its metric series are), so
 its unallocated-use series is exported a while longer, then retires.

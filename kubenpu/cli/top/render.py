@@ -8,9 +8,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from kubenpu.cli.top.frames import Frame, Row, build_frame, sort_rows
+from kubenpu.cli.top.sources import POD_LABELS, Source, TopError
 from kubenpu.text import iec_bytes, printable
-from kubenpu.top.frames import Frame, Row, build_frame, sort_rows
-from kubenpu.top.sources import POD_LABELS, Source, TopError
 
 
 def fmt_duration(seconds: float | None) -> str:

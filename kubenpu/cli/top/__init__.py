@@ -10,9 +10,9 @@ In data-flow order: sources (read), frames (rows and sorting), render (columns, 
 view (the live curses loop). This package's names are what kubenpuctl uses.
 """
 
-from kubenpu.top.frames import SORTS, build_frame
-from kubenpu.top.render import fmt_duration, once
-from kubenpu.top.sources import (
+from kubenpu.cli.top.frames import SORTS, build_frame
+from kubenpu.cli.top.render import fmt_duration, once
+from kubenpu.cli.top.sources import (
     BUSY,
     MEMORY,
     POD_LABELS,
@@ -27,7 +27,7 @@ from kubenpu.top.sources import (
     counter_rates,
     parse,
 )
-from kubenpu.top.view import live
+from kubenpu.cli.top.view import live
 
 __all__ = [
     "BUSY",

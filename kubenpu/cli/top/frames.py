@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from kubenpu.top.sources import (
+from kubenpu.cli.top.sources import (
     ALLOCATED,
     BUCKETS,
     BUSY,

@@ -1,7 +1,7 @@
 """kubenpu-agent: discover devices, attach the probe, attribute calls to pods, export counts.
 
-The program: its arguments, the config, the descriptor limit, malloc and the signals. kubenpu.wiring
-builds the agent, kubenpu.loop runs it.
+The program: its arguments, the config, the descriptor limit, malloc and the signals.
+kubenpu.agent.wiring builds the agent, kubenpu.agent.loop runs it.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from kubenpu.services import Services
 
 try:  # `pip install kubenpu` (kubenpuctl only) lacks these: main() says so in one line
     from kubenpu import config, export
-    from kubenpu.wiring import build
+    from kubenpu.agent.wiring import build
 except ModuleNotFoundError as exc:
     if (exc.name or "").startswith("kubenpu"):
         raise

@@ -1,13 +1,13 @@
-"""The agent's device telemetry sampler: kubenpu.sysfs's reads on the fdinfo interval, into the
-series table.
+"""The agent's device telemetry sampler: kubenpu.sources.sysfs's reads on the fdinfo interval,
+into the series table.
 
 ``Telemetry`` reads every device on the fdinfo interval on its own ``telemetry`` thread, each
 device's files on a daemon thread of their own within ``telemetry.deadline_seconds``: a driver
 can block a sysfs read for good (during a GPU reset), and that must hold up neither counting nor
 the other devices. It keeps the device's energy counter across wraps and resets (each step held
-against the device's highest power limit: kubenpu.energy.step), integrates power where a driver
-has no energy counter, and splits each increment among pods (kubenpu.energy) by the busy time
-the attribution thread hands it after each fdinfo read.
+against the device's highest power limit: kubenpu.sources.energy.step), integrates power where a
+driver has no energy counter, and splits each increment among pods (kubenpu.sources.energy) by
+the busy time the attribution thread hands it after each fdinfo read.
 """
 
 from __future__ import annotations
@@ -20,9 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from pathlib import Path
 
-from kubenpu import energy
 from kubenpu.discovery import Device
-from kubenpu.fdinfo import Skip
 from kubenpu.metrics.catalogue import (
     DEVICE_STATUS,
     ENERGY,
@@ -43,11 +41,13 @@ from kubenpu.metrics.inputs import Where
 from kubenpu.metrics.points import Point, Snapshot
 from kubenpu.metrics.series import NodeFamily, PodFamily, Series, added, by_label
 from kubenpu.services import Streak, Worker
-from kubenpu.sources import Node, Report
-from kubenpu.sysfs import Points, Reading, health, read_device
-from kubenpu.uevents import Wedges
-from kubenpu.usage import SKIPS as USAGE_SKIPS
-from kubenpu.usage import Usage
+from kubenpu.sources import energy
+from kubenpu.sources.base import Node, Report
+from kubenpu.sources.fdinfo import Skip
+from kubenpu.sources.sysfs import Points, Reading, health, read_device
+from kubenpu.sources.usage import SKIPS as USAGE_SKIPS
+from kubenpu.sources.usage import Usage
+from kubenpu.sources.wedges import Wedges
 
 log = logging.getLogger(__name__)
 
@@ -271,7 +271,7 @@ class Telemetry:
 
     def _account(self, device: Device, reading: Reading, now: int) -> str | None:
         """The device's series and energy split from a finished read; the skip reason of an
-        energy counter step not taken as it reads (kubenpu.energy.step)."""
+        energy counter step not taken as it reads (kubenpu.sources.energy.step)."""
         meter = self._meters[device.id]
         delta, reason = meter.delta(reading.energy_uj, reading.power_uw, now, reading.limit_uw)
         busy, self._busy[device.id] = self._busy[device.id], {}

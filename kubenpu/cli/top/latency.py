@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kubenpu.top.sources import BUCKETS, ERRORS, Series, _get, parse
+from kubenpu.cli.top.sources import BUCKETS, ERRORS, Series, _get, parse
 
 DURATION = BUCKETS.removesuffix("_bucket")
 PLACE = ("container", "device", "vendor", "kind")

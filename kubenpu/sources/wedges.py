@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kubenpu.discovery import Device
-from kubenpu.jobs import Jobs
 from kubenpu.metrics.catalogue import DEVICE_COREDUMPS, DEVICE_RESETS, UEVENT_SKIPS, UEVENTS_SKIPPED
 from kubenpu.metrics.series import Series, by_label, by_labels
 from kubenpu.services import Streak, Worker
-from kubenpu.sources import Node
+from kubenpu.sources.base import Node
+from kubenpu.sources.jobs import Jobs
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ class Wedges:
         self._root = Path(root)
         self._open = open_socket
         self._retry = retry_seconds
-        self._on_reset = on_reset  # (device id, guilty pid): kubenpu.jobs.Jobs.reset
+        self._on_reset = on_reset  # (device id, guilty pid): kubenpu.sources.jobs.Jobs.reset
         self._by_devname = {n.path.removeprefix("/dev/"): d for d in self._devices for n in d.nodes}
         self._failed: dict[str, str] = {}  # device id -> the recovery it waits for
         self._lock = threading.Lock()

@@ -30,11 +30,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
 
-from kubenpu.activity import Activity
-from kubenpu.attribution import Hold, Resolve
 from kubenpu.descriptors import FDINFO, Exhaustion, exhausted
 from kubenpu.discovery import Device
-from kubenpu.fdinfo import Client, FdinfoReader, HighWater, Scan, Skip
 from kubenpu.metrics.catalogue import (
     ENGINE_BUSY,
     ENGINE_CAPACITY,
@@ -51,7 +48,10 @@ from kubenpu.metrics.points import Point, Snapshot
 from kubenpu.metrics.series import NodeFamily, PodFamily, Series, added, by_label
 from kubenpu.resolve import Attribution
 from kubenpu.resolve.cgroups import ProcCgroups
-from kubenpu.sources import Node
+from kubenpu.sources.activity import Activity
+from kubenpu.sources.base import Node
+from kubenpu.sources.calls.attribution import Hold, Resolve
+from kubenpu.sources.fdinfo import Client, FdinfoReader, HighWater, Scan, Skip
 
 # Client fields that are cumulative counters, in ENGINE_COUNTERS order, with their scale.
 _COUNTERS = (("busy_ns", 1e-9), ("cycles", 1), ("total_cycles", 1))

@@ -5,7 +5,7 @@ that Helm, which waits for a hook Job but not for a hook DaemonSet, waits until 
 `kubenpu-agent --uninstall`. Standard library only (the agent image's Python, no kubectl): one
 GET of the DaemonSet through the API server, with the pod's service account, every few seconds.
 
-    python3 -m kubenpu.rollout NAMESPACE NAME [--timeout SECONDS]
+    python3 -m kubenpu.cli.rollout NAMESPACE NAME [--timeout SECONDS]
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def wait(get: Callable[[], dict[str, Any]], timeout: float) -> str:
 
 
 def main(argv: list[str] | None = None, env: dict[str, str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python3 -m kubenpu.rollout", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python3 -m kubenpu.cli.rollout", description=__doc__)
     parser.add_argument("namespace")
     parser.add_argument("name")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds (default 300)")
@@ -91,9 +91,9 @@ def main(argv: list[str] | None = None, env: dict[str, str] | None = None) -> in
     reason = wait(fetch_daemonset(base, args.namespace, args.name), args.timeout)
     where = f"daemonset {args.namespace}/{args.name}"
     if reason:
-        print(f"kubenpu.rollout: {where} not done after {args.timeout:g} s: {reason}")
+        print(f"kubenpu.cli.rollout: {where} not done after {args.timeout:g} s: {reason}")
         return 1
-    print(f"kubenpu.rollout: {where}: every node done")
+    print(f"kubenpu.cli.rollout: {where}: every node done")
     return 0
 
 

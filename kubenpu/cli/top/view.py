@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import curses
-from kubenpu.top.frames import NUMERIC, SORT_KEYS, Frame, build_frame
-from kubenpu.top.render import header, table
-from kubenpu.top.sources import Source, TopError
+from kubenpu.cli.top.frames import NUMERIC, SORT_KEYS, Frame, build_frame
+from kubenpu.cli.top.render import header, table
+from kubenpu.cli.top.sources import Source, TopError
 
 # Every key the view handles -> what it does: a sort's name (SORTS), "reverse" or "quit". key()
 # dispatches from this table and HELP is built from it, so the help cannot leave a key out.
