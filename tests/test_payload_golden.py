@@ -344,12 +344,13 @@ def started(metrics: Metrics, attributes: str, otlp_port: int) -> Iterator[expor
 
 
 def scraped(port: int, accept: str) -> str:
-    """/metrics, with prometheus_client's process_* values (this pytest's memory and CPU) as
-    <value> and the OTel SDK's version in target_info as <sdk>: neither is the agent's."""
+    """/metrics, with prometheus_client's process_* values (this pytest's memory and CPU) as 0,
+    so that the file stays a scrape parsers take, and the OTel SDK's version in target_info as
+    <sdk>: neither is the agent's."""
     request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers={"Accept": accept})
     with urllib.request.urlopen(request, timeout=10) as reply:
         text = reply.read().decode()
-    text = re.sub(r"^(process_\w+) \S+$", r"\1 <value>", text, flags=re.MULTILINE)
+    text = re.sub(r"^(process_\w+) \S+$", r"\1 0", text, flags=re.MULTILINE)
     return re.sub(r'telemetry_sdk_version="[^"]*"', 'telemetry_sdk_version="<sdk>"', text)
 
 
