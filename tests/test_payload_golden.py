@@ -2,7 +2,7 @@
 as Prometheus asks for it) and the OTLP push (semconv and legacy attribute names), against the
 golden files tests/testdata/payload-*.
 
-Every source reports into one Metrics store through its public write methods, with fixed inputs
+Every source reports into one series table through its families (put, set), with fixed inputs
 (one function per source below: what it reports), and the real exporters (export.start: the
 metrics server on a port, the pusher to an OTLP/HTTP receiver) render it. Every family of the
 catalogue has points; the store's series cap is set so that each of its overflow paths is taken.
@@ -36,7 +36,25 @@ from kubenpu.kernel.abi import DURATION_SLOTS, ERRORS, duration_slot
 from kubenpu.kernel.records import Durations, JobTimes, Key
 from kubenpu.metrics import catalogue as c
 from kubenpu.metrics.inputs import AllocationState, DeviceRow, Held, Where
-from kubenpu.metrics.store import Metrics
+from kubenpu.metrics.own import (
+    CERTIFICATES,
+    CRI,
+    DEVICES,
+    EXHAUSTED,
+    EXPORT_FAILED,
+    INDEX_REBUILT,
+    KERNEL_READ_FAILED,
+    SOURCE_DURATION,
+    SOURCE_FAILED,
+    STAMPS,
+)
+from kubenpu.metrics.series import Series as Metrics
+from kubenpu.sources import allocations as alloc
+from kubenpu.sources import jobs as gpu_jobs
+from kubenpu.sources import telemetry as tel
+from kubenpu.sources import usage, wedges
+from kubenpu.sources.calls import attribution as calls_room
+from kubenpu.sources.registry import table
 
 TESTDATA = Path(__file__).parent / "testdata"
 NODE = "node-a"
@@ -67,7 +85,7 @@ def calls(m: Metrics, who: Where, kind: str, n: int) -> None:
 
 
 def gone(m: Metrics, who: Where) -> None:
-    m.container_gone(who.namespace, who.pod, who.container, who.pod_uid)
+    m.gone(who)
 
 
 def durations(seconds: list[float], errors: dict[str, int] | None = None) -> Durations:
@@ -97,7 +115,11 @@ def sensor(device: c.Attrs, chip: str, name: str, kind: str) -> c.Attrs:
 
 def wiring(m: Metrics) -> None:
     """The devices the agent counts."""
-    m.set_devices([DeviceRow(*MI210, "amdgpu", "1002:740f", "0"), DeviceRow(*NPU, "ivpu", "", "")])
+    m.set(
+        DEVICES,
+        NODE,
+        [DeviceRow(*MI210, "amdgpu", "1002:740f", "0"), DeviceRow(*NPU, "ivpu", "", "")],
+    )
 
 
 def kernel(m: Metrics) -> None:
@@ -109,37 +131,59 @@ def kernel(m: Metrics) -> None:
     calls(m, CTR, "submit", 2)
     calls(m, HOST_TOOL, "alloc", 3)
     # Two cgroups of one series sum slot by slot; an ETIME failure is counted by name.
-    m.set_durations(TRAINER, "submit", Key(101, 226, 1, 1), durations([2e-6, 0.0012, 70.0]))
-    m.set_durations(TRAINER, "submit", Key(102, 226, 1, 1), durations([3e-4], {"ETIME": 1}))
-    m.set_durations(TRAINER, "alloc", Key(101, 226, 1, 2), durations([5e-5], {"ENOMEM": 2}))
-    m.set_durations(SERVER, "wait", Key(201, 261, 0, 3), durations([0.02], {"EINTR": 1}))
-    m.events_received(166)
-    m.dropped("ringbuf_full", 3)
-    m.dropped("device_unknown")
-    m.untimed(2)
-    m.late_sightings(1)
-    m.read_error()
-    m.counters_read("kernel", 1_750_000_010.5)
+    m.put(
+        calls_room.DURATIONS,
+        TRAINER,
+        "submit",
+        (Key(101, 226, 1, 1), durations([2e-6, 0.0012, 70.0])),
+    )
+    m.put(
+        calls_room.DURATIONS,
+        TRAINER,
+        "submit",
+        (Key(102, 226, 1, 1), durations([3e-4], {"ETIME": 1})),
+    )
+    m.put(
+        calls_room.DURATIONS,
+        TRAINER,
+        "alloc",
+        (Key(101, 226, 1, 2), durations([5e-5], {"ENOMEM": 2})),
+    )
+    m.put(
+        calls_room.DURATIONS, SERVER, "wait", (Key(201, 261, 0, 3), durations([0.02], {"EINTR": 1}))
+    )
+    m.set(calls_room.EVENTS, "", 166)
+    m.set(calls_room.DROPS, "ringbuf_full", 3)
+    m.set(calls_room.DROPS, "device_unknown", 1)
+    m.set(calls_room.UNTIMED_CALLS, "", 2)
+    m.set(calls_room.LATE, "", 1)
+    m.set(KERNEL_READ_FAILED, "", 1)
+    m.set(STAMPS, "kernel", 1_750_000_010.5)
 
 
 def jobs(m: Metrics) -> None:
     """The DRM GPU scheduler's jobs per ring, and the kernel side's losses."""
     wait = durations([1e-5, 2e-4])
     run = durations([0.003, 0.004])
-    m.set_jobs(TRAINER, "gfx_0.0.0", 101, JobTimes(3, 2, wait, run))
-    m.set_jobs(TRAINER, "comp_1.0.0", 101, JobTimes(1, 1, durations([1e-6]), durations([0.5])))
-    m.set_jobs(SERVER, "npu", 201, JobTimes(0, 0, durations([]), durations([])))
-    m.jobs_lost({"unmatched": 2, "keys_full": 0})
+    m.put(gpu_jobs.JOB_TIMES, TRAINER, "gfx_0.0.0", (101, JobTimes(3, 2, wait, run)))
+    m.put(
+        gpu_jobs.JOB_TIMES,
+        TRAINER,
+        "comp_1.0.0",
+        (101, JobTimes(1, 1, durations([1e-6]), durations([0.5]))),
+    )
+    m.put(gpu_jobs.JOB_TIMES, SERVER, "npu", (201, JobTimes(0, 0, durations([]), durations([]))))
+    m.set(gpu_jobs.LOST, "", {"unmatched": 2, "keys_full": 0})
 
 
 def attribution(m: Metrics) -> None:
     """Why calls have no pod, and the CRI requests made to find one."""
-    m.unattributed("not_pod", 3)
-    m.unattributed("cri_error")
-    m.pending_expired(1)
-    m.cri_request(0.004, True)
-    m.cri_request(2.0, False)
-    m.index_rebuilt()
+    m.set(calls_room.UNNAMED, "not_pod", 3)
+    m.set(calls_room.UNNAMED, "cri_error", 1)
+    m.set(calls_room.EXPIRED, "", 1)
+    m.set(CRI, "", (0.004, True))
+    m.set(CRI, "", (2.0, False))
+    m.set(INDEX_REBUILT, "", 1)
 
 
 def batch_pod_gone(m: Metrics) -> None:
@@ -150,22 +194,31 @@ def batch_pod_gone(m: Metrics) -> None:
 
 def fdinfo(m: Metrics) -> None:
     """The DRM clients' engine time, cycles, capacities and memory per pod."""
-    m.add_engine(c.ENGINE_BUSY, TRAINER, "gfx", 12.5)
-    m.add_engine(c.ENGINE_BUSY, SERVER, "compute", 0.25)
-    m.add_engine(c.ENGINE_CYCLES, TRAINER, "gfx", 4_000_000)
-    m.add_engine(c.ENGINE_TOTAL_CYCLES, TRAINER, "gfx", 9_000_000)
-    m.add_engine(c.ENGINE_BUSY, TRAINER, "gfx", float("inf"))  # skipped: out_of_range
-    m.set_usage_gauges(
-        {(TRAINER, "gfx"): 1, (TRAINER, "compute"): 4, (SERVER, "compute"): 1},
-        {
-            (TRAINER, "vram", "resident"): 1 << 30,
-            (TRAINER, "gtt", "total"): 64 << 20,
-            (SERVER, "memory", "resident"): 8 << 20,
-        },
+    m.put(usage.ENGINES[c.ENGINE_BUSY], TRAINER, "gfx", 12.5)
+    m.put(usage.ENGINES[c.ENGINE_BUSY], SERVER, "compute", 0.25)
+    m.put(usage.ENGINES[c.ENGINE_CYCLES], TRAINER, "gfx", 4_000_000)
+    m.put(usage.ENGINES[c.ENGINE_TOTAL_CYCLES], TRAINER, "gfx", 9_000_000)
+    if not m.put(usage.ENGINES[c.ENGINE_BUSY], TRAINER, "gfx", float("inf")):
+        m.set(usage.SKIPS, "out_of_range", 1)  # what Usage counts when the table refuses it
+    m.set(
+        usage.GAUGES,
+        "",
+        (
+            {(TRAINER, "gfx"): 1, (TRAINER, "compute"): 4, (SERVER, "compute"): 1},
+            {
+                (TRAINER, "vram", "resident"): 1 << 30,
+                (TRAINER, "gtt", "total"): 64 << 20,
+                (SERVER, "memory", "resident"): 8 << 20,
+            },
+        ),
     )
-    m.fdinfo_skipped({"vanished": 2, "no_client_id": 1})
-    m.descriptors_exhausted("fdinfo")
-    m.counters_read("fdinfo", 1_750_000_011.25)
+    m.set(usage.SKIPS, "vanished", 2)
+    m.set(usage.SKIPS, "no_client_id", 1)
+    m.set(EXHAUSTED, "fdinfo", 1)
+    m.set(STAMPS, "fdinfo", 1_750_000_011.25)
+    m.set(SOURCE_DURATION, "fdinfo", 0.125)  # the framework's, at each read (sources.base.Report)
+    m.set(SOURCE_FAILED, "fdinfo", 0)
+    m.set(SOURCE_FAILED, "jobs", 1)
 
 
 STATES = ("ok", "degraded", "failed")  # hw.state: one point each, 1 for the state now
@@ -222,12 +275,13 @@ def npu_telemetry() -> list[tuple[c.Spec, c.Attrs, float]]:
 
 def telemetry(m: Metrics) -> None:
     """Each device's sysfs/hwmon read, and the energy it split among pods."""
-    m.set_telemetry(MI210[0], mi210_telemetry())
-    m.set_telemetry(NPU[0], npu_telemetry())
-    m.telemetry_skipped({"missing": 3, "deadline": 1})
-    m.add_energy(TRAINER, 230_500_000)
-    m.add_energy(SERVER, 1_000_000)
-    m.counters_read("telemetry", 1_750_000_012.0)
+    m.set(tel.TELEMETRY, MI210[0], mi210_telemetry())
+    m.set(tel.TELEMETRY, NPU[0], npu_telemetry())
+    m.set(tel.SKIPS, "missing", 3)
+    m.set(tel.SKIPS, "deadline", 1)
+    m.put(tel.POD_ENERGY_SHARES, TRAINER, "", 230_500_000)
+    m.put(tel.POD_ENERGY_SHARES, SERVER, "", 1_000_000)
+    m.set(STAMPS, "telemetry", 1_750_000_012.0)
 
 
 def allocations_state() -> AllocationState:
@@ -244,26 +298,26 @@ def allocations_state() -> AllocationState:
 
 def allocations(m: Metrics) -> None:
     """The kubelet's PodResources allocations, their idle time and the calls outside them."""
-    m.set_allocations(allocations_state())
-    m.podresources_error()
+    m.set(alloc.ALLOCATIONS, "", allocations_state())
+    m.set(alloc.ERRORS, "", 1)
 
 
 def uevents(m: Metrics) -> None:
     """DRM wedged and devcoredump uevents, and the pods a reset hit."""
-    m.device_reset(*MI210, "rebind")
-    m.device_reset(*MI210, "none")
-    m.device_coredump(*MI210)
-    m.uevent_skipped("unknown_device")
-    m.pod_reset(c.POD_HANGS, TRAINER)
-    m.pod_reset(c.RESET_VICTIMS, OLD_TRAINER)
+    m.set(wedges.RESETS, (*MI210, "rebind"), 1)
+    m.set(wedges.RESETS, (*MI210, "none"), 1)
+    m.set(wedges.COREDUMPS, MI210, 1)
+    m.set(wedges.SKIPS, "unknown_device", 1)
+    m.put(gpu_jobs.RESETS[c.POD_HANGS], TRAINER, "", 1)
+    m.put(gpu_jobs.RESETS[c.RESET_VICTIMS], OLD_TRAINER, "", 1)
 
 
 def exporters(m: Metrics) -> None:
     """The exporters' own: a failed push, a refused accept, the certificates checked at start."""
-    m.export_error()
-    m.descriptors_exhausted("metrics_server", 2)
+    m.set(EXPORT_FAILED, "", 1)
+    m.set(EXHAUSTED, "metrics_server", 2)
     # export.start reports them from the TLS files it checks; the test serves without TLS.
-    m.set_certificates({"export.prometheus.tls.cert_file": 1_780_000_000.0})
+    m.set(CERTIFICATES, "", {"export.prometheus.tls.cert_file": 1_780_000_000.0})
 
 
 def old_trainer_gone(m: Metrics) -> None:
@@ -276,14 +330,16 @@ def over_the_cap(m: Metrics) -> None:
     and one more unallocated user: each left out and counted (kubenpu.overflow_*)."""
     flood = hw(("0000:04:00.0", "amdgpu"), "gpu", "card2")
     sensors = [sensor(flood, "amdgpu", f"temp{i}", "temperature") for i in range(1, 6)]
-    m.set_telemetry("0000:04:00.0", [(c.TEMPERATURE, s, 40.0) for s in sensors])
+    m.set(tel.TELEMETRY, "0000:04:00.0", [(c.TEMPERATURE, s, 40.0) for s in sensors])
     late = Where("ml", "late-0", "11111111-2222-4333-8444-555555555555", "worker", *MI210)
     calls(m, late, "submit", 9)
-    m.set_jobs(late, "gfx_0.0.0", 301, JobTimes(1, 0, durations([]), durations([])))
-    m.set_durations(CTR, "submit", Key(401, 226, 1, 1), durations([1e-3]))
+    m.put(
+        gpu_jobs.JOB_TIMES, late, "gfx_0.0.0", (301, JobTimes(1, 0, durations([]), durations([])))
+    )
+    m.put(calls_room.DURATIONS, CTR, "submit", (Key(401, 226, 1, 1), durations([1e-3])))
     state = allocations_state()
     state.unallocated[("batch", "job-1", "step", NPU[0])] = (1, AGENT_START_NS + 5 * SECOND)
-    m.set_allocations(state)
+    m.set(alloc.ALLOCATIONS, "", state)
 
 
 SOURCES: tuple[Callable[[Metrics], None], ...] = (
@@ -374,7 +430,7 @@ def render() -> dict[str, str]:
         mp.setattr(socket, "gethostname", lambda: HOST)  # the resource's host.name
         for var in ("OTEL_RESOURCE_ATTRIBUTES", "OTEL_SERVICE_NAME"):
             mp.delenv(var, raising=False)
-        metrics = Metrics(NODE, SERIES_TTL, MAX_SERIES, wall.monotonic)
+        metrics = table(SERIES_TTL, MAX_SERIES, wall.monotonic)
         agents = {a: stack.enter_context(started(metrics, a, rx.port)) for a in PUSHED.values()}
         for source in SOURCES:
             wall.ns += SECOND
