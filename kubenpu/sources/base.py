@@ -42,8 +42,9 @@ from kubenpu.services import Streak, Worker
 if TYPE_CHECKING:
     from kubenpu.config import Config
     from kubenpu.discovery import Device
+    from kubenpu.resolve.hold import Resolve
     from kubenpu.sources.activity import Activity
-    from kubenpu.sources.calls.attribution import Attributor, Resolve
+    from kubenpu.sources.calls.attribution import Attributor
 
 log = logging.getLogger("kubenpu")
 

@@ -48,9 +48,9 @@ from kubenpu.metrics.points import Point, Snapshot, summed
 from kubenpu.metrics.series import NodeFamily, PodFamily, PodRow, Series, added, keyed
 from kubenpu.resolve import Attribution
 from kubenpu.resolve.cgroups import ProcCgroups
+from kubenpu.resolve.hold import Hold, Resolve
 from kubenpu.services import Streak, Worker
 from kubenpu.sources.base import Node
-from kubenpu.sources.calls.attribution import Hold, Resolve
 
 log = logging.getLogger(__name__)
 

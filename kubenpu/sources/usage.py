@@ -48,9 +48,9 @@ from kubenpu.metrics.points import Point, Snapshot
 from kubenpu.metrics.series import NodeFamily, PodFamily, Series, added, by_label
 from kubenpu.resolve import Attribution
 from kubenpu.resolve.cgroups import ProcCgroups
+from kubenpu.resolve.hold import Hold, Resolve
 from kubenpu.sources.activity import Activity
 from kubenpu.sources.base import Node
-from kubenpu.sources.calls.attribution import Hold, Resolve
 from kubenpu.sources.fdinfo import Client, FdinfoReader, HighWater, Scan, Skip
 
 # Client fields that are cumulative counters, in ENGINE_COUNTERS order, with their scale.

@@ -786,6 +786,9 @@ class Node:
                     "enabled": True,
                     "socket": str(PODRESOURCES),
                     "interval_seconds": ALLOCATIONS_INTERVAL,
+                    # A loaded host slows the TCG guest past the 5 s default: a List that timed
+                    # out failed the run's "no kubelet error" (a cold CI on a busy machine).
+                    "timeout_seconds": 30,
                 }
             },
         }

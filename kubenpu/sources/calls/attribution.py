@@ -1,14 +1,14 @@
-"""Attribution: (cgroup id, device, kind) tallies into labelled counts, and the hold-then-settle
-policy for counts whose pod the resolver cannot name yet."""
+"""Attribution: (cgroup id, device, kind) tallies into labelled counts, held while the resolver
+cannot name their pod yet (kubenpu.resolve.hold)."""
 
 from __future__ import annotations
 
 import json
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol, TextIO
+from typing import TextIO
 
 from kubenpu.discovery import Device
 from kubenpu.kernel.abi import ERRORS
@@ -29,6 +29,7 @@ from kubenpu.metrics.inputs import Where
 from kubenpu.metrics.points import Point, Snapshot, summed
 from kubenpu.metrics.series import PodFamily, PodRow, Series, by_label, counter, keyed
 from kubenpu.resolve import Attribution, Unattributed
+from kubenpu.resolve.hold import Hold, Resolve
 from kubenpu.sources.activity import Activity
 from kubenpu.sources.calls.events import Batch, Drop, Key
 from kubenpu.vendors import Kind
@@ -72,46 +73,6 @@ _MAX_PENDING_KEYS = 10000  # keys held for pods the CRI cannot name yet
 # A long flush (an adopted probe's totals for 1,000 pods: a cgroup walk and 1,000 CRI lookups
 # started) counts the held cgroups whose answers came in this often, not only at its end.
 _RETRY_PENDING_SECONDS = 0.1
-
-
-class Resolve(Protocol):
-    """What attribution needs of kubenpu.resolve.resolver.Resolver."""
-
-    def resolve(self, cgroup_id: int) -> Attribution | None: ...
-
-    def prefetch(self, cgroup_ids: Iterable[int]) -> None: ...
-
-    def settle(self, cgroup_id: int) -> Attribution: ...
-
-    def alive(self, cgroup_id: int) -> bool: ...
-
-    def removed(self) -> bool: ...
-
-    def forget(self, cgroup_id: int) -> None: ...
-
-
-class Hold:
-    """The one hold-then-settle policy for counts whose pod the resolver cannot name yet (calls
-    in the Attributor, DRM clients' usage in kubenpu.sources.usage): wait for the resolver's answer,
-    and after `pending_seconds`, or when the caller stops waiting, take its settled one."""
-
-    def __init__(
-        self, resolver: Resolve, pending_seconds: float, clock: Callable[[], float]
-    ) -> None:
-        self._resolver = resolver
-        self._pending_seconds = pending_seconds
-        self._clock = clock
-
-    def answer(
-        self, cgroup_id: int, since: float, *, settle: bool = False
-    ) -> tuple[Attribution, bool] | None:
-        """None while still held (held since `since`), else (the answer, whether settled)."""
-        who = self._resolver.resolve(cgroup_id)
-        if who is not None:
-            return who, False
-        if settle or self._clock() - since >= self._pending_seconds:
-            return self._resolver.settle(cgroup_id), True
-        return None
 
 
 @dataclass
