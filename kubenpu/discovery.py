@@ -18,7 +18,7 @@ import logging
 import os
 import re
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -73,6 +73,14 @@ class Device:
     numa_node: int | None
     nodes: tuple[Node, ...]
     vendor: str | None  # the vendor plug-in's name, None when no plug-in handles the driver
+
+
+def not_ignored(devices: Iterable[Device], ignore: Iterable[str]) -> list[Device]:
+    """The devices `discovery.ignore_devices` does not name: those whose DRM clients, telemetry
+    and allocations the sources watch. A driver without a vendor plug-in has no ioctl table to
+    count, but may still print usage stats."""
+    ignored = set(ignore)
+    return [d for d in devices if d.id not in ignored]
 
 
 def discover(root: str | Path = "/") -> list[Device]:

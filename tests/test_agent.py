@@ -28,8 +28,8 @@ from kubenpu import __version__, export
 from kubenpu.agent import main
 from kubenpu.agent.health import Health
 from kubenpu.agent.loop import Agent
-from kubenpu.agent.wiring import fdinfo_devices, select_devices
-from kubenpu.discovery import Device, Node
+from kubenpu.agent.wiring import select_devices
+from kubenpu.discovery import Device, Node, not_ignored
 from kubenpu.kernel.errors import ProbeError
 from kubenpu.metrics.catalogue import (
     DROPPED,
@@ -193,8 +193,8 @@ def test_devices_without_a_plugin_or_ignored_are_not_counted():
 def test_fdinfo_reads_devices_without_a_plugin_but_not_ignored_ones():
     """A driver with no ioctl table may still print usage stats (the VM's test driver does)."""
     nvidia = Device("0000:01:00.0", "nvidia-drm", "10de:2204", 0, (), None)
-    assert fdinfo_devices([VGEM, nvidia], ignore=[]) == [VGEM, nvidia]
-    assert fdinfo_devices([VGEM, nvidia], ignore=["0000:01:00.0"]) == [VGEM]
+    assert not_ignored([VGEM, nvidia], ignore=[]) == [VGEM, nvidia]
+    assert not_ignored([VGEM, nvidia], ignore=["0000:01:00.0"]) == [VGEM]
 
 
 def test_bad_config_is_one_line_per_problem_and_exit_2(tmp_path, capsys):

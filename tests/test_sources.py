@@ -12,8 +12,9 @@ from fakes import Clock, FakeResolver
 from helpers import eventually, make_config
 
 from kubenpu.agent.health import Health
-from kubenpu.agent.wiring import fdinfo_devices, start
-from kubenpu.discovery import discover
+from kubenpu.agent.loop import Agent
+from kubenpu.agent.wiring import start
+from kubenpu.discovery import discover, not_ignored
 from kubenpu.metrics.catalogue import COUNTER_SOURCES, SOURCE_ERRORS, SOURCE_READ_DURATION
 from kubenpu.metrics.catalogue import COUNTERS_READ as STAMP
 from kubenpu.services import Services, Worker
@@ -109,7 +110,7 @@ def node(tmp_path: Path) -> Node:
         cfg,
         table,
         found,
-        fdinfo_devices(found, ()),
+        not_ignored(found, ()),
         resolver,
         Attributor(found, resolver, table),
         activity=Activity(300),
@@ -180,3 +181,29 @@ def test_a_worker_that_may_end_fails_liveness_only_by_an_exception() -> None:
     dead.start()
     dead.join(5)
     assert dead.broken() == "worker thread stopped: jobs (Kill)"
+
+
+def test_only_the_sources_the_loop_reads_get_its_report(node: Node) -> None:
+    """uevents never reads through a Report: it exports no read-error series of its own."""
+    sources = registry.build(node)
+    try:
+        Agent(
+            probe=None,  # type: ignore[arg-type]
+            tally=None,  # type: ignore[arg-type]
+            attributor=node.attributor,
+            metrics=node.table,
+            resolver=node.resolver,  # type: ignore[arg-type]
+            health=Health(stale_after=15),
+            devices=0,
+            sources=sources,
+        )
+        assert set(points(node.table, SOURCE_ERRORS)) == {
+            "fdinfo",
+            "jobs",
+            "telemetry",
+            "allocations",
+        }
+    finally:
+        for source in sources:
+            if (close := getattr(source, "close", None)) is not None:
+                close()

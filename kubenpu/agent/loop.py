@@ -79,7 +79,12 @@ class Agent:
         self._devices = devices
         self.sources = list(sources)
         self._interval = interval
-        self._reports = {s.name: Report(s.name, metrics, clock=clock, wall=wall) for s in sources}
+        # The reads this loop runs (a source reading on its own thread has its own Report).
+        self._reports = {
+            s.name: Report(s.name, metrics, clock=clock, wall=wall)
+            for s in sources
+            if isinstance(s, (Reads, Finishes))
+        }
         self._clock = clock
         self._wall = wall  # the Unix time of reads, for kubenpu_counters_read_timestamp_seconds
         self._counts_at: float | None = None  # of the last read that brought calls

@@ -15,7 +15,7 @@ from functools import partial
 from kubenpu import config, export
 from kubenpu.agent.health import Health
 from kubenpu.agent.loop import STALE_AFTER, Agent
-from kubenpu.discovery import Device, discover
+from kubenpu.discovery import Device, discover, not_ignored
 from kubenpu.kernel.base import Loader
 from kubenpu.kernel.loader import loaders, open_kernel
 from kubenpu.metrics.inputs import DeviceRow
@@ -57,13 +57,6 @@ def select_devices(devices: Iterable[Device], ignore: Iterable[str]) -> list[Dev
         )
         chosen.append(dev)
     return chosen
-
-
-def fdinfo_devices(devices: Iterable[Device], ignore: Iterable[str]) -> list[Device]:
-    """Devices whose DRM clients fdinfo reads: every one not ignored by config. A driver without
-    a vendor plug-in has no ioctl table to count, but may still print usage stats."""
-    ignored = set(ignore)
-    return [d for d in devices if d.id not in ignored]
 
 
 def _log_tables(devices: list[Device]) -> None:
@@ -121,7 +114,7 @@ def build(
         pending_seconds=cfg.attribution.pending_seconds,
         activity=activity,
     )
-    watched = fdinfo_devices(found, cfg.discovery.ignore_devices)
+    watched = not_ignored(found, cfg.discovery.ignore_devices)
     node = Node(cfg, metrics, found, watched, resolver, attributor, activity)
     sources = registry.build(node)
     kernel = open_kernel(_loaders(cfg.probe, devices, debug), devices, cfg.probe.pin_dir)

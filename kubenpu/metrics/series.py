@@ -19,10 +19,10 @@ Two kinds of rows:
 
 The cap counts the calls' series and every capped family's rows. When it is full, a new call
 series is counted in the overflow point, and a new row of a capped family is refused and counted
-in kubenpu_series_overflow_total by its family. Node families take only the room the pod series
+in kubenpu_overflow_series_total by its family. Node families take only the room the pod series
 leave (allocations, telemetry: each family's `fit` keeps what fits, in its own priority); a
-device's state (hw.status, the stale flag) is never dropped first: it is refused only when the
-table holds nothing else it could give up (docs/metrics.md, "The series cap").
+device's state (hw.status, the stale flag) is always kept, a few series past the cap if need be
+(docs/metrics.md, "Cardinality cap").
 
 Thread safety: one lock; sources hold it for a few dict operations, and `collect()` (from the OTLP
 thread or a Prometheus scrape) holds it while copying the values: one consistent snapshot.

@@ -21,7 +21,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 
-from kubenpu.discovery import Device, discover
+from kubenpu.discovery import Device, discover, not_ignored
 from kubenpu.metrics.catalogue import (
     ALLOCATED,
     ALLOCATED_IDLE,
@@ -280,7 +280,6 @@ def build(node: Node) -> Allocations | None:
     pr = cfg.attribution.pod_resources
     if node.activity is None or not pr.enabled:
         return None
-    ignored = set(cfg.discovery.ignore_devices)
     return Allocations(
         PodResourcesClient(pr.socket, pr.timeout_seconds),
         Mapper(node.watched),
@@ -288,6 +287,6 @@ def build(node: Node) -> Allocations | None:
         pr.interval_seconds,
         node.activity,
         # A device plugged in after the start maps once discovery sees it.
-        lambda: [d for d in discover(cfg.discovery.root) if d.id not in ignored],
+        lambda: not_ignored(discover(cfg.discovery.root), cfg.discovery.ignore_devices),
         stale_after=3 * (pr.interval_seconds + pr.timeout_seconds),
     )
