@@ -10,6 +10,7 @@ real netlink socket checks the format on a synthetic uevent the kernel sends its
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import shutil
 import socket
@@ -18,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fakes import Clock
 from helpers import eventually, values
 
 from kubenpu.discovery import discover
@@ -30,7 +32,7 @@ from kubenpu.metrics.catalogue import (
 from kubenpu.metrics.series import Series
 from kubenpu.sources.registry import table
 from kubenpu.sources.telemetry import Telemetry
-from kubenpu.sources.wedges import Uevent, Wedges, netlink_socket, parse
+from kubenpu.sources.wedges import LOG_EVERY_SECONDS, Uevent, Wedges, netlink_socket, parse
 
 TESTDATA = Path(__file__).parent / "testdata"
 GPU = "0000:c3:00.0"  # amd-server's amdgpu card, /dev/dri/card1
@@ -255,3 +257,86 @@ def test_each_wedged_event_hands_its_reset_to_the_jobs_stage(machine: Path) -> N
         w, wedged("rebind", PID="4242", TASK="trainer"), wedged("none"), wedged("none", PID="x1")
     )
     assert resets == [(GPU, 4242), (GPU, None), (GPU, None)]  # a PID that is no number: none
+
+
+def test_a_pid_of_5000_digits_is_no_pid_and_the_reset_is_handled_whole(machine: Path) -> None:
+    """int() refuses more than 4,300 digits with a ValueError, which left the event half
+    handled (the reset counted, the jobs stage never told); PID_MAX_LIMIT has 7 digits."""
+    metrics = table(60, 1000)
+    resets: list[tuple[str, int | None]] = []
+    w = Wedges(discover(machine), metrics, machine, on_reset=lambda *r: resets.append(r))
+    handle(w, wedged("rebind", PID="9" * 5000), wedged("none", PID="4194304"))
+    handle(w, wedged("none", PID="12345678"))  # one digit past any pid
+    assert resets == [(GPU, None), (GPU, 4194304), (GPU, None)]
+    assert values(metrics, UEVENTS_SKIPPED) == {("malformed",): 2}
+    assert values(metrics, DEVICE_RESETS) == {
+        (GPU, "amdgpu", "rebind"): 1,
+        (GPU, "amdgpu", "none"): 2,
+    }
+
+
+def test_an_event_the_handler_fails_on_does_not_end_the_thread(machine: Path) -> None:
+    """Whatever a handler raises is counted and logged; the next event is read."""
+    metrics, resets = table(60, 1000), []
+
+    def on_reset(device: str, guilty: int | None) -> None:
+        resets.append(guilty)
+        if guilty == 1:
+            raise RuntimeError("a bug in a handler")
+
+    sock = Socket(wedged("rebind", PID="1"), wedged("none", PID="2"))
+    w = Wedges(discover(machine), metrics, machine, lambda: sock, on_reset=on_reset)  # type: ignore[arg-type]
+    thread = w.start()
+    eventually(lambda: resets == [1, 2], "both events handled")
+    assert thread.is_alive()
+    assert values(metrics, UEVENTS_SKIPPED) == {("malformed",): 1}
+    w.close()
+
+
+@pytest.mark.parametrize(
+    ("raw", "label"),
+    [
+        ("rebind", "rebind"),
+        ("vendor-specific,bus-reset", "bus-reset,vendor-specific"),  # the kernel's order
+        ("rebind,rebind", "rebind"),
+        ("unknown", "unknown"),
+        ("", "unknown"),
+        ("rebind,x", "other"),  # one method past the kernel's
+        ("r" * 10_000, "other"),
+        ("rebind,", "other"),
+    ],
+)
+def test_the_wedged_method_is_a_label_of_bounded_values(
+    machine: Path, raw: str, label: str
+) -> None:
+    metrics = table(60, 1000)
+    handle(wedges(machine, metrics), wedged(raw))
+    assert values(metrics, DEVICE_RESETS) == {(GPU, "amdgpu", label): 1}
+
+
+def test_a_task_name_is_logged_escaped(machine: Path, caplog) -> None:
+    """Any process sets its own comm: a newline would forge a line, an escape drive a terminal."""
+    forged = "x\nERROR root: forged\x1b[2J" + "y" * 500
+    with caplog.at_level(logging.WARNING, "kubenpu.sources.wedges"):
+        handle(wedges(machine, table(60, 1000)), wedged("rebind", PID="7", TASK=forged))
+    [line] = caplog.messages
+    assert "\n" not in line and "\x1b" not in line
+    assert "guilty pid 7 (x\\nERROR root: forged\\x1b[2J" in line
+    assert len(line) < 200  # cut short
+
+
+def test_a_flood_of_resets_is_one_line_per_device_per_minute(machine: Path, caplog) -> None:
+    clock = Clock()
+    w = Wedges(discover(machine), table(60, 1000), machine, clock=clock)
+    with caplog.at_level(logging.WARNING, "kubenpu.sources.wedges"):
+        handle(w, *[wedged("rebind", PID=str(n)) for n in range(1, 20_001)])
+        assert len(caplog.messages) == 1
+        clock.now += LOG_EVERY_SECONDS - 0.001
+        w._lines.flush()
+        assert len(caplog.messages) == 1
+        clock.now += 0.001
+        w._lines.flush()
+    assert caplog.messages[1] == (
+        f"device {GPU} wedged 19999 more time(s) in 60 s, the last: "
+        "needs recovery by rebind, guilty pid 20000 (?)"
+    )

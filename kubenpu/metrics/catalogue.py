@@ -708,8 +708,8 @@ DEVICE_RESETS = Spec(
     "counter",
     "{reset}",
     "DRM wedged uevents per device, by the recovery the driver asks for (WEDGED=: none after a "
-    "reset that recovered it, rebind, bus-reset, vendor-specific, unknown; "
-    "drivers/gpu/drm/drm_drv.c drm_dev_wedged_event).",
+    "reset that recovered it, rebind, bus-reset, vendor-specific, several in that order joined by "
+    "commas, unknown; other for any other value; drivers/gpu/drm/drm_drv.c drm_dev_wedged_event).",
     ("device", "vendor", "method"),
 )
 DEVICE_COREDUMPS = Spec(
@@ -725,7 +725,8 @@ UEVENTS_SKIPPED = Spec(
     "kubenpu.uevents.skipped",
     "counter",
     "{uevent}",
-    "Kernel uevents read and not used, by reason: malformed (not a kernel uevent), "
+    "Kernel uevents read and not used, by reason: malformed (not a kernel uevent; or a field "
+    "that breaks its format, a PID= that is no pid: the reset counts, with no guilty task), "
     "unknown_device (a DRM or devcoredump event of a device the agent does not list); overrun "
     "counts the times the socket's buffer overflowed (ENOBUFS: the kernel dropped events, how "
     "many it does not say).",

@@ -24,6 +24,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ from kubenpu.metrics.series import Series, by_label, by_labels
 from kubenpu.services import Streak, Worker
 from kubenpu.sources.base import Node
 from kubenpu.sources.jobs import Jobs
+from kubenpu.text import ascii_digits, printable
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +45,13 @@ _MAX_DATAGRAM = 64 << 10  # UEVENT_BUFFER_SIZE is 2 KiB; a datagram is never lar
 _RCVBUF = 1 << 20  # room for a burst of hotplug events before the kernel drops (ENOBUFS)
 _SUBSYSTEMS = ("drm", "accel")
 RECOVERED = "none"  # WEDGED=none: reset and usable again
+# drm_get_wedge_recovery()'s names in the order of their bits, and "unknown" when the driver
+# cannot say: any other method (a newer kernel's, a forged event's) is "other", so the label
+# has a bounded set of values.
+METHODS = (RECOVERED, "rebind", "bus-reset", "vendor-specific")
+PID_MAX_DIGITS = 7  # PID_MAX_LIMIT is 4,194,304 (include/linux/threads.h)
+LOG_EVERY_SECONDS = 60.0  # one reset line per device this often; the rest are summed into it
+_LOGGED_VALUE = 64  # characters of a uevent value a log line shows
 
 # set(RESETS, (device, vendor, method), 1): one DRM wedged uevent of the device.
 RESETS = by_labels(DEVICE_RESETS)
@@ -74,6 +83,68 @@ def parse(datagram: bytes) -> Uevent | None:
     return Uevent(env["ACTION"], devpath.decode("utf-8", "replace"), env)
 
 
+def method(wedged: str) -> str:
+    """WEDGED='s value as a label of bounded values: the kernel's methods in its order (one
+    event may ask for several), "unknown" for none, "other" for anything else."""
+    if not wedged or wedged == "unknown":
+        return "unknown"
+    asked = set(wedged.split(","))
+    if not asked <= set(METHODS):
+        return "other"
+    return ",".join(m for m in METHODS if m in asked)
+
+
+def pid(value: str) -> int | None:
+    """PID= as a pid; None for anything that is none (the digits are bounded before int(),
+    which refuses more than 4,300 of them with a ValueError)."""
+    if not ascii_digits(value) or len(value) > PID_MAX_DIGITS:
+        return None
+    return int(value)
+
+
+def shown(value: str) -> str:
+    """A uevent value as a log line shows it: any process names its own TASK= (comm), so
+    escaped (no forged line, no terminal escape) and cut short."""
+    return printable(value[:_LOGGED_VALUE])
+
+
+class Lines:
+    """The reset lines of the log: one per device per `every` seconds, the events in between
+    summed into the next (a flood of resets must not flood the log; the counter counts each)."""
+
+    def __init__(self, every: float, clock: Callable[[], float]) -> None:
+        self._every = every
+        self._clock = clock
+        self._last: dict[str, float] = {}  # device -> when its last line was written
+        self._held: dict[str, tuple[int, str]] = {}  # device -> (events not written, the last)
+
+    def warn(self, device: str, text: str) -> None:
+        self.flush()
+        now = self._clock()
+        if device in self._last and now - self._last[device] < self._every:
+            held, _ = self._held.get(device, (0, ""))
+            self._held[device] = (held + 1, text)
+            return
+        self._last[device] = now
+        log.warning("device %s wedged: %s", device, text)
+
+    def flush(self) -> None:
+        """Write the sum of each device's held events once its line is due (at each event, and
+        each second the socket is quiet)."""
+        now = self._clock()
+        for device, (held, text) in list(self._held.items()):
+            if now - self._last[device] >= self._every:
+                del self._held[device]
+                self._last[device] = now
+                log.warning(
+                    "device %s wedged %d more time(s) in %.0f s, the last: %s",
+                    device,
+                    held,
+                    self._every,
+                    text,
+                )
+
+
 def netlink_socket() -> socket.socket:
     sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_KOBJECT_UEVENT)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _RCVBUF)  # capped at rmem_max
@@ -98,6 +169,7 @@ class Wedges:
         open_socket: Callable[[], socket.socket] = netlink_socket,
         retry_seconds: float = 30.0,
         on_reset: Callable[[str, int | None], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._devices = list(devices)
         self._metrics = metrics
@@ -112,6 +184,7 @@ class Wedges:
         self._thread: Worker | None = None
         self._failures = Streak("listening for kernel uevents", log)
         self._handling = Streak("handling a kernel uevent", log)
+        self._lines = Lines(LOG_EVERY_SECONDS, clock)
 
     def wedged(self, device: str) -> bool:
         """The device's last wedged event asks for a recovery that has not happened."""
@@ -143,6 +216,7 @@ class Wedges:
             try:
                 datagram = sock.recv(_MAX_DATAGRAM)
             except TimeoutError:
+                self._lines.flush()
                 continue
             except OSError as exc:
                 if exc.errno != errno.ENOBUFS:
@@ -183,23 +257,22 @@ class Wedges:
         self._wedged(device, event.env)
 
     def _wedged(self, device: Device, env: Mapping[str, str]) -> None:
-        method = env["WEDGED"][:64] or "unknown"
+        how = method(env["WEDGED"])
         with self._lock:
-            if method == RECOVERED:
+            if how == RECOVERED:
                 self._failed.pop(device.id, None)
             else:
-                self._failed[device.id] = method
-        self._metrics.set(RESETS, (device.id, device.vendor or "", method), 1)
-        pid = env.get("PID", "")
+                self._failed[device.id] = how
+        self._metrics.set(RESETS, (device.id, device.vendor or "", how), 1)
+        guilty = pid(env.get("PID", ""))
+        if "PID" in env and guilty is None:  # the reset counts; its guilty task is unknown
+            self._metrics.set(SKIPS, "malformed", 1)
         if self._on_reset is not None:
-            self._on_reset(device.id, int(pid) if pid.isascii() and pid.isdigit() else None)
-        guilty = f", guilty pid {env['PID']} ({env.get('TASK', '?')})" if "PID" in env else ""
-        log.warning(
-            "device %s wedged: %s%s",
-            device.id,
-            "reset and recovered" if method == RECOVERED else f"needs recovery by {method}",
-            guilty,
-        )
+            self._on_reset(device.id, guilty)
+        task = shown(env.get("TASK", "?"))
+        named = f", guilty pid {guilty} ({task})" if guilty is not None else ""
+        asked = "reset and recovered" if how == RECOVERED else f"needs recovery by {how}"
+        self._lines.warn(device.id, f"{asked}{named}")
 
     def _coredump(self, event: Uevent) -> None:
         link = self._root / "sys" / event.devpath.lstrip("/") / "failing_device"
@@ -212,7 +285,9 @@ class Wedges:
             self._metrics.set(SKIPS, "unknown_device", 1)
             return
         self._metrics.set(COREDUMPS, (device.id, device.vendor or ""), 1)
-        log.warning("device %s: the driver captured a coredump (%s)", device.id, event.devpath)
+        log.warning(
+            "device %s: the driver captured a coredump (%s)", device.id, printable(event.devpath)
+        )
 
     def _sysfs(self, device: Device) -> str:
         return os.path.realpath(device.nodes[0].sysfs(self._root) / "device")
