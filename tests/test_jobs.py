@@ -9,6 +9,8 @@ import json
 import logging
 import os
 import subprocess
+import threading
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -35,7 +37,7 @@ from kubenpu.metrics.points import ExpHist
 from kubenpu.metrics.series import Series
 from kubenpu.resolve import Attribution
 from kubenpu.resolve.cgroups import ProcCgroups
-from kubenpu.sources.jobs import STALE_RISE_SECONDS, Jobs
+from kubenpu.sources.jobs import MAX_HELD_RESETS, STALE_RISE_SECONDS, Jobs
 from kubenpu.sources.registry import table
 
 RING = 0xFFFF_8880_0123_4000  # a scheduler's kernel address
@@ -521,3 +523,70 @@ def test_kallsyms_is_scanned_again_only_once_the_loaded_modules_changed(tmp_path
     modules.unlink()  # no module support: scanned every time
     kallsyms.write_text("".join(f"0 d __tracepoint_{n}\t[gpu_sched]\n" for n in names))
     assert kernel.available()
+
+
+class SlowStart(FakeJobsKernel):
+    """A load that outlasts the stop (a module's BTF under a busy CPU): start() runs until the
+    probe is closed under it, or `seconds` pass; close() says whether a start was under way."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+        self.entered = threading.Event()
+        self.under_way = False
+        self.closed_under_start = False
+
+    def start(self) -> str:
+        self.under_way = True
+        self.entered.set()
+        deadline = time.monotonic() + self.seconds
+        while not self.closed and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.under_way = False
+        return "tp_btf slow"
+
+    def close(self) -> None:
+        self.closed_under_start = self.under_way
+        super().close()
+
+
+def test_a_stop_while_the_probe_starts_waits_for_the_start_then_closes_it() -> None:
+    """SIGTERM during the load: libbpf's object must not be closed under bpf_object__load."""
+    kernel = SlowStart(seconds=2.0)
+    jobs = Jobs(kernel, FakeResolver(), table(60, 1000), DEVICES, retry_seconds=0.01)
+    thread = jobs.start()
+    # The stop's wait for the thread ends before the load does (it is bounded; the load is not).
+    thread.join = lambda timeout=None: threading.Thread.join(thread, 0.01)  # type: ignore[method-assign]
+    assert kernel.entered.wait(10)
+    jobs.close()
+    assert kernel.closed and not kernel.closed_under_start
+
+
+class Late(FakeJobsKernel):
+    """A scheduler that loads when the test says."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loaded = threading.Event()
+
+    def available(self) -> bool:
+        return self.loaded.is_set()
+
+
+def test_resets_held_before_the_probe_attaches_are_bounded(procs, caplog) -> None:
+    """Nothing reads them until it attaches (on some nodes never): a flood was held for good.
+    The newest MAX_HELD_RESETS are counted once it does; the first dropped is said."""
+    found, ids = procs
+    kernel, resolver, metrics = Late(), FakeResolver(), table(60, 1000)
+    resolver.answers[ids["guilty"]] = Attribution(namespace="ns", pod="guilty", container="c")
+    jobs = Jobs(kernel, resolver, metrics, DEVICES, retry_seconds=0.01, cgroups=found)
+    jobs.start()
+    with caplog.at_level(logging.WARNING, "kubenpu.sources.jobs"):
+        for _ in range(MAX_HELD_RESETS + 2):
+            jobs.reset(GPU, 4242)
+    assert len(caplog.messages) == 1 and "1024 device resets wait" in caplog.messages[0]
+    kernel.loaded.set()
+    eventually(jobs.attached.is_set, "attached")
+    jobs.read()
+    assert values(metrics, POD_HANGS) == {on_gpu("guilty"): MAX_HELD_RESETS}
+    jobs.close()

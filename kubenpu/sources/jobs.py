@@ -55,6 +55,7 @@ from kubenpu.sources.base import Node
 log = logging.getLogger(__name__)
 
 STALE_RISE_SECONDS = 30.0  # a timeout's reset uevent comes within the driver's reset, or never
+MAX_HELD_RESETS = 1024  # resets waiting for a read; a device resets a few times a minute at most
 
 
 def _job_points(rows: list[PodRow]) -> Snapshot:
@@ -142,10 +143,13 @@ class Jobs:
         self._who: dict[int, Attribution] = {}  # cgroup id -> its answer, once given
         self.attached = threading.Event()
         self._stop = threading.Event()
+        # Held by a start under way and by close(): libbpf's object must not close under its load.
+        self._loading = threading.Lock()
         self._thread: Worker | None = None
         self._failures = Streak("attaching the GPU jobs probe", log)
         self._cgroups = cgroups
         self._resets: collections.deque[_Reset] = collections.deque()
+        self._dropped = 0  # resets dropped while MAX_HELD_RESETS waited, said once
         self._paired: dict[tuple[int, int], int] = {}  # key -> its timeouts taken by resets
         self._rising_since: dict[tuple[int, int], float] = {}  # key -> unpaired rise first seen
 
@@ -170,7 +174,10 @@ class Jobs:
                 self._stop.wait(self._retry)
                 continue
             try:
-                how = self._kernel.start()
+                with self._loading:
+                    if self._stop.is_set():  # closed while it waited
+                        return
+                    how = self._kernel.start()
             except Exception as exc:  # logged, retried: the thread never dies silently
                 self._failures.failed(exc)
                 self._stop.wait(self._retry)
@@ -205,7 +212,19 @@ class Jobs:
         self.read()
 
     def reset(self, device: str, pid: int | None) -> None:
-        """A reset of `device` now, its guilty task's pid where the kernel named one."""
+        """A reset of `device` now, its guilty task's pid where the kernel named one. Only a
+        read takes resets in, and none reads before the probe attaches (on some nodes, never):
+        at most MAX_HELD_RESETS wait, the oldest dropped beyond, and said. The reset itself is
+        counted by the uevents source all the same."""
+        if len(self._resets) == MAX_HELD_RESETS:
+            self._resets.popleft()
+            self._dropped += 1
+            if self._dropped == 1:
+                log.warning(
+                    "GPU jobs: %d device resets wait for the probe to attach; the oldest "
+                    "one's pods are not counted, and any more past it",
+                    MAX_HELD_RESETS,
+                )
         found = self._cgroups.of_pid(pid) if pid and self._cgroups else None
         self._resets.append(_Reset(device, found[0] if found else None))
 
@@ -283,10 +302,12 @@ class Jobs:
         return name if name in self._vendor else platform_id(name)
 
     def close(self) -> None:
+        """Stop attaching; a start under way is waited for, then closed with the rest."""
         self._stop.set()
+        with self._loading:
+            self._kernel.close()
         if self._thread is not None:
             self._thread.join(5.0)
-        self._kernel.close()
 
 
 def build(node: Node) -> Jobs | None:
