@@ -1,4 +1,5 @@
-"""Small files from trees that an operator or a pod controls (sysfs, /proc, mounted Secrets).
+"""Small files from trees that an operator or a pod controls (sysfs, /proc, mounted Secrets), and
+bounded reads of what a peer sends (an HTTP answer).
 
 Only regular files are read. The type is checked before the open: a FIFO would block the
 reader until a writer came, a device could do anything when opened, and a directory cannot be
@@ -10,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Callable
 
 _KINDS = {
     stat.S_IFDIR: "a directory",
@@ -42,3 +44,19 @@ def _check(mode: int) -> None:
     if not stat.S_ISREG(mode):
         kind = _KINDS.get(stat.S_IFMT(mode), "not a file")
         raise NotRegularFile(errno.EINVAL, f"{kind}, not a regular file")
+
+
+_CHUNK = 64 << 10
+
+
+def read_at_most(read: Callable[[int], bytes], limit: int, what: str) -> bytes:
+    """All of a stream that holds at most `limit` bytes; ValueError, once past it, naming `what`.
+    A peer's answer is as large as the peer likes, and a small gzip body inflates a
+    thousandfold: `read(n)` returns at most n bytes (inflated), b"" at the end."""
+    chunks, size = [], 0
+    while chunk := read(min(_CHUNK, limit + 1 - size)):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            raise ValueError(f"{what} is larger than {limit} bytes")
+    return b"".join(chunks)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import io
 import logging
 import os
 import resource
@@ -14,7 +15,9 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import zlib
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -40,6 +43,7 @@ from vm.guestlib import parse
 
 from kubenpu import __version__, config, export
 from kubenpu.export import otlp
+from kubenpu.files import read_at_most
 from kubenpu.kernel import abi
 from kubenpu.kernel.records import Durations, JobTimes, Key
 from kubenpu.metrics.catalogue import (
@@ -1319,3 +1323,57 @@ def test_a_final_push_that_never_returns_does_not_hold_the_stop(tmp_path, receiv
         release.set()
         monkeypatch.undo()
         tel.shutdown()
+
+
+class GzipBomb(BaseHTTPRequestHandler):
+    """A collector that answers every push 200 with a gzip body: a few KB that inflate to
+    `inflated` bytes of zeros, sent until the client closes."""
+
+    inflated = 64 << 20
+    sent: int = 0
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Encoding", "gzip")
+        self.end_headers()  # HTTP/1.0: the body ends at the close
+        deflate, zeros = zlib.compressobj(9, zlib.DEFLATED, 31), bytes(1 << 20)
+        try:
+            for _ in range(self.inflated // len(zeros)):
+                self.wfile.write(deflate.compress(zeros))
+            self.wfile.write(deflate.flush())
+        except (BrokenPipeError, ConnectionResetError):  # the client stopped reading
+            pass
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_collectors_answer_is_read_up_to_its_bound_only(tmp_path, root_log, monkeypatch) -> None:
+    """A 64 KB gzip answer inflating to 64 MiB (1 GB made the agent's RSS 67 -> 991 MB): the
+    push fails at the bound, and says so."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), GzipBomb)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        tel = start_pushing(tmp_path, "http/protobuf", server.server_address[1])
+        why = failed_push(tel, root_log, monkeypatch)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert f"the collector's answer is larger than {otlp.MAX_ANSWER_BYTES} bytes" in why
+
+
+def test_a_bounded_read_stops_one_byte_past_the_bound() -> None:
+    """An endless stream: read_at_most asks it for the bound and one byte more, no further."""
+    served = []
+
+    def endless(n: int) -> bytes:
+        served.append(n)
+        return bytes(n)
+
+    with pytest.raises(ValueError, match="the answer is larger than 100000 bytes"):
+        read_at_most(endless, 100_000, "the answer")
+    assert sum(served) == 100_001
+    exact = io.BytesIO(bytes(100_000))
+    assert read_at_most(exact.read, 100_000, "the answer") == bytes(100_000)

@@ -27,8 +27,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kubenpu.cli import top
 from kubenpu.cli.ctl import main as ctl_main
+from kubenpu.cli.top import sources
 from kubenpu.cli.top.render import columns
-from kubenpu.cli.top.sources import ALLOCATED
+from kubenpu.cli.top.sources import ALLOCATED, ScrapeSource, TopError
 from kubenpu.cli.top.view import ALIASES, HELP, _View
 
 REPO = Path(__file__).resolve().parent.parent
@@ -1008,3 +1009,12 @@ def test_latency_prints_one_pods_histogram_and_errors(serve, capsys):
     assert ctl_main(["latency", "ml/none", "--url", server.url]) == 0
     assert "no timed calls" in capsys.readouterr().out
     assert ctl_main(["latency", "no-slash", "--url", server.url]) == 2
+
+
+def test_an_answer_past_the_bound_is_one_error(serve, monkeypatch):
+    """A URL that is no agent may send without end: the read stops at MAX_ANSWER_BYTES."""
+    monkeypatch.setattr(sources, "MAX_ANSWER_BYTES", 1000)
+    url = serve(lambda now: "kubenpu_x 1\n" * 84).url  # 1,008 bytes
+    with pytest.raises(TopError, match=r"cannot read .*: the answer is larger than 1000 bytes"):
+        ScrapeSource(url).read()
+    assert ScrapeSource(serve(lambda now: "kubenpu_x 1\n" * 83).url).read().latest  # 996

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -36,6 +37,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from kubenpu import __version__
 from kubenpu.config import OtlpConfig
 from kubenpu.export.files import read_regular
+from kubenpu.files import read_at_most
 from kubenpu.kernel import abi
 from kubenpu.metrics.catalogue import CRI_BOUNDS, K8S_ATTRIBUTES, Attrs, Spec
 from kubenpu.metrics.own import EXPORT_FAILED
@@ -50,6 +52,8 @@ log = logging.getLogger(__name__)
 # The OTLP exporters log a warning per retry and an error per failure; the pusher logs one line
 # per failed push instead, quoting the exporters' last message.
 _EXPORTER_LOGGER = "opentelemetry.exporter.otlp"
+# An OTLP/HTTP answer is an ExportMetricsServiceResponse (a partial success) or a Status: bytes.
+MAX_ANSWER_BYTES = 1 << 20
 
 
 _Snapshot = list[tuple[Spec, list[Point]]]
@@ -239,7 +243,7 @@ def _otlp_exporter(cfg: OtlpConfig) -> MetricExporter:
             client_certificate_file=cfg.client_certificate or None,
             headers=cfg.headers,
             timeout=cfg.timeout_seconds,
-            session=_configured_ca() if cfg.certificate else None,
+            session=_session(configured_ca=bool(cfg.certificate)),
         )
     from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
         OTLPMetricExporter as GrpcExporter,
@@ -259,19 +263,31 @@ def _otlp_exporter(cfg: OtlpConfig) -> MetricExporter:
     )
 
 
-def _configured_ca() -> requests.Session:
-    """A requests session that verifies with the CA it is given. A plain one takes
-    REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE from the environment over it (psf/requests#3829,
+def _session(configured_ca: bool) -> requests.Session:
+    """A requests session that reads at most MAX_ANSWER_BYTES of an answer, inflated (a plain
+    one reads and inflates the whole body: a collector's gzip answer of 1 MB made 1 GB of
+    memory), and, with `configured_ca`, verifies with the CA it is given. A plain one takes
+    REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE from the environment over that (psf/requests#3829,
     #4726), so a node image that sets one would make export.otlp.certificate be ignored and
     every HTTP push fail verification. requests comes with the HTTP exporter, so it is
     imported here, not for a gRPC push."""
     import requests
 
-    class ConfiguredCA(requests.Session):
+    class Bounded(requests.Session):
+        def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:
+            response = super().send(request, **{**kwargs, "stream": True})
+            read = partial(response.raw.read, decode_content=True)
+            try:  # an answer past the bound fails the push (the exporter quotes why)
+                response._content = read_at_most(read, MAX_ANSWER_BYTES, "the collector's answer")
+            finally:
+                response.close()  # an unread rest closes the connection
+            return response
+
+    class ConfiguredCA(Bounded):
         def merge_environment_settings(self, *args: Any) -> dict[str, Any]:
             return {**super().merge_environment_settings(*args), "verify": self.verify}
 
-    return ConfiguredCA()
+    return ConfiguredCA() if configured_ca else Bounded()
 
 
 class _LastMessage(logging.Handler):

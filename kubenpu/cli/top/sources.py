@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
+from kubenpu.files import read_at_most
 from kubenpu.metrics import catalogue
 
 IOCTL = catalogue.IOCTL.prometheus_name
@@ -50,6 +51,8 @@ SOURCES = {
     "telemetry": (ENERGY,),
     "allocations": (),  # nothing top rates
 }
+# An agent's /metrics at a max_series of 10,000 is a few MB; a Prometheus query over a fleet more.
+MAX_ANSWER_BYTES = 256 << 20
 
 
 class TopError(Exception):
@@ -122,10 +125,11 @@ class Source(Protocol):
 
 
 def _get(url: str, timeout: float, accept: str) -> str:
+    """At most MAX_ANSWER_BYTES of the answer: what a URL sends is its choice."""
     req = urllib.request.Request(url, headers={"Accept": accept})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.read().decode("utf-8", "replace")
+            return read_at_most(r.read, MAX_ANSWER_BYTES, "the answer").decode("utf-8", "replace")
     except urllib.error.HTTPError as e:
         raise TopError(f"{url}: HTTP {e.code} {e.reason}") from None
     except urllib.error.URLError as e:
