@@ -8,7 +8,10 @@ import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import NamedTuple
 
+import certifi
 import pytest
 
 from kubenpu.cli import rollout
@@ -34,10 +37,15 @@ ROLLING = [
 ]
 
 
+class Redirect(NamedTuple):
+    location: str
+
+
 @pytest.fixture
 def api() -> Iterator[tuple[str, list]]:
     """A server whose answers are popped from the list it yields (the last one repeats); a
-    string answer is sent as that HTTP status with no body."""
+    string answer is sent as that HTTP status with no body, bytes as the body itself, a
+    Redirect as a 302 to its location."""
     answers: list = []
 
     class Handler(BaseHTTPRequestHandler):
@@ -45,8 +53,16 @@ def api() -> Iterator[tuple[str, list]]:
             answer = answers.pop(0) if len(answers) > 1 else answers[0]
             if self.path != PATH:
                 answer = "404"
-            body = b"" if isinstance(answer, str) else json.dumps(answer).encode()
-            self.send_response(int(answer) if isinstance(answer, str) else 200)
+            if isinstance(answer, Redirect):
+                self.send_response(302)
+                self.send_header("Location", answer.location)
+                answer = "302"
+            else:
+                self.send_response(int(answer) if isinstance(answer, str) else 200)
+            if isinstance(answer, str):
+                body = b""
+            else:
+                body = answer if isinstance(answer, bytes) else json.dumps(answer).encode()
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -114,3 +130,71 @@ def test_the_in_cluster_address_is_the_kubelets_variables():
     assert rollout.api_server(env) == "https://10.0.0.1:443"
     env["KUBERNETES_SERVICE_HOST"] = "fd00::1"
     assert rollout.api_server(env) == "https://[fd00::1]:443"
+
+
+@pytest.mark.parametrize(
+    ("answer", "why"),
+    [
+        ([], "the answer is list, not an object"),
+        (b"x", "Expecting value"),
+        (b"null", "the answer is NoneType, not an object"),
+        ({"status": {}}, "metadata is NoneType, not an object"),
+        ({"metadata": [], "status": {}}, "metadata is list, not an object"),
+        ({"metadata": {"generation": "1"}}, "generation is '1', not a count"),
+        ({"metadata": {}, "status": "ok"}, "status is str, not an object"),
+        ({"metadata": {}, "status": {"observedGeneration": True}}, "observedGeneration is True"),
+        ({"metadata": {}, "status": {"numberReady": 2.0}}, "numberReady is 2.0, not a count"),
+        (b"[" * 100_000, "maximum recursion depth"),
+        (b" " * (rollout.MAX_ANSWER_BYTES + 1), "larger than 4194304 bytes"),
+    ],
+)
+def test_an_answer_that_is_no_daemonset_is_asked_again(api, capsys, monkeypatch, answer, why):
+    """Valid JSON of another shape (a proxy's page, an API server mid-upgrade) made a traceback."""
+    url, answers = api
+    answers.extend([answer, ROLLING[-1]])
+    monkeypatch.setattr(rollout, "POLL_SECONDS", 0.0)
+    assert run(url, "--timeout", "0") == 1
+    out = capsys.readouterr().out
+    assert "cannot read the DaemonSet: " in out and why in out, out
+    assert run(url) == 0  # asked again: the next answer is a DaemonSet, done
+
+
+@pytest.mark.parametrize("timeout", ["nan", "inf", "-inf", "-1", "1e309", "x"])
+def test_a_timeout_that_would_never_end_is_refused(timeout, capsys):
+    with pytest.raises(SystemExit) as exit:
+        run("http://127.0.0.1:1", f"--timeout={timeout}")
+    assert exit.value.code == 2
+    assert "is not a finite number of seconds >= 0" in capsys.readouterr().err
+
+
+@pytest.fixture
+def service_account(tmp_path, monkeypatch):
+    (tmp_path / "token").write_text("the-token\n")
+    (tmp_path / "ca.crt").write_bytes(Path(certifi.where()).read_bytes())
+    monkeypatch.setattr(rollout, "SERVICE_ACCOUNT", tmp_path)
+
+
+def test_a_redirect_is_not_followed_with_the_token(api, service_account, capsys):
+    """The token must reach the API server only, not another host a redirect names."""
+    seen: list[str | None] = []
+
+    class Elsewhere(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.headers.get("Authorization"))
+            self.send_response(404)
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    other = ThreadingHTTPServer(("127.0.0.2", 0), Elsewhere)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    url, answers = api
+    answers.append(Redirect(f"http://127.0.0.2:{other.server_address[1]}{PATH}"))
+    try:
+        assert run(url, "--timeout", "0") == 1
+    finally:
+        other.shutdown()
+        other.server_close()
+    assert seen == []
+    assert "cannot read the DaemonSet: HTTP Error 302" in capsys.readouterr().out

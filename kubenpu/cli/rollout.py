@@ -3,7 +3,9 @@
 The chart's uninstall hook (deploy/helm/kubenpu/templates/uninstall.yaml) runs this in a Job, so
 that Helm, which waits for a hook Job but not for a hook DaemonSet, waits until every node ran
 `kubenpu-agent --uninstall`. Standard library only (the agent image's Python, no kubectl): one
-GET of the DaemonSet through the API server, with the pod's service account, every few seconds.
+GET of the DaemonSet through the API server, with the pod's service account, every few seconds;
+a redirect is not followed (it would carry the token), an answer that is no DaemonSet is asked
+again.
 
     python3 -m kubenpu.cli.rollout NAMESPACE NAME [--timeout SECONDS]
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import ssl
 import sys
@@ -22,8 +25,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kubenpu.files import read_at_most
+
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 POLL_SECONDS = 2.0
+MAX_ANSWER_BYTES = 4 << 20  # a DaemonSet is a few KB; the API server's own limit is 3 MiB
 
 
 def api_server(env: dict[str, str]) -> str:
@@ -32,22 +38,45 @@ def api_server(env: dict[str, str]) -> str:
     return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
 
 
+def _object(value: object, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError(f"{what} is {type(value).__name__}, not an object")
+    return value
+
+
+def _count(fields: dict[str, Any], key: str) -> int:
+    """A count the API server writes, absent as 0; ValueError for anything but an integer."""
+    value = fields.get(key, 0)
+    if type(value) is not int:  # bool is an int, and "1" < 1 would be a TypeError
+        raise ValueError(f"{key} is {value!r}, not a count")
+    return value
+
+
 def pending(status: dict[str, Any], generation: int) -> str:
-    """Why the DaemonSet is not done yet, or "" when every scheduled pod is ready."""
-    if status.get("observedGeneration", 0) < generation:
+    """Why the DaemonSet is not done yet, or "" when every scheduled pod is ready; ValueError
+    for a status that is not a DaemonSet's."""
+    if _count(status, "observedGeneration") < generation:
         return "the controller has not seen the DaemonSet yet"
-    want = status.get("desiredNumberScheduled", 0)
-    ready = status.get("numberReady", 0)
-    updated = status.get("updatedNumberScheduled", 0)
+    want = _count(status, "desiredNumberScheduled")
+    ready = _count(status, "numberReady")
+    updated = _count(status, "updatedNumberScheduled")
     done = min(ready, updated)  # a pod of an older template does not count
     if done < want:
         return f"{done} of {want} nodes done"
     return ""
 
 
-def fetch_daemonset(base: str, namespace: str, name: str) -> Callable[[], dict[str, Any]]:
-    """A function that GETs the DaemonSet, with the service account's token and CA when the pod
-    has them."""
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is an HTTPError, not followed: urllib would send the service account's
+    token along to wherever it points. The API server does not redirect this GET."""
+
+    def redirect_request(self, *args: Any) -> None:
+        return None
+
+
+def fetch_daemonset(base: str, namespace: str, name: str) -> Callable[[], object]:
+    """A function that GETs the DaemonSet (at most MAX_ANSWER_BYTES of it, as parsed JSON), with
+    the service account's token and CA when the pod has them."""
     url = f"{base}/apis/apps/v1/namespaces/{namespace}/daemonsets/{name}"
     headers = {"Accept": "application/json"}
     token = SERVICE_ACCOUNT / "token"
@@ -55,36 +84,55 @@ def fetch_daemonset(base: str, namespace: str, name: str) -> Callable[[], dict[s
     if token.exists():
         headers["Authorization"] = f"Bearer {token.read_text().strip()}"
         context = ssl.create_default_context(cafile=str(SERVICE_ACCOUNT / "ca.crt"))
+    opener = urllib.request.build_opener(_NoRedirect, urllib.request.HTTPSHandler(context=context))
 
-    def get() -> dict[str, Any]:
+    def get() -> object:
         request = urllib.request.Request(url, headers=headers)
-        with urllib.request.urlopen(request, timeout=10, context=context) as response:
-            return json.load(response)
+        with opener.open(request, timeout=10) as response:
+            return json.loads(read_at_most(response.read, MAX_ANSWER_BYTES, "the answer"))
 
     return get
 
 
-def wait(get: Callable[[], dict[str, Any]], timeout: float) -> str:
+def _reason(answer: object) -> str:
+    """pending() of a DaemonSet as the API server sends it; ValueError for anything else."""
+    ds = _object(answer, "the answer")
+    metadata = _object(ds.get("metadata"), "metadata")
+    return pending(_object(ds.get("status", {}), "status"), _count(metadata, "generation"))
+
+
+def wait(get: Callable[[], object], timeout: float) -> str:
     """Poll until the DaemonSet is done; "" then, else the last reason it was not (a failed GET
-    is retried: the API server may be restarting)."""
+    or an answer that is no DaemonSet is retried: the API server may be restarting)."""
     deadline = time.monotonic() + timeout
     reason = "no answer yet"
     while True:
         try:
-            ds = get()
-            reason = pending(ds.get("status", {}), ds["metadata"].get("generation", 0))
-        except (OSError, ValueError, KeyError) as err:  # URLError is an OSError
+            reason = _reason(get())
+        except (OSError, ValueError, RecursionError) as err:  # URLError is an OSError, bad JSON
+            # a ValueError, JSON nested past the stack a RecursionError
             reason = f"cannot read the DaemonSet: {err}"
         if not reason or time.monotonic() >= deadline:
             return reason
         time.sleep(POLL_SECONDS)
 
 
+def _seconds(text: str) -> float:
+    """--timeout: a finite number of seconds, 0 or more (nan and inf would never end)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0 <= seconds < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of seconds >= 0")
+    return seconds
+
+
 def main(argv: list[str] | None = None, env: dict[str, str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m kubenpu.cli.rollout", description=__doc__)
     parser.add_argument("namespace")
     parser.add_argument("name")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds (default 300)")
+    parser.add_argument("--timeout", type=_seconds, default=300.0, help="seconds (default 300)")
     parser.add_argument("--api", help="API server URL (default: the in-cluster one)")
     args = parser.parse_args(argv)
     base = args.api or api_server(dict(os.environ) if env is None else env)
