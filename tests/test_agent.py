@@ -33,6 +33,7 @@ from kubenpu.discovery import Device, Node, not_ignored
 from kubenpu.kernel.errors import ProbeError
 from kubenpu.metrics.catalogue import (
     DROPPED,
+    DURATIONS_FORGOTTEN,
     INDEX_REBUILDS,
     IOCTL,
     IOCTL_DURATION,
@@ -985,6 +986,29 @@ def test_durations_the_store_did_not_take_are_offered_again(cgroups, resolver, m
     assert offers == [False, True]
     [hist] = values(agent.metrics, IOCTL_DURATION).values()
     assert hist.count == 1
+
+
+def test_durations_no_count_or_cgroup_claims_take_one_walk_and_leave_the_map(cgroups, resolver):
+    """Keys of gone cgroups with no count (a pinned map's, left by an earlier agent): 2,000 of
+    them walked a tree of 10,000 directories one key at a time, past /healthz's 30 s, and were
+    kept for good. One walk for them all; then they are deleted, counted, and walk no more."""
+    for n in range(500):  # a tree the walk takes a moment over
+        (cgroups / "kubepods/besteffort" / f"pod{n}").mkdir()
+    agent, kernel, clock, pod = one_timed_call(cgroups, resolver)
+    orphans = [key(10**12 + n, kind=3) for n in range(300)]  # no such cgroup, no count
+    for orphan in orphans:
+        kernel.timed(orphan, [50_000])
+    walks = resolver.rebuilds
+    agent.cycle()
+    assert resolver.rebuilds == walks + 1
+    assert values(agent.metrics, DURATIONS_FORGOTTEN) == {(): 300}
+    assert set(kernel.durations) == {pod}  # the counted pod's key stays
+    [hist] = values(agent.metrics, IOCTL_DURATION).values()
+    assert hist.count == 1
+    clock.now += 5
+    agent.cycle()
+    assert resolver.rebuilds == walks + 1
+    assert values(agent.metrics, DURATIONS_FORGOTTEN) == {(): 300}
 
 
 def test_unchanged_durations_are_not_set_again_until_the_store_drops_a_pod(cgroups, resolver):

@@ -77,10 +77,12 @@ g.dashboard(
                  '{{node}} late first sightings', refId='B'),
         g.target('sum by (node) (increase(kubenpu_pending_expired_calls_total{%s}[$__rate_interval]))' % node,
                  '{{node}} calls unattributed after pending_seconds', refId='C'),
+        g.target('sum by (node) (increase(kubenpu_ioctl_durations_forgotten_total{%s}[$__rate_interval]))' % node,
+                 '{{node}} durations keys of gone cgroups forgotten', refId='D'),
       ],
       'short',
       g.pos(0, 24, 12, 8),
-      'Nothing here loses a call: failed reads are retried, late sightings resolve at the next map read, expired pending calls are counted without pod labels.',
+      'Nothing here loses a call: failed reads are retried, late sightings resolve at the next map read, expired pending calls are counted without pod labels, forgotten durations keys are gone cgroups\' no count claims.',
     ),
     g.timeseries(
       'Source read time',

@@ -176,7 +176,7 @@ class Agent:
             self._last_counts, self._new_keys = now, False
         self._flush()
         if timed:  # after the flush: the read's new keys are counted, so their series exist
-            self.attributor.timed(self.probe.durations)
+            self._timed()
         if now - self._last_sources >= self._interval:
             self._last_sources = now
             self._read_sources()
@@ -192,7 +192,7 @@ class Agent:
             if isinstance(source, Finishes):
                 self._reports[source.name].read(source.finish)
         self.attributor.settle_all()
-        self.attributor.timed(self.probe.durations)
+        self._timed()
 
     def _read_sources(self) -> None:
         for source in self.sources:
@@ -223,8 +223,13 @@ class Agent:
         if not dead or not self._read(counts=True):
             return
         self._flush()
-        self.attributor.timed(self.probe.durations)  # the gone cgroups' last totals
+        self._timed()  # the gone cgroups' last totals
         self.probe.forget(self.attributor.forget(dead))
+
+    def _timed(self) -> None:
+        """The kernel's durations to their series; the keys nothing will claim leave its map."""
+        if orphans := self.attributor.timed(self.probe.durations):
+            self.probe.forget(orphans)
 
     def _flush(self) -> None:
         batch = self.tally.drain()

@@ -323,6 +323,14 @@ UNTIMED = Spec(
     "a new key, or the task no storage for the call's entry. The call is counted; only its "
     "duration and return value are missing from kubenpu_ioctl_duration_seconds.",
 )
+DURATIONS_FORGOTTEN = Spec(
+    "kubenpu.ioctl.durations.forgotten",
+    "counter",
+    "{key}",
+    "Keys of the kernel's durations map deleted with no count and a cgroup the tree does not "
+    "know (gone: a key an earlier agent left in a pinned map, or one timed after its counts "
+    "were forgotten). Nothing can name them, so their durations are not exported.",
+)
 READ_ERRORS = Spec(
     "kubenpu.probe.read.errors",
     "counter",
@@ -773,6 +781,7 @@ SPECS = (
     OVERFLOW_SERIES,
     LATE_SIGHTINGS,
     UNTIMED,
+    DURATIONS_FORGOTTEN,
     READ_ERRORS,
     COUNTERS_READ,
     SOURCE_READ_DURATION,

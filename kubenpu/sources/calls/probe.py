@@ -89,10 +89,13 @@ class Probe:
             self.durations = self._kernel.read_durations()
 
     def forget(self, keys: list[Key]) -> None:
-        """Free the kernel entries of cgroups that are gone (no process can add to them)."""
+        """Free the kernel entries (counts and durations) of cgroups that are gone (no process
+        can add to them)."""
         if self._aggregate:
             self._kernel.forget_counts(keys)
             self._counts.forget(keys)
+            for key in keys:  # not handed on again before the next read
+                self.durations.pop(key, None)
 
     def close(self) -> None:
         self._kernel.close()
