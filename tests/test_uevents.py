@@ -32,7 +32,14 @@ from kubenpu.metrics.catalogue import (
 from kubenpu.metrics.series import Series
 from kubenpu.sources.registry import table
 from kubenpu.sources.telemetry import Telemetry
-from kubenpu.sources.wedges import LOG_EVERY_SECONDS, Uevent, Wedges, netlink_socket, parse
+from kubenpu.sources.wedges import (
+    LOG_BURST,
+    LOG_EVERY_SECONDS,
+    Uevent,
+    Wedges,
+    netlink_socket,
+    parse,
+)
 
 TESTDATA = Path(__file__).parent / "testdata"
 GPU = "0000:c3:00.0"  # amd-server's amdgpu card, /dev/dri/card1
@@ -325,18 +332,37 @@ def test_a_task_name_is_logged_escaped(machine: Path, caplog) -> None:
     assert len(line) < 200  # cut short
 
 
-def test_a_flood_of_resets_is_one_line_per_device_per_minute(machine: Path, caplog) -> None:
+def test_a_flood_of_resets_is_ten_lines_per_device_per_minute_then_their_sum(
+    machine: Path, caplog
+) -> None:
     clock = Clock()
     w = Wedges(discover(machine), table(60, 1000), machine, clock=clock)
     with caplog.at_level(logging.WARNING, "kubenpu.sources.wedges"):
         handle(w, *[wedged("rebind", PID=str(n)) for n in range(1, 20_001)])
-        assert len(caplog.messages) == 1
+        assert len(caplog.messages) == LOG_BURST
         clock.now += LOG_EVERY_SECONDS - 0.001
         w._lines.flush()
-        assert len(caplog.messages) == 1
+        assert len(caplog.messages) == LOG_BURST
         clock.now += 0.001
         w._lines.flush()
-    assert caplog.messages[1] == (
-        f"device {GPU} wedged 19999 more time(s) in 60 s, the last: "
-        "needs recovery by rebind, guilty pid 20000 (?)"
+        assert len(caplog.messages) == LOG_BURST + 1
+        handle(w, wedged("none"))  # the sum was the new window's first line: room for 9 more
+    assert caplog.messages[LOG_BURST:] == [
+        f"device {GPU} wedged 19990 more time(s) since its last line, the last: "
+        "needs recovery by rebind, guilty pid 20000 (?)",
+        f"device {GPU} wedged: reset and recovered",
+    ]
+
+
+def test_the_sum_of_held_reset_lines_is_written_when_the_thread_ends(
+    running: tuple[Wedges, Series, list[Socket]], caplog
+) -> None:
+    w, _, _ = running
+    eventually(lambda: w.wedged(GPU), "the wedged event read")
+    with caplog.at_level(logging.WARNING, "kubenpu.sources.wedges"):
+        for n in range(LOG_BURST + 2):
+            w._lines.warn(GPU, f"event {n}")
+        w.close()
+    assert caplog.messages[-1] == (
+        f"device {GPU} wedged 3 more time(s) since its last line, the last: event {LOG_BURST + 1}"
     )

@@ -50,7 +50,8 @@ RECOVERED = "none"  # WEDGED=none: reset and usable again
 # has a bounded set of values.
 METHODS = (RECOVERED, "rebind", "bus-reset", "vendor-specific")
 PID_MAX_DIGITS = 7  # PID_MAX_LIMIT is 4,194,304 (include/linux/threads.h)
-LOG_EVERY_SECONDS = 60.0  # one reset line per device this often; the rest are summed into it
+LOG_EVERY_SECONDS = 60.0  # at most LOG_BURST reset lines per device this often, then a sum
+LOG_BURST = 10
 _LOGGED_VALUE = 64  # characters of a uevent value a log line shows
 
 # set(RESETS, (device, vendor, method), 1): one DRM wedged uevent of the device.
@@ -109,38 +110,43 @@ def shown(value: str) -> str:
 
 
 class Lines:
-    """The reset lines of the log: one per device per `every` seconds, the events in between
-    summed into the next (a flood of resets must not flood the log; the counter counts each)."""
+    """The reset lines of the log: at most `burst` per device per `every` seconds, the events
+    past them summed into one line once the window is over (a flood of resets must not flood
+    the log; the counter counts each)."""
 
-    def __init__(self, every: float, clock: Callable[[], float]) -> None:
+    def __init__(self, every: float, burst: int, clock: Callable[[], float]) -> None:
         self._every = every
+        self._burst = burst
         self._clock = clock
-        self._last: dict[str, float] = {}  # device -> when its last line was written
+        self._window: dict[str, tuple[float, int]] = {}  # device -> (its start, lines in it)
         self._held: dict[str, tuple[int, str]] = {}  # device -> (events not written, the last)
 
     def warn(self, device: str, text: str) -> None:
         self.flush()
         now = self._clock()
-        if device in self._last and now - self._last[device] < self._every:
-            held, _ = self._held.get(device, (0, ""))
-            self._held[device] = (held + 1, text)
+        start, written = self._window.get(device, (now, 0))
+        if now - start >= self._every:
+            start, written = now, 0
+        if written < self._burst:
+            self._window[device] = (start, written + 1)
+            log.warning("device %s wedged: %s", device, text)
             return
-        self._last[device] = now
-        log.warning("device %s wedged: %s", device, text)
+        self._window[device] = (start, written)
+        held, _ = self._held.get(device, (0, ""))
+        self._held[device] = (held + 1, text)
 
-    def flush(self) -> None:
-        """Write the sum of each device's held events once its line is due (at each event, and
-        each second the socket is quiet)."""
+    def flush(self, final: bool = False) -> None:
+        """Write the sum of each device's held events once its window is over (at each event,
+        and each second the socket is quiet), or now if `final` (the thread ends)."""
         now = self._clock()
         for device, (held, text) in list(self._held.items()):
-            if now - self._last[device] >= self._every:
+            if final or now - self._window[device][0] >= self._every:
                 del self._held[device]
-                self._last[device] = now
+                self._window[device] = (now, 1)  # the sum is the new window's first line
                 log.warning(
-                    "device %s wedged %d more time(s) in %.0f s, the last: %s",
+                    "device %s wedged %d more time(s) since its last line, the last: %s",
                     device,
                     held,
-                    self._every,
                     text,
                 )
 
@@ -184,7 +190,7 @@ class Wedges:
         self._thread: Worker | None = None
         self._failures = Streak("listening for kernel uevents", log)
         self._handling = Streak("handling a kernel uevent", log)
-        self._lines = Lines(LOG_EVERY_SECONDS, clock)
+        self._lines = Lines(LOG_EVERY_SECONDS, LOG_BURST, clock)
 
     def wedged(self, device: str) -> bool:
         """The device's last wedged event asks for a recovery that has not happened."""
@@ -210,6 +216,7 @@ class Wedges:
             except OSError as exc:
                 self._failures.failed(exc)
                 self._stop.wait(self._retry)
+        self._lines.flush(final=True)
 
     def _read(self, sock: socket.socket) -> None:
         while not self._stop.is_set():
