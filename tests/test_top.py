@@ -1008,3 +1008,28 @@ def test_latency_prints_one_pods_histogram_and_errors(serve, capsys):
     assert ctl_main(["latency", "ml/none", "--url", server.url]) == 0
     assert "no timed calls" in capsys.readouterr().out
     assert ctl_main(["latency", "no-slash", "--url", server.url]) == 2
+
+
+def test_latency_keeps_a_recreated_pods_instances_apart(serve, capsys):
+    """A recreated pod while its predecessor is still exported: the old uid's 10 calls and the
+    new uid's 3 are two histograms, each headed by its uid, not whichever series came last."""
+    place = 'namespace="ml",pod="p",container="c",device="0000:03:00.0",vendor="v",kind="wait"'
+    h = "kubenpu_ioctl_duration_seconds"
+    lines = []
+    for uid, calls in (("old-uid", 10), ("new-uid", 3)):
+        labels = f'{place},pod_uid="{uid}"'
+        lines += [
+            f'{h}_bucket{{{labels},le="0.00390625"}} {calls}',
+            f'{h}_bucket{{{labels},le="+Inf"}} {calls}',
+            f"{h}_count{{{labels}}} {calls}",
+            f"{h}_sum{{{labels}}} 0.5",
+        ]
+    text = "\n".join([*lines, ""])
+    server = serve(sequence(text, text))
+    assert ctl_main(["latency", "ml/p", "--url", server.url, "-o", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {r["pod_uid"]: r["calls"] for r in rows} == {"old-uid": 10, "new-uid": 3}
+    assert ctl_main(["latency", "ml/p", "--url", server.url]) == 0
+    out = capsys.readouterr().out
+    assert "ml/p (uid old-uid) c 0000:03:00.0 wait: 10 calls" in out
+    assert "ml/p (uid new-uid) c 0000:03:00.0 wait: 3 calls" in out
