@@ -104,7 +104,7 @@ def first_metric(agent: Agent) -> float:
     agent.attach()
     while agent.proc.poll() is None:
         try:
-            scrape()
+            scrape(patience=0)  # this loop is the retry, timed
             return time.monotonic() - agent.started
         except (urllib.error.URLError, OSError):
             time.sleep(0.05)
