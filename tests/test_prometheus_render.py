@@ -100,7 +100,7 @@ def get(app: MetricsApp, accept: str, gzipped: bool = False, query: str = "") ->
     return answer, gzip.decompress(body) if gzipped else body
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)  # no deadline: tests/conftest.py's profile
 @given(st.lists(st.lists(ops, max_size=6), min_size=1, max_size=6))
 def test_the_cached_rendering_is_prometheus_clients_after_any_changes(batches) -> None:
     with mock.patch.object(prometheus, "FAMILY_CHUNK", 2):  # families of several chunks
