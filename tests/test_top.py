@@ -970,6 +970,26 @@ def test_queue_and_run_p99_come_from_the_job_histograms():
     assert (cols["QUEUE p99"].cell(rows["p"]), cols["RUN p99"].cell(rows["q"])) == ("1000", "-")
 
 
+@pytest.mark.parametrize("seconds", [2.0, 7.0])  # 7: 99/7 < 0.99 * (100/7) in floating point
+def test_a_bucket_holding_exactly_99_percent_is_the_p99(seconds: float):
+    """99 of a pod's 100 jobs in the interval ran within 2^-4 s, the last within 1 s: RUN p99
+    is the 2^-4 s bound, whatever the interval the rates are taken over."""
+    place = 'namespace="ml",pod="p",container="c",device="0000:03:00.0",vendor="amdgpu"'
+
+    def scrape(jobs: int, quick: int) -> str:
+        h = "kubenpu_job_run_duration_seconds_bucket"
+        lines = [f'kubenpu_ioctl_total{{{place},kind="submit"}} 0']
+        for le, n in (("0.0625", quick), ("1", jobs), ("+Inf", jobs)):
+            lines.append(f'{h}{{{place},ring="gfx",le="{le}"}} {n}')
+        return "\n".join([*lines, ""])
+
+    before, _ = top.parse(scrape(0, 0))
+    after, _ = top.parse(scrape(100, 99))
+    frame = top.build_frame(top.Reading(after, top.counter_rates(before, after, seconds)), False)
+    [row] = frame.rows
+    assert row.run_p99 == 0.0625
+
+
 def test_latency_prints_one_pods_histogram_and_errors(serve, capsys):
     """kubenpuctl latency against a served /metrics: the pod's buckets (the calls in each, from
     the cumulative counts), its total, and its errors; another pod's series are left out; the

@@ -108,6 +108,19 @@ def test_anything_but_a_kernel_uevent_is_none(raw: bytes) -> None:
     assert parse(raw) is None
 
 
+def test_a_value_holding_an_equals_sign_is_kept_whole(machine: Path, caplog) -> None:
+    """Only a field's first `=` ends its key: a task may name itself "a=b" (any process sets
+    its own comm), and its wedged event still counts, the guilty task logged as it is."""
+    raw = wedged("rebind", PID="4242", TASK="eval=1")
+    event = parse(raw)
+    assert event is not None and (event.env["TASK"], event.env["WEDGED"]) == ("eval=1", "rebind")
+    metrics = table(60, 1000)
+    with caplog.at_level("WARNING"):
+        handle(wedges(machine, metrics), raw)
+    assert values(metrics, DEVICE_RESETS) == {(GPU, "amdgpu", "rebind"): 1}
+    assert "guilty pid 4242 (eval=1)" in caplog.text
+
+
 def test_a_wedged_event_counts_a_reset_and_fails_the_device_until_it_is_added_again(
     machine: Path,
 ) -> None:
