@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import math
 import threading
 import tracemalloc
 from array import array
@@ -18,6 +19,7 @@ from kubenpu.export.prometheus import PrometheusCollector
 from kubenpu.metrics.catalogue import (
     ALLOCATED,
     ALLOCATED_IDLE,
+    CRI_BOUNDS,
     DEVICE_STATUS,
     DROP_REASONS,
     DROPPED,
@@ -77,6 +79,17 @@ def test_cri_histogram_and_errors() -> None:
     assert (h.count, h.low, h.high, sum(h.buckets)) == (3, 0.0005, 30.0, 3)
     assert (h.buckets[0], h.buckets[5], h.buckets[-1]) == (1, 1, 1)  # ≤1ms, ≤50ms, +Inf
     assert snap["kubenpu.cri.errors"][0].value == 1
+
+
+def test_a_request_exactly_on_a_bound_is_in_that_bucket() -> None:
+    """`le` is at most: a request of exactly a bound's seconds is in the bucket it ends, one
+    a hair longer in the next; exactly the last bound is not +Inf."""
+    m = table(300, 100)
+    for seconds in (CRI_BOUNDS[0], CRI_BOUNDS[4], math.nextafter(CRI_BOUNDS[4], 1), CRI_BOUNDS[-1]):
+        m.set(CRI, "", (seconds, True))
+    [point] = {s.name: pts for s, pts in m.collect()}["kubenpu.cri.request.duration"]
+    buckets = point.value.buckets
+    assert {i: n for i, n in enumerate(buckets) if n} == {0: 1, 4: 1, 5: 1, len(CRI_BOUNDS) - 1: 1}
 
 
 def test_pod_series_retire_after_ttl_when_all_containers_are_gone() -> None:
