@@ -142,6 +142,23 @@ def test_a_wedged_event_counts_a_reset_and_fails_the_device_until_it_is_added_ag
     assert values(metrics, DEVICE_RESETS) == resets
 
 
+def test_a_wedged_card_with_uncorrected_errors_is_failed_not_degraded(machine: Path) -> None:
+    """Uncorrected errors make the card degraded; a wedged event on top of them makes it failed
+    (the worse state wins), and degraded again once a recovered event clears the wedge."""
+    (machine / "sys" / GPU_PATH.lstrip("/") / "ras" / "umc_err_count").write_text("ue: 2\nce: 0\n")
+    metrics = table(60, 1000)
+    w = wedges(machine, metrics)
+    tel = Telemetry(discover(machine), metrics, machine, wedged=w.wedged)
+    tel.sample({})
+    assert status(metrics) == {"degraded": 1}
+    handle(w, wedged("rebind"))
+    tel.sample({})
+    assert status(metrics) == {"failed": 1}
+    handle(w, wedged("none"))
+    tel.sample({})
+    assert status(metrics) == {"degraded": 1}
+
+
 def test_a_later_recovered_event_clears_a_failed_device(machine: Path) -> None:
     w = wedges(machine, table(60, 1000))
     handle(w, wedged("bus-reset,vendor-specific"))
