@@ -16,6 +16,7 @@ from helpers import VGEM_INFO, VGEM_ROW, calls, ioctl_key, values
 from kubenpu import config, export
 from kubenpu.export import otlp
 from kubenpu.export.prometheus import PrometheusCollector
+from kubenpu.kernel.records import Durations
 from kubenpu.metrics.catalogue import (
     ALLOCATED,
     ALLOCATED_IDLE,
@@ -40,7 +41,7 @@ from kubenpu.metrics.catalogue import (
 from kubenpu.metrics.inputs import AllocationState, Held, Where
 from kubenpu.metrics.own import CRI, DEVICES, INDEX_REBUILT
 from kubenpu.sources.allocations import ALLOCATIONS
-from kubenpu.sources.calls.attribution import DROPS, EVENTS, UNNAMED
+from kubenpu.sources.calls.attribution import DROPS, DURATIONS, EVENTS, UNNAMED
 from kubenpu.sources.registry import table
 from kubenpu.sources.telemetry import TELEMETRY
 
@@ -234,6 +235,22 @@ def test_expired_series_free_the_cap_at_once_not_at_the_next_collect() -> None:
     calls(m, "ns", "new", "b", 4)
     assert values(m, IOCTL_SERIES) == {(): 1}
     assert values(m, IOCTL) == {ioctl_key("ns", "new", "b"): 4}
+    assert values(m, OVERFLOW_CALLS) == {}
+
+
+def test_a_dropped_pods_histograms_give_their_room_back() -> None:
+    """A pod with one call series and its durations histogram (2 of the cap's 4) is dropped
+    after the TTL: all 4 are free again, for 4 new pods' call series, none folded."""
+    clock = Clock()
+    m = table(60, 4, clock)
+    calls(m, "ns", "old", "a")
+    where = Where("ns", "old", "", "a", "0000:03:00.0", "vgem")
+    assert m.put(DURATIONS, where, "submit", ("cgroup 7", Durations(5, (1,), ())))
+    m.gone(Where("ns", "old", "", "a", "", ""))
+    clock.now += 60
+    for i in range(4):
+        calls(m, "ns", f"new{i}", "b")
+    assert len(values(m, IOCTL)) == 4
     assert values(m, OVERFLOW_CALLS) == {}
 
 
