@@ -990,6 +990,53 @@ def test_a_bucket_holding_exactly_99_percent_is_the_p99(seconds: float):
     assert row.run_p99 == 0.0625
 
 
+def test_a_pods_p99_is_over_the_jobs_of_all_its_rings():
+    """A pod's 50 gfx jobs all ran within 2^-4 s; of its 150 compute jobs 148 did, 2 took up to
+    1 s. Of its 200 jobs 198 (99 %) ran within 2^-4 s: RUN p99 is 2^-4 s, not the compute
+    ring's own p99 (1 s), the last ring's, or the largest ring's."""
+    place = 'namespace="ml",pod="p",container="c",device="0000:03:00.0",vendor="amdgpu"'
+    h = "kubenpu_job_run_duration_seconds_bucket"
+
+    def scrape(gfx: int, compute: int, slow: int) -> str:
+        lines = [f'kubenpu_ioctl_total{{{place},kind="submit"}} 0']
+        for ring, quick, jobs in (("gfx", gfx, gfx), ("compute", compute - slow, compute)):
+            for le, n in (("0.0625", quick), ("1", jobs), ("+Inf", jobs)):
+                lines.append(f'{h}{{{place},ring="{ring}",le="{le}"}} {n}')
+        return "\n".join([*lines, ""])
+
+    before, _ = top.parse(scrape(0, 0, 0))
+    after, _ = top.parse(scrape(50, 150, 2))
+    frame = top.build_frame(top.Reading(after, top.counter_rates(before, after, 2.0)), False)
+    [row] = frame.rows
+    assert row.run_p99 == 0.0625
+
+
+def test_job_histograms_are_rated_over_the_jobs_stamp(serve):
+    """The agent reads the calls every 5 s and the GPU jobs every fdinfo interval (10 s), each
+    stamped as its own source: 50 jobs between two jobs stamps 10 s apart are 5 jobs/s, though
+    the calls' stamp moved 5 s."""
+    place = 'namespace="ml",pod="p",container="c",device="0000:03:00.0",vendor="amdgpu"'
+
+    def scrape(kernel_at: float, jobs_at: float, jobs: int) -> str:
+        stamp = "kubenpu_counters_read_timestamp_seconds"
+        return "\n".join(
+            [
+                f'{stamp}{{source="kernel"}} {kernel_at}',
+                f'{stamp}{{source="jobs"}} {jobs_at}',
+                f'kubenpu_ioctl_total{{{place},kind="submit"}} {jobs}',
+                f'kubenpu_job_run_duration_seconds_bucket{{{place},ring="gfx",le="+Inf"}} {jobs}',
+                "",
+            ]
+        )
+
+    server = serve(sequence(scrape(1000, 1000, 0), scrape(1005, 1010, 50)))
+    source = top.ScrapeSource(server.url)
+    source.read()
+    rates = {s.name: s.value for s in source.read().rates or []}
+    assert rates["kubenpu_job_run_duration_seconds_bucket"] == 5.0
+    assert rates["kubenpu_ioctl_total"] == 10.0  # the calls over the kernel's 5 s
+
+
 def test_latency_prints_one_pods_histogram_and_errors(serve, capsys):
     """kubenpuctl latency against a served /metrics: the pod's buckets (the calls in each, from
     the cumulative counts), its total, and its errors; another pod's series are left out; the
