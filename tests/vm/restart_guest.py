@@ -40,6 +40,7 @@ from guestlib import (
     LINK_GET_NEXT_ID,
     PROMETHEUS,
     PY,
+    SLOW,
     SYNCOBJ_WAIT,
     Agent,
     Call,
@@ -121,7 +122,7 @@ def counted() -> int:
     return int(sum(s["value"] for s in samples.get("kubenpu_ioctl_total", [])))
 
 
-def settled_count(expected: int, timeout: float = 30) -> int:
+def settled_count(expected: int, timeout: float = 30 * SLOW) -> int:
     """The agent's total once it reached `expected` or stopped moving for `timeout` s."""
     deadline = time.monotonic() + timeout
     seen = counted()
@@ -182,7 +183,7 @@ def handover_drops() -> int:
 
 def accounted(issued: int) -> dict:
     """The agent's total and handover drops once all `issued` calls are counted or dropped."""
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 30 * SLOW
     while True:
         seen, dropped = counted(), handover_drops()
         if seen + dropped >= issued or time.monotonic() > deadline:
