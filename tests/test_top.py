@@ -453,11 +453,13 @@ class Terminal:
         return self._tmux("display-message", "-p", "-t", "top", "#{pane_dead}").strip() == "1"
 
     def wait_for(self, ready: Callable[[list[str]], bool], timeout: float = 60) -> list[str]:
-        """Poll the screen (bounded) until `ready` holds; fail with what the screen showed."""
+        """Poll the screen (bounded) until `ready` holds on a whole frame: the same screen
+        twice in a row, not one caught while top redraws it (on a loaded machine a capture can
+        hold rows of two frames). Fail with what the screen showed."""
         deadline = time.monotonic() + timeout
         while True:
             lines = self.screen()
-            if ready(lines):
+            if ready(lines) and self.screen() == lines:
                 return lines
             assert time.monotonic() < deadline, "\n".join(lines)
             time.sleep(0.2)
