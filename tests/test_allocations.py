@@ -351,6 +351,21 @@ def test_idle_allocation_accumulates_and_use_stops_it(tracked: Tracked) -> None:
     assert streaks == {"idle": 20, "a": 10, "b": 0}
 
 
+def test_idle_then_used_then_idle_again(tracked: Tracked) -> None:
+    """A's allocation: idle 10 s, used, then idle 20 s. Idle time adds up across the use (10,
+    then 30); the streak starts again from the use (10 s, then 0, then 20 s)."""
+    allocations, metrics, clock, activity = tracked
+    seen = []
+    for used in (False, False, True, False, False):
+        if used:
+            submit(activity, "a")
+        allocations.refresh()
+        a = hold("ml", "a")
+        seen.append((value(metrics, ALLOCATED_IDLE, **a), value(metrics, ALLOCATED_IDLE_FOR, **a)))
+        clock.now += 10
+    assert seen == [(0, 0), (10, 10), (10, 0), (20, 10), (30, 20)]
+
+
 def test_calls_on_a_device_not_allocated_are_flagged(tracked: Tracked) -> None:
     allocations, metrics, clock, activity = tracked
     allocations.refresh()
@@ -510,6 +525,24 @@ def test_calls_on_an_allocatable_device_nobody_holds_are_unallocated(
     allocations.refresh()
     user = {"namespace": "ml", "pod": "stranger", "container": "main", "device": DGPU}
     assert value(metrics, UNALLOCATED_CALLS, **user) == 4
+
+
+def test_calls_on_a_device_no_allocation_names_are_not_unallocated(
+    kubelet: PodResourcesTestServer, tracked: Tracked
+) -> None:
+    """The dGPU is neither held (only the iGPU is) nor allocatable: the kubelet does not manage
+    it, so calls on it are no one's unallocated use; the iGPU's stranger is."""
+    kubelet.set_state({"pods": STATE["pods"][:1], "allocatable": []})
+    allocations, metrics, clock, activity = tracked
+    allocations.refresh()
+    submit(activity, "stranger", DGPU, n=4)
+    submit(activity, "stranger", IGPU, n=2)
+    clock.now += 10
+    allocations.refresh()
+    user = {"namespace": "ml", "pod": "stranger", "container": "main"}
+    assert points(metrics, UNALLOCATED_CALLS) == {
+        tuple(sorted({**user, "device": IGPU}.items())): 2
+    }
 
 
 def test_list_unimplemented_is_one_counted_line_a_streak(

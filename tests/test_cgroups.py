@@ -287,3 +287,17 @@ def test_a_removal_is_looked_for_when_the_tree_counters_move_a_birth_comes_or_a_
     assert index.removed() and not index.removed()
     stat.write_text("nr_descendants two\nnr_dying_descendants 0\n")
     assert index.removed() and index.removed()  # unreadable counters: every time
+
+
+def test_the_minutes_sweep_comes_while_the_reap_checks_every_5_seconds(root: Path) -> None:
+    """Checks that find nothing do not put the sweep off: with the reap's check every 5 s and
+    a still tree, the one a minute after the last sweep is True, and the 11 before it are not."""
+    stat, clock = root / "cgroup.stat", Clock()
+    stat.write_text("nr_descendants 3\nnr_dying_descendants 0\n")
+    index = CgroupIndex(str(root), clock=clock)
+    assert index.removed()  # the first look: the counters are new
+    found = []
+    for _ in range(12):
+        clock.now += 5
+        found.append(index.removed())
+    assert found == [False] * 11 + [True]

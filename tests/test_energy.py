@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from kubenpu.sources.energy import COUNTER_RESET, Meter, apportion, most_uj
+from kubenpu.sources.energy import COUNTER_IMPLAUSIBLE, COUNTER_RESET, Meter, apportion, most_uj
 
 S = 1_000_000_000  # ns
 WRAP = 1 << 32
@@ -87,3 +87,18 @@ def test_a_counter_that_reaches_2_32_is_wide_from_then_on() -> None:
 def test_below_2_32_a_fall_from_the_top_half_is_a_wrap() -> None:
     steps = read(Meter(), [WRAP - 10, 5])
     assert steps == [(0, None), (15, None)]
+
+
+def test_one_garbage_reading_past_2_32_does_not_make_a_32_bit_counter_wide() -> None:
+    """A 32-bit counter 195 J below its top (a 300 W limit, reads 1 s apart) reads one garbage
+    value past 2^32, then goes on and wraps. The garbage and the reading after it are
+    implausible (each the next one's baseline); the wrap still counts as one: taken as a wide
+    counter's reset, it would lose the 195 J made before the top."""
+    meter: Meter[str] = Meter()
+    top = WRAP - 195_000_000
+    steps = []
+    for i, value in enumerate([top - 1000, 1 << 40, top, 100]):
+        steps.append(meter.delta(value, None, i * S, limit_uw=300_000_000))
+        meter.at_ns = i * S
+    implausible = (None, COUNTER_IMPLAUSIBLE)
+    assert steps == [(0, None), implausible, implausible, (195_000_100, None)]

@@ -24,6 +24,7 @@ from cri_server import CriTestServer
 
 from kubenpu.cli.ctl import main
 from kubenpu.discovery import discover
+from kubenpu.sources import fdinfo as fdinfo_module
 from kubenpu.sources.fdinfo import (
     _MAX_FDINFO,
     _MAX_NAME,
@@ -571,19 +572,22 @@ def test_a_failed_fdinfo_read_marks_its_process_unreadable(i915_copy: Path) -> N
     assert scan(i915_copy).unreadable == {1300}
 
 
+@pytest.mark.parametrize("number", [errno.EMFILE, errno.ENFILE])  # the process's, the system's
 def test_a_cgroup_read_out_of_descriptors_leaves_that_client_for_the_next_read(
-    i915_copy: Path,
+    i915_copy: Path, monkeypatch: pytest.MonkeyPatch, number: int
 ) -> None:
+    """Raised by the read itself (ENFILE too: a flood of the whole node), the pid's cgroup is
+    unknown, not none: that client waits for the next read, counted as no_descriptors."""
     reader = FdinfoReader(discover(i915_copy), i915_copy)
-    cgroup = reader.cgroup
-
-    def exhausted_for_1300(pid: int) -> str | None:
-        if pid == 1300:
-            raise OSError(errno.EMFILE, "Too many open files")
-        return cgroup(pid)
-
     before = reader.scan().skipped
-    reader.cgroup = exhausted_for_1300  # type: ignore[method-assign]
+    read = fdinfo_module.read_regular
+
+    def exhausted_for_1300(path: Path, limit: int) -> bytes:
+        if path == i915_copy / "proc/1300/cgroup":
+            raise OSError(number, os.strerror(number))
+        return read(path, limit)
+
+    monkeypatch.setattr(fdinfo_module, "read_regular", exhausted_for_1300)
     result = reader.scan()
     assert [c.client_id for c in result.clients] == [5, 6, 11]  # 9 is 1300's
     assert result.skipped - before == {Skip.NO_DESCRIPTORS: 1}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import math
 import threading
 import tracemalloc
 from array import array
@@ -15,9 +16,11 @@ from helpers import VGEM_INFO, VGEM_ROW, calls, ioctl_key, values
 from kubenpu import config, export
 from kubenpu.export import otlp
 from kubenpu.export.prometheus import PrometheusCollector
+from kubenpu.kernel.records import Durations
 from kubenpu.metrics.catalogue import (
     ALLOCATED,
     ALLOCATED_IDLE,
+    CRI_BOUNDS,
     DEVICE_STATUS,
     DROP_REASONS,
     DROPPED,
@@ -38,7 +41,7 @@ from kubenpu.metrics.catalogue import (
 from kubenpu.metrics.inputs import AllocationState, Held, Where
 from kubenpu.metrics.own import CRI, DEVICES, INDEX_REBUILT
 from kubenpu.sources.allocations import ALLOCATIONS
-from kubenpu.sources.calls.attribution import DROPS, EVENTS, UNNAMED
+from kubenpu.sources.calls.attribution import DROPS, DURATIONS, EVENTS, UNNAMED
 from kubenpu.sources.registry import table
 from kubenpu.sources.telemetry import TELEMETRY
 
@@ -77,6 +80,17 @@ def test_cri_histogram_and_errors() -> None:
     assert (h.count, h.low, h.high, sum(h.buckets)) == (3, 0.0005, 30.0, 3)
     assert (h.buckets[0], h.buckets[5], h.buckets[-1]) == (1, 1, 1)  # ≤1ms, ≤50ms, +Inf
     assert snap["kubenpu.cri.errors"][0].value == 1
+
+
+def test_a_request_exactly_on_a_bound_is_in_that_bucket() -> None:
+    """`le` is at most: a request of exactly a bound's seconds is in the bucket it ends, one
+    a hair longer in the next; exactly the last bound is not +Inf."""
+    m = table(300, 100)
+    for seconds in (CRI_BOUNDS[0], CRI_BOUNDS[4], math.nextafter(CRI_BOUNDS[4], 1), CRI_BOUNDS[-1]):
+        m.set(CRI, "", (seconds, True))
+    [point] = {s.name: pts for s, pts in m.collect()}["kubenpu.cri.request.duration"]
+    buckets = point.value.buckets
+    assert {i: n for i, n in enumerate(buckets) if n} == {0: 1, 4: 1, 5: 1, len(CRI_BOUNDS) - 1: 1}
 
 
 def test_pod_series_retire_after_ttl_when_all_containers_are_gone() -> None:
@@ -221,6 +235,22 @@ def test_expired_series_free_the_cap_at_once_not_at_the_next_collect() -> None:
     calls(m, "ns", "new", "b", 4)
     assert values(m, IOCTL_SERIES) == {(): 1}
     assert values(m, IOCTL) == {ioctl_key("ns", "new", "b"): 4}
+    assert values(m, OVERFLOW_CALLS) == {}
+
+
+def test_a_dropped_pods_histograms_give_their_room_back() -> None:
+    """A pod with one call series and its durations histogram (2 of the cap's 4) is dropped
+    after the TTL: all 4 are free again, for 4 new pods' call series, none folded."""
+    clock = Clock()
+    m = table(60, 4, clock)
+    calls(m, "ns", "old", "a")
+    where = Where("ns", "old", "", "a", "0000:03:00.0", "vgem")
+    assert m.put(DURATIONS, where, "submit", ("cgroup 7", Durations(5, (1,), ())))
+    m.gone(Where("ns", "old", "", "a", "", ""))
+    clock.now += 60
+    for i in range(4):
+        calls(m, "ns", f"new{i}", "b")
+    assert len(values(m, IOCTL)) == 4
     assert values(m, OVERFLOW_CALLS) == {}
 
 

@@ -145,6 +145,17 @@ def test_semconv_renames_the_pod_labels_and_legacy_sums_same_named_pods() -> Non
     assert hists == [Point({}, h, T0 + 1)]  # a histogram is not summed: the later one stands
 
 
+@pytest.mark.parametrize("earlier_first", [True, False])
+def test_legacy_sum_starts_at_the_earlier_pod_in_either_order(earlier_first: bool) -> None:
+    """Whichever of a recreated pod's two series comes first, the sum starts at the earlier
+    start: neither the first's nor the last's start stands for both."""
+    counter = spec("calls", "counter")
+    old, new = Point({**POD, "pod_uid": "u-1"}, 5, T0), Point({**POD, "pod_uid": "u-2"}, 7, T0 + 9)
+    points = [old, new] if earlier_first else [new, old]
+    [(_, [summed])] = otlp.otlp_names([(counter, points)], "legacy")
+    assert (summed.value, summed.start_ns) == (12, T0)
+
+
 def uniform(kind: str, n: int) -> list[tuple[Spec, list[Point]]]:
     """n points of one spec, each with a pod's labels: numbers, CRI histograms or the kernel's
     exponential buckets (each bucket holding 2^40 calls, the most its varint can cost)."""

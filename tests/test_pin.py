@@ -241,6 +241,7 @@ def _hand_over(bpffs: Path) -> dict:
     again.start(lambda _: None)
     found["counts_after_restart"] = again.read_counts()
     again.forget_counts([KEY])  # the cgroup is gone: the retired probe is empty
+    found["counts_after_forget"] = again.read_counts()  # the inherited 7 with it
     again.close()
     PinnedProbe(root, MapLoader("new"), [VGEM]).start(lambda _: None)
     found["dirs_at_last"] = sorted(p.name for p in root.iterdir())
@@ -255,6 +256,7 @@ def test_a_changed_program_takes_over_the_retired_probe_totals():
     assert found["old_devices"] == [] and found["old_minors"] == {}, "the old probe still counts"
     assert found["gate"] == GATE_OPEN
     assert found["counts"] == found["counts_after_restart"] == {KEY: 8}
+    assert found["counts_after_forget"] == {}
     assert found["lost"]["map_full"] == 2
     assert found["dirs_at_last"] == [found["new"]]
 

@@ -117,6 +117,19 @@ def test_anything_but_a_kernel_uevent_is_none(raw: bytes) -> None:
     assert parse(raw) is None
 
 
+def test_a_value_holding_an_equals_sign_is_kept_whole(machine: Path, caplog) -> None:
+    """Only a field's first `=` ends its key: a task may name itself "a=b" (any process sets
+    its own comm), and its wedged event still counts, the guilty task logged as it is."""
+    raw = wedged("rebind", PID="4242", TASK="eval=1")
+    event = parse(raw)
+    assert event is not None and (event.env["TASK"], event.env["WEDGED"]) == ("eval=1", "rebind")
+    metrics = table(60, 1000)
+    with caplog.at_level("WARNING"):
+        handle(wedges(machine, metrics), raw)
+    assert values(metrics, DEVICE_RESETS) == {(GPU, "amdgpu", "rebind"): 1}
+    assert "guilty pid 4242 (eval=1)" in caplog.text
+
+
 def test_a_wedged_event_counts_a_reset_and_fails_the_device_until_it_is_added_again(
     machine: Path,
 ) -> None:
@@ -136,6 +149,23 @@ def test_a_wedged_event_counts_a_reset_and_fails_the_device_until_it_is_added_ag
     assert status(metrics) == {"ok": 1}
     resets = {(GPU, "amdgpu", "rebind"): 1, (GPU, "amdgpu", "none"): 1}
     assert values(metrics, DEVICE_RESETS) == resets
+
+
+def test_a_wedged_card_with_uncorrected_errors_is_failed_not_degraded(machine: Path) -> None:
+    """Uncorrected errors make the card degraded; a wedged event on top of them makes it failed
+    (the worse state wins), and degraded again once a recovered event clears the wedge."""
+    (machine / "sys" / GPU_PATH.lstrip("/") / "ras" / "umc_err_count").write_text("ue: 2\nce: 0\n")
+    metrics = table(60, 1000)
+    w = wedges(machine, metrics)
+    tel = Telemetry(discover(machine), metrics, machine, wedged=w.wedged)
+    tel.sample({})
+    assert status(metrics) == {"degraded": 1}
+    handle(w, wedged("rebind"))
+    tel.sample({})
+    assert status(metrics) == {"failed": 1}
+    handle(w, wedged("none"))
+    tel.sample({})
+    assert status(metrics) == {"degraded": 1}
 
 
 def test_a_later_recovered_event_clears_a_failed_device(machine: Path) -> None:

@@ -309,6 +309,27 @@ def test_an_unreadable_holder_keeps_its_client_and_loses_nothing(machine: Machin
     assert values(machine.metrics, FDINFO_SKIPPED, WHERE)[("unreadable",)] == 1
 
 
+def test_a_client_seen_again_after_closing_splits_energy_by_its_rise_alone(
+    machine: Machine,
+) -> None:
+    """A client taken as closed (no holder had it) is seen again: the interval's busy time that
+    splits the device's energy is what it rose since it was last seen (6 - 4 s), not all of
+    its busy time since its open, and its counter goes on from 4 s, not twice over."""
+    machine.cgroup("pod-a", POD_A)
+    machine.process(10, "pod-a", {1: busy(3e9)})
+    machine.read()  # the baseline
+    machine.process(10, "pod-a", {1: busy(4e9)})
+    machine.read()
+    machine.process(10, "pod-a", {})  # pid 10 holds it no more: closed
+    machine.read()
+    machine.process(11, "pod-a", {1: busy(6e9)})  # another holder of the same client
+    machine.usage.saw([11], [])
+    machine.read()
+    [pods] = machine.usage.interval_busy().values()  # the one device
+    assert list(pods.values()) == [[2_000_000_000, 0, 0]]
+    assert values(machine.metrics, ENGINE_BUSY, WHERE) == {("a", "main", "render"): 6.0}
+
+
 def test_reads_after_the_first_scan_only_callers_holders_and_their_cgroups(
     machine: Machine,
 ) -> None:

@@ -34,6 +34,7 @@ from guestlib import (
     CREATE_DUMB,
     MODES,
     PROMETHEUS,
+    SLOW,
     Agent,
     drmcall_argv,
     reports,
@@ -109,7 +110,7 @@ class Churn(Node):
     @staticmethod
     def _removed(cgroup: Path) -> bool:
         """Whether the runtime removed the container's cgroup (what makes this scenario hard)."""
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 30 * SLOW
         while cgroup.exists() and time.monotonic() < deadline:
             time.sleep(0.2)
         return not cgroup.exists()

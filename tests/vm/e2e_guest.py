@@ -28,6 +28,8 @@ from guestlib import (
     OTLP_PORT,
     PODRESOURCES,
     PROMETHEUS,
+    RPC_TIMEOUT,
+    SLOW,
     SYNCOBJ_WAIT,
     TCGETS,
     TESTDRM,
@@ -59,7 +61,7 @@ from otlp_receiver import OtlpReceiver
 
 from kubenpu.discovery import discover
 
-SETTLE_TIMEOUT = 60
+SETTLE_TIMEOUT = 60 * SLOW
 TIMED_COUNT = "kubenpu_ioctl_duration_seconds_count"  # the timed calls, per ioctl series
 # With this kernel argument the first mode also records timestamped scrapes while pods make
 # calls (RECORD_ROUNDS, RECORD_INTERVAL seconds apart) into OUT/MODE/recording.json, for the host
@@ -227,6 +229,7 @@ class Scenario:
                 "enabled": True,
                 "socket": str(PODRESOURCES),
                 "interval_seconds": ALLOCATIONS_INTERVAL,
+                "timeout_seconds": RPC_TIMEOUT,
             }
         }
         config = {
@@ -237,7 +240,7 @@ class Scenario:
                 **({"loader": self.loader} if self.loader else {}),
             },
             "attribution": {
-                "cri": {"endpoint": f"unix://{self.cri_socket}"},
+                "cri": {"endpoint": f"unix://{self.cri_socket}", "timeout_seconds": RPC_TIMEOUT},
                 **(allocations if self.records else {}),
             },
             "export": {

@@ -25,6 +25,7 @@ from e2e_guest import Scenario, pods
 from guestlib import (
     ATTACHED,
     CREATE_DUMB,
+    SLOW,
     SYNCOBJ_WAIT,
     TCGETS,
     VGEM_FENCE_ATTACH,
@@ -70,7 +71,7 @@ def process_caps(pid: int) -> dict:
     lowered (one CI run read them). An exec'd program's permitted set is within its bounding
     set, so the read is retried until it is."""
     proc = Path(f"/proc/{pid}")
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 30 * SLOW
     while not _execd(proc, status := _status(proc)):
         if time.monotonic() > deadline:
             raise SystemExit(f"pid {pid} never became the agent: {status}")
@@ -146,7 +147,7 @@ def attach_check(
     agent = Agent(out, config, launcher=launch)
     found = process_caps(agent.pid)
     agent.wait_attached()
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 60 * SLOW
     while jobs and "GPU jobs" not in agent.log() and time.monotonic() < deadline:
         time.sleep(0.5)
     rc = agent.stop()

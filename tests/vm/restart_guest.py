@@ -40,6 +40,7 @@ from guestlib import (
     LINK_GET_NEXT_ID,
     PROMETHEUS,
     PY,
+    SLOW,
     SYNCOBJ_WAIT,
     Agent,
     Call,
@@ -104,7 +105,7 @@ def first_metric(agent: Agent) -> float:
     agent.attach()
     while agent.proc.poll() is None:
         try:
-            scrape()
+            scrape(patience=0)  # this loop is the retry, timed
             return time.monotonic() - agent.started
         except (urllib.error.URLError, OSError):
             time.sleep(0.05)
@@ -121,7 +122,7 @@ def counted() -> int:
     return int(sum(s["value"] for s in samples.get("kubenpu_ioctl_total", [])))
 
 
-def settled_count(expected: int, timeout: float = 30) -> int:
+def settled_count(expected: int, timeout: float = 30 * SLOW) -> int:
     """The agent's total once it reached `expected` or stopped moving for `timeout` s."""
     deadline = time.monotonic() + timeout
     seen = counted()
@@ -182,7 +183,7 @@ def handover_drops() -> int:
 
 def accounted(issued: int) -> dict:
     """The agent's total and handover drops once all `issued` calls are counted or dropped."""
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 30 * SLOW
     while True:
         seen, dropped = counted(), handover_drops()
         if seen + dropped >= issued or time.monotonic() > deadline:

@@ -6,6 +6,8 @@
 # /out; it receives console.log (the whole serial console), guest.log (the script's output), rc,
 # and harness-error when the guest setup failed. Extra kernel args go after `--`
 # (e.g. lockdown=confidentiality).
+# The guest scales its waits by kubenpu.slow=F on its command line: KUBENPU_VM_SLOW if set, else
+# the host's 1-minute load per core at boot (at least 1; tests/vm/guestlib.py SLOW).
 # Exit code: the script's; 124 when KUBENPU_VM_TIMEOUT (seconds, default 900) ran out; 125 when
 # the guest never ran the script to the end (boot or setup failure).
 set -euo pipefail
@@ -19,6 +21,15 @@ timeout_s=${KUBENPU_VM_TIMEOUT:-900}
 die() {
   printf 'run.sh: %s\n' "$1" >&2
   exit "${2:-2}"
+}
+
+# How many times slower than alone the guest may run: the host's load per core, at least 1.
+slowness() {
+  if [[ -n ${KUBENPU_VM_SLOW:-} ]]; then
+    echo "$KUBENPU_VM_SLOW"
+  else
+    awk -v cores="$(nproc)" '{ f = $1 / cores; printf "%.1f\n", (f > 1 ? f : 1) }' /proc/loadavg
+  fi
 }
 
 usage() { die "usage: $0 KERNEL GUEST_SCRIPT [OUT_DIR] [-- EXTRA_KERNEL_ARGS...]"; }
@@ -81,7 +92,7 @@ main() {
   rm -f "$out"/{rc,harness-error,guest.log,console.log}
 
   "$here/build.sh" "$kernel"
-  local cmdline="console=ttyS0 quiet panic=-1 kubenpu.run=$script ${extra[*]}"
+  local cmdline="console=ttyS0 quiet panic=-1 kubenpu.run=$script kubenpu.slow=$(slowness) ${extra[*]}"
   printf 'run.sh: booting %s with %s (out: %s)\n' "$kernel" "$script" "$out" >&2
   boot "$vm/boot/$kernel" "$out" "$cmdline"
 

@@ -1,5 +1,6 @@
 """kubenpuctl latency: one pod's call durations and errors, from one agent's /metrics: per
-container, device and kind, the classic buckets of kubenpu_ioctl_duration_seconds (each the
+instance of the pod (its uid: a recreated pod's predecessor may still be exported), container,
+device and kind, the classic buckets of kubenpu_ioctl_duration_seconds (each the
 calls in it, from its cumulative count) and kubenpu_ioctl_errors_total by error."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from dataclasses import dataclass, field
 from kubenpu.cli.top.sources import BUCKETS, ERRORS, Series, _get, parse
 
 DURATION = BUCKETS.removesuffix("_bucket")
-PLACE = ("container", "device", "vendor", "kind")
+PLACE = ("pod_uid", "container", "device", "vendor", "kind")
 
 
 @dataclass
@@ -39,7 +40,7 @@ class PodHistogram:
 
 
 def pod_histograms(series: list[Series], namespace: str, pod: str) -> list[PodHistogram]:
-    """The pod's histograms, one per container, device and kind, sorted by them."""
+    """The pod's histograms, one per pod uid, container, device and kind, sorted by them."""
     found: dict[tuple[str, ...], PodHistogram] = {}
     for s in series:
         if (s.labels.get("namespace"), s.labels.get("pod")) != (namespace, pod):
@@ -70,11 +71,12 @@ def render(histograms: list[PodHistogram], namespace: str, pod: str) -> str:
     if not histograms:
         return f"{namespace}/{pod}: no timed calls (docs/latency.md says which calls are timed)"
     blocks = []
+    uids = {h.place[0] for h in histograms}
     for h in histograms:
-        container, device, _, kind = h.place
-        lines = [
-            f"{namespace}/{pod} {container} {device} {kind}: {h.calls} calls, {h.seconds:.6g} s"
-        ]
+        uid, container, device, _, kind = h.place
+        # Two uids: the pod was recreated and its predecessor is still exported; say which is which.
+        who = f"{namespace}/{pod}" + (f" (uid {uid})" if len(uids) > 1 else "")
+        lines = [f"{who} {container} {device} {kind}: {h.calls} calls, {h.seconds:.6g} s"]
         for le, n in h.buckets():
             bar = "#" * round(40 * n / max(h.calls, 1))
             lines.append(f"  <= {_bound(le):>9} {n:>10}  {bar}")
