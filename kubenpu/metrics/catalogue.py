@@ -645,7 +645,9 @@ TELEMETRY_SKIPPED = Spec(
     "wrap, to a value the device could have made since a restart: the increment since is its "
     "new value), counter_implausible (the energy counter rose by more, or fell to more, than "
     "the device could make in the interval: no energy counted, the value is the next "
-    "baseline), deadline (a device's read still running telemetry.deadline_seconds after it "
+    "baseline), power_implausible (a power reading past what the device can draw, 2 x its "
+    "highest power limit or 3000 W: no energy integrated for the interval), deadline (a "
+    "device's read still running telemetry.deadline_seconds after it "
     "was due, counted at every read it holds up).",
     ("reason",),
 )
