@@ -297,14 +297,25 @@ OVERFLOW_CALLS = Spec(
 )
 # What holds series beside kubenpu_ioctl_total under metrics.max_series, and whose series the
 # cap leaves out (kubenpu.overflow_series).
-SERIES_SOURCES = ("allocations", "telemetry", "durations", "jobs")
+SERIES_SOURCES = ("allocations", "telemetry", "durations", "jobs", "resets")
 OVERFLOW_SERIES = Spec(
     "kubenpu.overflow_series",
     "counter",
     "{series}",
     "Series left out of an allocations refresh, a device telemetry read, a read of the "
-    "kernel's call durations or of its GPU jobs because metrics.max_series was reached, by "
-    "source; counted at every refresh or read that leaves them out.",
+    "kernel's call durations or of its GPU jobs, or a pod's device reset count, because "
+    "metrics.max_series was reached, by source; counted at every refresh or read that leaves "
+    "them out.",
+    ("source",),
+)
+REFUSED = Spec(
+    "kubenpu.series.refused",
+    "counter",
+    "{update}",
+    "Updates of a pod's call durations, GPU jobs or reset counts refused because no exporter "
+    "could carry the result (a histogram past 2^64-1 observations, which OTLP holds as uint64: "
+    "a series sums its cgroups, a restarted container's two; a count past a double), by source; "
+    "the series keeps its last value, and each read that offers the update counts again.",
     ("source",),
 )
 LATE_SIGHTINGS = Spec(
@@ -772,6 +783,7 @@ SPECS = (
     IOCTL_SERIES,
     OVERFLOW_CALLS,
     OVERFLOW_SERIES,
+    REFUSED,
     LATE_SIGHTINGS,
     UNTIMED,
     READ_ERRORS,

@@ -43,6 +43,7 @@ from kubenpu.metrics.catalogue import (
     OVERFLOW_ATTRS,
     OVERFLOW_CALLS,
     OVERFLOW_SERIES,
+    REFUSED,
     SERIES_SOURCES,
     Attrs,
     Spec,
@@ -83,11 +84,28 @@ def added(old: float | None, amount: float) -> float | None:
         return None
 
 
-def keyed(old: dict | None, item: tuple[object, object]) -> dict:
-    """A merge that keeps one value per sub-key (a cgroup of the series): (sub-key, value)."""
-    values = {} if old is None else old
-    values[item[0]] = item[1]
-    return values
+# OTLP carries a histogram's count and bucket counts as uint64: one past it fails every push.
+HIST_MAX = 2**64 - 1
+# The sub-key of a keyed row under which its gone sub-keys' values are kept, folded into one.
+RETIRED = "retired"
+
+
+def keyed(observations: Callable[[Any], int]) -> Callable[[dict | None, tuple], dict | None]:
+    """A merge that keeps one value per sub-key (a cgroup of the series): (sub-key, value).
+    None (refused, the row keeps its last values) where the row's histograms would hold more
+    than HIST_MAX observations (`observations` of one value): the sum of a series' cgroups (a
+    restarted container's two) can pass what one kernel counter holds."""
+
+    def merge(old: dict | None, item: tuple[object, object]) -> dict | None:
+        sub, value = item
+        values = {} if old is None else old
+        others = sum(observations(v) for k, v in values.items() if k != sub)
+        if others + observations(value) > HIST_MAX:
+            return None
+        values[sub] = value
+        return values
+
+    return merge
 
 
 @dataclass(frozen=True, eq=False)
@@ -99,8 +117,11 @@ class PodFamily:
     render: Callable[[list[PodRow]], Snapshot]
     merge: Callable[[Any, Any], Any] = replaced
     capped: bool = False  # a new row takes room under metrics.max_series
+    cost: int = 1  # the series a new row takes under the cap: its points over OTLP
     needs_calls: bool = False  # only beside the counted calls series of the same key
     live: bool = True  # a value makes its container live (again)
+    # A keyed family's retire(): a gone sub-key's value added into the row's RETIRED one.
+    fold: Callable[[Any, Any], Any] | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -169,8 +190,8 @@ def _unit(where: Where) -> _Unit:
 
 
 class Series:
-    """The table. Seven operations: add_calls (per call), put (a pod row), set (a node row),
-    gone (a container), swept, pods_held and collect."""
+    """The table. Eight operations: add_calls (per call), put (a pod row), set (a node row),
+    retire (a keyed row's gone cgroup), gone (a container), swept, pods_held and collect."""
 
     def __init__(
         self,
@@ -191,6 +212,8 @@ class Series:
         self._overflow = 0  # calls not counted in a series: the cap was full
         self._held: dict[str, int] = {f.name: 0 for f in self._families if _capped(f)}
         self._overflow_series = dict.fromkeys(SERIES_SOURCES, 0)
+        # Values a capped pod family's merge refused: no exporter could encode the result.
+        self._refused = {f.name: 0 for f in self._families if isinstance(f, PodFamily) and f.capped}
         self._node = {f: f.initial() for f in self._families if isinstance(f, NodeFamily)}
         self._cost: dict[tuple[NodeFamily, object], int] = {}  # a capped node row's series
         # A pod dropped since swept() was last asked: a value a source skips setting again
@@ -238,16 +261,20 @@ class Series:
                 return False
             rows = None if rec is None else rec.rows.get(family)
             new = rows is None or series not in rows
-            if new and family.capped and self._full():
+            if new and family.capped and self._total() + family.cost > self._max:
                 self._overflow_series[family.name] += 1
                 return False
             merged = family.merge(None if new else rows[series], value)  # type: ignore[index]
             if merged is None:
+                if family.capped:
+                    self._refused[family.name] += 1
                 return False
             if rec is None:
                 rec = self._pods[unit] = _Pod(time.time_ns())
+                if not family.live and any(unit):  # no value will retire it: it retires now
+                    self._gone[unit] = self._clock()
             if new and family.capped:
-                self._held[family.name] += 1
+                self._held[family.name] += family.cost
             rec.rows.setdefault(family, {})[series] = merged
             if family.live:
                 self._live(rec, unit, where.container)
@@ -268,6 +295,19 @@ class Series:
             self._cost[(family, key)] = cost
             self._held[family.name] += cost
             self._overflow_series[family.name] += dropped
+
+    def retire(self, family: PodFamily, where: Where, key: str, sub: object) -> None:
+        """The sub-key `sub` (a cgroup) of a keyed row is gone for good: its last value is
+        folded into the row's RETIRED one (family.fold), so a unit that outlives its cgroups
+        (the unattributed calls, a pod whose containers restart) holds one value per live
+        cgroup, not one per cgroup it ever had, and its totals stay."""
+        assert family.fold is not None
+        with self._lock:
+            rec = self._pods.get(_unit(where))
+            rows = {} if rec is None else rec.rows.get(family, {})
+            values = rows.get((where.container, where.device, where.vendor, key))
+            if values is not None and sub in values:
+                values[RETIRED] = family.fold(values.get(RETIRED), values.pop(sub))
 
     def gone(self, where: Where) -> None:
         """The container's cgroup is gone. Unknown containers are ignored."""
@@ -331,7 +371,7 @@ class Series:
             self._calls -= len(rec.series)
             for family, rows in rec.rows.items():
                 if family.capped:
-                    self._held[family.name] -= len(rows)
+                    self._held[family.name] -= len(rows) * family.cost
 
     def _pod_rows(self, family: PodFamily) -> list[PodRow]:
         return [
@@ -359,6 +399,7 @@ class Series:
                 OVERFLOW_SERIES,
                 [Point({"source": k}, n, start) for k, n in self._overflow_series.items()],
             ),
+            (REFUSED, [Point({"source": k}, n, start) for k, n in self._refused.items()]),
         ]
 
 
