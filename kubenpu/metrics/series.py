@@ -90,19 +90,29 @@ HIST_MAX = 2**64 - 1
 RETIRED = "retired"
 
 
-def keyed(observations: Callable[[Any], int]) -> Callable[[dict | None, tuple], dict | None]:
+class _Keyed(dict[object, Any]):
+    """A keyed row: a value per sub-key, and the observations they hold together (kept as they
+    change, so a put costs one value's count, not the row's)."""
+
+    observations = 0
+
+
+def keyed(observations: Callable[[Any], int]) -> Callable[[_Keyed | None, tuple], _Keyed | None]:
     """A merge that keeps one value per sub-key (a cgroup of the series): (sub-key, value).
     None (refused, the row keeps its last values) where the row's histograms would hold more
     than HIST_MAX observations (`observations` of one value): the sum of a series' cgroups (a
     restarted container's two) can pass what one kernel counter holds."""
 
-    def merge(old: dict | None, item: tuple[object, object]) -> dict | None:
+    def merge(old: _Keyed | None, item: tuple[object, object]) -> _Keyed | None:
         sub, value = item
-        values = {} if old is None else old
-        others = sum(observations(v) for k, v in values.items() if k != sub)
-        if others + observations(value) > HIST_MAX:
+        values = _Keyed() if old is None else old
+        was = values.get(sub)
+        total = (
+            values.observations + observations(value) - (0 if was is None else observations(was))
+        )
+        if total > HIST_MAX:
             return None
-        values[sub] = value
+        values[sub], values.observations = value, total
         return values
 
     return merge
@@ -271,7 +281,9 @@ class Series:
                 return False
             if rec is None:
                 rec = self._pods[unit] = _Pod(time.time_ns())
-                if not family.live and any(unit):  # no value will retire it: it retires now
+                # No container of it is live, so gone() never comes: it retires after the TTL
+                # unless one shows life (the unattributed unit never retires).
+                if not family.live and any(unit):
                     self._gone[unit] = self._clock()
             if new and family.capped:
                 self._held[family.name] += family.cost
