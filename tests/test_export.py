@@ -134,6 +134,40 @@ def test_call_durations_push_as_the_kernels_exponential_buckets(tmp_path, receiv
     assert list(errors_sent.values()) == [2]
 
 
+def test_a_histogram_past_2_64_observations_is_refused_counted_and_the_push_goes_on(
+    tmp_path, receiver
+):
+    """A series sums its cgroups' histograms (a restarted container's two): one past 2^64-1
+    observations, which OTLP carries as uint64, once failed every push for every pod. The update
+    that would pass it is refused and counted by source; the series keeps its last value."""
+    cfg = make_config(tmp_path, otlp_yaml(receiver.port))
+    tel = start_telemetry(cfg)
+    top = (2**64 - 1,) + (0,) * (abi.DURATION_SLOTS - 1)
+    one = (1,) + (0,) * (abi.DURATION_SLOTS - 1)
+    errors = (0,) * len(abi.ERRORS)
+    try:
+        m = tel.metrics
+        calls(m, "ns", "p", "c", 3, uid="u-1")
+        where = Where("ns", "p", "u-1", "c", "0000:03:00.0", "vgem")
+        assert m.put(DURATIONS, where, "submit", (Key(1, 226, 0, 1), Durations(1, top, errors)))
+        assert not m.put(DURATIONS, where, "submit", (Key(2, 226, 0, 1), Durations(1, one, errors)))
+        full, more = Durations(1, top, ()), Durations(1, one, ())
+        assert m.put(JOB_TIMES, where, "gfx_0.0.0", (1, JobTimes(1, 1, full, full)))
+        assert not m.put(JOB_TIMES, where, "gfx_0.0.0", (2, JobTimes(1, 1, more, more)))
+        assert m.put(JOB_TIMES, where, "gfx_0.0.0", (1, JobTimes(1, 1, full, full)))  # no more
+        assert tel.pusher.push()
+    finally:
+        tel.shutdown()
+    [point] = receiver.metric("kubenpu.ioctl.duration").exponential_histogram.data_points
+    assert point.count == 2**64 - 1
+    refused = receiver.values("kubenpu.series.refused")
+    assert {dict(k)["source"]: n for k, n in refused.items()} == {
+        "durations": 1,
+        "jobs": 1,
+        "resets": 0,
+    }
+
+
 def test_grpc_push_exact_values_resource_and_headers(tmp_path, receiver, clean_resource_env):
     cfg = make_config(tmp_path, otlp_yaml(receiver.port, "    headers: {x-tenant: t1}\n"))
     tel = start_telemetry(cfg)

@@ -5,12 +5,15 @@ real scheduler), and the stage's attribution, retirement and export with a fake 
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
 import subprocess
 import threading
 import time
+import tracemalloc
+from array import array
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -225,7 +228,9 @@ class FakeJobsKernel:
         return dict(self.lost_counts)
 
     def forget(self, cgroup_ids: Iterable[int]) -> None:
+        """The keys leave the table, as JobsKernel.forget deletes them."""
         self.forgotten += cgroup_ids
+        self.times = {k: t for k, t in self.times.items() if k[0] not in self.forgotten}
 
     def close(self) -> None:
         self.closed = True
@@ -324,9 +329,49 @@ def test_a_gone_cgroup_keeps_its_last_values_retires_and_leaves_the_kernel_table
     assert values(metrics, JOBS) == {}
 
 
+def test_dead_non_pod_cgroups_jobs_fold_into_the_unattributed_series_and_free_theirs() -> None:
+    """The unattributed unit never retires, and it kept each dead non-pod cgroup's jobs for
+    good. A reaped cgroup's jobs are folded into its series' totals (its jobs in flight are
+    not: its keys left the kernel's table), and waves of reaped cgroups leave nothing behind."""
+    kernel, resolver, metrics = FakeJobsKernel(), FakeResolver(), table(60, 1000)
+    for cgroup in range(2_000):
+        resolver.answers[cgroup] = Attribution(reason="not_pod")
+        resolver.dead.add(cgroup)  # each read sets a gone cgroup's last values, then reaps it
+    jobs = stage(kernel, resolver, Clock(), metrics)
+
+    def wave(first: int) -> None:
+        cgroups = range(first, first + 500)
+        kernel.times = {(c, RING): times(2, [MS], [MS]) for c in cgroups}  # one in flight each
+        jobs.read()
+        assert kernel.times == {}
+        kernel.forgotten.clear()  # the fake's record, not the agent's memory
+
+    wave(0)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        baseline = tracemalloc.get_traced_memory()[0]
+        after = array("q", [0] * 3)  # preallocated: the measurement must not allocate
+        for n in range(3):
+            wave((n + 1) * 500)
+            gc.collect()
+            after[n] = tracemalloc.get_traced_memory()[0] - baseline
+    finally:
+        tracemalloc.stop()
+    assert after[2] - after[0] < 10_000  # each cgroup's jobs kept: ~300 KB a wave
+    key = ("", "", "", GPU, "amdgpu", "gfx_0.0.0")
+    assert values(metrics, JOBS) == {key: 2_000}
+    assert values(metrics, JOBS_IN_FLIGHT) == {}
+    [[run]] = [[p.value for p in points] for s, points in metrics.collect() if s is JOB_RUN]
+    assert run.count == 2_000
+
+
 def test_job_series_count_against_the_series_cap() -> None:
+    """A (pod, device, ring) is four series under the cap: its four points (the wait and run
+    histograms, the job count, the jobs in flight). It once counted as one, 8 of them in room
+    for 8 series."""
     kernel, resolver = FakeJobsKernel(), FakeResolver()
-    metrics = table(60, 2)
+    metrics = table(60, 8)
     for cgroup in (1, 2, 3):
         resolver.answers[cgroup] = Attribution(namespace="ns", pod=f"p{cgroup}", container="c")
         kernel.times[(cgroup, RING)] = times(1, [MS], [MS])

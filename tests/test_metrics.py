@@ -7,16 +7,19 @@ import math
 import threading
 import tracemalloc
 from array import array
+from collections import Counter
 from pathlib import Path
 
 import pytest
-from fakes import Clock
+from fakes import Clock, FakeResolver
 from helpers import VGEM_INFO, VGEM_ROW, calls, ioctl_key, values
 
 from kubenpu import config, export
+from kubenpu.discovery import Device, Node
 from kubenpu.export import otlp
 from kubenpu.export.prometheus import PrometheusCollector
-from kubenpu.kernel.records import Durations
+from kubenpu.kernel import abi
+from kubenpu.kernel.records import Durations, Key
 from kubenpu.metrics.catalogue import (
     ALLOCATED,
     ALLOCATED_IDLE,
@@ -25,11 +28,14 @@ from kubenpu.metrics.catalogue import (
     DROP_REASONS,
     DROPPED,
     IOCTL,
+    IOCTL_DURATION,
+    IOCTL_ERRORS,
     IOCTL_SERIES,
     K8S_ATTRIBUTES,
     OVERFLOW_ATTRS,
     OVERFLOW_CALLS,
     OVERFLOW_SERIES,
+    POD_HANGS,
     POD_LABELS,
     POWER,
     SPECS,
@@ -40,8 +46,11 @@ from kubenpu.metrics.catalogue import (
 )
 from kubenpu.metrics.inputs import AllocationState, Held, Where
 from kubenpu.metrics.own import CRI, DEVICES, INDEX_REBUILT
+from kubenpu.resolve import Attribution
 from kubenpu.sources.allocations import ALLOCATIONS
-from kubenpu.sources.calls.attribution import DROPS, DURATIONS, EVENTS, UNNAMED
+from kubenpu.sources.calls.attribution import DROPS, DURATIONS, EVENTS, UNNAMED, Attributor
+from kubenpu.sources.calls.events import Batch
+from kubenpu.sources.jobs import RESETS
 from kubenpu.sources.registry import table
 from kubenpu.sources.telemetry import TELEMETRY
 
@@ -354,3 +363,72 @@ def test_the_pod_inputs_name_the_catalogues_pod_labels_in_order() -> None:
     """Where's fields are the series' labels (the table builds attrs from Where._asdict())."""
     assert Where._fields[: len(POD_LABELS)] == POD_LABELS
     assert set(POD_LABELS) == K8S_ATTRIBUTES.keys()
+
+
+VGEM = Device("platform:vgem", None, None, None, (Node("/dev/dri/card0", "card0", 226, 0),), "vgem")
+
+
+def _timed(calls: int) -> Durations:
+    """One cgroup's cumulative durations: `calls` calls of at most 2^-20 s, one of them ENOMEM."""
+    slots = (calls,) + (0,) * (abi.DURATION_SLOTS - 1)
+    errors = tuple(int(e == "ENOMEM") for e in abi.ERRORS)
+    return Durations(calls * 1000, slots, errors)
+
+
+def test_dead_non_pod_cgroups_fold_into_the_unattributed_series_and_free_their_values() -> None:
+    """The unattributed calls' series never retire, and each dead non-pod cgroup's durations
+    were kept in it, per cgroup, for good (2,000 after reaping 2,000). A reaped cgroup's
+    durations are folded into its series' totals: the histogram and errors keep every call,
+    and waves of 1,000 reaped cgroups leave nothing of theirs behind."""
+    resolver, metrics = FakeResolver(), table(60, 10_000)
+    attributor = Attributor([VGEM], resolver, metrics)
+    for cgroup in range(4_000):
+        resolver.answers[cgroup] = Attribution(reason="not_pod")
+        resolver.dead.add(cgroup)  # read only at the reap, after the wave's calls
+
+    def wave(first: int) -> None:
+        cgroups = range(first, first + 1_000)
+        attributor.flush(Batch(counts=Counter({Key(c, 226, 0, 1): 1 for c in cgroups})))
+        attributor.timed({Key(c, 226, 0, 1): _timed(3) for c in cgroups})
+        attributor.forget(attributor.dead_cgroups())
+        resolver.forgotten.clear()  # the fake's record, not the agent's memory
+
+    wave(0)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        baseline = tracemalloc.get_traced_memory()[0]
+        after = array("q", [0] * 3)  # preallocated: the measurement must not allocate
+        for n in range(3):
+            wave((n + 1) * 1_000)
+            gc.collect()
+            after[n] = tracemalloc.get_traced_memory()[0] - baseline
+    finally:
+        tracemalloc.stop()
+    [hist] = values(metrics, IOCTL_DURATION).values()
+    assert hist.count == 3 * 4_000
+    errors = ("", "", "", VGEM.id, "vgem", "submit", "ENOMEM")
+    assert values(metrics, IOCTL_ERRORS) == {errors: 4_000}
+    # What stays is the dict tables sized for a wave; each cgroup's durations kept was ~500 KB
+    # a wave.
+    assert after[2] - after[0] < 10_000
+
+
+def test_a_row_only_a_reset_made_retires_and_counts_under_the_cap() -> None:
+    """A reset that names a pod with no other series made a row outside the cap that never
+    retired. It takes room as the pod's other series do, and retires after the TTL unless the
+    pod shows life; the unattributed unit, which never retires, keeps its row."""
+    clock = Clock()
+    m = table(60, 2, clock)
+    hangs = RESETS[POD_HANGS]
+    gone_pod = Where("ns", "gone", "u-1", "c", "0000:03:00.0", "vgem")
+    assert m.put(hangs, gone_pod, "", 1)
+    assert m.put(hangs, Where("", "", "", "", "0000:03:00.0", "vgem"), "", 1)
+    assert not m.put(hangs, Where("ns", "third", "u-3", "c", "0000:03:00.0", "vgem"), "", 1)
+    assert values(m, OVERFLOW_SERIES) == {("resets",): 1}
+    clock.now += 59
+    assert len(values(m, POD_HANGS)) == 2  # exported for the TTL
+    clock.now += 1
+    assert set(values(m, POD_HANGS)) == {("", "", "", "0000:03:00.0", "vgem")}
+    assert m.pods_held() == 1
+    assert m.put(hangs, Where("ns", "third", "u-3", "c", "0000:03:00.0", "vgem"), "", 1)

@@ -62,9 +62,9 @@ HOST = "host-a"
 SECOND = 1_000_000_000
 AGENT_START_NS = 1_750_000_000 * SECOND  # 2025-06-15T15:06:40Z
 SERIES_TTL = 5.0  # seconds: a pod gone this long before the render is retired, one gone later kept
-# The series the sources below hold (ioctl 6, durations 3, jobs 3, allocations 7, telemetry 34)
-# plus 2 of the flood's 5 telemetry points: over_the_cap() then finds no room.
-MAX_SERIES = 55
+# The series the sources below hold (ioctl 6, durations 3, jobs 3 x 4, allocations 7, telemetry
+# 34, resets 2) plus 2 of the flood's 5 telemetry points: over_the_cap() then finds no room.
+MAX_SERIES = 66
 
 # --- who calls: the pods and processes the sources report ----------------------------------
 

@@ -305,6 +305,22 @@ def test_power_is_integrated_where_the_driver_has_no_energy_counter(tmp_path: Pa
     assert joules == 63_000_000 * 3 * (5 * SECOND + 7) // SECOND / 1e6
 
 
+def test_a_power_reading_past_what_the_device_can_draw_integrates_no_energy(
+    tmp_path: Path,
+) -> None:
+    """2^63-1 µW once added 9.2e18 µJ a second: power is held to the counter's ceiling (2 x
+    power1_cap, 654 W here), counted as a skip; the reading just at it still counts."""
+    tel, metrics, clock, root = telemetry("amd-server", tmp_path)
+    [power] = root.glob("sys/devices/**/hwmon4/power1_average")
+    most = energy.POWER_MARGIN * 327_000_000
+    for uw in (63_000_000, (1 << 63) - 1, most + 1, most, 63_000_000):
+        power.write_text(f"{uw}\n")
+        tel.sample({})
+        clock.ns += SECOND
+    assert device_energy(metrics) == (most + 63_000_000) / 1e6
+    assert values(metrics, TELEMETRY_SKIPPED) == {("power_implausible",): 2}
+
+
 def test_split_sums_exactly_over_many_random_intervals() -> None:
     rng = random.Random(22)
     carry: dict = {}

@@ -5,12 +5,16 @@ directories that cannot be listed (from mutmut's survivors)."""
 from __future__ import annotations
 
 import shutil
+from collections import Counter
 from pathlib import Path
 
 from test_telemetry import TESTDATA
 
 from kubenpu.discovery import Device, discover
+from kubenpu.metrics.catalogue import TEMPERATURE
+from kubenpu.sources.registry import table
 from kubenpu.sources.sysfs import MISSING, read_device
+from kubenpu.sources.telemetry import Telemetry
 
 MI = "0000:c3:00.0"  # amd-server's Instinct card: hwmon4 and RAS counts
 
@@ -57,3 +61,20 @@ def test_hwmon_directories_that_cannot_be_listed_are_each_an_unreadable_skip(
     for n in (5, 6):
         (device_dir / "hwmon" / f"hwmon{n}").symlink_to(device_dir / f"gone{n}")
     assert read_device(dev, tmp_path).skipped["unreadable"] == 2
+
+
+def test_two_hwmon_chips_of_one_name_give_distinct_sensor_series(tmp_path: Path) -> None:
+    """A second chip named as the first (two amdgpu hwmons under one card) once gave each of its
+    sensors the first's labels and hw.id: two series of one identity. The later chip is
+    `<name>-2`; the first keeps its name, and a chip of another name is left as it is."""
+    dev, device_dir = amd_server(tmp_path)
+    hwmon = device_dir / "hwmon"
+    for n in (7, 8):
+        shutil.copytree(hwmon / "hwmon4", hwmon / f"hwmon{n}", symlinks=True)
+    (hwmon / "hwmon8" / "name").write_text("other\n")
+    metrics = table(60, 1000)
+    Telemetry([dev], metrics, tmp_path).sample({})
+    [points] = [p for s, p in metrics.collect() if s is TEMPERATURE]
+    assert Counter(p.attrs["chip"] for p in points) == {"amdgpu": 3, "amdgpu-2": 3, "other": 3}
+    assert len({p.attrs["hw.id"] for p in points}) == 9
+    assert len({frozenset(p.attrs.items()) for p in points}) == 9

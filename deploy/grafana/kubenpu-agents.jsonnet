@@ -118,7 +118,7 @@ g.dashboard(
                 '{{node}} {{reason}}')],
       'short',
       g.pos(0, 40, 12, 8),
-      'missing: a driver file this kernel lacks; unreadable: hwmon answered an error (sensor off); counter_reset: the energy counter went down to a value a restart explains; counter_implausible: it stepped further than the device power allows (no energy counted).',
+      'missing: a driver file this kernel lacks; unreadable: hwmon answered an error (sensor off); counter_reset: the energy counter went down to a value a restart explains; counter_implausible: it stepped further than the device power allows (no energy counted); power_implausible: a power reading past what the device can draw (no energy integrated).',
     ),
     g.timeseries(
       'fdinfo items skipped, by reason',

@@ -297,14 +297,25 @@ OVERFLOW_CALLS = Spec(
 )
 # What holds series beside kubenpu_ioctl_total under metrics.max_series, and whose series the
 # cap leaves out (kubenpu.overflow_series).
-SERIES_SOURCES = ("allocations", "telemetry", "durations", "jobs")
+SERIES_SOURCES = ("allocations", "telemetry", "durations", "jobs", "resets")
 OVERFLOW_SERIES = Spec(
     "kubenpu.overflow_series",
     "counter",
     "{series}",
     "Series left out of an allocations refresh, a device telemetry read, a read of the "
-    "kernel's call durations or of its GPU jobs because metrics.max_series was reached, by "
-    "source; counted at every refresh or read that leaves them out.",
+    "kernel's call durations or of its GPU jobs, or a pod's device reset count, because "
+    "metrics.max_series was reached, by source; counted at every refresh or read that leaves "
+    "them out.",
+    ("source",),
+)
+REFUSED = Spec(
+    "kubenpu.series.refused",
+    "counter",
+    "{update}",
+    "Updates of a pod's call durations, GPU jobs or reset counts refused because no exporter "
+    "could carry the result (a histogram past 2^64-1 observations, which OTLP holds as uint64: "
+    "a series sums its cgroups, a restarted container's two; a count past a double), by source; "
+    "the series keeps its last value, and each read that offers the update counts again.",
     ("source",),
 )
 LATE_SIGHTINGS = Spec(
@@ -653,7 +664,9 @@ TELEMETRY_SKIPPED = Spec(
     "wrap, to a value the device could have made since a restart: the increment since is its "
     "new value), counter_implausible (the energy counter rose by more, or fell to more, than "
     "the device could make in the interval: no energy counted, the value is the next "
-    "baseline), deadline (a device's read still running telemetry.deadline_seconds after it "
+    "baseline), power_implausible (a power reading past what the device can draw, 2 x its "
+    "highest power limit or 3000 W: no energy integrated for the interval), deadline (a "
+    "device's read still running telemetry.deadline_seconds after it "
     "was due, counted at every read it holds up).",
     ("reason",),
 )
@@ -779,6 +792,7 @@ SPECS = (
     IOCTL_SERIES,
     OVERFLOW_CALLS,
     OVERFLOW_SERIES,
+    REFUSED,
     LATE_SIGHTINGS,
     UNTIMED,
     DURATIONS_FORGOTTEN,

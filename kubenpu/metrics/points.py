@@ -4,6 +4,7 @@ CRI latency's fixed buckets) or an ExpHist (the kernel's exponential buckets).""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from operator import add
 from typing import NamedTuple
 
 from kubenpu.kernel.records import Durations
@@ -45,6 +46,17 @@ class Point(NamedTuple):
 
 # One snapshot: every family's points, in the registry's order.
 Snapshot = list[tuple[Spec, list[Point]]]
+
+
+def plus(a: Durations | None, b: Durations) -> Durations:
+    """Two keys' durations as one: a gone cgroup's added into its series' retired ones."""
+    if a is None:
+        return b
+    return Durations(
+        a.sum_ns + b.sum_ns,
+        tuple(map(add, a.slots, b.slots)),
+        tuple(map(add, a.errors, b.errors)),
+    )
 
 
 def summed(timed: Iterable[Durations]) -> ExpHist:

@@ -43,6 +43,7 @@ from kubenpu.metrics.catalogue import (
     OVERFLOW_ATTRS,
     OVERFLOW_CALLS,
     OVERFLOW_SERIES,
+    REFUSED,
     SERIES_SOURCES,
     Attrs,
     Spec,
@@ -83,11 +84,38 @@ def added(old: float | None, amount: float) -> float | None:
         return None
 
 
-def keyed(old: dict | None, item: tuple[object, object]) -> dict:
-    """A merge that keeps one value per sub-key (a cgroup of the series): (sub-key, value)."""
-    values = {} if old is None else old
-    values[item[0]] = item[1]
-    return values
+# OTLP carries a histogram's count and bucket counts as uint64: one past it fails every push.
+HIST_MAX = 2**64 - 1
+# The sub-key of a keyed row under which its gone sub-keys' values are kept, folded into one.
+RETIRED = "retired"
+
+
+class _Keyed(dict[object, Any]):
+    """A keyed row: a value per sub-key, and the observations they hold together (kept as they
+    change, so a put costs one value's count, not the row's)."""
+
+    observations = 0
+
+
+def keyed(observations: Callable[[Any], int]) -> Callable[[_Keyed | None, tuple], _Keyed | None]:
+    """A merge that keeps one value per sub-key (a cgroup of the series): (sub-key, value).
+    None (refused, the row keeps its last values) where the row's histograms would hold more
+    than HIST_MAX observations (`observations` of one value): the sum of a series' cgroups (a
+    restarted container's two) can pass what one kernel counter holds."""
+
+    def merge(old: _Keyed | None, item: tuple[object, object]) -> _Keyed | None:
+        sub, value = item
+        values = _Keyed() if old is None else old
+        was = values.get(sub)
+        total = (
+            values.observations + observations(value) - (0 if was is None else observations(was))
+        )
+        if total > HIST_MAX:
+            return None
+        values[sub], values.observations = value, total
+        return values
+
+    return merge
 
 
 @dataclass(frozen=True, eq=False)
@@ -99,8 +127,11 @@ class PodFamily:
     render: Callable[[list[PodRow]], Snapshot]
     merge: Callable[[Any, Any], Any] = replaced
     capped: bool = False  # a new row takes room under metrics.max_series
+    cost: int = 1  # the series a new row takes under the cap: its points over OTLP
     needs_calls: bool = False  # only beside the counted calls series of the same key
     live: bool = True  # a value makes its container live (again)
+    # A keyed family's retire(): a gone sub-key's value added into the row's RETIRED one.
+    fold: Callable[[Any, Any], Any] | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -169,8 +200,8 @@ def _unit(where: Where) -> _Unit:
 
 
 class Series:
-    """The table. Seven operations: add_calls (per call), put (a pod row), set (a node row),
-    gone (a container), swept, pods_held and collect."""
+    """The table. Eight operations: add_calls (per call), put (a pod row), set (a node row),
+    retire (a keyed row's gone cgroup), gone (a container), swept, pods_held and collect."""
 
     def __init__(
         self,
@@ -191,6 +222,8 @@ class Series:
         self._overflow = 0  # calls not counted in a series: the cap was full
         self._held: dict[str, int] = {f.name: 0 for f in self._families if _capped(f)}
         self._overflow_series = dict.fromkeys(SERIES_SOURCES, 0)
+        # Values a capped pod family's merge refused: no exporter could encode the result.
+        self._refused = {f.name: 0 for f in self._families if isinstance(f, PodFamily) and f.capped}
         self._node = {f: f.initial() for f in self._families if isinstance(f, NodeFamily)}
         self._cost: dict[tuple[NodeFamily, object], int] = {}  # a capped node row's series
         # A pod dropped since swept() was last asked: a value a source skips setting again
@@ -238,16 +271,22 @@ class Series:
                 return False
             rows = None if rec is None else rec.rows.get(family)
             new = rows is None or series not in rows
-            if new and family.capped and self._full():
+            if new and family.capped and self._total() + family.cost > self._max:
                 self._overflow_series[family.name] += 1
                 return False
             merged = family.merge(None if new else rows[series], value)  # type: ignore[index]
             if merged is None:
+                if family.capped:
+                    self._refused[family.name] += 1
                 return False
             if rec is None:
                 rec = self._pods[unit] = _Pod(time.time_ns())
+                # No container of it is live, so gone() never comes: it retires after the TTL
+                # unless one shows life (the unattributed unit never retires).
+                if not family.live and any(unit):
+                    self._gone[unit] = self._clock()
             if new and family.capped:
-                self._held[family.name] += 1
+                self._held[family.name] += family.cost
             rec.rows.setdefault(family, {})[series] = merged
             if family.live:
                 self._live(rec, unit, where.container)
@@ -268,6 +307,19 @@ class Series:
             self._cost[(family, key)] = cost
             self._held[family.name] += cost
             self._overflow_series[family.name] += dropped
+
+    def retire(self, family: PodFamily, where: Where, key: str, sub: object) -> None:
+        """The sub-key `sub` (a cgroup) of a keyed row is gone for good: its last value is
+        folded into the row's RETIRED one (family.fold), so a unit that outlives its cgroups
+        (the unattributed calls, a pod whose containers restart) holds one value per live
+        cgroup, not one per cgroup it ever had, and its totals stay."""
+        assert family.fold is not None
+        with self._lock:
+            rec = self._pods.get(_unit(where))
+            rows = {} if rec is None else rec.rows.get(family, {})
+            values = rows.get((where.container, where.device, where.vendor, key))
+            if values is not None and sub in values:
+                values[RETIRED] = family.fold(values.get(RETIRED), values.pop(sub))
 
     def gone(self, where: Where) -> None:
         """The container's cgroup is gone. Unknown containers are ignored."""
@@ -331,7 +383,7 @@ class Series:
             self._calls -= len(rec.series)
             for family, rows in rec.rows.items():
                 if family.capped:
-                    self._held[family.name] -= len(rows)
+                    self._held[family.name] -= len(rows) * family.cost
 
     def _pod_rows(self, family: PodFamily) -> list[PodRow]:
         return [
@@ -359,6 +411,7 @@ class Series:
                 OVERFLOW_SERIES,
                 [Point({"source": k}, n, start) for k, n in self._overflow_series.items()],
             ),
+            (REFUSED, [Point({"source": k}, n, start) for k, n in self._refused.items()]),
         ]
 
 

@@ -14,7 +14,8 @@ The model (docs/metrics.md#energy-per-pod):
 
 A driver counter's step is checked against what the device could have made in the interval
 (`most_uj`): a rise past it, or a fall to a value past it, is no energy but a bad reading
-(docs/metrics.md#the-energy-counter-rule).
+(docs/metrics.md#the-energy-counter-rule). Power integrated where there is no counter is held
+to the same ceiling: a reading past it (2^63-1 µW) is no energy.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ UNATTRIBUTED = "unattributed"
 # Telemetry's skip reasons for a counter step that is not taken as it reads.
 COUNTER_RESET = "counter_reset"
 COUNTER_IMPLAUSIBLE = "counter_implausible"
+POWER_IMPLAUSIBLE = "power_implausible"  # a power reading past what the device can draw
 # The most a device can draw: POWER_MARGIN times its highest power limit (the limit is what
 # firmware holds the average to; peaks and a counter updated late pass it, never twice over),
 # or FALLBACK_WATTS where the driver publishes no limit (more than any one accelerator draws).
@@ -94,11 +96,15 @@ def weights(
     return {k: b[1] for k, b in busy.items()}, max(b[2] for b in busy.values())
 
 
+def most_uw(limit_uw: int | None) -> int:
+    """The most power (µW) the device can draw, its highest power limit limit_uw (None or 0:
+    not published)."""
+    return POWER_MARGIN * limit_uw if limit_uw else FALLBACK_WATTS * 1_000_000
+
+
 def most_uj(limit_uw: int | None, interval_ns: int) -> int:
-    """The most energy (µJ) the device could make in interval_ns, its highest power limit
-    limit_uw (None or 0: not published)."""
-    ceiling_uw = POWER_MARGIN * limit_uw if limit_uw else FALLBACK_WATTS * 1_000_000
-    return ceiling_uw * max(interval_ns, 0) // 1_000_000_000
+    """The most energy (µJ) the device could make in interval_ns."""
+    return most_uw(limit_uw) * max(interval_ns, 0) // 1_000_000_000
 
 
 def step(last: int, new: int, most: int, wide: bool) -> tuple[int | None, str | None]:
@@ -135,8 +141,9 @@ class Meter(Generic[_K]):
     ) -> tuple[int | None, str | None]:
         """The µJ used since the last read (None: no energy source, or none known), and the skip
         reason of a counter step not taken as it reads (see step; limit_uw: the device's
-        highest power limit). An implausible reading is the next one's baseline, so one bad
-        read costs one interval and a counter that jumped for good is followed from there."""
+        highest power limit) or of a power reading past what the device can draw (most_uw). An
+        implausible reading is the next one's baseline, so one bad read costs one interval and
+        a counter that jumped for good is followed from there."""
         if energy_uj is not None:
             self.source = "driver"
             last, self.counter = self.counter, energy_uj
@@ -149,6 +156,8 @@ class Meter(Generic[_K]):
             return delta, reason
         if power_uw is not None and self.at_ns is not None:
             self.source = "integrated"
+            if power_uw > most_uw(limit_uw):
+                return None, POWER_IMPLAUSIBLE  # more than the device can draw: no energy
             work = power_uw * (now - self.at_ns) + self.integrated_rem
             delta, self.integrated_rem = divmod(work, 1_000_000_000)
             return delta, None

@@ -44,7 +44,7 @@ from kubenpu.metrics.catalogue import (
     Spec,
 )
 from kubenpu.metrics.inputs import Where
-from kubenpu.metrics.points import Point, Snapshot, summed
+from kubenpu.metrics.points import Point, Snapshot, plus, summed
 from kubenpu.metrics.series import NodeFamily, PodFamily, PodRow, Series, added, keyed
 from kubenpu.resolve import Attribution
 from kubenpu.resolve.cgroups import ProcCgroups
@@ -74,18 +74,43 @@ def _job_points(rows: list[PodRow]) -> Snapshot:
 
 def _resets(spec: Spec) -> PodFamily:
     """put(family, where, "", 1): one device reset the container hung or lost work in. Not a
-    sign of life: a reset names a container that may be gone."""
+    sign of life: a reset names a container that may be gone (a pod it alone names retires
+    after metrics.series_ttl_seconds). A series under the cap, as the pod's others."""
     return PodFamily(
-        spec.name,
+        "resets",
         lambda rows: [(spec, [Point(r.where, r.value, r.start_ns) for r in rows])],
         added,
+        capped=True,
         live=False,
     )
 
 
+def _fold(retired: JobTimes | None, gone: JobTimes) -> JobTimes:
+    """A gone cgroup's jobs added into its series' retired ones. Its jobs in flight are not:
+    its keys leave the kernel's table, so no done can come for them."""
+    if retired is None:
+        return gone._replace(queued=gone.done)
+    return JobTimes(
+        retired.queued + gone.done,
+        retired.done + gone.done,
+        plus(retired.wait, gone.wait),
+        plus(retired.run, gone.run),
+        retired.timeouts + gone.timeouts,
+    )
+
+
 # put(JOB_TIMES, where, ring, (cgroup id, times)): the kernel's cumulative GPU jobs of one cgroup
-# on one ring; a new (pod, device, ring) takes room under metrics.max_series as one series.
-JOB_TIMES = PodFamily("jobs", _job_points, keyed, capped=True)
+# on one ring; a new (pod, device, ring) takes room under metrics.max_series as four series (its
+# four points: the wait and run histograms, the job count and the jobs in flight). A gone cgroup
+# is retired into the series' folded total (retire).
+JOB_TIMES = PodFamily(
+    "jobs",
+    _job_points,
+    keyed(lambda t: max(sum(t.wait.slots), sum(t.run.slots))),
+    capped=True,
+    cost=4,
+    fold=_fold,
+)
 RESETS = {spec: _resets(spec) for spec in (POD_HANGS, RESET_VICTIMS)}
 # set(LOST, "", {reason: n}): the kernel side's job losses by reason, cumulative.
 LOST = NodeFamily(
@@ -199,13 +224,11 @@ class Jobs:
             ring, who = rings.get(ring_addr), self._attribute(cgroup_id)
             if ring is None or who is None:
                 continue  # read again next time: the values are cumulative
-            device = self._device(ring.device)
-            vendor = self._vendor.get(device, "")
-            where = Where.of(who, device, vendor)
-            self._metrics.put(JOB_TIMES, where, ring.name, (cgroup_id, times))
+            self._metrics.put(JOB_TIMES, self._where(who, ring), ring.name, (cgroup_id, times))
         self._metrics.set(LOST, "", dict(self._kernel.lost()))
         self._count_resets(table, rings)
-        self._reap([c for c in cgroups if c in self._who and not self._resolver.alive(c)])
+        dead = [c for c in cgroups if c in self._who and not self._resolver.alive(c)]
+        self._reap(dead, [(c, rings.get(a)) for c, a in table if c in dead])
 
     def finish(self) -> None:
         """The last read, at the stop: the kernel's values since the last read are not lost."""
@@ -283,11 +306,20 @@ class Jobs:
         self._who[cgroup_id] = answer[0]
         return answer[0]
 
-    def _reap(self, dead: list[int]) -> None:
-        """Gone cgroups, whose last values this read set: their container retires, their keys
-        leave the kernel's table."""
+    def _where(self, who: Attribution, ring: Ring) -> Where:
+        device = self._device(ring.device)
+        return Where.of(who, device, self._vendor.get(device, ""))
+
+    def _reap(self, dead: list[int], keys: list[tuple[int, Ring | None]]) -> None:
+        """Gone cgroups, whose last values this read set (`keys`: their rings): their values
+        stay in their series' totals, their container retires, their keys leave the kernel's
+        table."""
         if not dead:
             return
+        for cgroup_id, ring in keys:
+            if ring is not None:
+                where = self._where(self._who[cgroup_id], ring)
+                self._metrics.retire(JOB_TIMES, where, ring.name, cgroup_id)
         for cgroup_id in dead:
             who = self._who.pop(cgroup_id)
             for key in [k for k in self._paired if k[0] == cgroup_id]:

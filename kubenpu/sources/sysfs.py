@@ -176,8 +176,8 @@ def read_device(device: Device, root: str | Path = "/") -> Reading:
     if dirs is None:
         return reading
     device_dir, card_dir = dirs
-    for hwmon in _hwmon_dirs(device_dir):
-        _read_hwmon(hwmon, reading)
+    for hwmon, chip in _chips(_hwmon_dirs(device_dir)):
+        _read_hwmon(hwmon, chip, reading)
     for item in DRIVER_FILES.get(device.driver or "", ()):
         base = device_dir if item.base is Base.DEVICE else card_dir
         if base is not None:
@@ -262,13 +262,27 @@ def _hwmon_dirs(device_dir: Path) -> list[Path]:
     return [device_dir / "hwmon" / n for _, n in sorted(numbered)]
 
 
-def _read_hwmon(hwmon: Path, reading: Reading) -> None:
+def _chips(hwmons: list[Path]) -> list[tuple[Path, str]]:
+    """Each hwmon device with its `chip` label: its name, and for a later chip of a name the
+    device already has, the name and an ordinal (amdgpu-2), so two chips' sensors are never
+    one series (a sensor's hw.id must be unique). The hwmon ABI forbids '-' in a name."""
+    chips: dict[str, Path] = {}
+    for hwmon in hwmons:
+        name = _text(hwmon / "name") or hwmon.name
+        chip, n = name, 1
+        while chip in chips:
+            n += 1
+            chip = f"{name}-{n}"
+        chips[chip] = hwmon
+    return [(hwmon, chip) for chip, hwmon in chips.items()]
+
+
+def _read_hwmon(hwmon: Path, chip: str, reading: Reading) -> None:
     try:
         names = sorted(os.listdir(hwmon))
     except OSError:
         reading.skipped[str(Skip.UNREADABLE)] += 1
         return
-    chip = _text(hwmon / "name") or hwmon.name
     channels = sorted(
         (m[1], int(m[2]), m[3], name) for name in names if (m := _HWMON.fullmatch(name))
     )

@@ -27,7 +27,7 @@ from kubenpu.metrics.catalogue import (
     UNTIMED,
 )
 from kubenpu.metrics.inputs import Where
-from kubenpu.metrics.points import Point, Snapshot, summed
+from kubenpu.metrics.points import Point, Snapshot, plus, summed
 from kubenpu.metrics.series import PodFamily, PodRow, Series, by_label, counter, keyed
 from kubenpu.resolve import Attribution, Unattributed
 from kubenpu.resolve.hold import Hold, Resolve
@@ -57,9 +57,16 @@ def _duration_points(rows: list[PodRow]) -> Snapshot:
 
 # put(DURATIONS, where, kind, (key, durations)): the kernel's cumulative durations and errors of
 # one key (a cgroup) of a counted calls series. A series whose calls are not counted (capped) is
-# not timed either; a new histogram takes room under metrics.max_series as one series.
+# not timed either; a new histogram takes room under metrics.max_series as one series. A gone
+# key is retired into the series' folded total (retire).
 DURATIONS = PodFamily(
-    "durations", _duration_points, keyed, capped=True, needs_calls=True, live=False
+    "durations",
+    _duration_points,
+    keyed(lambda d: sum(d.slots)),
+    capped=True,
+    needs_calls=True,
+    live=False,
+    fold=plus,
 )
 DROPS = by_label(DROPPED, DROP_REASONS)
 EVENTS = counter(RECEIVED)
@@ -297,12 +304,17 @@ class Attributor:
         keys: list[Key] = []
         for cgroup_id in cgroup_ids:
             who = self._resolver.resolve(cgroup_id)
+            gone = self._seen.pop(cgroup_id)
             if who is not None:  # a container without pod labels retires too
+                for key in gone:  # its durations stay in its series' totals, not per cgroup
+                    dev = self._by_node[(key.major, key.minor)]
+                    where = Where.of(who, dev.id, dev.vendor or "")
+                    self._metrics.retire(DURATIONS, where, Kind(key.kind).label, key)
                 self._metrics.gone(Where.of(who))
                 if self._activity is not None:
                     self._activity.gone(who.namespace, who.pod, who.container)
             self._resolver.forget(cgroup_id)
-            keys.extend(self._seen.pop(cgroup_id))
+            keys.extend(gone)
         for key in keys:
             self._timed_set.pop(key, None)
         return keys
