@@ -364,6 +364,23 @@ PENDING_EXPIRED = Spec(
     "Calls held while the CRI could not name their pod, then counted with empty pod labels "
     "after attribution.pending_seconds.",
 )
+# The calls held now: a wrong or slow CRI socket shows here, not as a silent hole in the calls.
+PENDING_CALLS = Spec(
+    "kubenpu.pending.calls",
+    "gauge",
+    "{call}",
+    "Calls held now because the CRI has not named their pod yet: counted under their pod when "
+    "it answers, else with empty pod labels after attribution.pending_seconds. Above 0 for more "
+    "than a few seconds: the CRI socket is wrong, down or slow (kubenpu_cri_errors_total).",
+    integer=True,
+)
+PENDING_AGE = Spec(
+    "kubenpu.pending.age",
+    "gauge",
+    "s",
+    "How long the oldest held calls (kubenpu_pending_calls) have waited for their pod's name; "
+    "0 when none are held. They are counted when it reaches attribution.pending_seconds.",
+)
 _POD = (*POD_LABELS, "device", "vendor")
 ENGINE_BUSY = Spec(
     "kubenpu.engine.busy",
@@ -777,6 +794,8 @@ SPECS = (
     SOURCE_READ_DURATION,
     SOURCE_ERRORS,
     PENDING_EXPIRED,
+    PENDING_CALLS,
+    PENDING_AGE,
     ENGINE_BUSY,
     ENGINE_CYCLES,
     ENGINE_TOTAL_CYCLES,

@@ -190,7 +190,8 @@ class CriClient:
                 self._channel = self._stub = None
         if first:
             log.warning(
-                "CRI endpoint %s: %s; pods get empty labels, retrying every %gs",
+                "CRI endpoint %s: %s; new pods' calls are held for their names "
+                "(kubenpu_pending_calls), retrying every %gs",
                 self._endpoint,
                 _describe(self._endpoint, error),
                 self._retry_after,
