@@ -42,6 +42,7 @@ from kubenpu.metrics.catalogue import (
     PENDING_AGE,
     PENDING_CALLS,
     PENDING_EXPIRED,
+    PROBE_PINNED,
     READ_ERRORS,
     RECEIVED,
     TELEMETRY_SKIPPED,
@@ -1090,3 +1091,14 @@ def test_unchanged_durations_are_not_set_again_until_the_store_drops_a_pod(cgrou
     assert set_calls == [pod, pod]
     [hist] = values(agent.metrics, IOCTL_DURATION).values()
     assert hist.count == 2
+
+
+@pytest.mark.parametrize("pinned", [False, True])
+def test_the_probes_pinning_is_a_metric_once_attached(pinned):
+    """A read-only bpffs once left the probe unpinned with one warning and no metric."""
+    kernel = FakeKernel()
+    kernel.pinned = pinned
+    agent = make_agent(kernel, FakeResolver())
+    assert values(agent.metrics, PROBE_PINNED) == {}
+    agent.attach()
+    assert values(agent.metrics, PROBE_PINNED) == ({(): 1} if pinned else {})

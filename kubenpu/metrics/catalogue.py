@@ -381,6 +381,17 @@ PENDING_AGE = Spec(
     "How long the oldest held calls (kubenpu_pending_calls) have waited for their pod's name; "
     "0 when none are held. They are counted when it reaches attribution.pending_seconds.",
 )
+# Whether restarts, upgrades and uninstall keep their guarantees (docs/pinning.md).
+PROBE_PINNED = Spec(
+    "kubenpu.probe.pinned",
+    "gauge",
+    "",
+    "1 when the probe is pinned in bpffs (probe.pin_dir): it counts on across agent restarts "
+    "and upgrades, and uninstall can remove it. 0 when it stops with the agent: no pin_dir, "
+    "events mode, no bpffs or a read-only one, or BCC's kprobe attach (the start log says "
+    "which).",
+    integer=True,
+)
 _POD = (*POD_LABELS, "device", "vendor")
 ENGINE_BUSY = Spec(
     "kubenpu.engine.busy",
@@ -796,6 +807,7 @@ SPECS = (
     PENDING_EXPIRED,
     PENDING_CALLS,
     PENDING_AGE,
+    PROBE_PINNED,
     ENGINE_BUSY,
     ENGINE_CYCLES,
     ENGINE_TOTAL_CYCLES,
