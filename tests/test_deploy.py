@@ -25,7 +25,16 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from helpers import CHART, helm, helm_values, k8s_tools, render_helm, script_output
+from helpers import (
+    CHART,
+    NAMESPACE,
+    RELEASE,
+    helm,
+    helm_values,
+    k8s_tools,
+    render_helm,
+    script_output,
+)
 
 from kubenpu.metrics.catalogue import HW_ATTRIBUTES, K8S_ATTRIBUTES, SPECS
 
@@ -1322,3 +1331,25 @@ def test_the_repo_names_no_package_mirror_host() -> None:
         text=True,
     )
     assert proc.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "socket_dir", "renders"),
+    [
+        ("unix:///var/run/crio/crio.sock", "/run/containerd", False),  # CRI-O, dir forgotten
+        ("unix:///var/run/crio/crio.sock", "/var/run/crio", True),
+        ("unix:///var/run/crio/crio.sock", "/var/run/crio/", True),
+        ("/run/k3s/containerd/containerd.sock", "/run/k3s/containerd", True),  # a bare path
+        ("unix:///run/containerd-2/containerd.sock", "/run/containerd", False),  # a mere prefix
+    ],
+)
+def test_a_cri_socket_outside_the_mounted_directory_fails_the_render(
+    endpoint: str, socket_dir: str, renders: bool
+) -> None:
+    """A CRI-O endpoint without criSocketDir once rendered a pod whose socket was outside every
+    mount: the agent then held every pod's calls for attribution.pending_seconds."""
+    values = helm_values(criSocketDir=socket_dir, config__attribution__cri__endpoint=endpoint)
+    proc = helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE, values=values)
+    assert (proc.returncode == 0) == renders, proc.stderr
+    if not renders:
+        assert f"config.attribution.cri.endpoint {endpoint} is outside criSocketDir" in proc.stderr
