@@ -347,6 +347,7 @@ def _script(name: str) -> Any:
     return module
 
 
+script = _script
 dashboards = _script("dashboards")
 # Labels a query groups by that are empty on the VM, so Prometheus leaves them out of a series.
 EMPTY_ON_THE_VM = {
