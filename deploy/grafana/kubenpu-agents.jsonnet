@@ -134,5 +134,24 @@ g.dashboard(
       g.pos(0, 48, 24, 8),
       'unmatched: a job queued before the jobs probe attached (expected after a start). keys_full: the kernel table of {cgroup, ring} is full, jobs not timed.',
     ),
+    g.timeseries(
+      'Calls held for the CRI',
+      [
+        g.target('sum by (node) (kubenpu_pending_calls{%s})' % node, '{{node}} held calls'),
+        g.target('max by (node) (kubenpu_pending_age_seconds{%s})' % node,
+                 '{{node}} oldest held', refId='B'),
+      ],
+      'short',
+      g.pos(0, 56, 12, 8),
+      "Calls waiting for the CRI to name their pod: in no pod's series yet. Held for more than a few seconds: the CRI socket is wrong, down or slow; after attribution.pending_seconds they are counted without pod labels.",
+      units={ B: 's' },
+    ),
+    g.timeseries(
+      'Probe pinned in bpffs',
+      [g.target('min by (node) (kubenpu_probe_pinned{%s})' % node, '{{node}}')],
+      'short',
+      g.pos(12, 56, 12, 8),
+      '1: the probe outlives the agent (restarts and upgrades lose no call). 0 with probe.pin_dir set: no bpffs or a read-only one (docs/pinning.md).',
+    ),
   ],
 )
