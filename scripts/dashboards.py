@@ -407,13 +407,21 @@ def main(argv: list[str]) -> int:
     out = Path(argv[1]) if len(argv) > 1 else ROOT / "docs"
     with tempfile.TemporaryDirectory() as work:
         results = run_all(tools(), record, Path(work))
-    print("| dashboard | panel | query | series | points |\n|---|---|---|---|---|")
     for board in results:
         draw(board, Window.of(record), out / f"dashboard-{board.name}.png")
+    print(table(results))
+    return 0
+
+
+def table(results: list[Board]) -> str:
+    """What each query returned, as docs/dashboards.md's table (tests/test_dashboards.py checks
+    that the page holds this table, so a panel added later cannot be missing from it)."""
+    lines = ["| dashboard | panel | query | series | points |", "|---|---|---|---|---|"]
+    for board in results:
         for q in board.queries:
             points = sum(len(s.get("values", [s.get("value")])) for s in q.result)
-            print(f"| {board.name} | {q.panel} | {q.ref} | {len(q.result)} | {points} |")
-    return 0
+            lines.append(f"| {board.name} | {q.panel} | {q.ref} | {len(q.result)} | {points} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ class FakeKernel:
     def __init__(self, aggregate: bool = True, attach: str = "fentry-module") -> None:
         self.aggregate = aggregate
         self.attach = attach
+        self.pinned = False
         self.counts: dict[Key, int] = {}  # the counts map, cumulative
         self.durations: dict[Key, Durations] = {}  # the durations map, cumulative
         self.lost = dict.fromkeys(KERNEL_LOST, 0)  # the lost array, cumulative

@@ -347,6 +347,7 @@ def _script(name: str) -> Any:
     return module
 
 
+script = _script
 dashboards = _script("dashboards")
 # Labels a query groups by that are empty on the VM, so Prometheus leaves them out of a series.
 EMPTY_ON_THE_VM = {
@@ -375,6 +376,8 @@ RECORDED_SINCE = {
     "GPU jobs in flight by pod": "kubenpu_jobs_in_flight",
     "GPU job events lost, by reason": "kubenpu_jobs_lost_total",
     "GPU device resets by pod: hung, and work lost": "kubenpu_pod_device_hangs_total",
+    "Calls held for the CRI": "kubenpu_pending_calls",
+    "Probe pinned in bpffs": "kubenpu_probe_pinned",
     **dict.fromkeys(
         (
             "Allocated vs used by pod and device",

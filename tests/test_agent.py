@@ -40,7 +40,10 @@ from kubenpu.metrics.catalogue import (
     IOCTL_ERRORS,
     LATE_SIGHTINGS,
     OVERFLOW_CALLS,
+    PENDING_AGE,
+    PENDING_CALLS,
     PENDING_EXPIRED,
+    PROBE_PINNED,
     READ_ERRORS,
     RECEIVED,
     TELEMETRY_SKIPPED,
@@ -53,6 +56,7 @@ from kubenpu.resolve import Attribution
 from kubenpu.resolve.resolver import Resolver
 from kubenpu.services import Services
 from kubenpu.sources.activity import Activity
+from kubenpu.sources.calls import attribution
 from kubenpu.sources.calls.attribution import DURATIONS, Attributor
 from kubenpu.sources.calls.events import Key, Tally
 from kubenpu.sources.calls.probe import Probe
@@ -644,6 +648,78 @@ def test_pending_counts_settle_after_pending_seconds():
     assert attributor.dead_cgroups() == [9]
 
 
+def _held(metrics: Series) -> tuple[int, float]:
+    return values(metrics, PENDING_CALLS).get((), 0), values(metrics, PENDING_AGE).get((), 0.0)
+
+
+def test_calls_held_for_an_absent_runtime_are_shown_and_logged_with_its_socket(
+    tmp_path, cgroups, caplog
+):
+    """A wrong CRI socket once made a busy pod vanish for attribution.pending_seconds without a
+    word: no series, 0 calls/s in top. The real resolver, dialling a socket nobody serves."""
+    caplog.set_level(logging.INFO, "kubenpu")
+    absent = f"unix://{tmp_path / 'wrong.sock'}"
+    resolver = Resolver(cgroups, absent, cri_timeout=2.0)
+    clock, metrics = Clock(), table(300, 100)
+    attributor = Attributor([VGEM], resolver, metrics, cri_endpoint=absent, clock=clock)
+    pod, tally = key(os.stat(cgroups / POD_DIR).st_ino), Tally(100)
+
+    def said() -> list[str]:  # the attributor's lines (the CRI client's own come and go)
+        return [r.getMessage() for r in caplog.records if r.name == attribution.__name__]
+
+    try:
+        tally.add(pod, 100)
+        attributor.flush(tally.drain())
+        assert values(metrics, IOCTL) == {} and _held(metrics) == (100, 0.0)
+        tally.add(pod, 50)
+        clock.now += 9.5
+        attributor.flush(tally.drain())
+        assert _held(metrics) == (150, 9.5)
+        assert said() == []  # a runtime a moment slow is not worth a warning
+        clock.now += 0.5
+        attributor.flush(tally.drain())
+        assert _held(metrics) == (150, 10.0)
+        [line] = said()
+        assert line.startswith("150 call(s) of 1 cgroup(s) held for 10 s: the CRI at " + absent)
+        assert "(120 s)" in line
+        clock.now += 110
+        attributor.flush(tally.drain())
+        assert _held(metrics) == (0, 0.0)
+        assert values(metrics, PENDING_EXPIRED) == {(): 150}
+        assert said()[1:] == [
+            "no calls held any more; 150 of them counted with empty pod labels "
+            "(kubenpu_pending_expired_calls_total)"
+        ]
+    finally:
+        resolver.close()
+
+
+def test_calls_held_for_a_slow_runtime_are_shown_then_counted_when_it_answers(
+    cri, cri_socket, cgroups
+):
+    cri.add_container(CID, "ml", "trainer-0", "worker", pod_uid=UID)
+    cri.listed = False  # the lookup is the container's own: hold() keeps it in flight
+    cri.hold()
+    resolver = Resolver(cgroups, f"unix://{cri_socket}", cri_timeout=30.0)
+    clock, metrics = Clock(), table(300, 100)
+    attributor = Attributor([VGEM], resolver, metrics, clock=clock)
+    pod, tally = key(os.stat(cgroups / POD_DIR).st_ino), Tally(100)
+    try:
+        tally.add(pod, 7)
+        attributor.flush(tally.drain())
+        assert cri.wait_in_flight(1)
+        clock.now += 3
+        attributor.flush(tally.drain())
+        assert _held(metrics) == (7, 3.0) and values(metrics, IOCTL) == {}
+        cri.release()
+        eventually(lambda: resolver.resolve(pod.cgroup_id), "the runtime's answer")
+        attributor.flush(tally.drain())
+        assert values(metrics, IOCTL) == {(*POD, "alloc"): 7}
+        assert _held(metrics) == (0, 0.0)
+    finally:
+        resolver.close()
+
+
 def test_pending_keys_are_capped_and_the_overflow_counted_unattributed():
     resolver, metrics = FakeResolver(), table(300, 100)
     attributor = Attributor([VGEM], resolver, metrics, max_pending=2, clock=Clock())
@@ -1039,3 +1115,14 @@ def test_unchanged_durations_are_not_set_again_until_the_store_drops_a_pod(cgrou
     assert set_calls == [pod, pod]
     [hist] = values(agent.metrics, IOCTL_DURATION).values()
     assert hist.count == 2
+
+
+@pytest.mark.parametrize("pinned", [False, True])
+def test_the_probes_pinning_is_a_metric_once_attached(pinned):
+    """A read-only bpffs once left the probe unpinned with one warning and no metric."""
+    kernel = FakeKernel()
+    kernel.pinned = pinned
+    agent = make_agent(kernel, FakeResolver())
+    assert values(agent.metrics, PROBE_PINNED) == {}
+    agent.attach()
+    assert values(agent.metrics, PROBE_PINNED) == ({(): 1} if pinned else {})

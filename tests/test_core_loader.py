@@ -358,14 +358,38 @@ def test_missing_capabilities_come_first(kernel, monkeypatch) -> None:
     )
 
 
-def test_with_every_capability_the_load_is_the_cause(kernel, monkeypatch) -> None:
+def test_eperm_with_every_capability_is_a_refusal_not_missing_capabilities(
+    kernel, monkeypatch
+) -> None:
+    """It once printed libbpf's bare EPERM, and the docs sent EPERM to "no capabilities"."""
     refused(kernel, monkeypatch)
     monkeypatch.setattr(hooks, "effective_capabilities", lambda: {"BPF", "PERFMON"})
+    monkeypatch.setattr(hooks, "refusal", lambda hook: f"refused ({hook})")
     err = failed(CoreKernel([]))
-    assert err.cause is Cause.OTHER
+    assert err.cause is Cause.REFUSED
     assert str(err) == (
-        f"cannot attach to {HOOK}: core: loading the object: EPERM: Operation not permitted"
+        f"cannot attach to {HOOK}: core: refused ({HOOK}): loading the object: "
+        "EPERM: Operation not permitted"
     )
+
+
+def test_another_error_with_every_capability_is_said_as_it_is(kernel, monkeypatch) -> None:
+    monkeypatch.setattr(core.shared_libbpf().lib, "bpf_object__load", lambda obj: -22)
+    monkeypatch.setattr(hooks, "effective_capabilities", lambda: {"BPF", "PERFMON"})
+    err = failed(CoreKernel([]))
+    assert (err.cause, str(err)) == (
+        Cause.OTHER,
+        f"cannot attach to {HOOK}: core: loading the object: EINVAL: Invalid argument",
+    )
+
+
+def test_drm_ioctl_in_a_drm_ko_without_btf_says_so(kernel, monkeypatch) -> None:
+    refused(kernel, monkeypatch)
+    monkeypatch.setattr(hooks, "effective_capabilities", lambda: {"SYS_ADMIN"})
+    monkeypatch.setattr(hooks, "module_without_btf", lambda hook: f"{hook}'s module has no BTF")
+    err = failed(CoreKernel([], hook="drm_ioctl"))
+    assert err.cause is Cause.NO_BTF
+    assert str(err).startswith("cannot attach to drm_ioctl: core: drm_ioctl's module has no BTF: ")
 
 
 @pytest.mark.parametrize("alone", [True, False])

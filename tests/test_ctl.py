@@ -523,3 +523,39 @@ def test_allocations_json_is_documented(tmp_path: Path, capsys) -> None:
         )
     finally:
         server.stop()
+
+
+def test_devices_with_none_says_so_in_a_line(tmp_path: Path, capsys) -> None:
+    """A bare header read like a failure to read."""
+    (tmp_path / "sys").mkdir()
+    assert main(["devices", "--root", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out == (
+        f"no DRM or accel device under {tmp_path}/sys/class (drm, accel): no GPU or NPU driver "
+        "is loaded, or this is not the node's /sys\n"
+    )
+    assert main(["devices", "--root", str(tmp_path), "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == []
+
+
+def test_allocations_on_a_socket_no_kubelet_serves_is_one_clear_line(tmp_path: Path, capsys):
+    """gRPC's raw error (three nested messages) became one line that says what to do."""
+    import socket
+
+    stale = tmp_path / "kubelet.sock"
+    with socket.socket(socket.AF_UNIX) as s:  # a socket file the kubelet left: connect refused
+        s.bind(str(stale))
+    assert main(["allocations", "--socket", str(stale)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == f"kubenpuctl: error: the kubelet does not answer at {stale}: is it running?"
+    assert main(["allocations", "--socket", str(tmp_path / "none.sock")]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"kubenpuctl: error: no kubelet PodResources socket at {tmp_path}/")
+
+
+@pytest.mark.parametrize("name", ["nvidia", "nvidia-drm", "NVIDIA"])
+def test_ioctls_of_nvidia_says_it_is_out_of_scope(name: str, capsys) -> None:
+    assert main(["ioctls", name]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"kubenpuctl: error: {name}: NVIDIA is out of scope: ")
+    assert "DCGM" in line

@@ -25,7 +25,16 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from helpers import CHART, helm, helm_values, k8s_tools, render_helm, script_output
+from helpers import (
+    CHART,
+    NAMESPACE,
+    RELEASE,
+    helm,
+    helm_values,
+    k8s_tools,
+    render_helm,
+    script_output,
+)
 
 from kubenpu.metrics.catalogue import HW_ATTRIBUTES, K8S_ATTRIBUTES, SPECS
 
@@ -840,7 +849,23 @@ def test_notes_say_how_to_check_the_install() -> None:
     assert "kubectl -n kubenpu rollout status daemonset/kubenpu" in notes
     assert "exec daemonset/kubenpu -- kubenpuctl top --once --url http://localhost:8080" in notes
     assert "port-forward daemonset/kubenpu 8080:8080" in notes
-    assert "docs/troubleshooting.md" in notes and (ROOT / "docs" / "troubleshooting.md").exists()
+    assert "helm show readme kubenpu --version 0.1.0" in notes
+
+
+def test_helm_show_readme_of_the_packaged_chart_has_the_install_and_troubleshooting(
+    tmp_path: Path,
+) -> None:
+    """What a user who pulled the chart from a registry gets: it was empty."""
+    tool = str(k8s_tools() / "helm")
+    subprocess.run([tool, "package", str(CHART), "-d", str(tmp_path)], check=True, timeout=60)
+    [package] = tmp_path.glob("kubenpu-*.tgz")
+    shown = subprocess.run(
+        [tool, "show", "readme", str(package)], capture_output=True, text=True, timeout=60
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith("# KubeNPU\n")
+    for heading in ("## Install", "#### No capabilities", "#### Refused with every capability"):
+        assert f"\n{heading}\n" in shown.stdout, heading
 
 
 # --- tests: a config change rolls the agents ------------------------------------------------------
@@ -1322,3 +1347,35 @@ def test_the_repo_names_no_package_mirror_host() -> None:
         text=True,
     )
     assert proc.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "socket_dir", "renders"),
+    [
+        ("unix:///var/run/crio/crio.sock", "/run/containerd", False),  # CRI-O, dir forgotten
+        ("unix:///var/run/crio/crio.sock", "/var/run/crio", True),
+        ("unix:///var/run/crio/crio.sock", "/var/run/crio/", True),
+        ("/run/k3s/containerd/containerd.sock", "/run/k3s/containerd", True),  # a bare path
+        ("unix:///run/containerd-2/containerd.sock", "/run/containerd", False),  # a mere prefix
+    ],
+)
+def test_a_cri_socket_outside_the_mounted_directory_fails_the_render(
+    endpoint: str, socket_dir: str, renders: bool
+) -> None:
+    """A CRI-O endpoint without criSocketDir once rendered a pod whose socket was outside every
+    mount: the agent then held every pod's calls for attribution.pending_seconds."""
+    values = helm_values(criSocketDir=socket_dir, config__attribution__cri__endpoint=endpoint)
+    proc = helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE, values=values)
+    assert (proc.returncode == 0) == renders, proc.stderr
+    if not renders:
+        assert f"config.attribution.cri.endpoint {endpoint} is outside criSocketDir" in proc.stderr
+
+
+def test_upgrade_md_says_the_packaged_charts_size_within_a_tenth(tmp_path: Path) -> None:
+    """The size upgrade.md quoted had gone stale (15,480 bytes said, 19,103 packaged)."""
+    said = re.search(r"the chart ([\d,]+) bytes", (ROOT / "docs" / "upgrade.md").read_text())
+    assert said is not None
+    tool = str(k8s_tools() / "helm")
+    subprocess.run([tool, "package", str(CHART), "-d", str(tmp_path)], check=True, timeout=60)
+    [package] = tmp_path.glob("kubenpu-*.tgz")
+    assert int(said[1].replace(",", "")) == pytest.approx(package.stat().st_size, rel=0.1)

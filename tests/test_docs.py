@@ -18,6 +18,7 @@ from test_imports import LAYERS
 from kubenpu.agent import loop
 from kubenpu.config import ProbeConfig
 from kubenpu.kernel import abi
+from kubenpu.metrics.catalogue import SPECS
 from kubenpu.resolve import resolver
 from kubenpu.sources import energy, jobs
 
@@ -375,3 +376,30 @@ def test_the_layout_lists_the_import_layers():
     section = ARCHITECTURE.split("## Layout: the import layers", 1)[1].split("\n## ", 1)[0]
     listed = [re.findall(r"`([^`]+)`", line) for line in re.findall(r"^\d+\. .*$", section, re.M)]
     assert listed == [[_layer_path(m) for m in layer] for layer in LAYERS]
+
+
+# Names of the kubenpu_ form that are not metrics: the pinned births map, the VM's test driver,
+# the old name of a renamed metric (upgrade.md), and prefixes ("every kubenpu_device_* metric").
+_NOT_METRICS = {"kubenpu_births", "kubenpu_testdrm", "kubenpu_device_throttle"}
+
+
+def _exported_names() -> set[str]:
+    names = set()
+    for spec in SPECS:
+        for name in (spec.prometheus_name, spec.translated_name):
+            names |= {name, name.removesuffix("_total")}
+            if spec.kind == "histogram":
+                names |= {f"{name}_{end}" for end in ("bucket", "count", "sum")}
+    return names
+
+
+def test_the_docs_name_only_metrics_that_exist():
+    """troubleshooting.md once sent a user to kubenpu_unattributed_total, which never existed
+    (kubenpu_unattributed_calls_total does)."""
+    exported, wrong = _exported_names(), set()
+    docs = [*(ROOT / "docs").glob("*.md"), ROOT / "README.md", *(CHART / "templates").glob("*.txt")]
+    for path in docs:
+        for name in re.findall(r"\bkubenpu_[a-z0-9_]*[a-z0-9]\b", path.read_text()):
+            if name not in exported and name not in _NOT_METRICS:
+                wrong.add(f"{path.relative_to(ROOT)}: {name}")
+    assert sorted(wrong) == []

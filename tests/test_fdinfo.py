@@ -700,10 +700,14 @@ def test_ctl_table(capsys: pytest.CaptureFixture[str]) -> None:
     ]
 
 
-def test_ctl_table_shows_cycles_where_there_is_no_time(capsys: pytest.CaptureFixture[str]) -> None:
+def test_ctl_table_shows_the_busy_share_of_cycles_where_there_is_no_time(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """xe's busy cycles were shown as raw pairs (rcs=28257900/7655183225cy,...: 330-character
+    rows); the fixture's rcs is 28,257,900 of 7,655,183,225 cycles: 0.37 %."""
     _, out, _ = run_ctl(capsys, "--root", str(PROC / "intel-arc-xe"))
     row = out.splitlines()[1].split()
-    assert row[5].startswith("rcs=28257900/7655183225cy,bcs=0/7655183225cy,")
+    assert row[5] == "rcs=0.4%,bcs=0.0%,vcs=0.0%,vecs=0.0%,ccs=0.0%"
     assert row[6] == "gtt=192KiB,vram0=23.4MiB"
 
 

@@ -20,7 +20,13 @@ from kubenpu.kernel import abi, bpfsys, core, maps
 from kubenpu.kernel.abi import dev_t
 from kubenpu.kernel.bcc import AttachPlan, BccKernel, attach_plans, source_text
 from kubenpu.kernel.core import CoreKernel
-from kubenpu.kernel.hooks import effective_capabilities, kernel_symbols, missing_privileges
+from kubenpu.kernel.hooks import (
+    effective_capabilities,
+    kernel_symbols,
+    missing_privileges,
+    module_without_btf,
+    refusal,
+)
 from kubenpu.kernel.loader import loaders
 from kubenpu.kernel.maps import Maps, device_slots, vendor_ids
 from kubenpu.kernel.records import Durations
@@ -465,3 +471,35 @@ def test_kernel_symbols_are_the_wanted_names_kallsyms_lists(lines, wanted, hint)
             if wanted <= seen:
                 break
         assert kernel_symbols(wanted, Unread(read), hint) == wanted
+
+
+def test_drm_ko_without_btf_is_named_only_where_it_is_a_loaded_module(tmp_path):
+    modules, btf = tmp_path / "module", tmp_path / "btf"
+    btf.mkdir()
+    assert module_without_btf("drm_ioctl", modules, btf) == ""  # no drm.ko: built in
+    (modules / "drm").mkdir(parents=True)
+    assert module_without_btf("drm_ioctl", modules, btf) == ""  # built in, with parameters
+    (modules / "drm" / "initstate").write_text("live\n")
+    assert module_without_btf("drm_ioctl", modules, btf).startswith("drm.ko has no BTF")
+    assert module_without_btf("security_file_ioctl", modules, btf) == ""
+    (btf / "drm").write_bytes(b"")
+    assert module_without_btf("drm_ioctl", modules, btf) == ""
+
+
+@pytest.mark.parametrize(
+    ("seccomp", "label", "suspects"),
+    [
+        ("0", "unconfined\n", ["a kernel"]),
+        ("2", "", ["a seccomp filter", "a kernel"]),
+        ("2", "cri-containerd.apparmor.d (enforce)\n", ["a seccomp", "the security", "a kernel"]),
+        ("0", "system_u:system_r:container_t:s0:c1,c2\0", ["the security module", "a kernel"]),
+    ],
+)
+def test_a_refusal_names_what_the_agent_sees_of_its_confinement(tmp_path, seccomp, label, suspects):
+    status, lsm = tmp_path / "status", tmp_path / "current"
+    status.write_text(f"Name:\tkubenpu\nSeccomp:\t{seccomp}\nSeccomp_filters:\t1\n")
+    lsm.write_text(label)
+    line = refusal("security_file_ioctl", status, lsm)
+    assert line.startswith("refused although the agent holds CAP_BPF + CAP_PERFMON: ")
+    said = line.split(": ", 1)[1].split(", or ")
+    assert [s for s, want in zip(said, suspects, strict=True) if not s.startswith(want)] == []

@@ -586,3 +586,38 @@ def test_the_identity_is_computed_at_start_not_at_construction(tmp_path):
     assert digests == []
     assert probe.dir == probe.dir and probe.dir.parent == tmp_path / "pins"
     assert digests == [1]  # once, then kept
+
+
+_MS_RDONLY, _MS_REMOUNT = 0x1, 0x20
+
+
+def _read_only_then_writable(bpffs: Path) -> dict:
+    """A probe started on a read-only bpffs, then one on the same bpffs made writable."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mount(None, bytes(bpffs), None, _MS_REMOUNT | _MS_RDONLY, None) != 0:
+        return {"skip": os.strerror(ctypes.get_errno())}
+    found = {}
+    probe = PinnedProbe(bpffs / "kubenpu", MapLoader(), [VGEM])
+    found["read_only"] = (probe.start(lambda _: None), probe.pinned)
+    probe.close()
+    libc.mount(None, bytes(bpffs), None, _MS_REMOUNT, None)
+    probe = PinnedProbe(bpffs / "kubenpu", MapLoader(), [VGEM])
+    found["writable"] = (probe.start(lambda _: None).split(" (")[1][:9], probe.pinned)
+    probe.close()
+    again = PinnedProbe(bpffs / "kubenpu", MapLoader(), [VGEM])
+    found["adopted"] = (again.start(lambda _: None).split(" (")[1][:12], again.pinned)
+    again.close()
+    return found
+
+
+def test_a_read_only_bpffs_leaves_the_probe_unpinned_and_says_so_in_pinned():
+    """It degraded with one warning, and no metric said restarts would lose the counts
+    (kubenpu_probe_pinned is set from `pinned`)."""
+    found = in_private_bpffs(_read_only_then_writable)
+    if "skip" in found:
+        pytest.skip(f"cannot remount a bpffs read-only here: {found['skip']}")
+    assert found["read_only"] == ("fentry-module", False)
+    assert found["writable"] == ("pinned in", True)
+    assert found["adopted"] == ("adopted from", True)

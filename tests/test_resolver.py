@@ -401,3 +401,39 @@ def test_every_finished_lookup_is_announced(tree, server, tmp_path):
         assert resolver.settle(unknown) == NOT_FOUND
     finally:
         resolver.close()
+
+
+def _idle(resolver: Resolver) -> bool:
+    """No lookup in flight (the resolver's own table: no answer announces a skipped one)."""
+    return all(x.future is None or x.future.done() for x in resolver._lookups.values())
+
+
+def test_a_timeout_at_start_is_retried_when_the_back_off_ends_not_a_minute_later(
+    tree, server, tmp_path, clock
+):
+    """One CRI failure at start backs the client off for retry_after (30 s). The lookups made
+    meanwhile send nothing, but each doubled the next retry's delay (1, 2, 4, 8, 16, 30 s), so
+    the first real retry came at 31 s here, and a minute after the back-off where the failure
+    came a moment later: a busy pod's calls were held for 1.5 minutes on a real kernel."""
+    server.set_unavailable()
+    failed = threading.Event()
+    resolver = Resolver(
+        str(tree.root),
+        f"unix://{tmp_path}/cri.sock",
+        clock=clock,
+        on_cri_request=lambda seconds, ok: ok or failed.set(),
+    )
+    try:
+        worker = tree.mkdir(tree.container(WORKER))
+        assert resolver.resolve(worker) is None
+        assert failed.wait(30)
+        eventually(lambda: _idle(resolver), "the failed lookup done")
+        server.set_unavailable(False)
+        for _ in range(29):  # the agent's flushes look every 0.5 s; every second here
+            clock.now += 1
+            assert resolver.resolve(worker) is None
+            eventually(lambda: _idle(resolver), "the lookup done")
+        clock.now += 1  # 30 s: the client's back-off ends
+        assert resolved(resolver, worker) == Attribution("ml", "trainer-0", "worker", pod_uid=UID)
+    finally:
+        resolver.close()

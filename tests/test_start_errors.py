@@ -43,6 +43,30 @@ try:
 except ProbeError as err:
     print(json.dumps({"cause": err.cause.name, "line": str(err)}))
 """
+# Runs a command under a seccomp filter that refuses bpf() with EPERM, as a runtime's
+# RuntimeDefault profile that predates CAP_BPF does to a process without CAP_SYS_ADMIN.
+NO_BPF_FILTER = r"""
+#include <errno.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    struct sock_filter f[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_bpf, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = {sizeof f / sizeof f[0], f};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog))
+        return 111;
+    execvp(argv[1], argv + 1);
+    return 112;
+}
+"""
 STUB_LIBBPF = (
     "int bpf_object__open_file(void) { return 0; }\nint libbpf_set_print(void) { return 0; }\n"
 )
@@ -95,6 +119,17 @@ def no_capabilities() -> tuple[str, str]:
     return start_elsewhere(["setpriv", "--bounding-set=-all", "--inh-caps=-all"])
 
 
+def seccomp_refuses_bpf(tmp_path: Path) -> tuple[str, str]:
+    """Every capability held, bpf() refused with EPERM by a seccomp filter: the kernel refuses,
+    not the capabilities (the line once sent this to "no capabilities")."""
+    if hooks.missing_privileges(HOOK, hooks.effective_capabilities()):
+        pytest.skip("this test runs without the hook's capabilities")
+    source, wrapper = tmp_path / "no_bpf.c", tmp_path / "no_bpf"
+    source.write_text(NO_BPF_FILTER)
+    subprocess.run([shutil.which("cc") or "cc", "-o", wrapper, source], check=True)
+    return start_elsewhere([str(wrapper)])
+
+
 def lockdown(monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:
     def refused(self, plan):
         raise Exception(BCC_LOCKDOWN)  # BCC raises bare Exception
@@ -110,6 +145,11 @@ TABLE = {
         Cause.CAPABILITIES,
         "core: missing CAP_BPF, CAP_PERFMON (probe.hook security_file_ioctl needs",
         ["loading the object", "EPERM"],
+    ),
+    "refused with every capability": (
+        Cause.REFUSED,
+        "core: refused although the agent holds CAP_BPF + CAP_PERFMON: a seccomp filter",
+        ["seccompProfile: {type: Unconfined}", "kernel that does not allow fentry", "EPERM"],
     ),
     "no BTF": (
         Cause.NO_BTF,
@@ -147,6 +187,7 @@ def test_each_cause_is_named_first(case, tmp_path, monkeypatch, stub_libbpf):
     env = {"LD_LIBRARY_PATH": str(stub_libbpf), "PATH": "/usr/bin:/bin"}
     run = {
         "no capabilities": no_capabilities,
+        "refused with every capability": lambda: seccomp_refuses_bpf(tmp_path),
         "no BTF": no_btf,
         "lockdown": lambda: lockdown(monkeypatch),
         "missing object": lambda: start_here(
@@ -163,8 +204,9 @@ def test_each_cause_is_named_first(case, tmp_path, monkeypatch, stub_libbpf):
     assert [c for c in contains if c not in line] == [], line
     assert "Unknown error" not in line
     assert lead in CORE_DOC  # docs/core.md's table quotes each line
-    if case != "lockdown":  # probe.loader core: BCC only where a kernel without BTF needs it
-        assert ("BCC" in line or "bccFallback" in line) == (case == "no BTF"), line
+    if case != "lockdown":  # probe.loader core: BCC only where the kernel's limits need it
+        bcc_helps = case in ("no BTF", "refused with every capability")
+        assert ("BCC" in line or "bccFallback" in line) == bcc_helps, line
 
 
 def agent(tmp_path: Path, loader: str, env: dict[str, str]) -> subprocess.CompletedProcess:

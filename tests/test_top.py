@@ -22,7 +22,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from helpers import free_port, receiver_tools, run_server, script_output
+from fakes import Clock, FakeResolver
+from helpers import free_port, make_config, receiver_tools, run_server, script_output
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kubenpu.cli import top
@@ -31,6 +33,12 @@ from kubenpu.cli.top import sources
 from kubenpu.cli.top.render import columns
 from kubenpu.cli.top.sources import ALLOCATED, SOURCES, STAMP, ScrapeSource, TopError
 from kubenpu.cli.top.view import ALIASES, HELP, _View
+from kubenpu.discovery import Device, Node
+from kubenpu.export import build_resource
+from kubenpu.export.prometheus import PrometheusCollector
+from kubenpu.sources.calls.attribution import Attributor
+from kubenpu.sources.calls.events import Key, Tally
+from kubenpu.sources.registry import table
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests/testdata/top"
@@ -40,6 +48,7 @@ assert _spec and _spec.loader
 record = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(record)
 KINDS = ("submit", "alloc", "wait")
+VGEM = Device("platform:vgem", None, None, None, (Node("/dev/dri/card0", "card0", 226, 0),), "vgem")
 
 
 def fixture(name: str) -> str:
@@ -1178,3 +1187,25 @@ def test_latency_keeps_a_recreated_pods_instances_apart(serve, capsys):
     out = capsys.readouterr().out
     assert "ml/p (uid old-uid) c 0000:03:00.0 wait: 10 calls" in out
     assert "ml/p (uid new-uid) c 0000:03:00.0 wait: 3 calls" in out
+
+
+def test_the_header_shows_the_calls_held_for_the_cri(serve, tmp_path):
+    """A wrong CRI socket once showed as 0 calls/s and no rows for attribution.pending_seconds:
+    the calls were held, and nothing on screen said so. The agent's own store and exporter."""
+    metrics, clock = table(300, 100), Clock()
+    attributor = Attributor([VGEM], FakeResolver(), metrics, clock=clock)  # never answers
+    tally = Tally(100)
+    tally.add(Key(9, 226, 0, 1), 40)
+    attributor.flush(tally.drain())
+    clock.now += 35
+    attributor.flush(tally.drain())
+    registry = CollectorRegistry()
+    registry.register(PrometheusCollector(metrics, build_resource(make_config(tmp_path, ""))))
+    server = serve(sequence(generate_latest(registry).decode()))
+    result = ctl("--once", "--interval", "1", "--url", server.url)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[2].endswith("  held for the CRI 40 (oldest 35s)")
+    attributor.settle_all()
+    server = serve(sequence(generate_latest(registry).decode()))
+    result = ctl("--once", "--interval", "1", "--url", server.url)
+    assert "held" not in result.stdout.splitlines()[2]

@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 import yaml
-from helpers import CHART, helm_values, render_helm
+from helpers import CHART, helm_values, render_helm, script
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+chart_readme = script("chart_readme")
 PAGES = [ROOT / "docs" / n for n in ("troubleshooting.md", "faq.md", "upgrade.md", "drivers.md")]
 PRIVILEGED = "pod-security.kubernetes.io/enforce=privileged"
 # Pod Security "baseline" (kubernetes.io/docs/concepts/security/pod-security-standards): the
@@ -142,6 +143,8 @@ def test_every_link_resolves(page: Path):
 
 STARTUP_CAUSES = [
     "No capabilities",
+    "Refused with every capability",
+    "drm.ko has no BTF",
     "No BTF",
     "Lockdown",
     "The CO-RE object is missing",
@@ -158,7 +161,23 @@ def test_troubleshooting_has_every_startup_cause_with_a_fix():
         assert "Fix" in sections[cause], cause
     assert "failed to find valid kernel BTF" in sections["No BTF"]  # libbpf's own words
     assert "probe.bccFallback" not in text  # the chart value is top-level bccFallback
-    assert "docs/troubleshooting.md" in (CHART / "templates" / "NOTES.txt").read_text()
+    assert "helm show readme" in (CHART / "templates" / "NOTES.txt").read_text()
+
+
+def test_the_charts_readme_is_generated_from_the_docs():
+    """`helm show readme` of the chart from a registry was empty: the install section and
+    troubleshooting.md now ship in it, generated (scripts/chart_readme.py) so it cannot go stale."""
+    assert (CHART / "README.md").read_text() == chart_readme.render()
+    install = chart_readme.render().split("## Troubleshooting")[0]
+    assert "the Troubleshooting section below lists each start-up" in install
+
+
+def test_the_notes_and_the_charts_readme_name_no_page_a_chart_user_lacks():
+    """A chart pulled from a registry has no docs/: NOTES.txt once sent its user there."""
+    notes = (CHART / "templates" / "NOTES.txt").read_text()
+    assert re.findall(r"docs/\S+", notes) == []
+    readme = chart_readme.render()
+    assert [link for link in re.findall(r"\]\(([^)]+)\)", readme) if "://" not in link] == []
 
 
 ALERT_LIKE = re.compile(r"\b[Kk]ube[Nn][Pp][Uu][A-Z][A-Za-z]+")

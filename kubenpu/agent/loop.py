@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from kubenpu.agent.health import Health
 from kubenpu.kernel.errors import ProbeError
-from kubenpu.metrics.own import KERNEL_READ_FAILED, STAMPS
+from kubenpu.metrics.own import KERNEL_READ_FAILED, PINNED, STAMPS
 from kubenpu.services import Streak, Worker
 from kubenpu.sources.base import Finishes, Reads, Report, Sees, Source, Ticks
 from kubenpu.sources.calls.events import Tally
@@ -129,6 +129,7 @@ class Agent:
     def attach(self) -> None:
         """Load and attach the probe. Raises ProbeError."""
         attach = self.probe.start()
+        self.metrics.set(PINNED, "", int(self.probe.pinned))
         self.health.attached()
         log.info(
             "probe attached: %s, probe.mode %s; counting %d device(s)",

@@ -113,6 +113,7 @@ def build(
         sys.stdout if trace else None,
         pending_seconds=cfg.attribution.pending_seconds,
         activity=activity,
+        cri_endpoint=cri.endpoint,
     )
     watched = not_ignored(found, cfg.discovery.ignore_devices)
     node = Node(cfg, metrics, found, watched, resolver, attributor, activity)

@@ -208,6 +208,11 @@ def _devices(args: argparse.Namespace) -> str:
     now = {d.id: Summary.of(read_device(d, args.root)) for d in devices}
     if args.output == "json":
         return json.dumps([_device_json(d, now[d.id]) for d in devices], indent=2)
+    if not devices:  # a bare header reads like a failure to read
+        return (
+            f"no DRM or accel device under {Path(args.root) / 'sys/class'} (drm, accel): no GPU "
+            "or NPU driver is loaded, or this is not the node's /sys"
+        )
     rows = [
         [
             d.driver or "-",
@@ -385,14 +390,16 @@ def _client_json(c: Client, owner: _Owner | None) -> dict[str, object]:
 
 
 def _busy(c: Client) -> str:
-    """Busy time per engine, or busy/total cycles where the driver counts no time (xe)."""
+    """Busy time per engine; where the driver counts cycles instead (xe), the busy share of the
+    cycles elapsed since the client opened the device, else (msm without totals) the cycles."""
     cells = []
     for name, e in c.engines.items():
         if "busy_ns" in e:
             cells.append(f"{name}={e['busy_ns'] / 1e9:.3f}s")
         elif "cycles" in e:
             total = e.get("total_cycles")
-            cells.append(f"{name}={e['cycles']}" + (f"/{total}cy" if total else "cy"))
+            share = f"{100 * e['cycles'] / total:.1f}%" if total else f"{e['cycles']}cy"
+            cells.append(f"{name}={share}")
     return ",".join(cells)
 
 
@@ -422,6 +429,12 @@ def _selected(name: str | None) -> tuple[Vendor, ...]:
     if name is None:
         return (core(), *all_vendors())
     vendor = by_name(name) or for_driver(name)  # `devices` shows drivers: intel_vpu is ivpu
+    if vendor is None and name.lower().startswith("nvidia"):
+        raise UsageError(
+            f"{name}: NVIDIA is out of scope: CUDA talks to /dev/nvidia* through nvidia.ko, not "
+            "through DRM, so no call of it is counted; use NVIDIA's DCGM exporter (README, "
+            "Scope: NVIDIA)"
+        )
     if vendor is None:
         known = ", ".join(v.name for v in (core(), *all_vendors()))
         raise UsageError(
@@ -440,11 +453,20 @@ def _allocations(args: argparse.Namespace) -> str:
         ) from None
     from kubenpu.resolve.podresources.mapping import Mapper, Unmapped
 
+    if not os.path.exists(args.socket):  # gRPC would say it in three nested messages
+        raise UsageError(
+            f"no kubelet PodResources socket at {args.socket}: run this on a node, as root, or "
+            "give the kubelet's socket with --socket"
+        )
     mapper = Mapper(discover(args.root))
     client = PodResourcesClient(args.socket)
     try:
         found, skipped = client.list()
     except PodResourcesError as e:
+        if "UNAVAILABLE" in str(e):  # a socket left by a kubelet that is not running
+            raise UsageError(
+                f"the kubelet does not answer at {args.socket}: is it running?"
+            ) from None
         raise UsageError(str(e)) from None
     finally:
         client.close()

@@ -19,6 +19,7 @@ class Kernel(Protocol):
     """The loaded BPF program as the Probe uses it; tests/fakes.py has a fake one."""
 
     aggregate: bool  # built for probe mode `aggregate` (else `events`)
+    pinned: bool  # once started: pinned in bpffs, counting on after the agent (PinnedProbe)
 
     def start(self, on_record: Callable[[bytes], None]) -> str:
         """Load (or adopt) and attach, deliver ring-buffer records to on_record; returns how it
@@ -81,6 +82,8 @@ class Reads(Protocol):
 class Forwarded:
     """The Kernel protocol's reads, forwarded to `_reads()`: the kernel's Maps, or the kernel
     a wrapper (Fallback, PinnedProbe) uses now."""
+
+    pinned = False  # only a PinnedProbe that pinned or adopted its probe is
 
     def _reads(self) -> Reads:
         raise NotImplementedError

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import errno
 import functools
 import hashlib
 import logging
@@ -51,6 +52,7 @@ _NO_BTF_HINT = (
     "; without BTF only BCC's kprobe attach works, with the node's kernel headers "
     "(chart value bccFallback: true, probe.attach: kprobe)"
 )
+_EPERM = bpfsys.error_name(errno.EPERM)
 # The libbpf codes of an object file it cannot read as a BPF object.
 _CORRUPT = {4000, 4001, 4002, 4003}  # LIBBPF_ERRNO__LIBELF, __FORMAT, __KVERSION, __ENDIAN
 _libc = ctypes.CDLL(None)
@@ -226,17 +228,23 @@ class CoreKernel(LoaderBase):
         return hooks.describe(attach, functions, self.loader)
 
     def _failure(self, err: ProbeError | bpfsys.BpfError) -> ProbeError:
-        """A failed start's line, its cause first: missing capabilities, a kernel without BTF,
-        else what failed. Alone (`probe.loader: core`) it names BCC only where that is the way
-        out: a kernel without BTF, where BCC's kprobe attach works with kernel headers."""
+        """A failed start's line, its cause first: missing capabilities, a kernel or drm.ko
+        without BTF, EPERM with every capability held (hooks.refusal), else what failed. Alone
+        (`probe.loader: core`) it names BCC only where that is the way out: a kernel without
+        BTF, where BCC's kprobe attach works with kernel headers."""
         head = f"cannot attach to {self.hook}: core: "
         cause = getattr(err, "cause", Cause.OTHER)  # the object's and libbpf's own come first
-        missing = hooks.missing_privileges(self.hook, hooks.effective_capabilities())
-        if cause is Cause.OTHER and missing:
+        if cause is not Cause.OTHER:
+            return ProbeError(f"{head}{err}", cause)
+        if missing := hooks.missing_privileges(self.hook, hooks.effective_capabilities()):
             return ProbeError(f"{head}{missing}: {err}", Cause.CAPABILITIES)
-        if cause is Cause.OTHER and self._lib is not None and self._lib.says(_NO_BTF):
+        if no_btf := hooks.module_without_btf(self.hook):
+            return ProbeError(f"{head}{no_btf}: {err}", Cause.NO_BTF)
+        if self._lib is not None and self._lib.says(_NO_BTF):
             hint = _NO_BTF_HINT if self._alone else ""
             return ProbeError(f"{head}{_NO_BTF_CAUSE}: {err}{hint}", Cause.NO_BTF)
+        if _EPERM in str(err):  # with every capability held: not the capabilities
+            return ProbeError(f"{head}{hooks.refusal(self.hook)}: {err}", Cause.REFUSED)
         return ProbeError(f"{head}{err}", cause)
 
     def _load(self, functions: list[str], exits: dict[str, str]) -> None:

@@ -11,6 +11,9 @@ class Cause(Enum):
     CAPABILITIES = "capabilities"  # the agent lacks what the hook needs: no loader gets past it
     NO_BTF = "no BTF"  # the kernel has no BTF: no CO-RE, no fentry
     LOCKDOWN = "lockdown"  # lockdown=confidentiality refuses the kprobe attach's reads
+    # EPERM although the agent holds the hook's capabilities: seccomp, a security module, or
+    # a kernel that allows no fentry there (BCC's kprobe may still load)
+    REFUSED = "refused"
     OBJECT_MISSING = "object missing"
     OBJECT_CORRUPT = "object corrupt"
     OLD_LIBBPF = "old libbpf"  # libbpf.so.1 lacks a function the loader calls

@@ -84,6 +84,53 @@ def missing_privileges(hook: str, held: set[str]) -> str:
     return f"missing {names} (probe.hook {hook} needs {need}; see docs/deploy.md)"
 
 
+def module_without_btf(
+    hook: str, sys_module: Path = Path("/sys/module"), btf_dir: Path = Path("/sys/kernel/btf")
+) -> str:
+    """Why fentry cannot reach the hook's function ("" if it can): drm_ioctl in a loaded drm.ko
+    that carries no BTF of its own (fentry on a module function needs it)."""
+    if hook != "drm_ioctl" or not (sys_module / "drm" / "initstate").exists():
+        return ""  # vmlinux's function, or drm built into the kernel (vmlinux's BTF has it)
+    if (btf_dir / "drm").exists():
+        return ""
+    return (
+        "drm.ko has no BTF (/sys/kernel/btf/drm is missing: a kernel without "
+        "CONFIG_DEBUG_INFO_BTF_MODULES, or a drm.ko built apart from it), and fentry on its "
+        "drm_ioctl needs it; use probe.hook security_file_ioctl (the default)"
+    )
+
+
+def refusal(
+    hook: str, status: Path = Path("/proc/self/status"), lsm: Path = Path("/proc/self/attr/current")
+) -> str:
+    """Why the kernel refuses (EPERM) a process that holds every capability the hook needs, as
+    far as the process can tell: a seccomp filter, a security module's confinement, else the
+    kernel itself (fentry not allowed on the function)."""
+    need = " + ".join(f"CAP_{c}" for c in HOOK_CAPABILITIES[hook])
+    suspects = []
+    if re.search(r"^Seccomp:\s*2$", _read(status), re.MULTILINE):
+        suspects.append(
+            "a seccomp filter (an old runtime's RuntimeDefault refuses bpf() without "
+            "CAP_SYS_ADMIN: chart value seccompProfile: {type: Unconfined})"
+        )
+    label = _read(lsm).strip("\0\n ")
+    if label and not label.startswith("unconfined"):
+        suspects.append(f"the security module's confinement ({label[:80]})")
+    suspects.append(
+        f"a kernel that does not allow fentry on {hook} (no "
+        "CONFIG_DYNAMIC_FTRACE_WITH_DIRECT_CALLS on this architecture; BCC's probe.attach: "
+        "kprobe may load)"
+    )
+    return f"refused although the agent holds {need}: " + ", or ".join(suspects)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
 def lockdown(path: Path = Path("/sys/kernel/security/lockdown")) -> str:
     """The kernel's lockdown level (none, integrity, confidentiality); "" when it has none."""
     try:

@@ -56,6 +56,10 @@ class Fallback(Forwarded):
     def _reads(self) -> Kernel:
         return self._active
 
+    @property
+    def pinned(self) -> bool:
+        return self._active.pinned
+
     def poll(self, timeout_ms: int) -> None:
         self._active.poll(timeout_ms)
 

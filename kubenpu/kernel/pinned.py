@@ -122,7 +122,7 @@ class PinnedProbe(Forwarded):
         # In this process: CO-RE (libbpf only), or BCC without a child (then LLVM stays mapped).
         attach = self._loader.start(on_record)
         objects = self._loader.objects()
-        pinned = pin_objects(objects, self.dir, dict(self.meta, attach=attach))
+        pinned = self.pinned = pin_objects(objects, self.dir, dict(self.meta, attach=attach))
         self._hand_over(Maps(objects).set_gate)
         return f"{attach} (pinned in {self.dir})" if pinned else attach
 
@@ -149,6 +149,7 @@ class PinnedProbe(Forwarded):
             log.warning("pinned probe %s unusable, loading anew: %s", self.dir, err)
             return None
         self._active = adopted
+        self.pinned = True
         if BIRTHS_LINK not in adopted.meta["links"]:
             log.warning("cgroup births unavailable: short-lived containers may lose their pod")
         if loaded:

@@ -383,6 +383,34 @@ PENDING_EXPIRED = Spec(
     "Calls held while the CRI could not name their pod, then counted with empty pod labels "
     "after attribution.pending_seconds.",
 )
+# The calls held now: a wrong or slow CRI socket shows here, not as a silent hole in the calls.
+PENDING_CALLS = Spec(
+    "kubenpu.pending.calls",
+    "gauge",
+    "{call}",
+    "Calls held now because the CRI has not named their pod yet: counted under their pod when "
+    "it answers, else with empty pod labels after attribution.pending_seconds. Above 0 for more "
+    "than a few seconds: the CRI socket is wrong, down or slow (kubenpu_cri_errors_total).",
+    integer=True,
+)
+PENDING_AGE = Spec(
+    "kubenpu.pending.age",
+    "gauge",
+    "s",
+    "How long the oldest held calls (kubenpu_pending_calls) have waited for their pod's name; "
+    "0 when none are held. They are counted when it reaches attribution.pending_seconds.",
+)
+# Whether restarts, upgrades and uninstall keep their guarantees (docs/pinning.md).
+PROBE_PINNED = Spec(
+    "kubenpu.probe.pinned",
+    "gauge",
+    "",
+    "1 when the probe is pinned in bpffs (probe.pin_dir): it counts on across agent restarts "
+    "and upgrades, and uninstall can remove it. 0 when it stops with the agent: no pin_dir, "
+    "events mode, no bpffs or a read-only one, or BCC's kprobe attach (the start log says "
+    "which).",
+    integer=True,
+)
 _POD = (*POD_LABELS, "device", "vendor")
 ENGINE_BUSY = Spec(
     "kubenpu.engine.busy",
@@ -801,6 +829,9 @@ SPECS = (
     SOURCE_READ_DURATION,
     SOURCE_ERRORS,
     PENDING_EXPIRED,
+    PENDING_CALLS,
+    PENDING_AGE,
+    PROBE_PINNED,
     ENGINE_BUSY,
     ENGINE_CYCLES,
     ENGINE_TOTAL_CYCLES,

@@ -15,6 +15,7 @@ from kubenpu.metrics.catalogue import (
     DEVICE_INFO,
     EXPORT_ERRORS,
     INDEX_REBUILDS,
+    PROBE_PINNED,
     READ_ERRORS,
     SOURCE_ERRORS,
     SOURCE_READ_DURATION,
@@ -76,6 +77,12 @@ CRI = NodeFamily(
     initial=lambda: {"": _Cri()},
 )
 EXPORT_FAILED = counter(EXPORT_ERRORS)
+# set(PINNED, "", 0 or 1): whether the probe outlives the agent, once attached.
+PINNED = NodeFamily(
+    PROBE_PINNED.name,
+    lambda rows, start: [(PROBE_PINNED, [Point({}, rows[""], start)])],
+    initial=lambda: {"": 0},
+)
 KERNEL_READ_FAILED = counter(READ_ERRORS)
 # set(STAMPS, source, at): the counters of `source` now hold what was read at `at` (Unix time):
 # a reader rates them over the change of `at`.
@@ -106,6 +113,7 @@ FAMILIES = (
     INDEX_REBUILT,
     CRI,
     EXPORT_FAILED,
+    PINNED,
     KERNEL_READ_FAILED,
     STAMPS,
     SOURCE_DURATION,

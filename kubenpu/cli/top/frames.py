@@ -16,6 +16,8 @@ from kubenpu.cli.top.sources import (
     DROPPED,
     ENERGY,
     ERRORS,
+    HELD,
+    HELD_AGE,
     IDLE_FOR,
     IOCTL,
     KINDS,
@@ -89,6 +91,8 @@ class Frame:
     unattributed: float = 0.0
     unattributed_rate: float = 0.0
     overflow: float = 0.0
+    held: float = 0.0  # calls waiting for the CRI to name their pod
+    held_age: float = 0.0  # s: how long the oldest of them have waited
     malformed: int = 0
 
 
@@ -161,6 +165,8 @@ def build_frame(reading: Reading, multi_node: bool) -> Frame:
         unattributed=_sum(by_name[UNATTRIBUTED]),
         unattributed_rate=_sum(rated[UNATTRIBUTED]),
         overflow=_sum(by_name[OVERFLOW]),
+        held=_sum(by_name[HELD]),
+        held_age=max((s.value for s in by_name[HELD_AGE]), default=0.0),
         malformed=reading.malformed,
     )
 

@@ -181,6 +181,8 @@ def header(frame: Frame, source: Source, interval: float) -> list[str]:
     )
     if frame.overflow:
         status += f"  overflow {frame.overflow:.0f}"
+    if frame.held:  # not in any row yet: without this a wrong CRI socket looks like idle pods
+        status += f"  held for the CRI {frame.held:.0f} (oldest {frame.held_age:.0f}s)"
     if frame.malformed:
         status += f"  malformed lines {frame.malformed}"
     return [

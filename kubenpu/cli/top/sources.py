@@ -22,6 +22,9 @@ DEVICE_INFO = catalogue.DEVICE_INFO.prometheus_name
 DROPPED = catalogue.DROPPED.prometheus_name
 UNATTRIBUTED = catalogue.UNATTRIBUTED.prometheus_name
 OVERFLOW = catalogue.OVERFLOW_CALLS.prometheus_name
+# Calls held for a CRI answer: not in IOCTL yet, so a wrong CRI socket would look like no calls.
+HELD = catalogue.PENDING_CALLS.prometheus_name
+HELD_AGE = catalogue.PENDING_AGE.prometheus_name
 TARGET_INFO = "target_info"  # the OTel resource: service_version, k8s_node_name
 # The fdinfo families; top shows them when they appear.
 BUSY = catalogue.ENGINE_BUSY.prometheus_name  # counter per ...,engine

@@ -131,6 +131,11 @@ class CriClient:
             return {}
         return {c.id: _attribution(c) for c in response.containers}
 
+    def sends_again_at(self) -> float:
+        """When (on the clock) requests are sent again after a failure; 0 when not backing off."""
+        with self._lock:
+            return self._down_until or 0.0
+
     def close(self) -> None:
         """Ends in-flight requests at once (they read as cri_error) and sends no more."""
         with self._lock:
@@ -190,7 +195,8 @@ class CriClient:
                 self._channel = self._stub = None
         if first:
             log.warning(
-                "CRI endpoint %s: %s; pods get empty labels, retrying every %gs",
+                "CRI endpoint %s: %s; new pods' calls are held for their names "
+                "(kubenpu_pending_calls), retrying every %gs",
                 self._endpoint,
                 _describe(self._endpoint, error),
                 self._retry_after,

@@ -4,6 +4,7 @@ cannot name their pod yet (kubenpu.resolve.hold)."""
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -20,6 +21,8 @@ from kubenpu.metrics.catalogue import (
     IOCTL_DURATION,
     IOCTL_ERRORS,
     LATE_SIGHTINGS,
+    PENDING_AGE,
+    PENDING_CALLS,
     PENDING_EXPIRED,
     RECEIVED,
     UNATTRIBUTED,
@@ -28,12 +31,14 @@ from kubenpu.metrics.catalogue import (
 )
 from kubenpu.metrics.inputs import Where
 from kubenpu.metrics.points import Point, Snapshot, plus, summed
-from kubenpu.metrics.series import PodFamily, PodRow, Series, by_label, counter, keyed
+from kubenpu.metrics.series import NodeFamily, PodFamily, PodRow, Series, by_label, counter, keyed
 from kubenpu.resolve import Attribution, Unattributed
 from kubenpu.resolve.hold import Hold, Resolve
 from kubenpu.sources.activity import Activity
 from kubenpu.sources.calls.events import Batch, Drop, Key
 from kubenpu.vendors import Kind
+
+log = logging.getLogger(__name__)
 
 
 # The calls' families beside kubenpu_ioctl_total (the table's own): their durations and errors,
@@ -76,12 +81,25 @@ LATE = counter(LATE_SIGHTINGS)
 UNTIMED_CALLS = counter(UNTIMED)
 EXPIRED = counter(PENDING_EXPIRED)
 FORGOTTEN = counter(DURATIONS_FORGOTTEN)
-FAMILIES = (DURATIONS, DROPS, EVENTS, UNNAMED, LATE, UNTIMED_CALLS, EXPIRED, FORGOTTEN)
+# set(HELD, "", (calls, seconds)): the calls held now, and how long the oldest have waited.
+HELD = NodeFamily(
+    PENDING_CALLS.name,
+    lambda rows, start: [
+        (PENDING_CALLS, [Point({}, rows[""][0], start)]),
+        (PENDING_AGE, [Point({}, rows[""][1], start)]),
+    ],
+    initial=lambda: {"": (0, 0.0)},
+)
+FAMILIES = (DURATIONS, DROPS, EVENTS, UNNAMED, LATE, UNTIMED_CALLS, EXPIRED, FORGOTTEN, HELD)
 
 _MAX_PENDING_KEYS = 10000  # keys held for pods the CRI cannot name yet
 # A long flush (an adopted probe's totals for 1,000 pods: a cgroup walk and 1,000 CRI lookups
 # started) counts the held cgroups whose answers came in this often, not only at its end.
 _RETRY_PENDING_SECONDS = 0.1
+# Calls held this long are logged, naming the CRI endpoint, once while any are held: a runtime
+# that answers names a new pod well within a second, and a wrong or slow socket otherwise hides
+# every new pod's calls for attribution.pending_seconds without a word.
+_HELD_LOG_SECONDS = 10.0
 
 
 @dataclass
@@ -112,19 +130,27 @@ class Attributor:
         pending_seconds: float = 120.0,
         max_pending: int = _MAX_PENDING_KEYS,
         activity: Activity | None = None,
+        cri_endpoint: str = "the CRI endpoint",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """cri_endpoint: the resolver's, for the log line about held calls."""
         self._activity = activity
         self._by_node = {(n.major, n.minor): d for d in devices for n in d.nodes}
         self._resolver = resolver
         self._metrics = metrics
         self._trace = trace
         self._hold = Hold(resolver, pending_seconds, clock)
+        self._pending_seconds = pending_seconds
+        self._cri_endpoint = cri_endpoint
         self._max_pending = max_pending
         self._clock = clock
         self._seen: dict[int, set[Key]] = {}  # cgroup id -> its keys, until the cgroup is gone
         self._pending: dict[int, _Held] = {}
         self._held_keys = 0
+        self._held_calls = 0
+        self._held_shown = False  # HELD shows held calls: it is set again when none are
+        self._held_logged = False  # the held calls were logged, and not all counted since
+        self._expired_since_log = 0
         # The durations last stored per key, valid while the store has dropped no pod since.
         self._timed_set: dict[Key, Durations] = {}
         # Gone cgroups were found and may not be forgotten yet (held, or the reap's read
@@ -159,6 +185,7 @@ class Attributor:
                 self._retry_pending()
                 retry_at = self._clock() + _RETRY_PENDING_SECONDS
         self._retry_pending()
+        self._report_held()
         if self._trace:
             self._print_trace(batch)
 
@@ -242,11 +269,13 @@ class Attributor:
             self._add(who, key, n, dev)
         elif held is not None and key in held.counts:
             held.counts[key] += n
+            self._held_calls += n
         elif self._held_keys < self._max_pending:
             if held is None:
                 held = self._pending[key.cgroup_id] = _Held(self._clock())
             held.counts[key] = n
             self._held_keys += 1
+            self._held_calls += n
         else:
             self._metrics.set(UNNAMED, Unattributed.PENDING_FULL, n)
             self._add(Attribution(), key, n)
@@ -274,16 +303,50 @@ class Attributor:
             if answer is None:
                 continue
             who, settled = answer
+            calls = sum(held.counts.values())
             if settled:
-                self._metrics.set(EXPIRED, "", sum(held.counts.values()))
+                self._metrics.set(EXPIRED, "", calls)
+                self._expired_since_log += calls
             del self._pending[cgroup_id]
             self._held_keys -= len(held.counts)
+            self._held_calls -= calls
             for key, n in held.counts.items():
                 self._add(who, key, n)
 
     def settle_all(self) -> None:
         """Count every held call now, with the best answer there is (before exit)."""
         self._retry_pending(settle=True)
+        self._report_held()
+
+    def _report_held(self) -> None:
+        """The held calls' gauges; one warning when they have waited _HELD_LOG_SECONDS, and
+        one line when none are held any more."""
+        oldest = next(iter(self._pending.values()), None)  # held in order of arrival
+        if oldest is None and not self._held_shown:
+            return  # nothing held before or now: the gauges already say 0
+        age = 0.0 if oldest is None else self._clock() - oldest.since
+        self._metrics.set(HELD, "", (self._held_calls, age))
+        self._held_shown = oldest is not None
+        if oldest is not None and age >= _HELD_LOG_SECONDS and not self._held_logged:
+            self._held_logged, self._expired_since_log = True, 0
+            log.warning(
+                "%d call(s) of %d cgroup(s) held for %.0f s: the CRI at %s has not named their "
+                "pods (wrong socket, runtime down or slow: see kubenpu_cri_errors_total). They "
+                "are counted under their pods when it answers, else with empty pod labels after "
+                "attribution.pending_seconds (%g s); kubenpu_pending_calls shows how many wait",
+                self._held_calls,
+                len(self._pending),
+                age,
+                self._cri_endpoint,
+                self._pending_seconds,
+            )
+        elif oldest is None and self._held_logged:
+            self._held_logged = False
+            log.info(
+                "no calls held any more; %d of them counted with empty pod labels "
+                "(kubenpu_pending_expired_calls_total)",
+                self._expired_since_log,
+            )
 
     def watch(self, cgroup_id: int) -> None:
         """Reap cgroup_id like a calling one (it holds a DRM client): retire its container when

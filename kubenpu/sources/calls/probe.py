@@ -52,6 +52,11 @@ class Probe:
         """Load and attach the program; returns the attach used. Raises ProbeError."""
         return self._kernel.start(self._on_record)
 
+    @property
+    def pinned(self) -> bool:
+        """Whether the started program outlives the agent (pinned in bpffs)."""
+        return self._kernel.pinned
+
     def _on_record(self, data: bytes) -> None:
         # Runs inside BCC's ctypes callback, where an exception would only be printed.
         try:
