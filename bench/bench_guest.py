@@ -213,9 +213,13 @@ def cgroup_id(cgroup: Path) -> int:
     return cgroup.stat().st_ino
 
 
+def bpftool_path() -> str | None:
+    return next((t for t in BPFTOOL if shutil.which(t)), None)
+
+
 def bpftool(*args: str) -> list[dict]:
     """`bpftool -j ARGS`, parsed; [] where no bpftool is found."""
-    tool = next((t for t in BPFTOOL if shutil.which(t)), None)
+    tool = bpftool_path()
     if tool is None:
         return []
     out = subprocess.run([tool, "-j", *args], check=True, capture_output=True, text=True).stdout
@@ -496,7 +500,7 @@ class Bench:
                     elif running:
                         running.stop()
             print(f"  round {r + 1}/{self.rounds}: {json.dumps(found)}", flush=True)
-        clean = {"bpftool": bool(bpftool("prog", "show")), "leftovers": leftovers}
+        clean = {"bpftool": bpftool_path() is not None, "leftovers": leftovers}
         print(f"  arms started clean: {json.dumps(clean)}", flush=True)
         return {"arms": found, "clean": clean}
 
