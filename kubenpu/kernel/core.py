@@ -284,8 +284,7 @@ class CoreKernel(LoaderBase):
             hooks.effective_capabilities()
         ):
             why = "drm_ioctl's exit needs drm loaded and, in drm.ko, CAP_SYS_ADMIN"
-            log.info("calls counted untimed: %s (probe.durations_exit: syscall times them)", why)
-            return {}, why
+            return {}, f"{why}; probe.durations_exit: syscall times them"
         return abi.EXIT_PROGRAMS["drm_ioctl"], ""
 
     def _map(self, name: str, max_entries: int | None = None) -> int:
