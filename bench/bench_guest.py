@@ -582,10 +582,11 @@ class Bench:
         return found
 
     def where(self, count: int) -> dict:
-        """Where an arm's per-call time goes, arm by arm (none, the agent's default, untimed,
-        each one-liner on security_file_ioctl): the tracing programs and links it adds and
-        whether any is left after it stops; with kernel.bpf_stats_enabled on (here only: it
-        adds two clock reads to every program run), each program's runs and ns per run over a
+        """Where an arm's per-call time goes, arm by arm (the agent as by default, untimed,
+        the counting one-liner and the timed pair at the syscall exit): the tracing programs
+        and links it adds and whether any is left after it stops; with
+        kernel.bpf_stats_enabled on (here only: it adds two clock reads to every program run),
+        each program's runs and ns per run over a
         TCGETS loop and a DRM loop; and the process's context switches per thread over
         WAKEUP_SECONDS of idle (both vCPUs share one host thread under TCG: every wakeup of
         the agent is time taken from the loop)."""
