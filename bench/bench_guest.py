@@ -4,6 +4,7 @@
     bench_guest.py OUT_DIR --check    only the max-rate exactness bursts; writes OUT_DIR/check.json
     bench_guest.py OUT_DIR --hooks    only the per-hook ioctl cost; writes OUT_DIR/bench.json
     bench_guest.py OUT_DIR --restart  only the restart rows; writes OUT_DIR/bench.json
+    bench_guest.py OUT_DIR --where    where the per-call time goes; writes OUT_DIR/where.json
 
 Every figure comes from one boot, measured side by side: tight loops of counted ioctls with the
 static C `drmcall` (no agent, then the agent in each probe mode), the agent's CPU from
@@ -71,7 +72,8 @@ TICK = os.sysconf("SC_CLK_TCK")
 PODS = 1000  # pods' worth of cgroups for the start and RSS figures
 TOUR_CALLS = 3  # calls made from each of those pods
 REPEATS = 5  # tight loops per phase, for the median
-HOOK_ROUNDS = 6  # interleaved rounds of the per-hook table: loops per arm, paired by round
+HOOK_ROUNDS = 6  # interleaved rounds of the per-call table (--rounds): arms paired by round
+LOOPS_PER_ROUND = 3  # tight loops of each call per arm and round; the round's figure: their median
 SETTLE_WINDOW = 1.0  # seconds: an arm's process is settled once it uses
 SETTLED_CPU = 0.05  # at most this share of a vCPU over a window
 LOOP_SECONDS = 1.0  # target length of one tight loop
@@ -105,11 +107,27 @@ TIMED_ONE_LINERS = {
     + " fexit:drm:drm_ioctl /@start[tid]/"
     " { @ns = hist(nsecs - @start[tid]); delete(@start[tid]); }",
 }
+# The timed floor of the default (probe.durations_exit: drm_ioctl): the LSM hook's count and entry
+# timestamp, the histogram at drm_ioctl's exit, which DRM calls alone pass.
+TIMED_AT_DRM_IOCTL = ONE_LINERS["security_file_ioctl"].replace(
+    "count(); }", "count(); @start[tid] = nsecs; }"
+) + (" fexit:drm:drm_ioctl /@start[tid]/ { @ns = hist(nsecs - @start[tid]); delete(@start[tid]); }")
+# The agent's default sources besides the calls, each off: what the per-source rows turn on alone.
+SOURCES_OFF = {
+    "fdinfo": {"fdinfo": {"enabled": False}},
+    "telemetry": {"telemetry": {"enabled": False}},  # uevents too: they are telemetry's
+    "jobs": {"probe": {"jobs": False}},
+}
 BPFTRACE_ATTACHED = "bpftrace attached"
 PIN_DIR = "/sys/fs/bpf/kubenpu-bench"  # probe.pin_dir of the restart rows
 RESTART_RATE = 2000  # calls/s of the paced load across the restart
 RESTART_LOAD_SECONDS = 20
 RESTART_KILL_AFTER = 5  # seconds into the load
+# bpftool, for what is attached and each program's run time: the guest root has none, so
+# bench/run.sh copies the host's into OUT (its libraries are in the root); else the PATH's.
+BPFTOOL = ("/out/bpftool", "bpftool")
+BPF_STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
+WAKEUP_SECONDS = 10  # the window over which an idle process's context switches are counted
 
 
 def pod(i: int, namespace: str, name: str) -> dict:
@@ -195,6 +213,60 @@ def cgroup_id(cgroup: Path) -> int:
     return cgroup.stat().st_ino
 
 
+def bpftool_path() -> str | None:
+    return next((t for t in BPFTOOL if shutil.which(t)), None)
+
+
+def bpftool(*args: str) -> list[dict]:
+    """`bpftool -j ARGS`, parsed; [] where no bpftool is found."""
+    tool = bpftool_path()
+    if tool is None:
+        return []
+    out = subprocess.run([tool, "-j", *args], check=True, capture_output=True, text=True).stdout
+    return json.loads(out or "[]")
+
+
+def tracing() -> dict[int, dict]:
+    """The tracing programs loaded (fentry, fexit, tp_btf: every one sits on a trampoline or a
+    tracepoint of the ioctl path or cgroup_mkdir), by id: name, instructions translated and,
+    with kernel.bpf_stats_enabled, run count and run time."""
+    return {
+        p["id"]: {
+            "name": p.get("name", ""),
+            "xlated_bytes": p.get("bytes_xlated", 0),
+            "insns": p.get("bytes_xlated", 0) // 8,
+            "run_cnt": p.get("run_cnt", 0),
+            "run_time_ns": p.get("run_time_ns", 0),
+        }
+        for p in bpftool("prog", "show")
+        if p.get("type") == "tracing"
+    }
+
+
+def attached() -> list[dict]:
+    """The tracing links (every fentry/fexit/tp_btf attachment): program id and attach type."""
+    return [
+        {"prog_id": link.get("prog_id"), "attach_type": link.get("attach_type", "")}
+        for link in bpftool("link", "show")
+        if link.get("type") == "tracing"
+    ]
+
+
+def switches(pid: int) -> dict[str, int]:
+    """Context switches (voluntary + involuntary) of each of the process's threads, by name."""
+    found: Counter[str] = Counter()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            status = (task / "status").read_text()
+        except OSError:
+            continue  # the thread ended meanwhile
+        found[name] += sum(
+            int(line.split()[1]) for line in status.splitlines() if "ctxt_switches" in line
+        )
+    return dict(found)
+
+
 # --- the agent ---------------------------------------------------------------------------------
 
 
@@ -239,9 +311,13 @@ class Measured(Agent, Usage):
         pin_dir: str = "",
         loader: str = "auto",
         durations: bool = True,
+        durations_exit: str = "",
+        extra: dict | None = None,
+        name: str = "",
     ) -> None:
         self.mode = mode
         probe = {"mode": mode, "pin_dir": pin_dir, "loader": loader, "durations": durations}
+        probe |= {"durations_exit": durations_exit} if durations_exit else {}
         config = {
             "probe": {**probe, **({"hook": hook} if hook else {})},
             # The CRI test server shares the guest's emulated CPUs with the agent and the load:
@@ -249,9 +325,13 @@ class Measured(Agent, Usage):
             "attribution": {"cri": {"endpoint": f"unix://{CRI_SOCKET}", "timeout_seconds": 15}},
             "export": {"prometheus": PROMETHEUS, "otlp": {"enabled": False}},
         }
+        for key, value in (extra or {}).items():
+            config[key] = {**config.get(key, {}), **value}
         parts = ("agent", mode, *([hook] if hook else []), *(["pinned"] if pin_dir else []))
         parts += (loader,) if loader != "auto" else ()
         parts += () if durations else ("untimed",)
+        parts += (durations_exit,) if durations_exit else ()
+        parts += (name,) if name else ()
         super().__init__(out, config, name="-".join(parts))
         self.attach()
 
@@ -260,9 +340,11 @@ class Bpftrace(Usage):
     """The floor: bpftrace running ONE_LINERS[hook], started and attached. Its map is read once,
     when it stops: bpftrace prints it on SIGINT."""
 
-    def __init__(self, out: Path, hook: str, programs: dict[str, str] = ONE_LINERS) -> None:
-        timed = "-timed" if programs is TIMED_ONE_LINERS else ""
-        self.log_file = out / f"bpftrace{timed}-{hook}.log"
+    def __init__(
+        self, out: Path, hook: str, programs: dict[str, str] = ONE_LINERS, name: str = ""
+    ) -> None:
+        timed = "-timed" if programs is not ONE_LINERS else ""
+        self.log_file = out / f"bpftrace{timed}-{hook}{name}.log"
         program = f'BEGIN {{ printf("{BPFTRACE_ATTACHED}\\n"); }} {programs[hook]}'
         self.started = time.monotonic()
         with open(self.log_file, "w") as log:
@@ -353,8 +435,9 @@ def exact(record: dict) -> bool:
 
 
 class Bench:
-    def __init__(self, out: Path) -> None:
+    def __init__(self, out: Path, rounds: int = HOOK_ROUNDS) -> None:
         self.out = out
+        self.rounds = rounds  # of the per-call table
         self.card = vgem_card()
         self.loader = systemd_cgroup(LOADER)
         self.loader.mkdir(parents=True, exist_ok=True)
@@ -378,49 +461,184 @@ class Bench:
         return round(step["seconds"] / step["calls"] * 1e9, 1)
 
     def hooks(self, count: int) -> dict:
-        """ns per call of TCGETS on a pty and of a counted DRM call under each arm: no agent, the
-        agent on each probe.hook (timed, the default, and with probe.durations off) and each
-        hook's one-liners (counting; timed: an entry timestamp and an exit histogram). The arms
-        are interleaved: HOOK_ROUNDS rounds, each starting every arm afresh for one loop of each
-        call, in an order reversed every other round. Loop r of every arm is from round r, so a
-        difference between two arms is taken round by round and drift of the host cancels."""
+        """ns per call of TCGETS on a pty and of a counted DRM call under each arm (hook_arms()),
+        HOOK_ROUNDS rounds, each starting every arm afresh, in an order reversed every other
+        round: each arm's figure of round r is the median of LOOPS_PER_ROUND loops of each
+        call, so a difference between two arms is taken round by round and drift of the host
+        cancels. Before each arm starts, the bench checks with bpftool that no tracing program
+        of an earlier arm is still loaded; each arm's idle CPU and context switches are read
+        over IDLE_SECONDS after it settles, and the default agent's start → first metric and
+        each one-liner's start → attached in every round."""
         calls = {
             "tcgets": Call(PTY, TCGETS, 64, count, raw=True),
             "drm": Call.drm(self.card, CREATE_DUMB, count),
         }
         arms = self.hook_arms()
-        found: dict[str, dict[str, list[float]]] = {a: {c: [] for c in calls} for a in arms}
-        for r in range(HOOK_ROUNDS):
+        baseline = set(tracing())
+        found: dict[str, dict[str, list]] = {
+            a: {**{c: [] for c in calls}, "idle": [], "switches": [], "start": []} for a in arms
+        }
+        leftovers = []
+        for r in range(self.rounds):
             for arm in list(arms)[:: 1 if r % 2 == 0 else -1]:
-                stop = arms[arm]()
+                if left := sorted(set(tracing()) - baseline):
+                    leftovers.append({"round": r, "arm": arm, "programs": left})
+                running, started = arms[arm]()
                 try:
+                    rec = found[arm]
+                    rec["start"].append(started)
+                    s0 = switches(running.pid) if running else {}
+                    rec["idle"].append(self.idle_cpu(running) if running else 0.0)
+                    s1 = switches(running.pid) if running else {}
+                    rec["switches"].append(sum(s1.values()) - sum(s0.values()))
                     for name, call in calls.items():
-                        found[arm][name].append(self.tight(call))
+                        loops = [self.tight(call) for _ in range(LOOPS_PER_ROUND)]
+                        rec[name].append(statistics.median(loops))
                 finally:
-                    stop()
-            print(f"  round {r + 1}/{HOOK_ROUNDS}: {json.dumps(found)}", flush=True)
+                    if isinstance(running, Measured):
+                        running.stop(timeout=60)
+                    elif running:
+                        running.stop()
+            print(f"  round {r + 1}/{self.rounds}: {json.dumps(found)}", flush=True)
+        clean = {"bpftool": bpftool_path() is not None, "leftovers": leftovers}
+        print(f"  arms started clean: {json.dumps(clean)}", flush=True)
+        return {"arms": found, "clean": clean}
+
+    def hook_arms(self) -> dict[str, Callable[[], tuple[Usage | None, float]]]:
+        """Each arm of hooks() by name: starts it (settled) and returns it with its start's
+        figure (the default agent's start → first metric, a one-liner's start → attached)."""
+        hook = HOOKS[0]
+
+        def agent(first: bool = False, **settings) -> tuple[Usage, float]:
+            running = Measured(self.out, "aggregate", **settings)
+            started = self.first_metric(running) if first else running.attach_seconds
+            running.settle()
+            return running, round(started, 2)
+
+        def tracer(programs: dict[str, str], name: str = "") -> tuple[Usage, float]:
+            running = Bpftrace(self.out, hook, programs, name)
+            running.settle()
+            return running, round(running.attach_seconds, 2)
+
+        calls_only = {k: v for off in SOURCES_OFF.values() for k, v in off.items()}
+        calls_only["probe"] = SOURCES_OFF["jobs"]["probe"]
+        return {
+            "none": lambda: (None, 0.0),
+            "agent": lambda: agent(first=True),
+            "agent untimed": lambda: agent(durations=False),
+            "agent syscall exit": lambda: agent(durations_exit="syscall"),
+            "agent calls only": lambda: agent(extra=calls_only, name="calls-only"),
+            "bpftrace": lambda: tracer(ONE_LINERS),
+            "bpftrace-timed drm_ioctl exit": lambda: tracer({hook: TIMED_AT_DRM_IOCTL}, "-drm"),
+            "bpftrace-timed syscall exit": lambda: tracer(TIMED_ONE_LINERS),
+        }
+
+    def idle_pods(self, pods: list[Path]) -> dict:
+        """Idle CPU with PODS pods: the default agent, then the one-liner, each through the pod
+        tour (PODS cgroups' first calls), then IDLE_AFTER_TOUR windows."""
+        found = {}
+        for arm in ("agent", "bpftrace"):
+            running = (
+                Measured(self.out, "aggregate")
+                if arm == "agent"
+                else Bpftrace(self.out, HOOKS[0], ONE_LINERS, "-pods")
+            )
+            try:
+                tour(self.card, pods, TOUR_CALLS)
+                found[arm] = self.idle_after_tour(running)
+                found[arm]["rss_mib"] = round(running.rss_mib(), 1)
+            finally:
+                running.stop(timeout=60) if isinstance(running, Measured) else running.stop()
+            print(f"  idle with {PODS} pods, {arm}: {found[arm]}", flush=True)
         return found
 
-    def hook_arms(self) -> dict[str, Callable[[], Callable[[], object]]]:
-        """Each arm of hooks() by name: a function that starts it and returns its stop."""
+    def sources(self) -> dict:
+        """A row per default source: the agent counting calls only, then with each of its
+        other default sources on alone; idle CPU and context switches over IDLE_SECONDS x 2."""
+        found = {}
+        rows = {"calls only": None, **{f"calls + {s}": s for s in SOURCES_OFF}}
+        for row, on in rows.items():
+            extra: dict = {}
+            for name, off in SOURCES_OFF.items():
+                if name != on:
+                    for key, value in off.items():
+                        extra[key] = {**extra.get(key, {}), **value}
+            running = Measured(self.out, "aggregate", extra=extra, name=row.replace(" ", ""))
+            try:
+                running.settle()
+                s0 = switches(running.pid)
+                idle = [self.idle_cpu(running) for _ in range(2)]
+                s1 = switches(running.pid)
+                found[row] = {
+                    "idle_cpu": statistics.fmean(idle),
+                    "switches_per_second": round(
+                        (sum(s1.values()) - sum(s0.values())) / (2 * IDLE_SECONDS), 1
+                    ),
+                    "threads": {t: s1[t] - s0.get(t, 0) for t in s1},
+                }
+            finally:
+                running.stop(timeout=60)
+            print(f"  source row {row}: {found[row]}", flush=True)
+        return found
 
-        def agent(hook: str, timed: bool) -> Callable[[], object]:
-            running = Measured(self.out, "aggregate", hook, durations=timed)
-            running.settle()
-            return lambda: running.stop(timeout=60)
-
-        def tracer(hook: str, programs: dict[str, str]) -> Callable[[], object]:
-            running = Bpftrace(self.out, hook, programs)
-            running.settle()
-            return running.stop
-
-        arms: dict[str, Callable[[], Callable[[], object]]] = {"none": lambda: lambda: None}
-        for hook in HOOKS:
-            arms[hook] = lambda h=hook: agent(h, True)
-            arms[f"{hook} untimed"] = lambda h=hook: agent(h, False)
-            arms[f"bpftrace {hook}"] = lambda h=hook: tracer(h, ONE_LINERS)
-            arms[f"bpftrace-timed {hook}"] = lambda h=hook: tracer(h, TIMED_ONE_LINERS)
-        return arms
+    def where(self, count: int) -> dict:
+        """Where an arm's per-call time goes, arm by arm (the agent as by default, untimed,
+        the counting one-liner and the timed pair at the syscall exit): the tracing programs
+        and links it adds and whether any is left after it stops; with
+        kernel.bpf_stats_enabled on (here only: it adds two clock reads to every program run),
+        each program's runs and ns per run over a
+        TCGETS loop and a DRM loop; and the process's context switches per thread over
+        WAKEUP_SECONDS of idle (both vCPUs share one host thread under TCG: every wakeup of
+        the agent is time taken from the loop)."""
+        calls = {
+            "tcgets": Call(PTY, TCGETS, 64, count, raw=True),
+            "drm": Call.drm(self.card, CREATE_DUMB, count),
+        }
+        hook = HOOKS[0]
+        starts = {
+            "agent default": lambda: Measured(self.out, "aggregate"),
+            "agent untimed": lambda: Measured(self.out, "aggregate", durations=False),
+            "bpftrace": lambda: Bpftrace(self.out, hook),
+            "bpftrace-timed": lambda: Bpftrace(self.out, hook, TIMED_ONE_LINERS),
+        }
+        res: dict = {"bpf_stats_enabled_at_boot": BPF_STATS.read_text().strip()}
+        before = set(tracing())
+        res["tracing_before"] = sorted(before)
+        for arm, start in starts.items():
+            running = start()
+            try:
+                running.settle()
+                rec: dict = {"links": attached()}
+                progs = {i: p for i, p in tracing().items() if i not in before}
+                rec["programs"] = {p["name"]: p["insns"] for p in progs.values()}
+                pid = running.pid
+                s0 = switches(pid)
+                time.sleep(WAKEUP_SECONDS)
+                s1 = switches(pid)
+                rec["switches_per_10s"] = {t: s1.get(t, 0) - s0.get(t, 0) for t in s1}
+                BPF_STATS.write_text("1")
+                try:
+                    for name, call in calls.items():
+                        p0 = tracing()
+                        ns = self.tight(call)
+                        p1 = tracing()
+                        rec[name] = {"ns_per_call_with_stats": ns}
+                        for i, p in p1.items():
+                            runs = p["run_cnt"] - p0.get(i, p)["run_cnt"]
+                            if runs:
+                                took = p["run_time_ns"] - p0[i]["run_time_ns"]
+                                rec[name][p["name"]] = {
+                                    "runs_per_call": round(runs / count, 3),
+                                    "ns_per_run": round(took / runs, 1),
+                                }
+                finally:
+                    BPF_STATS.write_text("0")
+            finally:
+                running.stop(timeout=60) if isinstance(running, Measured) else running.stop()
+            rec["left_after_stop"] = sorted(set(tracing()) - before)
+            res[arm] = rec
+            print(f"  where {arm}: {json.dumps(rec)}", flush=True)
+        return res
 
     def calibrate(self) -> tuple[int, float]:
         """Calls per tight loop (about LOOP_SECONDS long) and the VM's maximum call rate."""
@@ -548,7 +766,7 @@ class Bench:
         floor = self.floor(loop, rates, top, pods)
         baseline += self.loops(loop)
         return {
-            **self.hooks_only(loop),
+            **self.hooks_only(loop, pods),
             "restart": self.restart(pods),
             "kernel": os.uname().release,
             "cpus": os.cpu_count(),
@@ -570,15 +788,20 @@ class Bench:
             "restart": self.restart(pods),
         }
 
-    def hooks_only(self, loop: int | None = None) -> dict:
+    def hooks_only(self, loop: int | None = None, pods: list[Path] | None = None) -> dict:
+        """The per-call rounds, the per-source rows and idle with PODS pods."""
         loop = loop or self.calibrate()[0]
-        return {
+        res = {
             "kernel": os.uname().release,
             "cpus": os.cpu_count(),
             "hooks_loop_calls": loop,
-            "hooks_rounds": HOOK_ROUNDS,
-            "hooks": self.hooks(loop),
+            "hooks_rounds": self.rounds,
+            "loops_per_round": LOOPS_PER_ROUND,
+            "sources": self.sources(),
         }
+        res["rounds"] = self.hooks(loop)
+        res["idle_pods"] = self.idle_pods(pods or make_pods(self.cri, PODS))
+        return res
 
     def restart(self, pods: list[Path]) -> dict:
         """Restarts with the probe pinned (docs/pinning.md), in aggregate mode with 1,000 pods:
@@ -689,15 +912,19 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="only the exactness bursts")
     parser.add_argument("--hooks", action="store_true", help="only the per-hook ioctl cost")
     parser.add_argument("--restart", action="store_true", help="only the restart rows")
+    parser.add_argument("--where", action="store_true", help="where the per-call time goes")
+    parser.add_argument("--rounds", type=int, default=HOOK_ROUNDS, help="rounds of --hooks")
     args = parser.parse_args()
     out = Path(args.out)
     compiled_agent()
-    bench = Bench(out)
+    bench = Bench(out, args.rounds)
     try:
         if args.check:
             (out / "check.json").write_text(json.dumps(bench.check(), indent=1))
         elif args.hooks:
             (out / "bench.json").write_text(json.dumps(bench.hooks_only(), indent=1))
+        elif args.where:
+            (out / "where.json").write_text(json.dumps(bench.where(bench.calibrate()[0]), indent=1))
         elif args.restart:
             (out / "bench.json").write_text(json.dumps(bench.restart_only(), indent=1))
         else:

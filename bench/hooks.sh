@@ -1,6 +1,8 @@
 #!/bin/sh
-# Guest entry point for the per-hook ioctl cost alone (bench_guest.py --hooks):
-#   KUBENPU_VM_TIMEOUT=1800 tests/vm/run.sh 6.12 /src/bench/hooks.sh OUT && .venv/bin/python bench/report.py OUT/bench.json
+# Guest entry point for the per-call rounds, the per-source rows and idle with 1,000 pods alone
+# (bench_guest.py --hooks); on a busy host, with the guest's clock counting instructions:
+#   cp "$(command -v bpftool)" OUT/ && KUBENPU_VM_ICOUNT=3 KUBENPU_VM_TIMEOUT=3600 \
+#     tests/vm/run.sh 6.12 /src/bench/hooks.sh OUT && .venv/bin/python bench/report.py OUT/bench.json
 set -eu
 # The CRI test server runs gRPC in this process; drmcall children are forked from it.
 export PYTHONPATH=/src GRPC_ENABLE_FORK_SUPPORT=false

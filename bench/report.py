@@ -259,33 +259,50 @@ def restart(b: dict) -> str:
     )
 
 
-def hooks(b: dict) -> str:
-    h = b["hooks"]
-    base = {name: statistics.median(ns) for name, ns in h["none"].items()}
+def per_call(b: dict) -> str:
+    """The per-call rounds (bench_guest.py hooks()): each arm's figures, then the paired rows."""
+    arms = b["rounds"]["arms"]
+    none = arms["none"]
     rows = []
-    for agent, loops in h.items():
-        row = [agent if agent != "none" else "none (no agent)"]
-        for name in ("tcgets", "drm"):
-            med = statistics.median(loops[name])
-            row += [f"{med:.0f}", f"{med / base[name]:.2f}x", f"{med - base[name]:+.0f}"]
-        rows.append(row)
-    head = ["probe.hook"]
-    head += [f"{c} {x}" for c in ("TCGETS", "DRM") for x in ("ns/call", "vs none", "added ns")]
+    for arm, rec in arms.items():
+        row = [arm if arm != "none" else "none (no agent)"]
+        for call in ("tcgets", "drm"):
+            added = [a - n for a, n in zip(rec[call], none[call], strict=True)]
+            row += [f"{statistics.median(rec[call]):.0f}", f"{statistics.median(added):+.0f}"]
+        idle = statistics.median(rec["idle"])
+        per_second = statistics.median(rec["switches"]) / IDLE_SECONDS
+        start = f"{statistics.median(rec['start']):.1f}" if arm != "none" else ""
+        rows.append([*row, pct(idle), f"{per_second:.1f}", start])
+    head = ["arm", "TCGETS ns/call", "added", "DRM ns/call", "added"]
+    head += ["idle CPU", "switches/s at idle", "start (s)"]
+    clean = b["rounds"]["clean"]
+    checked = (
+        "every arm started with no tracing program of an earlier arm loaded (bpftool)"
+        if clean["bpftool"] and not clean["leftovers"]
+        else f"arms not checked or not clean: {clean}"
+    )
     return (
-        f"### Cost per ioctl by probe.hook\n\nMedians of tight loops of {b['hooks_loop_calls']} "
-        "calls (`drmcall`): TCGETS on a pty (not a DRM ioctl: security_file_ioctl sees it, "
-        "drm_ioctl does not) and DRM_IOCTL_MODE_CREATE_DUMB on vgem (counted by both); the agent "
-        "in aggregate mode, then (bpftrace HOOK) the floor's one-liner on that hook, and "
-        "(bpftrace-timed HOOK) the same with an entry timestamp and an exit histogram, the floor "
-        f"of call durations (docs/latency.md); {_when(b)}.\n\n"
-        + table(head, rows)
-        + _timed_ratios(h, base["drm"])
-        + (settled(h, b["hooks_rounds"]) if "hooks_rounds" in b else "")
+        f"### Cost per ioctl, paired by round ({b['hooks_rounds']} rounds)\n\n"
+        f"Each round started every arm afresh, in an order reversed every other round; an arm's "
+        f"figure in a round is the median of {b['loops_per_round']} tight loops of "
+        f"{b['hooks_loop_calls']} calls of each: TCGETS on a pty (not a DRM ioctl) and "
+        "DRM_IOCTL_MODE_CREATE_DUMB on vgem (counted). Medians over rounds; added: the median of "
+        "(arm - no agent) in the same round. Idle CPU and context switches: over 5 s after the "
+        "arm settled. Start: the default agent's start → first metric, a one-liner's start → "
+        f"attached. {checked}.\n\n" + table(head, rows) + paired(arms, b["hooks_rounds"])
     )
 
 
-# What settled() sets against what: the agent on a hook, and that hook's floor for it.
-VERSUS = (("{h}", "bpftrace {h}"), ("{h} untimed", "bpftrace {h}"), ("{h}", "bpftrace-timed {h}"))
+IDLE_SECONDS = 5.0  # bench_guest.py IDLE_SECONDS: the window the switches are counted over
+# What paired() sets against what: the agent's arm, and its floor.
+VERSUS = (
+    ("agent", "bpftrace"),
+    ("agent untimed", "bpftrace"),
+    ("agent", "bpftrace-timed drm_ioctl exit"),
+    ("agent syscall exit", "bpftrace-timed syscall exit"),
+    ("agent syscall exit", "bpftrace"),
+    ("agent", "agent calls only"),
+)
 
 
 def bootstrap(
@@ -318,58 +335,82 @@ def _floor_added(rounds: list[tuple[float, ...]]) -> float:
 
 def _ratio_cell(rounds: list[tuple[float, ...]]) -> str:
     """The added ratio with its interval; "-" where the floor's own added ns are not above 0 at
-    95 % (a ratio to nothing measurable: TCGETS under drm_ioctl, which never sees it)."""
+    95 % (a ratio to nothing measurable)."""
     if bootstrap(rounds, _floor_added)[1] <= 0:
         return "-"
     ratio = bootstrap(rounds, _ratio)
     return f"{_num(ratio[0], '.2f')}x [{_num(ratio[1], '.2f')}, {_num(ratio[2], '.2f')}]"
 
 
-def settled(h: dict, n: int) -> str:
-    """The table that settles small differences: per hook and call, the agent's ns per call
-    minus the floor's, taken round by round (both arms ran in every round), with 95 % intervals;
-    an interval that holds 0 is no difference this run can tell."""
+def _width_cell(rounds: list[tuple[float, ...]]) -> str:
+    """The difference's interval half-width against the floor's added ns (issue 45's bar: under
+    20 %); "-" where the floor adds nothing."""
+    floor = _floor_added(rounds)
+    if floor <= 0:
+        return "-"
+    _, low, high = bootstrap(rounds, _diff)
+    return f"±{(high - low) / 2 / floor:.0%}"
+
+
+def paired(arms: dict, n: int) -> str:
+    """The table that settles small differences: the agent's ns per call minus its floor's,
+    round by round (both ran in every round), with 95 % intervals; an interval that holds 0 is
+    no difference this run can tell."""
     rows = []
-    for hook in (k for k in h if k != "none" and " " not in k):  # the agent's arms: a hook
-        for ours, floor in ((o.format(h=hook), f.format(h=hook)) for o, f in VERSUS):
-            if ours not in h or floor not in h:
-                continue
-            row = [f"{ours} - {floor}"]
-            for call in ("tcgets", "drm"):
-                rounds = list(zip(h[ours][call], h[floor][call], h["none"][call], strict=True))
-                d = bootstrap(rounds, _diff)
-                row += [f"{d[0]:+.0f} [{d[1]:+.0f}, {d[2]:+.0f}]", _ratio_cell(rounds)]
-            rows.append(row)
+    for ours, floor in VERSUS:
+        if ours not in arms or floor not in arms:
+            continue
+        row = [f"{ours} - {floor}"]
+        for call in ("tcgets", "drm"):
+            rounds = list(zip(arms[ours][call], arms[floor][call], arms["none"][call], strict=True))
+            d = bootstrap(rounds, _diff)
+            row += [f"{d[0]:+.0f} [{d[1]:+.0f}, {d[2]:+.0f}]", _ratio_cell(rounds)]
+            row.append(_width_cell(rounds))
+        rows.append(row)
     head = ["agent - floor"]
-    head += [f"{c} {x}" for c in ("TCGETS", "DRM") for x in ("ns/call [95 %]", "added ratio")]
+    head += [
+        f"{c} {x}"
+        for c in ("TCGETS", "DRM")
+        for x in ("ns/call [95 %]", "added ratio", "half-width / floor's added")
+    ]
     return (
-        f"\n\n#### Paired by round ({n} rounds)\n\nEach round ran every arm afresh, one loop "
-        "of each call, in an order reversed every other round. Differences are the mean over "
-        "rounds of (agent - floor) in the same round; the added ratio is the agent's added ns "
-        "over the floor's (each against the same rounds' no-agent loops). Intervals: 95 %, "
-        "bootstrap over rounds.\n\n" + table(head, rows) + "\n"
+        f"\n\n#### Paired by round ({n} rounds)\n\nDifferences are the mean over rounds of "
+        "(agent - floor) in the same round; the added ratio is the agent's added ns over the "
+        "floor's (each against the same rounds' no-agent loops). Intervals: 95 %, bootstrap "
+        "over rounds.\n\n" + table(head, rows) + "\n"
     )
 
 
-def _when(b: dict) -> str:
-    """When the no-agent loops ran: interleaved with the arms (rounds) or around them."""
-    if "hooks_rounds" in b:
-        return f"every arm, no agent too, ran once in each of {b['hooks_rounds']} rounds"
-    return "the no-agent loops ran before and after"
+def sources(b: dict) -> str:
+    """A row per default source: the agent with the calls alone, then with each on alone."""
+    rows = [
+        [row, pct(rec["idle_cpu"]), f"{rec['switches_per_second']:.1f}"]
+        for row, rec in b["sources"].items()
+    ]
+    return (
+        "### Idle, a row per default source (1 pod)\n\nThe agent counting calls alone, then "
+        "with each of its other default sources on alone; CPU and context switches (all "
+        "threads) over 10 s after it settled.\n\n"
+        + table(["agent", "idle CPU", "switches/s"], rows)
+    )
 
 
-def _timed_ratios(h: dict, base: float) -> str:
-    """Per hook: the DRM call's added ns with KubeNPU (which times it) over the timed floor's."""
-    lines = []
-    for hook in (k.removeprefix("bpftrace-timed ") for k in h if k.startswith("bpftrace-timed ")):
-        if hook in h:
-            ours = statistics.median(h[hook]["drm"]) - base
-            floor = statistics.median(h[f"bpftrace-timed {hook}"]["drm"]) - base
-            ratio = f": {ours / floor:.2f}x" if floor > 0 else ""
-            lines.append(f"- {hook}: {ours:.0f} ns added against {floor:.0f}{ratio}")
-    if not lines:
-        return ""
-    return "\n\nA counted and timed DRM call against the timed floor:\n\n" + "\n".join(lines) + "\n"
+def idle_pods(b: dict) -> str:
+    """Idle with PODS pods: the default agent and the one-liner, after the pod tour."""
+    rows = [
+        [
+            arm,
+            pct(rec["idle_cpu_per_second_pods"]),
+            " ".join(pct(w) for w in rec["idle_cpu_windows_pods"]),
+            f"{rec['rss_mib']:.0f}",
+        ]
+        for arm, rec in b["idle_pods"].items()
+    ]
+    return (
+        "### Idle with 1,000 pods\n\nAfter one process made 3 calls in each pod's cgroup: the "
+        "median of the last 3 of 6 windows of 5 s (every window beside it).\n\n"
+        + table(["arm", "idle CPU", "windows", "RSS (MiB)"], rows)
+    )
 
 
 def micro(m: dict) -> str:
@@ -429,8 +470,12 @@ def render(bench: dict, micro_figures: dict | None) -> str:
         parts += [cost(bench), cpu(bench), exactness(bench), start_memory(bench)]
         if "bpftrace" in bench:
             parts.append(floor(bench))
-    if "hooks" in bench:
-        parts.append(hooks(bench))
+    if "rounds" in bench:
+        parts.append(per_call(bench))
+    if "sources" in bench:
+        parts.append(sources(bench))
+    if "idle_pods" in bench:
+        parts.append(idle_pods(bench))
     if "restart" in bench:
         parts.append(restart(bench))
     if micro_figures:

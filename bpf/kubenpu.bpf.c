@@ -122,6 +122,8 @@ struct start {
     u64 cgroup_id;
     u32 rdev;
     u32 kind;
+    u32 cmd;  /* with rdev, what drm_ioctl's exit matches: see kubenpu_drm_exit */
+    u32 _pad;
 };
 struct durations {
     u64 sum_ns;
@@ -189,7 +191,7 @@ static __always_inline void emit(u64 cgroup_id, u32 rdev, u32 cmd, u32 kind)
 }
 
 #ifdef KUBENPU_DURATIONS
-static __always_inline void start_timing(struct count_key *key)
+static __always_inline void start_timing(struct count_key *key, u32 cmd)
 {
     u32 zero = 0;
     u32 *on = bpf_map_lookup_elem(&timing, &zero);
@@ -204,6 +206,7 @@ static __always_inline void start_timing(struct count_key *key)
     s->cgroup_id = key->cgroup_id;
     s->rdev = key->rdev;
     s->kind = key->kind;
+    s->cmd = cmd;
     s->ts_ns = bpf_ktime_get_ns();  /* last: the exit reads a call once ts_ns is set */
 }
 
@@ -229,11 +232,14 @@ static __always_inline u32 error_slot(long err)
     }
 }
 
-/* The exit of a call the entry timed: its duration and return value into `durations`. */
-static __always_inline int finish_timing(long ret)
+/* The exit of a call the entry timed: its duration and return value into `durations`. `rdev`
+ * and `cmd`, where the exit has them, must be the entry's: see kubenpu_drm_exit. */
+static __always_inline int finish_timing(long ret, u32 rdev, u32 cmd)
 {
     struct start *s = bpf_task_storage_get(&starts, bpf_get_current_task_btf(), 0, 0);
     if (!s || !s->ts_ns)
+        return 0;
+    if (rdev && (s->rdev != rdev || s->cmd != cmd))
         return 0;
     u64 ns = bpf_ktime_get_ns() - s->ts_ns;
     s->ts_ns = 0;
@@ -262,7 +268,7 @@ static __always_inline int finish_timing(long ret)
     return 0;
 }
 #elif defined(KUBENPU_AGGREGATE)
-static __always_inline void start_timing(struct count_key *key) {}
+static __always_inline void start_timing(struct count_key *key, u32 cmd) {}
 #endif
 
 static __always_inline int handle(u32 rdev, u32 cmd)
@@ -294,7 +300,7 @@ static __always_inline int handle(u32 rdev, u32 cmd)
     u64 *n = count_of(&ck);
     if (n) {
         (*n)++;  /* this CPU's slot: no atomics needed */
-        start_timing(&ck);
+        start_timing(&ck, cmd);
         return 0;
     }
     u64 one = 1;
@@ -304,13 +310,13 @@ static __always_inline int handle(u32 rdev, u32 cmd)
         n = count_of(&ck);  /* another CPU inserted it meanwhile */
         if (n) {
             (*n)++;
-            start_timing(&ck);
+            start_timing(&ck, cmd);
         } else {
             count_lost(LOST_MAP_FULL);
         }
         return 0;
     }
-    start_timing(&ck);
+    start_timing(&ck, cmd);
 #endif
     emit(cgroup_id, rdev, cmd, *kind);
     return 0;
@@ -389,7 +395,7 @@ static __always_inline int on_exit(unsigned long cmd, long ret)
 {
     if (((cmd >> 8) & 0xff) != DRM_IOCTL_TYPE)
         return 0;
-    return finish_timing(ret);
+    return finish_timing(ret, 0, 0);  /* the call's own syscall: nothing to match */
 }
 
 SEC(SYS_EXIT)
@@ -405,12 +411,16 @@ int BPF_PROG(kubenpu_compat_exit, const struct pt_regs *regs, long ret)
 }
 #endif
 
+/* drm_ioctl's exit, which DRM calls alone pass: the drm_ioctl hook's, and the LSM hook's by
+ * default (probe.durations_exit). Behind the LSM hook a counted call may end before drm_ioctl (an
+ * LSM refuses it, a driver's wrapper fails first): its start stays until the task's next counted
+ * call. Matching the device and request keeps another call, one not counted, from ending it. */
 SEC("fexit/drm_ioctl")
 int BPF_PROG(kubenpu_drm_exit, struct file *filp, unsigned int cmd, unsigned long arg, long ret)
 {
     if (((cmd >> 8) & 0xff) != DRM_IOCTL_TYPE)
         return 0;
-    return finish_timing(ret);
+    return finish_timing(ret, file_rdev(filp), cmd);
 }
 #endif
 #endif

@@ -71,6 +71,10 @@ class ProbeConfig(_Model):
     )
     # time counted calls and count their errors (CO-RE, aggregate mode; docs/latency.md)
     durations: bool = True
+    # where a timed call ends: drm_ioctl (passed by DRM calls alone; on drm.ko it needs
+    # CAP_SYS_ADMIN, else calls are counted untimed) or syscall (the ioctl syscall's return:
+    # every ioctl of the node pays an exit; docs/performance.md)
+    durations_exit: Literal["drm_ioctl", "syscall"] = "drm_ioctl"
     # GPU jobs' queue and run times per pod from the DRM GPU scheduler (docs/jobs.md)
     jobs: bool = True
     queue_size: int = Field(65536, gt=0, le=16_777_216)

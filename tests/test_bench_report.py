@@ -11,25 +11,6 @@ _spec = importlib.util.spec_from_file_location(
 report = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(report)
 
-HOOKS_ONLY = {
-    "kernel": "6.12.117+deb13-amd64",
-    "cpus": 2,
-    "hooks_loop_calls": 20000,
-    "hooks": {
-        "none": {"tcgets": [1000.0, 1100.0, 900.0], "drm": [2000.0, 2000.0, 2200.0]},
-        "security_file_ioctl": {"tcgets": [1500.0, 1500.0], "drm": [3000.0, 3000.0]},
-        "drm_ioctl": {"tcgets": [1000.0, 1000.0], "drm": [2600.0, 2600.0]},
-    },
-}
-
-
-def test_hook_rows_compare_each_hook_with_no_agent():
-    text = report.render(HOOKS_ONLY, None)
-    assert "| security_file_ioctl | 1500 | 1.50x | +500 | 3000 | 1.50x | +1000 |" in text
-    assert "| drm_ioctl | 1000 | 1.00x | +0 | 2600 | 1.30x | +600 |" in text
-    assert "| none (no agent) | 1000 | 1.00x | +0 | 2000 | 1.00x | +0 |" in text
-    assert "Added cost per ioctl" not in text  # a --hooks run has no per-mode phases
-
 
 def burst(issued: int, counted: int | None = None) -> dict:
     return {"issued": issued, "counted": issued if counted is None else counted, "dropped": {}}
@@ -169,8 +150,16 @@ def test_the_telemetry_row_sits_beside_the_fdinfo_read_when_measured():
     assert "telemetry" not in report.micro(MICRO)  # figures from before it still render
 
 
-def rounds_of(*columns: list[float]) -> dict:
-    return {"tcgets": list(columns[0]), "drm": list(columns[1])}
+def arm(tcgets: list[float], drm: list[float], idle: float = 0.01) -> dict:
+    """One arm's rounds: a figure per round of each call, idle CPU, switches, start."""
+    n = len(tcgets)
+    return {
+        "tcgets": tcgets,
+        "drm": drm,
+        "idle": [idle] * n,
+        "switches": [50] * n,
+        "start": [3.0] * n,
+    }
 
 
 PAIRED = {
@@ -178,19 +167,19 @@ PAIRED = {
     "cpus": 2,
     "hooks_loop_calls": 20000,
     "hooks_rounds": 4,
-    "hooks": {
-        # The host drifts by round (1000, 1100, 900, 1000 with no agent): paired differences
-        # take it out, so a constant +250 has an interval of width 0.
-        "none": rounds_of([1000, 1100, 900, 1000], [2000, 2100, 1900, 2000]),
-        "security_file_ioctl": rounds_of([1300, 1400, 1200, 1300], [2500, 2640, 2380, 2500]),
-        "security_file_ioctl untimed": rounds_of([1060, 1130, 950, 1030], [2300, 2400, 2200, 2300]),
-        "bpftrace security_file_ioctl": rounds_of(
-            [1050, 1150, 950, 1050], [2400, 2500, 2300, 2400]
-        ),
-        # A timed floor as slow on TCGETS as no agent: its added ns are 0, there is no ratio.
-        "bpftrace-timed security_file_ioctl": rounds_of(
-            [1000, 1100, 900, 1000], [2800, 2900, 2700, 2800]
-        ),
+    "loops_per_round": 3,
+    "rounds": {
+        "clean": {"bpftool": True, "leftovers": []},
+        "arms": {
+            # The host drifts by round (1000, 1100, 900, 1000 with no agent): paired
+            # differences take it out, so a constant +250 has an interval of width 0.
+            "none": arm([1000, 1100, 900, 1000], [2000, 2100, 1900, 2000], 0.0),
+            "agent": arm([1300, 1400, 1200, 1300], [2500, 2640, 2380, 2500]),
+            "agent untimed": arm([1060, 1130, 950, 1030], [2300, 2400, 2200, 2300]),
+            "bpftrace": arm([1050, 1150, 950, 1050], [2400, 2500, 2300, 2400]),
+            # A timed floor as slow on TCGETS as no agent: its added ns are 0, there is no ratio.
+            "bpftrace-timed drm_ioctl exit": arm([1000, 1100, 900, 1000], [2800, 2900, 2700, 2800]),
+        },
     },
 }
 
@@ -200,20 +189,40 @@ def settled_row(text: str, name: str) -> list[str]:
     return [c.strip() for c in line.strip("|").split("|")][1:]
 
 
+def test_arm_rows_compare_each_arm_with_no_agent_round_by_round():
+    text = report.render(PAIRED, None)
+    assert "| agent | 1300 | +300 | 2500 | +500 | 1.0 % | 10.0 | 3.0 |" in text
+    assert "| none (no agent) | 1000 | +0 | 2000 | +0 | 0.0 % | 10.0 |  |" in text
+    assert "every arm started with no tracing program of an earlier arm loaded" in text
+    assert "Added cost per ioctl" not in text  # a --hooks run has no per-mode phases
+
+
+def test_an_arm_that_started_beside_a_leftover_says_so():
+    dirty = {
+        **PAIRED,
+        "rounds": {
+            **PAIRED["rounds"],
+            "clean": {
+                "bpftool": True,
+                "leftovers": [{"round": 0, "arm": "agent", "programs": [7]}],
+            },
+        },
+    }
+    assert "arms not checked or not clean" in report.render(dirty, None)
+
+
 def test_paired_rows_take_the_drift_out_round_by_round():
     text = report.render(PAIRED, None)
     assert "Paired by round (4 rounds)" in text
-    timed = settled_row(text, "security_file_ioctl - bpftrace security_file_ioctl")
+    timed = settled_row(text, "agent - bpftrace")
     assert timed[0] == "+250 [+250, +250]"  # the same +250 in every round
     assert timed[1] == "6.00x [6.00, 6.00]"  # 300 added against 50
+    assert timed[2] == "±0%"  # an interval of width 0 against the floor's 50 added ns
     # untimed vs the one-liner on TCGETS: +10, -20, 0, -20 by round; the interval holds 0
-    untimed = settled_row(text, "security_file_ioctl untimed - bpftrace security_file_ioctl")
+    untimed = settled_row(text, "agent untimed - bpftrace")
     assert untimed[0] == "-8 [-20, +5]"
+    assert untimed[2] == "±25%"  # 12.5 ns of half-width against 50
     # A floor that adds nothing measurable has no ratio; the difference still shows.
-    no_floor = settled_row(text, "security_file_ioctl - bpftrace-timed security_file_ioctl")
-    assert no_floor[:2] == ["+300 [+300, +300]", "-"]
-
-
-def test_a_run_without_rounds_renders_no_paired_rows():
-    assert "Paired by round" not in report.render(HOOKS_ONLY, None)
-    assert "drm_ioctl - bpftrace drm_ioctl" not in report.render(PAIRED, None)  # no such arms
+    no_floor = settled_row(text, "agent - bpftrace-timed drm_ioctl exit")
+    assert no_floor[:3] == ["+300 [+300, +300]", "-", "-"]
+    assert "agent syscall exit - " not in text  # no such arm in this run

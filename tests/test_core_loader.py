@@ -119,9 +119,12 @@ def started(fake: Kernel, **settings) -> tuple[CoreKernel, str]:
     return probe, probe.start(lambda _: None)
 
 
+SYSCALL = {"durations_exit": "syscall"}  # every ioctl's exit, the LSM hook's opt-in
+
+
 def test_it_loads_only_the_hooks_programs_and_attaches_the_exits_first(kernel, caplog) -> None:
     with caplog.at_level(logging.WARNING, logger=core.__name__):
-        probe, said = started(kernel)
+        probe, said = started(kernel, **SYSCALL)
     assert caplog.records == []  # every exit and the births attached: nothing to warn of
     assert said == f"fentry on {HOOK}+{HOOK}_compat (core)"
     assert kernel.asked == [{f"{HOOK}_compat", *HOST_EXITS}]  # one pass over kallsyms, at start
@@ -149,6 +152,46 @@ def test_it_loads_only_the_hooks_programs_and_attaches_the_exits_first(kernel, c
     assert sorted(kernel.destroyed) == sorted(kernel.attached) and kernel.closed == [obj]
     probe.close()  # once: the links and the object are gone
     assert len(kernel.destroyed) == len(kernel.attached) and kernel.closed == [obj]
+
+
+@pytest.mark.parametrize(
+    ("drm", "held", "timed"),
+    [
+        (True, {"SYS_ADMIN"}, True),  # drm.ko's BTF: CAP_SYS_ADMIN looks it up
+        (True, {"BPF", "PERFMON"}, False),  # the chart's least privilege: untimed
+        (False, {"SYS_ADMIN"}, False),  # no drm loaded: nothing to time
+    ],
+)
+def test_the_lsm_hook_times_calls_at_drm_ioctls_exit_where_it_can_reach_it(
+    kernel, monkeypatch, tmp_path, caplog, drm, held, timed
+) -> None:
+    """By default only DRM calls pass an exit (drm_ioctl's): TCGETS and every other ioctl of
+    the node pay the entry's type test alone. Where the agent cannot load that exit, calls are
+    counted untimed and the start says so in one line, with the setting that times them."""
+    if drm:
+        (tmp_path / "drm").mkdir()
+    monkeypatch.setattr(hooks, "effective_capabilities", lambda: held)
+    monkeypatch.setattr(hooks, "in_module", lambda hook: hook == "drm_ioctl")
+    reach = hooks.drm_exit_reachable
+    monkeypatch.setattr(hooks, "drm_exit_reachable", lambda h: reach(h, tmp_path))
+    with caplog.at_level(logging.INFO, logger=core.__name__):
+        probe, said = started(kernel)
+    assert said == f"fentry on {HOOK}+{HOOK}_compat (core)"
+    assert kernel.asked == [{f"{HOOK}_compat"}]  # no syscall name: kallsyms ends sooner
+    lines = [r.getMessage() for r in caplog.records]
+    if timed:
+        assert kernel.attached == ["kubenpu_drm_exit", *ENTRIES, abi.BIRTHS]
+        assert lines == ["counted calls timed at the exit of drm_ioctl"]
+    else:
+        assert kernel.attached == [*ENTRIES, abi.BIRTHS]
+        assert "kubenpu_drm_exit" not in kernel.autoloaded
+        assert lines == [
+            "counted calls untimed (drm_ioctl's exit needs drm loaded and, in drm.ko, "
+            "CAP_SYS_ADMIN; probe.durations_exit: syscall times them)"
+        ]
+    on = bpfsys.lookup(kernel.fds[abi.TIMING], abi.U32.pack(0), 4)
+    assert on == abi.U32.pack(int(timed))  # untimed, the entry keeps no start either
+    probe.close()
 
 
 def test_maps_are_sized_as_asked(kernel) -> None:
@@ -190,7 +233,7 @@ def test_the_drm_hook_ends_its_calls_at_drm_ioctl(kernel, monkeypatch, module, a
 def test_optional_attaches_warn_and_start_goes_on(kernel, caplog) -> None:
     kernel.refuse = {abi.BIRTHS, "kubenpu_compat_exit"}
     with caplog.at_level(logging.WARNING, logger=core.__name__):
-        probe, _ = started(kernel)
+        probe, _ = started(kernel, **SYSCALL)
     warned = [r.getMessage() for r in caplog.records]
     assert any(
         m.startswith("call durations unavailable from __ia32_compat_sys_ioctl: attaching ")
@@ -204,7 +247,7 @@ def test_optional_attaches_warn_and_start_goes_on(kernel, caplog) -> None:
 def test_a_kernel_without_the_exit_functions_counts_untimed(kernel, monkeypatch, caplog) -> None:
     monkeypatch.setattr(hooks, "kernel_symbols", lambda wanted: set())
     with caplog.at_level(logging.WARNING, logger=core.__name__):
-        probe, _ = started(kernel)
+        probe, _ = started(kernel, **SYSCALL)
     (warned,) = [r.getMessage() for r in caplog.records]
     assert warned == (
         "call durations unavailable: the kernel has none of "
@@ -240,6 +283,7 @@ def test_the_digest_changes_with_every_setting_that_shapes_the_program(tmp_path)
         CoreKernel([], ringbuf_pages=8),
         CoreKernel([], counts_entries=512),
         CoreKernel([], durations=False),
+        CoreKernel([], **SYSCALL),
         CoreKernel([], mode="events"),
         CoreKernel([], path=tmp_path / "missing.bpf.o"),
     ]

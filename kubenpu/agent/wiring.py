@@ -147,6 +147,7 @@ def _loaders(p: config.ProbeConfig, devices: list[Device], debug: bool) -> list[
         attach=p.attach,
         ringbuf_pages=p.ringbuf_pages,
         durations=p.durations,
+        durations_exit=p.durations_exit,
         debug=debug,
     )
 

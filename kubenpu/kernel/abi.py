@@ -179,8 +179,9 @@ ERRNOS = {
     "ECANCELED": (125,),
 }
 ERRORS = (*ERRNOS, "other")  # a value's error slots, in this order
-# struct start: u64 ts_ns, u64 cgroup_id, u32 rdev, u32 kind (the task's call in flight)
-START = struct.Struct("=QQII")
+# struct start: u64 ts_ns, u64 cgroup_id, u32 rdev, u32 kind, u32 cmd, u32 _pad (the task's call in
+# flight; drm_ioctl's exit matches rdev and cmd)
+START = struct.Struct("=QQIIII")
 # struct durations: u64 sum_ns, u64 slots[DURATION_SLOTS], u64 errors[len(ERRORS)]
 DURATION_VALUE = struct.Struct(f"=Q{DURATION_SLOTS}Q{len(ERRORS)}Q")
 
@@ -219,11 +220,13 @@ IOCTL_PROGRAMS = {
     "drm_ioctl": "kubenpu_drm_ioctl",
 }
 LINK = "link-"  # the pin name of an attachment (a bpf_link): link-<function>
-# The exits that end a timed call, by hook: function -> the CO-RE object's fexit program. The LSM
-# hook returns before the driver runs, so its calls end at the ioctl syscall's return (the
-# object has the names of its build's architecture; the loader attaches those the kernel has).
+# The exits that end a timed call (probe.durations_exit): function -> the CO-RE object's fexit
+# program. drm_ioctl's exit is passed by DRM calls alone; the ioctl syscall's return by every
+# ioctl of the node (it also ends the calls a driver's wrapper fails before drm_ioctl). The
+# object has the syscall names of its build's architecture; the loader attaches those the
+# kernel has.
 EXIT_PROGRAMS = {
-    "security_file_ioctl": {
+    "syscall": {
         "__x64_sys_ioctl": "kubenpu_sys_exit",
         "__ia32_compat_sys_ioctl": "kubenpu_compat_exit",
         "__arm64_sys_ioctl": "kubenpu_sys_exit",
@@ -236,12 +239,12 @@ EXIT_PROGRAMS = {
 ARCH_SYSCALL_PREFIXES = {"x86_64": ("__x64_", "__ia32_"), "aarch64": ("__arm64_",)}
 
 
-def exit_programs(hook: str, machine: str) -> dict[str, str]:
-    """EXIT_PROGRAMS[hook] that a kernel of `machine` can have."""
+def exit_programs(exit: str, machine: str) -> dict[str, str]:
+    """EXIT_PROGRAMS[exit] that a kernel of `machine` can have."""
     prefixes = ARCH_SYSCALL_PREFIXES.get(machine, ())
     return {
         f: p
-        for f, p in EXIT_PROGRAMS[hook].items()
+        for f, p in EXIT_PROGRAMS[exit].items()
         if not f.startswith("__") or f.startswith(prefixes)
     }
 

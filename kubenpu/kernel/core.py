@@ -164,6 +164,13 @@ class _Libbpf:
         return link
 
 
+def timing(timed: list[str], untimed: str) -> str:
+    """Which calls are timed, the line the start logs (kubenpuctl latency points there)."""
+    if timed:
+        return f"counted calls timed at the exit of {'+'.join(timed)}"
+    return f"counted calls untimed ({untimed or 'no exit attached'})"
+
+
 class CoreKernel(LoaderBase):
     """The probe loaded from the CO-RE object. poll() runs on one thread; the map reads and
     deletes on one other."""
@@ -178,11 +185,13 @@ class CoreKernel(LoaderBase):
         path: Path | None = None,
         alone: bool = False,
         durations: bool = True,
+        durations_exit: str = "drm_ioctl",
         **settings,
     ) -> None:
         super().__init__(devices, **settings)
         self._path = path
-        self._durations = durations  # attach the exits (probe.durations)
+        self._durations = durations  # attach an exit (probe.durations)
+        self._durations_exit = durations_exit  # which one, on the LSM hook (probe.durations_exit)
         self._alone = alone  # no BCC fallback after it: a kernel without BTF says how to allow one
         self._lib: _Libbpf | None = None
         self._obj: int | None = None
@@ -202,29 +211,35 @@ class CoreKernel(LoaderBase):
         object has a digest too: its start() says what is missing."""
         path = self._path or object_path(self.aggregate)
         h = hashlib.sha256(path.read_bytes() if path.exists() else os.fsencode(path))
-        h.update(f"{self._ringbuf_pages} {self._counts_entries} {self._durations}".encode())
+        timing = f"{self._durations} {self._durations_exit}"
+        h.update(f"{self._ringbuf_pages} {self._counts_entries} {timing}".encode())
         return h.hexdigest()
 
     def start(self, on_record: Callable[[bytes], None]) -> str:
         if self._attach == "kprobe":
             raise ProbeError("the CO-RE object has fentry programs only (probe.attach: kprobe)")
-        exits = self._exits()
+        wanted, untimed = self._exits()
         # One pass over kallsyms; drm_ioctl is in drm.ko, whose symbols come last.
         present = hooks.kernel_symbols(
-            hooks.optional_functions(self.hook) | set(exits) - {"drm_ioctl"}
+            hooks.optional_functions(self.hook) | set(wanted) - {"drm_ioctl"}
         )
         functions = hooks.functions(self.hook, present)
-        exits = {f: p for f, p in exits.items() if f == "drm_ioctl" or f in present}
+        exits = {f: p for f, p in wanted.items() if f == "drm_ioctl" or f in present}
+        if wanted and not exits:
+            untimed = f"the kernel has none of {', '.join(wanted)}"
+            log.warning("call durations unavailable: %s", untimed)
         try:
             self._lib = shared_libbpf()
             self._lib.messages.clear()
             self._load(functions, exits)
-            self._attach_all(functions, exits)
+            timed = self._attach_all(functions, exits)
             self._open_ring(on_record)
         except (ProbeError, bpfsys.BpfError) as err:
             self.close()
             raise self._failure(err) from err
         attach = "fentry-module" if hooks.in_module(self.hook) else "fentry"
+        if self.aggregate:
+            log.info("%s", timing(timed, untimed))
         return hooks.describe(attach, functions, self.loader)
 
     def _failure(self, err: ProbeError | bpfsys.BpfError) -> ProbeError:
@@ -260,14 +275,25 @@ class CoreKernel(LoaderBase):
         self._lib.load(self._obj, wanted, "the object")
         self._fill({n: lib.bpf_map__fd(self._map(n)) for n in shapes})
         if abi.TIMING in shapes:
-            self._maps.set_timing(self._durations)
+            self._maps.set_timing(bool(exits))  # no exit: the entry keeps no start either
 
-    def _exits(self) -> dict[str, str]:
-        """The exit programs by function that this machine's kernels can have: none in events
-        mode or with probe.durations off."""
-        if not (self.aggregate and self._durations):
-            return {}
-        return abi.exit_programs(self.hook, os.uname().machine)
+    def _exits(self) -> tuple[dict[str, str], str]:
+        """The exit programs by function that this machine's kernels can have, and why there
+        are none: none in events mode or with probe.durations off. On the LSM hook the default
+        exit is drm_ioctl's, which DRM calls alone pass (every other ioctl of the node pays no
+        exit); the syscall's return (probe.durations_exit: syscall) is every ioctl's."""
+        if not self.aggregate:
+            return {}, ""
+        if not self._durations:
+            return {}, "probe.durations: false"
+        if self.hook != "drm_ioctl" and self._durations_exit == "syscall":
+            return abi.exit_programs("syscall", os.uname().machine), ""
+        if self.hook != "drm_ioctl" and not hooks.drm_exit_reachable(
+            hooks.effective_capabilities()
+        ):
+            why = "drm_ioctl's exit needs drm loaded and, in drm.ko, CAP_SYS_ADMIN"
+            return {}, f"{why}; probe.durations_exit: syscall times them"
+        return abi.EXIT_PROGRAMS["drm_ioctl"], ""
 
     def _map(self, name: str, max_entries: int | None = None) -> int:
         found = self._lib.find_map(self._obj, name)
@@ -278,12 +304,13 @@ class CoreKernel(LoaderBase):
             raise ProbeError(f"sizing the map {name} to {max_entries}")
         return found
 
-    def _attach_all(self, functions: list[str], exits: dict[str, str]) -> None:
+    def _attach_all(self, functions: list[str], exits: dict[str, str]) -> list[str]:
+        """Attach the exits, the entries and the births; the exits' functions attached."""
         if self.before_attach is not None:
             self.before_attach()
         # Exits first: a call that entered before its exit was attached would leave its start
         # for the task's next DRM ioctl to end, with a wrong duration.
-        self._attach_exits(exits)
+        timed = self._attach_exits(exits)
         for function in functions:
             self._links[f"{abi.LINK}{function}"] = self._attach_program(
                 abi.IOCTL_PROGRAMS[function]
@@ -294,19 +321,18 @@ class CoreKernel(LoaderBase):
             log.warning(
                 "cgroup births unavailable (%s): short-lived containers may lose their pod", err
             )
+        return timed
 
-    def _attach_exits(self, exits: dict[str, str]) -> None:
-        """Optional: without an exit the calls are counted, not timed."""
-        if self.aggregate and self._durations and not exits:
-            log.warning(
-                "call durations unavailable: the kernel has none of %s",
-                ", ".join(self._exits()),
-            )
+    def _attach_exits(self, exits: dict[str, str]) -> list[str]:
+        """Optional: without an exit the calls are counted, not timed. The functions attached."""
+        timed = []
         for function, program in exits.items():
             try:
                 self._links[f"{abi.EXIT_LINK}{function}"] = self._attach_program(program)
+                timed.append(function)
             except ProbeError as err:
                 log.warning("call durations unavailable from %s: %s", function, err)
+        return timed
 
     def _attach_program(self, name: str) -> int:
         return self._lib.attach(self._obj, name)

@@ -64,6 +64,12 @@ def in_module(hook: str, btf_dir: Path = Path("/sys/kernel/btf")) -> bool:
     return hook == "drm_ioctl" and (btf_dir / "drm").exists()
 
 
+def drm_exit_reachable(held: set[str], modules: Path = Path("/sys/module")) -> bool:
+    """Whether fexit on drm_ioctl can load beside another hook: drm is loaded (built in, it is
+    in vmlinux's BTF), and in drm.ko only with CAP_SYS_ADMIN (the module's BTF object)."""
+    return (modules / "drm").exists() and (not in_module("drm_ioctl") or "SYS_ADMIN" in held)
+
+
 def effective_capabilities(status: Path = Path("/proc/self/status")) -> set[str]:
     """The capabilities of HOOK_CAPABILITIES that this process holds."""
     for line in status.read_text().splitlines():

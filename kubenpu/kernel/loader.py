@@ -76,12 +76,14 @@ def loaders(
     attach: str = "auto",
     ringbuf_pages: int = 256,
     durations: bool = True,
+    durations_exit: str = "drm_ioctl",
     debug: bool = False,
 ) -> list[Loader]:
     """The loaders `probe.loader` allows, in the order tried. The kprobe attach exists only in
     BCC, so `attach: kprobe` leaves the CO-RE loader out; only the CO-RE object times calls."""
     sizes = {"mode": mode, "hook": hook, "attach": attach, "ringbuf_pages": ringbuf_pages}
-    core = CoreKernel(devices, **sizes, alone=loader == "core", durations=durations)
+    timing = {"durations": durations, "durations_exit": durations_exit}
+    core = CoreKernel(devices, **sizes, alone=loader == "core", **timing)
     bcc = BccKernel(devices, **sizes, debug=debug)
     if loader == "core":
         return [core]

@@ -158,6 +158,7 @@ class Scenario:
     launcher: tuple[str, ...] = ()  # what the agent runs under (setpriv for least privilege)
     hook: str | None = None  # probe.hook; None: the agent's default
     jobs = True  # probe.jobs: the agent's default
+    durations_exit = ""  # probe.durations_exit: "" = the agent's default
     loader = next(
         (
             a.removeprefix(LOADER_ARG)
@@ -238,6 +239,7 @@ class Scenario:
                 "jobs": self.jobs,
                 **({"hook": self.hook} if self.hook else {}),
                 **({"loader": self.loader} if self.loader else {}),
+                **({"durations_exit": self.durations_exit} if self.durations_exit else {}),
             },
             "attribution": {
                 "cri": {"endpoint": f"unix://{self.cri_socket}", "timeout_seconds": RPC_TIMEOUT},

@@ -66,10 +66,19 @@ def read(url: str, namespace: str, pod: str, timeout: float = 5.0) -> list[PodHi
     return pod_histograms(series, namespace, pod)
 
 
+# Which calls an agent times (kubenpu/kernel/core.py CoreKernel._exits), for a pod without any.
+WHICH_ARE_TIMED = (
+    "An agent times counted calls (probe.durations) at drm_ioctl's exit, which DRM calls alone "
+    "pass and which needs CAP_SYS_ADMIN where drm is a module; without it calls are counted "
+    "untimed unless probe.durations_exit is syscall (every ioctl of the node then pays an exit). "
+    "The agent's start logs which: 'counted calls timed at the exit of ...' or '... untimed'."
+)
+
+
 def render(histograms: list[PodHistogram], namespace: str, pod: str) -> str:
     """A block per histogram: its place, calls and total time, each bucket with a bar."""
     if not histograms:
-        return f"{namespace}/{pod}: no timed calls (docs/latency.md says which calls are timed)"
+        return f"{namespace}/{pod}: no timed calls. {WHICH_ARE_TIMED}"
     blocks = []
     uids = {h.place[0] for h in histograms}
     for h in histograms:
