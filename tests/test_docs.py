@@ -383,8 +383,14 @@ def test_the_layout_lists_the_import_layers():
 _NOT_METRICS = {"kubenpu_births", "kubenpu_testdrm", "kubenpu_device_throttle"}
 
 
+def _bpf_programs() -> set[str]:
+    """The kernel programs' names (bpftool shows them; docs/performance.md quotes them)."""
+    text = "".join(p.read_text() for p in (ROOT / "bpf").glob("*.bpf.c"))
+    return set(re.findall(r"(?:BPF_PROG|TRACING_PROG)\((?:\"[^\"]*\", )?(kubenpu_\w+)", text))
+
+
 def _exported_names() -> set[str]:
-    names = set()
+    names = _bpf_programs()
     for spec in SPECS:
         for name in (spec.prometheus_name, spec.translated_name):
             names |= {name, name.removesuffix("_total")}

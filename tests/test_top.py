@@ -852,7 +852,7 @@ def test_live_view_of_a_real_agents_recording(serve, terminal, width, height):
         for kind in shown
         if step[k][kind]
     ]
-    assert all(s == pytest.approx(scales[0], rel=0.05) for s in scales), scales
+    assert all(s == pytest.approx(scales[0], rel=0.05) for s in scales), (scales, lines)
     assert all(
         float(r[f"{kind.upper()}/s"]) == 0
         for r, k in zip(rows, want, strict=True)
