@@ -25,6 +25,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from collector_path import Collector, Series, scrape_series, unmatched
 from helpers import CHART, helm, helm_values, k8s_tools, render_helm, script_output
 
 from kubenpu.metrics.catalogue import HW_ATTRIBUTES, K8S_ATTRIBUTES, SPECS
@@ -34,6 +35,7 @@ DEPLOY = ROOT / "deploy"
 KUSTOMIZE = DEPLOY / "kustomize"
 TANKA = DEPLOY / "tanka"
 GRAFANA = DEPLOY / "grafana"
+TESTDATA = ROOT / "tests" / "testdata"
 K8S_VERSION = "1.33"
 
 # The series the agent exports, named as Prometheus shows them: the one list the dashboard and
@@ -1322,3 +1324,52 @@ def test_the_repo_names_no_package_mirror_host() -> None:
         text=True,
     )
     assert proc.stdout == ""
+
+
+# --- tests: every alert and panel on both paths --------------------------------------------------
+
+
+def both_paths() -> dict[str, Series]:
+    """The golden payload (tests/test_payload_golden.py holds it to the agent's output) as
+    Prometheus stores it when scraped through the ServiceMonitor (job, instance, node) and when
+    pushed through the shipped Collector."""
+    target = {"job": "kubenpu", "instance": "10.0.0.7:9464", "node": "node-a"}
+    scraped = scrape_series((TESTDATA / "payload-prometheus.txt").read_text(), target)
+    pushed = json.loads((TESTDATA / "payload-otlp-semconv.json").read_text())
+    return {
+        "scrape": scraped,
+        "collector": Collector(DEPLOY / "otel" / "collector.yaml").series(pushed),
+    }
+
+
+def test_every_alert_and_panel_finds_its_series_on_both_paths(tools: Path) -> None:
+    """Each selector of each alert, recording rule and panel selects series, and each label it
+    groups or joins on is theirs, whether Prometheus scraped the agent or the Collector wrote
+    its push: hw.status was kubenpu_device_status_ratio on /metrics and kubenpu_device_status
+    through the Collector, so KubeNPUDeviceFailed could never fire on pushed data."""
+    paths = both_paths()
+    queries = [
+        q.replace("$__rate_interval", "5m").replace("$node", ".*").replace("$namespace", ".*")
+        for q in every_query(tools)
+    ]
+    gaps = {path: {q: unmatched(q, series) for q in queries} for path, series in paths.items()}
+    assert gaps["collector"] == gaps["scrape"]
+    # The golden payload's one throttle point is the `status` reason, which that panel leaves out.
+    assert {g for found in gaps["scrape"].values() for g in found} == {
+        'kubenpu_device_throttle_ratio{node=~".*", reason!="status"}'
+    }
+
+
+def test_the_path_check_can_fail() -> None:
+    paths = both_paths()
+    assert unmatched('kubenpu_device_status_ratio{state="failed"}', paths["collector"]) == [
+        'kubenpu_device_status_ratio{state="failed"}'
+    ]
+    assert unmatched("sum by (node, pod) (kubenpu_events_dropped_total)", paths["scrape"]) == [
+        "label pod"
+    ]
+    # A Collector without the exporter's suffixes names the counter otherwise.
+    collector = Collector(DEPLOY / "otel" / "collector.yaml")
+    collector.suffixes = False
+    metric = {"name": "kubenpu.ioctl", "unit": "{call}", "sum": {"isMonotonic": True}}
+    assert collector.name("kubenpu.ioctl", metric, "sum") == "kubenpu_ioctl"

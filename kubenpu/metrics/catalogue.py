@@ -129,8 +129,10 @@ class Spec:
     def _translated(self, name: str) -> str:
         name = name.replace(".", "_")
         unit = "" if self.unit.startswith("{") else _PROM_UNITS.get(self.unit, self.unit)
-        if self.unit == "1" and self.kind in ("counter", "histogram"):  # ratio: gauges' only
-            unit = ""  # (an updowncounter is one in Prometheus, its non-monotonic sum's type)
+        # _ratio is for OTLP gauges only (prometheus/otlptranslator's normalizeName): an
+        # updowncounter, a non-monotonic sum on the wire, gets none, through the Collector too.
+        if self.unit == "1" and self.kind != "gauge":
+            unit = ""
         if unit and not name.endswith("_" + unit):
             name += "_" + unit
         return name + "_total" if self.kind == "counter" else name

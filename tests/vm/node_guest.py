@@ -663,7 +663,7 @@ class Node:
         def state(prom: Samples) -> dict[str, float]:
             return {
                 s["labels"]["state"]: s["value"]
-                for s in prom.get("kubenpu_device_status_ratio", [])
+                for s in prom.get("kubenpu_device_status", [])
                 if s["labels"]["device"] == TESTDRM
             }
 
