@@ -381,6 +381,32 @@ def test_container_config_has_the_agents_keys() -> None:
     config.load(str(KUSTOMIZE / "base" / "config.yaml"), {"K8S_NODE_NAME": "n"})
 
 
+def test_the_agent_names_its_host_by_the_node_the_chart_gives_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pod has no host network, so gethostname() is the pod's name: host.name, like
+    k8s.node.name and service.instance.id, is the node's, from the downward API's
+    spec.nodeName. It once was the pod's (kubenpu-x7k2p), a host no inventory knows."""
+    from kubenpu import config, export
+
+    docs = render_helm()
+    env = {}
+    for item in agent_of(docs)["env"]:
+        ref = item.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+        if ref == "spec.nodeName":  # what the kubelet puts there
+            env[item["name"]] = "worker-3"
+        elif "value" in item:
+            env[item["name"]] = item["value"].replace("$(K8S_NODE_NAME)", env["K8S_NODE_NAME"])
+    path = tmp_path / "config.yaml"
+    path.write_text(by_kind(docs)["ConfigMap"]["data"]["config.yaml"])
+    monkeypatch.setattr("socket.gethostname", lambda: "kubenpu-x7k2p")  # the pod's name
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)  # OTEL_RESOURCE_ATTRIBUTES is read from the process
+    attributes = export.build_resource(config.load(str(path), env)).attributes
+    names = ("host.name", "k8s.node.name", "service.instance.id")
+    assert {n: attributes[n] for n in names} == dict.fromkeys(names, "worker-3")
+
+
 def test_cri_socket_is_inside_its_mount() -> None:
     values = helm_values()
     uri = values["config"]["attribution"]["cri"]["endpoint"]

@@ -169,7 +169,7 @@ def test_grpc_push_exact_values_resource_and_headers(tmp_path, receiver, clean_r
     assert resource["k8s.node.name"] == "node-a"
     # A Prometheus OTLP receiver's instance label: one per node, so nodes' series stay apart.
     assert resource["service.instance.id"] == "node-a"
-    assert resource["host.name"] == socket.gethostname()
+    assert resource["host.name"] == "node-a"  # the node's, not the pod's gethostname()
     assert receiver.metadata[-1]["x-tenant"] == "t1"
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -58,7 +57,6 @@ from kubenpu.sources.registry import table
 
 TESTDATA = Path(__file__).parent / "testdata"
 NODE = "node-a"
-HOST = "host-a"
 SECOND = 1_000_000_000
 AGENT_START_NS = 1_750_000_000 * SECOND  # 2025-06-15T15:06:40Z
 SERIES_TTL = 5.0  # seconds: a pod gone this long before the render is retired, one gone later kept
@@ -427,7 +425,6 @@ def render() -> dict[str, str]:
     with pytest.MonkeyPatch.context() as mp, OtlpHttpReceiver() as rx, ExitStack() as stack:
         wall = Wall()
         mp.setattr(time, "time_ns", wall)
-        mp.setattr(socket, "gethostname", lambda: HOST)  # the resource's host.name
         for var in ("OTEL_RESOURCE_ATTRIBUTES", "OTEL_SERVICE_NAME"):
             mp.delenv(var, raising=False)
         metrics = table(SERIES_TTL, MAX_SERIES, wall.monotonic)
