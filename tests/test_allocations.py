@@ -758,6 +758,22 @@ def test_a_holders_own_calls_and_engine_time_alone_are_not_unallocated(tracked: 
     assert points(metrics, UNALLOCATED_CALLS) == {}
 
 
+def test_calls_without_a_pod_are_not_unallocated(tracked: Tracked) -> None:
+    """Only a pod's container can hold an allocation: a host process (no namespace, pod or
+    container) and a container no pod owns (ctr's) are not unallocated use of a managed card;
+    a pod's container that holds none of it is, one past them."""
+    allocations, metrics, clock, activity = tracked
+    allocations.refresh()
+    activity.submitted(("", "", "", DGPU), 5)  # a host process
+    activity.submitted(("default", "", "ctr-bench", DGPU), 3)  # started with ctr
+    activity.submitted(("ml", "stranger", "main", DGPU), 1)
+    clock.now += 10
+    allocations.refresh()
+    assert points(metrics, UNALLOCATED_CALLS) == {
+        (("container", "main"), ("device", DGPU), ("namespace", "ml"), ("pod", "stranger")): 1
+    }
+
+
 class _Breaks(Activity):
     """An activity whose snapshot fails once, as a bug would."""
 

@@ -1052,6 +1052,26 @@ def test_per_pod_points_carry_exactly_the_k8s_attributes_and_the_uid_parts_two_p
     }
 
 
+def test_points_without_a_pod_leave_the_k8s_attributes_off(tmp_path, receiver):
+    """A host process's calls name no pod, and a container started with ctr no pod either: its
+    points carry only the k8s.* attributes that have a value, never an empty k8s.pod.name."""
+    tel = start_telemetry(make_config(tmp_path, otlp_yaml(receiver.port)))
+    try:
+        calls(tel.metrics, "", "", "", 5)  # a host process
+        calls(tel.metrics, "default", "", "", 2)  # ctr's namespace, no pod or container name
+        calls(tel.metrics, "ns", "p", "c", 1, uid=UID_A)
+        assert tel.pusher.push()
+    finally:
+        tel.shutdown()
+    got = {frozenset(p.items()) for p in points(receiver, "kubenpu.ioctl")}
+    own = {("device", "0000:03:00.0"), ("vendor", "vgem"), ("kind", "submit")}
+    assert got == {
+        frozenset(own),
+        frozenset(own | {("k8s.namespace.name", "default")}),
+        frozenset(own | {*zip(K8S_ATTRIBUTES.values(), ("ns", "p", UID_A, "c"), strict=True)}),
+    }
+
+
 def test_legacy_attributes_are_the_old_names_without_the_uid(tmp_path, receiver):
     push_pods(tmp_path, receiver, "legacy")
     for spec in POD_SPECS:

@@ -75,16 +75,26 @@ def _wire(value: float) -> float:
 def otlp_names(snapshot: _Snapshot, attributes: str) -> _Snapshot:
     """The snapshot under its OTLP names (export.otlp.attributes). semconv: the pod labels by
     K8S_ATTRIBUTES, each spec's own labels by Spec.attributes, and an NPU's points of a hw.gpu.*
-    metric under the spec's npu name. legacy keeps the names of the release before (namespace,
-    pod, container, sensor, ...) and leaves pod_uid out, so a pipeline built on them gets the
-    series it got before."""
+    metric under the spec's npu name; a pod label with no value (a host process, an
+    unattributed call) is left off, as OTLP has an attribute nobody knows (an empty
+    k8s.pod.name would name a pod ""; Prometheus reads an absent label as empty, so the
+    Collector's remote write is unchanged). legacy keeps the names of the release before
+    (namespace, pod, container, sensor, ...), empty ones too, and leaves pod_uid out, so a
+    pipeline built on them gets the series it got before."""
     if attributes == "legacy":
         return [(spec, _legacy(points)) for spec, points in snapshot]
     named: _Snapshot = []
     for spec, points in snapshot:
         names = {**K8S_ATTRIBUTES, **dict(spec.attributes)}
         renamed = [
-            p._replace(attrs={names.get(k, k): v for k, v in p.attrs.items()}) for p in points
+            p._replace(
+                attrs={
+                    names.get(k, k): v
+                    for k, v in p.attrs.items()
+                    if v != "" or k not in K8S_ATTRIBUTES
+                }
+            )
+            for p in points
         ]
         named += _by_device_type(spec, renamed)
     return named

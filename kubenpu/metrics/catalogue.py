@@ -447,9 +447,10 @@ UNALLOCATED_CALLS = Spec(
     "kubenpu.device.unallocated_calls",
     "counter",
     "{call}",
-    "Submit-class calls a container made on a device that some allocation on the node names, or "
-    "that the kubelet can allocate, while the container was allocated none of it (seen at each "
-    "allocations refresh). The calls are counted in kubenpu_ioctl_total all the same.",
+    "Submit-class calls a pod's container made on a device that some allocation on the node "
+    "names, or that the kubelet can allocate, while the container was allocated none of it "
+    "(seen at each allocations refresh); host processes' calls are not counted. The calls are "
+    "counted in kubenpu_ioctl_total all the same.",
     ("namespace", "pod", "container", "device"),
 )
 ALLOCATIONS_UNMAPPED = Spec(

@@ -238,14 +238,16 @@ class Allocations:
     ) -> dict[User, tuple[int, int]]:
         """Adds the submit-class calls each container made since the last refresh on a managed
         device (one allocations name, or the kubelet can allocate) while it held none of it. A
-        container gone from the activity (retired) leaves with its series."""
+        container gone from the activity (retired) leaves with its series. Calls that name no
+        pod (host processes, unattributed calls, ctr's containers) are not counted: only a
+        pod's container can hold an allocation."""
         allocated = {(h.namespace, h.pod, h.container, h.device) for h in shares}
         seen, self._seen = self._seen, use
         for u in self._unallocated.keys() - use.keys():
             del self._unallocated[u]
         for u, (calls, _busy) in use.items():
             new = calls - seen.get(u, (0, 0.0))[0]
-            if u[3] in managed and u not in allocated and new > 0:
+            if u[1] and u[3] in managed and u not in allocated and new > 0:
                 n, first = self._unallocated.get(u, (0, time.time_ns()))
                 self._unallocated[u] = (n + new, first)
         return dict(self._unallocated)
