@@ -291,6 +291,7 @@ def allocations_state() -> AllocationState:
         idle_for={gpu: 2.5},
         unallocated={("ml", "trainer-0", "worker", NPU[0]): (6, AGENT_START_NS + 4 * SECOND)},
         unmapped={("amd.com/gpu", "no_device"): 1},
+        uids={("ml", "trainer-0"): UID},  # the runtime lists trainer-0's; llm-0 it does not
     )
 
 

@@ -426,7 +426,7 @@ ALLOCATED = Spec(
     "{share}",
     "Shares of the device the container was allocated, from the kubelet's PodResources API "
     "(device-plugin ids and DRA devices; docs/allocations.md).",
-    ("namespace", "pod", "container", "device", "resource"),
+    ("namespace", "pod", "pod_uid", "container", "device", "resource"),
 )
 ALLOCATED_IDLE = Spec(
     "kubenpu.device.allocated.idle",
@@ -434,14 +434,14 @@ ALLOCATED_IDLE = Spec(
     "s",
     "Time the container held the allocation with no submit-class call on the device and no "
     "engine busy time (or cycles) on it (docs/metrics.md, Idle allocations).",
-    ("namespace", "pod", "container", "device", "resource"),
+    ("namespace", "pod", "pod_uid", "container", "device", "resource"),
 )
 ALLOCATED_IDLE_FOR = Spec(
     "kubenpu.device.allocated.idle_for",
     "gauge",
     "s",
     "How long the allocation has been idle without a break, at the last refresh (0 while used).",
-    ("namespace", "pod", "container", "device", "resource"),
+    ("namespace", "pod", "pod_uid", "container", "device", "resource"),
 )
 UNALLOCATED_CALLS = Spec(
     "kubenpu.device.unallocated_calls",
@@ -451,7 +451,7 @@ UNALLOCATED_CALLS = Spec(
     "names, or that the kubelet can allocate, while the container was allocated none of it "
     "(seen at each allocations refresh); host processes' calls are not counted. The calls are "
     "counted in kubenpu_ioctl_total all the same.",
-    ("namespace", "pod", "container", "device"),
+    ("namespace", "pod", "pod_uid", "container", "device"),
 )
 ALLOCATIONS_UNMAPPED = Spec(
     "kubenpu.allocations.unmapped",
