@@ -103,9 +103,11 @@ def hw(device: tuple[str, str], kind: str, name: str) -> c.Attrs:
 
 
 def sensor(device: c.Attrs, chip: str, name: str, kind: str) -> c.Attrs:
-    """A sensor's own component attributes (semconv: hw.parent names the device)."""
+    """A sensor's own component attributes (semconv: hw.parent names the device, whose name,
+    vendor and descriptions it does not repeat)."""
     own = {"hw.id": f"{device['hw.id']}/{chip}/{name}", "hw.type": kind}
-    return {**device, **own, "hw.parent": device["hw.id"], "sensor": name, "chip": chip}
+    parent = {"device": device["device"], "vendor": device["vendor"], "hw.parent": device["hw.id"]}
+    return {**parent, **own, "sensor": name, "chip": chip}
 
 
 # --- what each source reports ----------------------------------------------------------------

@@ -473,11 +473,13 @@ PODRESOURCES_ERRORS = Spec(
     "refresh, or a connection's one GetAllocatableResources (then not available on it).",
 )
 # Device telemetry from sysfs and hwmon (kubenpu/telemetry.py): OTel hardware semantic
-# conventions' names where they have one. Every point carries these, plus the kind's own labels,
-# plus HW_DESCRIPTIVE where the driver publishes them. A sensor (temperature, voltage) is a
-# component of its own, as semconv has it: hw.id names the sensor, hw.parent its device.
+# conventions' names where they have one. A device's points carry these (hw.vendor where the
+# vendor is known), plus the kind's own labels, plus HW_DESCRIPTIVE where the driver publishes
+# them. A sensor (temperature, voltage) is a component of its own, as semconv has it: hw.id
+# names the sensor, hw.parent its device, whose hw.name, hw.vendor and descriptive attributes
+# it does not repeat.
 _HW = ("device", "vendor", "hw.id", "hw.type", "hw.vendor", "hw.name")
-_SENSOR = (*_HW, "hw.parent", "sensor", "chip")
+_SENSOR = ("device", "vendor", "hw.id", "hw.type", "hw.parent", "sensor", "chip")
 _LOCATION = (("sensor", "hw.sensor_location"),)
 _LIMIT = (*_LOCATION, ("limit", "hw.limit_type"))
 # semconv's recommended descriptive attributes (model/hardware/gpu-metrics.yaml), on every
