@@ -38,6 +38,7 @@ class CriTestServer(api_pb2_grpc.RuntimeServiceServicer):
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._containers: dict[str, dict[str, str]] = {}
+        self._exited: set[str] = set()  # listed as CONTAINER_EXITED, as a runtime keeps them
         self.requests: Counter[str] = Counter()  # ContainerStatus requests per container id
         self.lists = 0  # ListContainers requests
         self.listed = True  # False: ListContainers answers UNIMPLEMENTED
@@ -82,10 +83,18 @@ class CriTestServer(api_pb2_grpc.RuntimeServiceServicer):
             os.unlink(self._socket)
 
     def add_container(
-        self, container_id: str, namespace: str, pod: str, container: str, pod_uid: str = ""
+        self,
+        container_id: str,
+        namespace: str,
+        pod: str,
+        container: str,
+        pod_uid: str = "",
+        exited: bool = False,
     ) -> None:
         with self._lock:
             self._containers[container_id] = _labels(namespace, pod, container, pod_uid)
+            if exited:
+                self._exited.add(container_id)
 
     def remove_container(self, container_id: str) -> None:
         with self._lock:
@@ -155,12 +164,15 @@ class CriTestServer(api_pb2_grpc.RuntimeServiceServicer):
         self._reload()
         with self._lock:
             containers = list(self._containers.items())
+            exited = set(self._exited)
         return api_pb2.ListContainersResponse(
             containers=[
                 api_pb2.Container(
                     id=container_id,
                     metadata=api_pb2.ContainerMetadata(name=labels[LABEL_CONTAINER]),
-                    state=api_pb2.CONTAINER_RUNNING,
+                    state=api_pb2.CONTAINER_EXITED
+                    if container_id in exited
+                    else api_pb2.CONTAINER_RUNNING,
                     labels=labels,
                 )
                 for container_id, labels in containers

@@ -223,5 +223,8 @@ class FakeResolver:
     def runtime_version(self) -> str | None:
         return "fake 1.0"
 
+    def pod_uids(self) -> dict[tuple[str, str], str] | None:
+        return None  # a runtime that does not answer: the allocation series get no uid
+
     def close(self) -> None:
         self.closed = True

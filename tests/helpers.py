@@ -77,9 +77,11 @@ def expected_counts(rows: list[dict]) -> dict[tuple, float]:
 def otlp_counts(points: list[dict]) -> dict[tuple, float]:
     """The kubenpu.ioctl points an OTLP receiver got ([{attributes, value}]) by LABELS values:
     each pod label read under its semconv attribute (K8S_ATTRIBUTES: the agents' default
-    export.otlp.attributes), so the key is ioctl_counts()' of the same series."""
+    export.otlp.attributes), so the key is ioctl_counts()' of the same series. A pod attribute
+    left off (a host process's) is the empty label, as Prometheus reads it."""
     return {
-        tuple(p["attributes"][K8S_ATTRIBUTES.get(k, k)] for k in LABELS): p["value"] for p in points
+        tuple(p["attributes"].get(K8S_ATTRIBUTES.get(k, k), "") for k in LABELS): p["value"]
+        for p in points
     }
 
 
@@ -271,10 +273,13 @@ def ioctl_key(ns: str, pod: str, c: str, kind: str = "submit", uid: str = "") ->
 
 
 def ioctl(ns: str, pod: str, c: str, kind: str = "submit", uid: str = "") -> frozenset:
-    """The same series as an OTLP receiver's attribute set (export.otlp.attributes: semconv)."""
+    """The same series as an OTLP receiver's attribute set (export.otlp.attributes: semconv):
+    a pod attribute with no value is left off."""
     labels = (ns, pod, uid, c, "0000:03:00.0", "vgem", kind)
     return frozenset(
-        (K8S_ATTRIBUTES.get(k, k), v) for k, v in zip(IOCTL.labels, labels, strict=True)
+        (K8S_ATTRIBUTES.get(k, k), v)
+        for k, v in zip(IOCTL.labels, labels, strict=True)
+        if v or k not in K8S_ATTRIBUTES
     )
 
 

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cri_server import CriTestServer
 from fakes import Clock, FakeResolver
 from podresources_server import PodResourcesTestServer, container, pod
 
@@ -37,6 +38,7 @@ from kubenpu.metrics.catalogue import (
 from kubenpu.metrics.inputs import Held
 from kubenpu.metrics.series import Series
 from kubenpu.resolve import Attribution
+from kubenpu.resolve.cri import CriClient
 from kubenpu.resolve.podresources import client as client_module
 from kubenpu.resolve.podresources.client import Allocated, PodResourcesClient, PodResourcesError
 from kubenpu.resolve.podresources.mapping import PLUGINS, Mapper, Unmapped
@@ -283,8 +285,11 @@ def value(metrics: Series, spec: object, **attrs: str) -> float | None:
     return points(metrics, spec).get(tuple(sorted(attrs.items())))
 
 
-def hold(ns: str, p: str, device: str = IGPU, resource: str = I915) -> dict[str, str]:
-    return {"namespace": ns, "pod": p, "container": "main", "device": device, "resource": resource}
+def hold(
+    ns: str, p: str, device: str = IGPU, resource: str = I915, uid: str = ""
+) -> dict[str, str]:
+    labels = {"namespace": ns, "pod": p, "pod_uid": uid, "container": "main", "device": device}
+    return labels | {"resource": resource}
 
 
 Tracked = tuple[Allocations, Series, Clock, Activity]
@@ -376,7 +381,15 @@ def test_calls_on_a_device_not_allocated_are_flagged(tracked: Tracked) -> None:
 
     def user(p: str, d: str) -> tuple:
         return tuple(
-            sorted({"namespace": "ml", "pod": p, "container": "main", "device": d}.items())
+            sorted(
+                {
+                    "namespace": "ml",
+                    "pod": p,
+                    "pod_uid": "",
+                    "container": "main",
+                    "device": d,
+                }.items()
+            )
         )
 
     want = {user("dra", IGPU): 3, user("stranger", DGPU): 1}
@@ -523,7 +536,13 @@ def test_calls_on_an_allocatable_device_nobody_holds_are_unallocated(
     submit(activity, "stranger", DGPU, n=4)  # nobody holds the dGPU; the plugin offers it
     clock.now += 10
     allocations.refresh()
-    user = {"namespace": "ml", "pod": "stranger", "container": "main", "device": DGPU}
+    user = {
+        "namespace": "ml",
+        "pod": "stranger",
+        "pod_uid": "",
+        "container": "main",
+        "device": DGPU,
+    }
     assert value(metrics, UNALLOCATED_CALLS, **user) == 4
 
 
@@ -539,7 +558,7 @@ def test_calls_on_a_device_no_allocation_names_are_not_unallocated(
     submit(activity, "stranger", IGPU, n=2)
     clock.now += 10
     allocations.refresh()
-    user = {"namespace": "ml", "pod": "stranger", "container": "main"}
+    user = {"namespace": "ml", "pod": "stranger", "container": "main", "pod_uid": ""}
     assert points(metrics, UNALLOCATED_CALLS) == {
         tuple(sorted({**user, "device": IGPU}.items())): 2
     }
@@ -789,6 +808,72 @@ def test_a_holders_own_calls_and_engine_time_alone_are_not_unallocated(tracked: 
     clock.now += 10
     allocations.refresh()
     assert points(metrics, UNALLOCATED_CALLS) == {}
+
+
+def test_calls_without_a_pod_are_not_unallocated(tracked: Tracked) -> None:
+    """Only a pod's container can hold an allocation: a host process (no namespace, pod or
+    container) and a container no pod owns (ctr's) are not unallocated use of a managed card;
+    a pod's container that holds none of it is, one past them."""
+    allocations, metrics, clock, activity = tracked
+    allocations.refresh()
+    activity.submitted(("", "", "", DGPU), 5)  # a host process
+    activity.submitted(("default", "", "ctr-bench", DGPU), 3)  # started with ctr
+    activity.submitted(("ml", "stranger", "main", DGPU), 1)
+    clock.now += 10
+    allocations.refresh()
+    assert points(metrics, UNALLOCATED_CALLS) == {
+        (
+            ("container", "main"),
+            ("device", DGPU),
+            ("namespace", "ml"),
+            ("pod", "stranger"),
+            ("pod_uid", ""),
+        ): 1
+    }
+
+
+def test_allocation_series_carry_the_pod_uid_the_runtime_lists(
+    kubelet: PodResourcesTestServer, sock: str, cri: CriTestServer, cri_socket: str
+) -> None:
+    """The kubelet names pods without their uid: the runtime's running containers give it, by
+    namespace and name. A predecessor's exited container (same name, old uid) is not taken;
+    a pod the runtime does not list gets none; while the runtime is down the last answer
+    stays; a pod recreated under its name gets its new uid at the next refresh."""
+    cri.add_container("c-old", "ml", "a", "main", pod_uid=OLD_UID, exited=True)
+    cri.add_container("c-a", "ml", "a", "main", pod_uid=UID)
+    cri.add_container("c-x", "ml", "stranger", "main", pod_uid=STRANGER_UID)
+    client = CriClient(f"unix://{cri_socket}", timeout=5.0, retry_after=0.0)
+    metrics = table(300, 1000)
+    activity = Activity(300)
+    allocations = Allocations(
+        PodResourcesClient(sock),
+        mapper("hybrid-two-gpu"),
+        metrics,
+        10,
+        activity,
+        pod_uids=client.pod_uids,
+    )
+    allocations.refresh()
+    activity.submitted(("ml", "stranger", "main", DGPU), 2)  # on a card it holds none of
+    assert allocations.refresh()
+    assert value(metrics, ALLOCATED, **hold("ml", "a", uid=UID)) == 2
+    assert value(metrics, ALLOCATED, **hold("ml", "b")) == 1  # not listed: no uid
+    stranger = {"namespace": "ml", "pod": "stranger", "container": "main", "device": DGPU}
+    assert value(metrics, UNALLOCATED_CALLS, **stranger, pod_uid=STRANGER_UID) == 2
+    cri.set_unavailable()
+    assert allocations.refresh()
+    assert value(metrics, ALLOCATED, **hold("ml", "a", uid=UID)) == 2
+    cri.set_unavailable(False)
+    cri.remove_container("c-a")
+    cri.add_container("c-a2", "ml", "a", "main", pod_uid=NEW_UID)
+    assert allocations.refresh()
+    assert value(metrics, ALLOCATED, **hold("ml", "a", uid=NEW_UID)) == 2
+    assert value(metrics, ALLOCATED, **hold("ml", "a", uid=UID)) is None
+    client.close()
+
+
+UID, OLD_UID = "0e6f7c3a-0000-4c5e-8f9a-00000000000a", "0e6f7c3a-0000-4c5e-8f9a-00000000000b"
+NEW_UID, STRANGER_UID = "0e6f7c3a-0000-4c5e-8f9a-00000000000c", "0e6f7c3a-0000-4c5e-8f9a-0000000d"
 
 
 class _Breaks(Activity):

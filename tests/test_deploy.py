@@ -25,6 +25,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from collector_path import Collector, Series, scrape_series, unmatched
 from helpers import (
     CHART,
     NAMESPACE,
@@ -43,6 +44,7 @@ DEPLOY = ROOT / "deploy"
 KUSTOMIZE = DEPLOY / "kustomize"
 TANKA = DEPLOY / "tanka"
 GRAFANA = DEPLOY / "grafana"
+TESTDATA = ROOT / "tests" / "testdata"
 K8S_VERSION = "1.33"
 
 # The series the agent exports, named as Prometheus shows them: the one list the dashboard and
@@ -386,6 +388,32 @@ def test_container_config_has_the_agents_keys() -> None:
     from kubenpu import config
 
     config.load(str(KUSTOMIZE / "base" / "config.yaml"), {"K8S_NODE_NAME": "n"})
+
+
+def test_the_agent_names_its_host_by_the_node_the_chart_gives_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pod has no host network, so gethostname() is the pod's name: host.name, like
+    k8s.node.name and service.instance.id, is the node's, from the downward API's
+    spec.nodeName. It once was the pod's (kubenpu-x7k2p), a host no inventory knows."""
+    from kubenpu import config, export
+
+    docs = render_helm()
+    env = {}
+    for item in agent_of(docs)["env"]:
+        ref = item.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+        if ref == "spec.nodeName":  # what the kubelet puts there
+            env[item["name"]] = "worker-3"
+        elif "value" in item:
+            env[item["name"]] = item["value"].replace("$(K8S_NODE_NAME)", env["K8S_NODE_NAME"])
+    path = tmp_path / "config.yaml"
+    path.write_text(by_kind(docs)["ConfigMap"]["data"]["config.yaml"])
+    monkeypatch.setattr("socket.gethostname", lambda: "kubenpu-x7k2p")  # the pod's name
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)  # OTEL_RESOURCE_ATTRIBUTES is read from the process
+    attributes = export.build_resource(config.load(str(path), env)).attributes
+    names = ("host.name", "k8s.node.name", "service.instance.id")
+    assert {n: attributes[n] for n in names} == dict.fromkeys(names, "worker-3")
 
 
 def test_cri_socket_is_inside_its_mount() -> None:
@@ -1379,3 +1407,52 @@ def test_upgrade_md_says_the_packaged_charts_size_within_a_tenth(tmp_path: Path)
     subprocess.run([tool, "package", str(CHART), "-d", str(tmp_path)], check=True, timeout=60)
     [package] = tmp_path.glob("kubenpu-*.tgz")
     assert int(said[1].replace(",", "")) == pytest.approx(package.stat().st_size, rel=0.1)
+
+
+# --- tests: every alert and panel on both paths --------------------------------------------------
+
+
+def both_paths() -> dict[str, Series]:
+    """The golden payload (tests/test_payload_golden.py holds it to the agent's output) as
+    Prometheus stores it when scraped through the ServiceMonitor (job, instance, node) and when
+    pushed through the shipped Collector."""
+    target = {"job": "kubenpu", "instance": "10.0.0.7:9464", "node": "node-a"}
+    scraped = scrape_series((TESTDATA / "payload-prometheus.txt").read_text(), target)
+    pushed = json.loads((TESTDATA / "payload-otlp-semconv.json").read_text())
+    return {
+        "scrape": scraped,
+        "collector": Collector(DEPLOY / "otel" / "collector.yaml").series(pushed),
+    }
+
+
+def test_every_alert_and_panel_finds_its_series_on_both_paths(tools: Path) -> None:
+    """Each selector of each alert, recording rule and panel selects series, and each label it
+    groups or joins on is theirs, whether Prometheus scraped the agent or the Collector wrote
+    its push: hw.status was kubenpu_device_status_ratio on /metrics and kubenpu_device_status
+    through the Collector, so KubeNPUDeviceFailed could never fire on pushed data."""
+    paths = both_paths()
+    queries = [
+        q.replace("$__rate_interval", "5m").replace("$node", ".*").replace("$namespace", ".*")
+        for q in every_query(tools)
+    ]
+    gaps = {path: {q: unmatched(q, series) for q in queries} for path, series in paths.items()}
+    assert gaps["collector"] == gaps["scrape"]
+    # The golden payload's one throttle point is the `status` reason, which that panel leaves out.
+    assert {g for found in gaps["scrape"].values() for g in found} == {
+        'kubenpu_device_throttle_ratio{node=~".*", reason!="status"}'
+    }
+
+
+def test_the_path_check_can_fail() -> None:
+    paths = both_paths()
+    assert unmatched('kubenpu_device_status_ratio{state="failed"}', paths["collector"]) == [
+        'kubenpu_device_status_ratio{state="failed"}'
+    ]
+    assert unmatched("sum by (node, pod) (kubenpu_events_dropped_total)", paths["scrape"]) == [
+        "label pod"
+    ]
+    # A Collector without the exporter's suffixes names the counter otherwise.
+    collector = Collector(DEPLOY / "otel" / "collector.yaml")
+    collector.suffixes = False
+    metric = {"name": "kubenpu.ioctl", "unit": "{call}", "sum": {"isMonotonic": True}}
+    assert collector.name("kubenpu.ioctl", metric, "sum") == "kubenpu_ioctl"

@@ -38,6 +38,7 @@ from helpers import (
     values,
 )
 from opentelemetry.semconv.attributes import k8s_attributes
+from opentelemetry.semconv.schemas import Schemas
 from otlp_receiver import OtlpHttpReceiver, OtlpReceiver, Relay, attrs
 from vm.guestlib import parse
 
@@ -47,6 +48,9 @@ from kubenpu.files import read_at_most
 from kubenpu.kernel import abi
 from kubenpu.kernel.records import Durations, JobTimes, Key
 from kubenpu.metrics.catalogue import (
+    ALLOCATED,
+    ALLOCATED_IDLE,
+    ALLOCATED_IDLE_FOR,
     ENGINE_BUSY,
     ENGINE_COUNTERS,
     ENGINE_CYCLES,
@@ -56,7 +60,9 @@ from kubenpu.metrics.catalogue import (
     POD_HANGS,
     POD_LABELS,
     RESET_VICTIMS,
+    SCHEMA_URL,
     SPECS,
+    UNALLOCATED_CALLS,
     Spec,
 )
 from kubenpu.metrics.inputs import DeviceRow, Where
@@ -207,7 +213,7 @@ def test_grpc_push_exact_values_resource_and_headers(tmp_path, receiver, clean_r
     assert resource["k8s.node.name"] == "node-a"
     # A Prometheus OTLP receiver's instance label: one per node, so nodes' series stay apart.
     assert resource["service.instance.id"] == "node-a"
-    assert resource["host.name"] == socket.gethostname()
+    assert resource["host.name"] == "node-a"  # the node's, not the pod's gethostname()
     assert receiver.metadata[-1]["x-tenant"] == "t1"
 
 
@@ -1025,7 +1031,12 @@ SEMCONV = [
     ("pod_uid", k8s_attributes.K8S_POD_UID, "model/k8s/registry.yaml"),
     ("container", k8s_attributes.K8S_CONTAINER_NAME, "model/k8s/registry.yaml"),
 ]
-POD_SPECS = [spec for spec in SPECS if set(POD_LABELS) <= set(spec.labels)]
+# The per-pod series of an Attribution; the allocation series carry the uid too, but one per pod
+# name, the running pod's (tests/test_allocations.py), so two pods of one name are not theirs.
+ALLOCATION_SPECS = (ALLOCATED, ALLOCATED_IDLE, ALLOCATED_IDLE_FOR, UNALLOCATED_CALLS)
+POD_SPECS = [
+    spec for spec in SPECS if set(POD_LABELS) <= set(spec.labels) and spec not in ALLOCATION_SPECS
+]
 UID_A, UID_B = "8f2c3a10-0000-4000-8000-00000000000a", "8f2c3a10-0000-4000-8000-00000000000b"
 
 
@@ -1088,6 +1099,40 @@ def test_per_pod_points_carry_exactly_the_k8s_attributes_and_the_uid_parts_two_p
         ioctl("ns", "p", "c", uid=UID_A): 2,
         ioctl("ns", "p", "c", uid=UID_B): 3,
     }
+
+
+def test_points_without_a_pod_leave_the_k8s_attributes_off(tmp_path, receiver):
+    """A host process's calls name no pod, and a container started with ctr no pod either: its
+    points carry only the k8s.* attributes that have a value, never an empty k8s.pod.name."""
+    tel = start_telemetry(make_config(tmp_path, otlp_yaml(receiver.port)))
+    try:
+        calls(tel.metrics, "", "", "", 5)  # a host process
+        calls(tel.metrics, "default", "", "", 2)  # ctr's namespace, no pod or container name
+        calls(tel.metrics, "ns", "p", "c", 1, uid=UID_A)
+        assert tel.pusher.push()
+    finally:
+        tel.shutdown()
+    got = {frozenset(p.items()) for p in points(receiver, "kubenpu.ioctl")}
+    own = {("device", "0000:03:00.0"), ("vendor", "vgem"), ("kind", "submit")}
+    assert got == {
+        frozenset(own),
+        frozenset(own | {("k8s.namespace.name", "default")}),
+        frozenset(own | {*zip(K8S_ATTRIBUTES.values(), ("ns", "p", UID_A, "c"), strict=True)}),
+    }
+
+
+@pytest.mark.parametrize("attributes", ["semconv", "legacy"])
+def test_requests_name_the_conventions_version_their_names_follow(tmp_path, receiver, attributes):
+    """semconv names: each resource and scope says which conventions (schema_url), one that
+    the conventions published; legacy names follow none, so none."""
+    push_pods(tmp_path, receiver, attributes)
+    want = SCHEMA_URL if attributes == "semconv" else ""
+    assert receiver.requests
+    for request in receiver.requests:
+        for rm in request.resource_metrics:
+            assert rm.schema_url == want
+            assert [sm.schema_url for sm in rm.scope_metrics] == [want]
+    assert SCHEMA_URL in {s.value for s in Schemas}
 
 
 def test_legacy_attributes_are_the_old_names_without_the_uid(tmp_path, receiver):

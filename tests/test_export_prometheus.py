@@ -33,6 +33,7 @@ from kubenpu.metrics.catalogue import (
     RESET_VICTIMS,
     SPECS,
     TELEMETRY_SPECS,
+    Spec,
 )
 from kubenpu.metrics.inputs import AllocationState, Held, Where
 from kubenpu.metrics.own import (
@@ -158,7 +159,15 @@ TIMED = Durations(54_000_500, tuple(_SLOTS.values()), tuple(int(e == "ETIME") fo
 def expected_names(pushed: bool = False) -> set[str]:
     """/metrics' names; a push is named by the receiver's own translation of the OTel names
     (hw.power is hw_power_watts there, kubenpu_device_power_watts here: docs/metrics.md)."""
-    return {s.translated_name if pushed else s.prometheus_name for s in SPECS}
+    names = {s.translated_name if pushed else s.prometheus_name for s in SPECS}
+    # VictoriaMetrics gives a unit-1 UpDownCounter `_ratio` too; Prometheus' translation (and the
+    # Collector's, prometheus/otlptranslator) gives it to gauges only: hw_status there.
+    vm_only = {s.translated_name: s.translated_name + "_ratio" for s in SPECS if _vm_ratio(s)}
+    return {vm_only.get(n, n) for n in names} if pushed else names
+
+
+def _vm_ratio(spec: Spec) -> bool:
+    return spec.unit == "1" and spec.kind == "updowncounter"
 
 
 def check_series(prom: Prometheus, pushed: bool = False, attributes: str = "semconv") -> None:

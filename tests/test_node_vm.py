@@ -403,7 +403,9 @@ def _jobs(scrape: dict, metric: str) -> dict[tuple[str, str], float]:
 
 
 def _job_histogram(result: dict, metric: str, pod: str) -> dict:
-    [point] = [p for p in result["jobs"]["otlp"][metric] if p["attributes"]["k8s.pod.name"] == pod]
+    [point] = [
+        p for p in result["jobs"]["otlp"][metric] if p["attributes"].get("k8s.pod.name") == pod
+    ]
     return point
 
 

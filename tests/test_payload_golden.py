@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -58,7 +57,6 @@ from kubenpu.sources.registry import table
 
 TESTDATA = Path(__file__).parent / "testdata"
 NODE = "node-a"
-HOST = "host-a"
 SECOND = 1_000_000_000
 AGENT_START_NS = 1_750_000_000 * SECOND  # 2025-06-15T15:06:40Z
 SERIES_TTL = 5.0  # seconds: a pod gone this long before the render is retired, one gone later kept
@@ -105,9 +103,11 @@ def hw(device: tuple[str, str], kind: str, name: str) -> c.Attrs:
 
 
 def sensor(device: c.Attrs, chip: str, name: str, kind: str) -> c.Attrs:
-    """A sensor's own component attributes (semconv: hw.parent names the device)."""
+    """A sensor's own component attributes (semconv: hw.parent names the device, whose name,
+    vendor and descriptions it does not repeat)."""
     own = {"hw.id": f"{device['hw.id']}/{chip}/{name}", "hw.type": kind}
-    return {**device, **own, "hw.parent": device["hw.id"], "sensor": name, "chip": chip}
+    parent = {"device": device["device"], "vendor": device["vendor"], "hw.parent": device["hw.id"]}
+    return {**parent, **own, "sensor": name, "chip": chip}
 
 
 # --- what each source reports ----------------------------------------------------------------
@@ -293,6 +293,7 @@ def allocations_state() -> AllocationState:
         idle_for={gpu: 2.5},
         unallocated={("ml", "trainer-0", "worker", NPU[0]): (6, AGENT_START_NS + 4 * SECOND)},
         unmapped={("amd.com/gpu", "no_device"): 1},
+        uids={("ml", "trainer-0"): UID},  # the runtime lists trainer-0's; llm-0 it does not
     )
 
 
@@ -427,7 +428,6 @@ def render() -> dict[str, str]:
     with pytest.MonkeyPatch.context() as mp, OtlpHttpReceiver() as rx, ExitStack() as stack:
         wall = Wall()
         mp.setattr(time, "time_ns", wall)
-        mp.setattr(socket, "gethostname", lambda: HOST)  # the resource's host.name
         for var in ("OTEL_RESOURCE_ATTRIBUTES", "OTEL_SERVICE_NAME"):
             mp.delenv(var, raising=False)
         metrics = table(SERIES_TTL, MAX_SERIES, wall.monotonic)

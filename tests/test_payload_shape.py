@@ -66,8 +66,12 @@ def test_a_push_shows_its_resource_scope_and_each_metrics_attribute_keys() -> No
     assert "scope kubenpu" in lines
     head = "metric kubenpu.ioctl sum monotonic cumulative values=int unit={call} description="
     at = lines.index(head + IOCTL_HELP)
-    assert lines[at + 1 : at + 3] == [
+    # A pod's calls; a ctr container's (no pod); a host process's (no k8s.* at all): a pod
+    # attribute with no value is left off.
+    assert lines[at + 1 : at + 5] == [
         "  {device,k8s.container.name,k8s.namespace.name,k8s.pod.name,k8s.pod.uid,kind,vendor}",
+        "  {device,k8s.container.name,k8s.namespace.name,kind,vendor}",
+        "  {device,kind,vendor}",
         "  {otel.metric.overflow}",
     ]
     assert "metric kubenpu.npu.memory.usage sum non-monotonic cumulative values=int unit=By " in [

@@ -14,7 +14,7 @@ from helpers import make_config, start_telemetry
 from otlp_receiver import OtlpReceiver, attrs
 
 from kubenpu.discovery import discover
-from kubenpu.metrics.catalogue import SPECS
+from kubenpu.metrics.catalogue import HW_DESCRIPTIVE, SPECS
 from kubenpu.metrics.series import Series
 from kubenpu.sources.telemetry import Telemetry
 
@@ -123,10 +123,30 @@ def test_every_hw_name_of_the_catalogue_is_a_row_here() -> None:
 
 
 def test_sensors_are_components_of_their_device(received: dict) -> None:
-    for p in points(received["hw.temperature"]):
-        a = attrs(p.attributes)
-        assert a["hw.type"] == "temperature" and a["hw.id"].startswith(a["hw.parent"] + "/")
-        assert "hw.sensor_location" in a and "sensor" not in a
+    """A sensor names its device by hw.parent and carries none of the device's own
+    descriptions: amdgpu's MI210 (hw.model, serial, firmware) among them."""
+    parents = set()
+    for name in ("hw.temperature", "hw.temperature.limit", "hw.voltage"):
+        for p in points(received[name]):
+            a = attrs(p.attributes)
+            assert a["hw.type"] in ("temperature", "voltage")
+            assert a["hw.id"].startswith(a["hw.parent"] + "/")
+            assert "hw.sensor_location" in a and "sensor" not in a
+            assert not {"hw.name", "hw.vendor", *HW_DESCRIPTIVE} & a.keys(), a
+            parents.add(a["hw.parent"])
+    assert "0000:c3:00.0" in parents  # the MI210, whose own points carry hw.model
+
+
+def test_an_unknown_pci_vendor_is_left_off_not_its_id(received: dict) -> None:
+    """amd-server's BMC graphics (ast, PCI vendor 1a03) has no vendor name the agent knows:
+    its points carry no hw.vendor rather than the id."""
+    ast = [
+        attrs(p.attributes)
+        for m in received.values()
+        for p in points(m)
+        if attrs(p.attributes).get("device") == "0000:02:00.0"
+    ]
+    assert ast and all("hw.vendor" not in a for a in ast)
 
 
 def test_npu_points_leave_the_gpu_metrics(received: dict) -> None:

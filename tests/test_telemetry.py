@@ -438,7 +438,8 @@ def test_metrics_and_otlp_carry_every_fixture_drivers_telemetry(tmp_path: Path) 
     }
     assert {
         ("kubenpu_device_frequency_hertz", "0000:00:02.0", "Intel"),  # i915
-        ("kubenpu_device_temperature_celsius", "0000:03:00.0", "Intel"),  # xe
+        ("kubenpu_device_frequency_hertz", "0000:03:00.0", "Intel"),  # xe
+        ("kubenpu_device_temperature_celsius", "0000:03:00.0", None),  # a sensor: its parent's
         ("kubenpu_device_power_watts", "0000:c3:00.0", "AMD"),  # amdgpu
         ("kubenpu_device_busy_seconds_total", "0000:00:0b.0", "Intel"),  # ivpu
         ("kubenpu_device_power_watts", "0000:33:00.0", "Habana"),  # habanalabs

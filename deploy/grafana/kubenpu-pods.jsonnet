@@ -6,6 +6,13 @@ local g = import 'kubenpu.libsonnet';
 // agents, from the k8s.node.name resource attribute when they push through the Collector.
 local sel = 'node=~"$node", namespace=~"$namespace", pod!=""';
 
+// The p99 of a kernel-bucketed histogram: classic `_bucket` series when Prometheus scrapes the
+// agents, a native histogram when the Collector writes their push (OTLP's exponential
+// histograms); each path finds one arm of the `or`.
+local p99(metric, by) =
+  'histogram_quantile(0.99, sum by (%s, le) (rate(%s_bucket{%s}[$__rate_interval])) or sum by (%s) (rate(%s{%s}[$__rate_interval])))'
+  % [by, metric, sel, by, metric, sel];
+
 g.dashboard(
   'kubenpu-pods',
   'KubeNPU / Pods',
@@ -117,7 +124,7 @@ g.dashboard(
     // says whether a pod is slow behind others' jobs or on the device itself.
     g.timeseries(
       'GPU job queue wait p99 by pod',
-      [g.target('histogram_quantile(0.99, sum by (namespace, pod, device, ring, le) (rate(kubenpu_job_wait_duration_seconds_bucket{%s}[$__rate_interval])))' % sel,
+      [g.target(p99('kubenpu_job_wait_duration_seconds', 'namespace, pod, device, ring'),
                 '{{namespace}}/{{pod}} {{device}} {{ring}}')],
       's',
       g.pos(0, 66, 12, 8),
@@ -125,7 +132,7 @@ g.dashboard(
     ),
     g.timeseries(
       'GPU job run time p99 by pod',
-      [g.target('histogram_quantile(0.99, sum by (namespace, pod, device, ring, le) (rate(kubenpu_job_run_duration_seconds_bucket{%s}[$__rate_interval])))' % sel,
+      [g.target(p99('kubenpu_job_run_duration_seconds', 'namespace, pod, device, ring'),
                 '{{namespace}}/{{pod}} {{device}} {{ring}}')],
       's',
       g.pos(12, 66, 12, 8),

@@ -9,7 +9,6 @@ that serves /metrics, /healthz and /readyz) and `errors`.
 
 from __future__ import annotations
 
-import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -43,12 +42,14 @@ def build_resource(cfg: Config) -> Resource:
     node), host.name, k8s.node.name; then OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES
     override (OTEL_SERVICE_NAME wins for service.name). A Prometheus-compatible store names a
     pushed series' instance by service.instance.id and keeps other resource attributes apart
-    (target_info): without it, every node's series of one pod name would be one series."""
+    (target_info): without it, every node's series of one pod name would be one series.
+    host.name is the node's name too: in a pod without the host's network, gethostname() is
+    the pod's name, not the host's (config.load falls back to it only outside Kubernetes)."""
     ours = {
         "service.name": "kubenpu",
         "service.version": __version__,
         "service.instance.id": cfg.node_name,
-        "host.name": socket.gethostname(),
+        "host.name": cfg.node_name,
         "k8s.node.name": cfg.node_name,
     }
     return Resource.create({**ours, **OTELResourceDetector().detect().attributes})

@@ -39,7 +39,7 @@ from kubenpu.config import OtlpConfig
 from kubenpu.export.files import read_regular
 from kubenpu.files import read_at_most
 from kubenpu.kernel import abi
-from kubenpu.metrics.catalogue import CRI_BOUNDS, K8S_ATTRIBUTES, Attrs, Spec
+from kubenpu.metrics.catalogue import CRI_BOUNDS, K8S_ATTRIBUTES, SCHEMA_URL, Attrs, Spec
 from kubenpu.metrics.own import EXPORT_FAILED
 from kubenpu.metrics.points import ExpHist, Hist, Point
 from kubenpu.metrics.series import Series
@@ -66,7 +66,8 @@ _NUMBER_BYTES = 3 * 9 + 5  # start, time, value (fixed 8 bytes each), the point'
 _HIST_BYTES = (5 + 2 * len(CRI_BOUNDS) + 1) * 9 + 3 * 5  # fixed fields, packed bounds, buckets
 _EXP_BYTES = (6 + abi.DURATION_SLOTS) * 9 + 4 * 5  # fixed fields, bucket counts, their messages
 _METRIC_BYTES = 6 * 5  # the metric, its name, description, unit, data message, temporality
-_REQUEST_BYTES = 8 * 5  # resource and scope metrics, resource, scope, its name and version
+# resource and scope metrics, resource, scope, its name and version; the two schema URLs
+_REQUEST_BYTES = 8 * 5 + 2 * (len(SCHEMA_URL) + 5)
 
 
 def _wire(value: float) -> float:
@@ -79,16 +80,26 @@ def _wire(value: float) -> float:
 def otlp_names(snapshot: _Snapshot, attributes: str) -> _Snapshot:
     """The snapshot under its OTLP names (export.otlp.attributes). semconv: the pod labels by
     K8S_ATTRIBUTES, each spec's own labels by Spec.attributes, and an NPU's points of a hw.gpu.*
-    metric under the spec's npu name. legacy keeps the names of the release before (namespace,
-    pod, container, sensor, ...) and leaves pod_uid out, so a pipeline built on them gets the
-    series it got before."""
+    metric under the spec's npu name; a pod label with no value (a host process, an
+    unattributed call) is left off, as OTLP has an attribute nobody knows (an empty
+    k8s.pod.name would name a pod ""; Prometheus reads an absent label as empty, so the
+    Collector's remote write is unchanged). legacy keeps the names of the release before
+    (namespace, pod, container, sensor, ...), empty ones too, and leaves pod_uid out, so a
+    pipeline built on them gets the series it got before."""
     if attributes == "legacy":
         return [(spec, _legacy(points)) for spec, points in snapshot]
     named: _Snapshot = []
     for spec, points in snapshot:
         names = {**K8S_ATTRIBUTES, **dict(spec.attributes)}
         renamed = [
-            p._replace(attrs={names.get(k, k): v for k, v in p.attrs.items()}) for p in points
+            p._replace(
+                attrs={
+                    names.get(k, k): v
+                    for k, v in p.attrs.items()
+                    if v != "" or k not in K8S_ATTRIBUTES
+                }
+            )
+            for p in points
         ]
         named += _by_device_type(spec, renamed)
     return named
@@ -209,10 +220,14 @@ def _exp_point(p: Point, now: int) -> ExponentialHistogramDataPoint:
 
 
 def metrics_data(snapshot: _Snapshot, resource: Resource) -> MetricsData:
+    """One request's data; the scope's schema_url is the resource's (SCHEMA_URL when the names
+    are semconv's, none for legacy names)."""
     now = time.time_ns()
-    scope = InstrumentationScope("kubenpu", __version__)
+    schema_url = resource.schema_url
+    scope = InstrumentationScope("kubenpu", __version__, schema_url)
     metrics = [_otlp_metric(spec, points, now) for spec, points in snapshot if points]
-    return MetricsData([ResourceMetrics(resource, [ScopeMetrics(scope, metrics, "")], "")])
+    scoped = [ScopeMetrics(scope, metrics, schema_url)]
+    return MetricsData([ResourceMetrics(resource, scoped, schema_url)])
 
 
 # Passed always: with None the exporter would read OTEL_EXPORTER_OTLP_COMPRESSION itself.
@@ -309,7 +324,9 @@ class OtlpPusher:
     def __init__(self, cfg: OtlpConfig, metrics: Series, resource: Resource) -> None:
         self._cfg = cfg
         self._metrics = metrics
-        self._resource = resource
+        # The encoder takes schema_url from the resource (and metrics_data the scope's).
+        schema_url = SCHEMA_URL if cfg.attributes == "semconv" else ""
+        self._resource = Resource(resource.attributes, schema_url)
         self._exporter = _otlp_exporter(cfg)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="otlp-push", daemon=True)

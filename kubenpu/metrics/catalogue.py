@@ -59,6 +59,10 @@ class Unattributed(StrEnum):
 Attrs = dict[str, str | bool]
 
 OVERFLOW_ATTRS: Attrs = {"otel.metric.overflow": True}
+# The semantic conventions' version whose names the OTLP push (export.otlp.attributes: semconv)
+# was checked against (tests/test_semconv.py; docs/metrics.md lists where it departs): its
+# requests say so in schema_url, so a receiver can translate them when names change.
+SCHEMA_URL = "https://opentelemetry.io/schemas/1.44.0"
 DROP_REASONS = tuple(r.value for r in Drop)
 UNATTRIBUTED_REASONS = tuple(r.value for r in Unattributed)
 SKIP_REASONS = tuple(r.value for r in Skip)
@@ -129,8 +133,10 @@ class Spec:
     def _translated(self, name: str) -> str:
         name = name.replace(".", "_")
         unit = "" if self.unit.startswith("{") else _PROM_UNITS.get(self.unit, self.unit)
-        if self.unit == "1" and self.kind in ("counter", "histogram"):  # ratio: gauges' only
-            unit = ""  # (an updowncounter is one in Prometheus, its non-monotonic sum's type)
+        # _ratio is for OTLP gauges only (prometheus/otlptranslator's normalizeName): an
+        # updowncounter, a non-monotonic sum on the wire, gets none, through the Collector too.
+        if self.unit == "1" and self.kind != "gauge":
+            unit = ""
         if unit and not name.endswith("_" + unit):
             name += "_" + unit
         return name + "_total" if self.kind == "counter" else name
@@ -471,7 +477,7 @@ ALLOCATED = Spec(
     "{share}",
     "Shares of the device the container was allocated, from the kubelet's PodResources API "
     "(device-plugin ids and DRA devices; docs/allocations.md).",
-    ("namespace", "pod", "container", "device", "resource"),
+    ("namespace", "pod", "pod_uid", "container", "device", "resource"),
 )
 ALLOCATED_IDLE = Spec(
     "kubenpu.device.allocated.idle",
@@ -479,23 +485,24 @@ ALLOCATED_IDLE = Spec(
     "s",
     "Time the container held the allocation with no submit-class call on the device and no "
     "engine busy time (or cycles) on it (docs/metrics.md, Idle allocations).",
-    ("namespace", "pod", "container", "device", "resource"),
+    ("namespace", "pod", "pod_uid", "container", "device", "resource"),
 )
 ALLOCATED_IDLE_FOR = Spec(
     "kubenpu.device.allocated.idle_for",
     "gauge",
     "s",
     "How long the allocation has been idle without a break, at the last refresh (0 while used).",
-    ("namespace", "pod", "container", "device", "resource"),
+    ("namespace", "pod", "pod_uid", "container", "device", "resource"),
 )
 UNALLOCATED_CALLS = Spec(
     "kubenpu.device.unallocated_calls",
     "counter",
     "{call}",
-    "Submit-class calls a container made on a device that some allocation on the node names, or "
-    "that the kubelet can allocate, while the container was allocated none of it (seen at each "
-    "allocations refresh). The calls are counted in kubenpu_ioctl_total all the same.",
-    ("namespace", "pod", "container", "device"),
+    "Submit-class calls a pod's container made on a device that some allocation on the node "
+    "names, or that the kubelet can allocate, while the container was allocated none of it "
+    "(seen at each allocations refresh); host processes' calls are not counted. The calls are "
+    "counted in kubenpu_ioctl_total all the same.",
+    ("namespace", "pod", "pod_uid", "container", "device"),
 )
 ALLOCATIONS_UNMAPPED = Spec(
     "kubenpu.allocations.unmapped",
@@ -517,11 +524,13 @@ PODRESOURCES_ERRORS = Spec(
     "refresh, or a connection's one GetAllocatableResources (then not available on it).",
 )
 # Device telemetry from sysfs and hwmon (kubenpu/telemetry.py): OTel hardware semantic
-# conventions' names where they have one. Every point carries these, plus the kind's own labels,
-# plus HW_DESCRIPTIVE where the driver publishes them. A sensor (temperature, voltage) is a
-# component of its own, as semconv has it: hw.id names the sensor, hw.parent its device.
+# conventions' names where they have one. A device's points carry these (hw.vendor where the
+# vendor is known), plus the kind's own labels, plus HW_DESCRIPTIVE where the driver publishes
+# them. A sensor (temperature, voltage) is a component of its own, as semconv has it: hw.id
+# names the sensor, hw.parent its device, whose hw.name, hw.vendor and descriptive attributes
+# it does not repeat.
 _HW = ("device", "vendor", "hw.id", "hw.type", "hw.vendor", "hw.name")
-_SENSOR = (*_HW, "hw.parent", "sensor", "chip")
+_SENSOR = ("device", "vendor", "hw.id", "hw.type", "hw.parent", "sensor", "chip")
 _LOCATION = (("sensor", "hw.sensor_location"),)
 _LIMIT = (*_LOCATION, ("limit", "hw.limit_type"))
 # semconv's recommended descriptive attributes (model/hardware/gpu-metrics.yaml), on every

@@ -24,13 +24,15 @@ class AllocationState:
     """What the allocations refresh last found: shares, idle seconds (with the time each was
     first held) and the current idle streak per Held, unallocated calls per user (with the time
     first seen), unmapped ids by
-    (resource, reason)."""
+    (resource, reason), and the uid of each pod named, by (namespace, pod), where the runtime
+    gave one."""
 
     shares: dict[Held, int] = field(default_factory=dict)
     idle: dict[Held, tuple[float, int]] = field(default_factory=dict)
     idle_for: dict[Held, float] = field(default_factory=dict)
     unallocated: dict[tuple[str, str, str, str], tuple[int, int]] = field(default_factory=dict)
     unmapped: dict[tuple[str, str], int] = field(default_factory=dict)
+    uids: dict[tuple[str, str], str] = field(default_factory=dict)
 
 
 class DeviceRow(NamedTuple):

@@ -24,6 +24,8 @@ class Resolve(Protocol):
 
     def forget(self, cgroup_id: int) -> None: ...
 
+    def pod_uids(self) -> dict[tuple[str, str], str] | None: ...
+
 
 class Hold:
     """The one hold-then-settle policy for counts whose pod the resolver cannot name yet (calls

@@ -97,6 +97,11 @@ class Resolver:
         Blocks up to the CRI timeout: call it off the counting path."""
         return self._cri.version()
 
+    def pod_uids(self) -> dict[tuple[str, str], str] | None:
+        """The running pods' uids by (namespace, name) (CriClient.pod_uids): for the allocation
+        series, whose PodResources answer has none."""
+        return self._cri.pod_uids()
+
     def resolve(self, cgroup_id: int) -> Attribution | None:
         """The answer if known, else None ("pending") while a CRI lookup runs or waits to be
         retried. Never waits on the CRI."""

@@ -54,7 +54,7 @@ def _capped(state: AllocationState, room: int) -> tuple[AllocationState, int, in
     """`state` in at most `room` series, the series it holds and how many it left out: the
     unmapped counts (a few, by resource and reason) first, then each Held's series together, in
     the order held, then the unallocated calls."""
-    kept, dropped = AllocationState(), 0
+    kept, dropped = AllocationState(uids=state.uids), 0  # the uids are labels, not series
 
     def take(cost: int) -> bool:
         nonlocal room, dropped
@@ -81,15 +81,24 @@ def _capped(state: AllocationState, room: int) -> tuple[AllocationState, int, in
 
 def _points(rows: dict[str, AllocationState], start: int) -> Snapshot:
     a = rows.get("", AllocationState())
-    users = ("namespace", "pod", "container", "device")
+
+    def pod(namespace: str, name: str, *rest: tuple[str, str]) -> dict[str, str]:
+        uid = a.uids.get((namespace, name), "")
+        return dict([("namespace", namespace), ("pod", name), ("pod_uid", uid), *rest])
+
+    def holder(h: Held) -> dict[str, str]:
+        return pod(
+            h.namespace, h.pod, *zip(("container", "device", "resource"), h[2:], strict=True)
+        )
+
+    def user(u: tuple[str, str, str, str]) -> dict[str, str]:
+        return pod(u[0], u[1], ("container", u[2]), ("device", u[3]))
+
     return [
-        (ALLOCATED, [Point(h._asdict(), n, start) for h, n in a.shares.items()]),
-        (ALLOCATED_IDLE, [Point(h._asdict(), s, t) for h, (s, t) in a.idle.items()]),
-        (ALLOCATED_IDLE_FOR, [Point(h._asdict(), s, start) for h, s in a.idle_for.items()]),
-        (
-            UNALLOCATED_CALLS,
-            [Point(dict(zip(users, u, strict=True)), n, t) for u, (n, t) in a.unallocated.items()],
-        ),
+        (ALLOCATED, [Point(holder(h), n, start) for h, n in a.shares.items()]),
+        (ALLOCATED_IDLE, [Point(holder(h), s, t) for h, (s, t) in a.idle.items()]),
+        (ALLOCATED_IDLE_FOR, [Point(holder(h), s, start) for h, s in a.idle_for.items()]),
+        (UNALLOCATED_CALLS, [Point(user(u), n, t) for u, (n, t) in a.unallocated.items()]),
         (
             ALLOCATIONS_UNMAPPED,
             [Point({"resource": r, "reason": why}, n, start) for (r, why), n in a.unmapped.items()],
@@ -133,6 +142,7 @@ class Allocations:
         interval: float,
         activity: Activity,
         rediscover: Callable[[], Iterable[Device]] | None = None,
+        pod_uids: Callable[[], dict[tuple[str, str], str] | None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         stale_after: float | None = None,
     ) -> None:
@@ -143,6 +153,8 @@ class Allocations:
         self._stale_after = stale_after  # its thread's: kubenpu.services.Worker
         self._activity = activity
         self._rediscover = rediscover
+        self._pod_uids = pod_uids
+        self._uids: dict[tuple[str, str], str] = {}  # the runtime's last answer
         self._discovered = clock()
         self._interval = interval
         self._clock = clock
@@ -178,15 +190,13 @@ class Allocations:
         use = self._activity.snapshot()
         self._account_idle(shares, use)
         managed = {h.device for h in shares} | self._allocatable()
+        unallocated = self._count_unallocated(shares, managed, use)
+        uids = self._uids_of({(h.namespace, h.pod) for h in shares} | {u[:2] for u in unallocated})
         self._metrics.set(
             ALLOCATIONS,
             "",
             AllocationState(
-                shares,
-                dict(self._idle),
-                dict(self._idle_for),
-                self._count_unallocated(shares, managed, use),
-                unmapped,
+                shares, dict(self._idle), dict(self._idle_for), unallocated, unmapped, uids
             ),
         )
         return True
@@ -201,6 +211,15 @@ class Allocations:
             self._discovered = self._clock()
             shares, unmapped = held(allocated, self._mapper)
         return shares, unmapped
+
+    def _uids_of(self, pods: set[tuple[str, str]]) -> dict[tuple[str, str], str]:
+        """The uid of each pod the series name, asked of the runtime at each refresh that names
+        any (a pod recreated under its name gets its new uid); while the runtime does not
+        answer, its last answer."""
+        answer = self._pod_uids() if pods and self._pod_uids is not None else {}
+        if answer is not None:
+            self._uids = answer
+        return {pod: uid for pod, uid in self._uids.items() if pod in pods}
 
     def _allocatable(self) -> set[str]:
         """The devices the kubelet can allocate, where GetAllocatableResources answers."""
@@ -238,14 +257,16 @@ class Allocations:
     ) -> dict[User, tuple[int, int]]:
         """Adds the submit-class calls each container made since the last refresh on a managed
         device (one allocations name, or the kubelet can allocate) while it held none of it. A
-        container gone from the activity (retired) leaves with its series."""
+        container gone from the activity (retired) leaves with its series. Calls that name no
+        pod (host processes, unattributed calls, ctr's containers) are not counted: only a
+        pod's container can hold an allocation."""
         allocated = {(h.namespace, h.pod, h.container, h.device) for h in shares}
         seen, self._seen = self._seen, use
         for u in self._unallocated.keys() - use.keys():
             del self._unallocated[u]
         for u, (calls, _busy) in use.items():
             new = calls - seen.get(u, (0, 0.0))[0]
-            if u[3] in managed and u not in allocated and new > 0:
+            if u[1] and u[3] in managed and u not in allocated and new > 0:
                 n, first = self._unallocated.get(u, (0, time.time_ns()))
                 self._unallocated[u] = (n + new, first)
         return dict(self._unallocated)
@@ -288,5 +309,6 @@ def build(node: Node) -> Allocations | None:
         node.activity,
         # A device plugged in after the start maps once discovery sees it.
         lambda: not_ignored(discover(cfg.discovery.root), cfg.discovery.ignore_devices),
+        node.resolver.pod_uids,
         stale_after=3 * (pr.interval_seconds + pr.timeout_seconds),
     )

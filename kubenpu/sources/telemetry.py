@@ -319,7 +319,7 @@ class Telemetry:
     @staticmethod
     def _points(hw: Attrs, meter: energy.Meter[Where], reading: Reading) -> Points:
         hw = {**hw, **reading.descriptive}
-        points = [(s, {**hw, **_component(s, hw, attrs)}, v) for s, attrs, v in reading.values]
+        points = [(s, _component(s, hw, attrs), v) for s, attrs, v in reading.values]
         if meter.source:
             points.append((ENERGY, {**hw, "source": meter.source}, meter.total_uj / 1e6))
             own = {"device": hw["device"], "vendor": hw["vendor"]}
@@ -329,13 +329,17 @@ class Telemetry:
 
 
 def _component(spec: Spec, hw: Attrs, attrs: Attrs) -> Attrs:
-    """A sensor's own attributes: its hw.id (the device's, chip and sensor), hw.type and
-    hw.parent (the device); a device's telemetry keeps the device's."""
+    """A point's attributes: a device's telemetry has the device's; a sensor, a component of
+    its own (semconv), its own hw.id (the device's, chip and sensor), hw.type and hw.parent
+    (the device), and none of the device's hw.name, hw.vendor, model, serial or firmware:
+    those describe the parent, which hw.parent names. device and vendor stay, our labels to
+    join on."""
     kind = _SENSOR_TYPES.get(spec)
     if kind is None:
-        return attrs
+        return {**hw, **attrs}
     own = f"{hw['hw.id']}/{attrs.get('chip') or 'hwmon'}/{attrs.get('sensor')}"
-    return {**attrs, "hw.id": own, "hw.type": kind, "hw.parent": hw["hw.id"]}
+    parent = {"device": hw["device"], "vendor": hw["vendor"]}
+    return {**parent, **attrs, "hw.id": own, "hw.type": kind, "hw.parent": hw["hw.id"]}
 
 
 def _hw_attrs(device: Device) -> Attrs:
@@ -343,7 +347,8 @@ def _hw_attrs(device: Device) -> Attrs:
     yet, and its values are open (a custom one where none applies)."""
     vendor_id = (device.pci_id or "").partition(":")[0]
     accel = any(n.accel for n in device.nodes)
-    vendor = _HW_VENDOR.get(vendor_id, vendor_id) or _PLATFORM_VENDORS.get(device.driver or "")
+    # A PCI vendor id is no vendor's name: one not in the table leaves hw.vendor off.
+    vendor = _HW_VENDOR.get(vendor_id) or _PLATFORM_VENDORS.get(device.driver or "")
     hw: Attrs = {
         "device": device.id,
         "vendor": device.vendor or "",

@@ -581,12 +581,13 @@ class Node:
             time.sleep(1)
 
     def unallocated_expected(self) -> dict[tuple[str, ...], int]:
-        """Submit calls on virtio-gpu (allocated to C only) by containers that hold none of it."""
+        """Submit calls on virtio-gpu (allocated to C only) by pods' containers that hold none
+        of it (a host process's calls name no pod: not unallocated use)."""
         virtio = self.devices["virtio_gpu"].id
         return {
             (*key[:3], virtio): n
             for key, n in self.expected.items()
-            if key[3] == virtio and key[5] == "submit"
+            if key[1] and key[3] == virtio and key[5] == "submit"
         }
 
     # --- device telemetry and energy per pod (the test driver's hwmon) -------------------------
@@ -661,7 +662,7 @@ class Node:
         def state(prom: Samples) -> dict[str, float]:
             return {
                 s["labels"]["state"]: s["value"]
-                for s in prom.get("kubenpu_device_status_ratio", [])
+                for s in prom.get("kubenpu_device_status", [])
                 if s["labels"]["device"] == TESTDRM
             }
 

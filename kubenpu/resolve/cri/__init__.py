@@ -136,6 +136,22 @@ class CriClient:
         with self._lock:
             return self._down_until or 0.0
 
+    def pod_uids(self) -> dict[tuple[str, str], str] | None:
+        """Each pod's uid by (namespace, name), from the labels of its running containers in one
+        ListContainers (kubelet sets io.kubernetes.pod.uid on each): the kubelet's PodResources
+        names pods without it. A name whose running containers give two uids (a pod recreated
+        while its predecessor's container still runs) maps to none. None if the runtime did not
+        answer."""
+        response = self._ask("ListContainers", api_pb2.ListContainersRequest())
+        if isinstance(response, Unattributed):
+            return None
+        found: dict[tuple[str, str], set[str]] = {}
+        for c in response.containers:
+            a = _attribution(c) if c.state == api_pb2.CONTAINER_RUNNING else Attribution()
+            if a.pod and a.pod_uid:
+                found.setdefault((a.namespace, a.pod), set()).add(a.pod_uid)
+        return {pod: uids.pop() for pod, uids in found.items() if len(uids) == 1}
+
     def close(self) -> None:
         """Ends in-flight requests at once (they read as cri_error) and sends no more."""
         with self._lock:
