@@ -474,6 +474,8 @@ class Bench:
             "drm": Call.drm(self.card, CREATE_DUMB, count),
         }
         arms = self.hook_arms()
+        if only := os.environ.get("KUBENPU_BENCH_ARMS"):  # e.g. "none,agent untimed,bpftrace"
+            arms = {a: arms[a] for a in only.split(",")}
         baseline = set(tracing())
         found: dict[str, dict[str, list]] = {
             a: {**{c: [] for c in calls}, "idle": [], "switches": [], "start": []} for a in arms
@@ -797,10 +799,14 @@ class Bench:
             "hooks_loop_calls": loop,
             "hooks_rounds": self.rounds,
             "loops_per_round": LOOPS_PER_ROUND,
-            "sources": self.sources(),
         }
+        # KUBENPU_BENCH_ROUNDS_ONLY=1: the per-call rounds alone (a change to the programs)
+        rounds_only = os.environ.get("KUBENPU_BENCH_ROUNDS_ONLY") == "1"
+        if not rounds_only:
+            res["sources"] = self.sources()
         res["rounds"] = self.hooks(loop)
-        res["idle_pods"] = self.idle_pods(pods or make_pods(self.cri, PODS))
+        if not rounds_only:
+            res["idle_pods"] = self.idle_pods(pods or make_pods(self.cri, PODS))
         return res
 
     def restart(self, pods: list[Path]) -> dict:

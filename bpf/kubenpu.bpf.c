@@ -88,11 +88,16 @@ DECLARE_PERCPU_ARRAY(lost, u64, 5);
 
 /* Whether this program counts (docs/pinning.md, hand-over): user space sets it.
  * CLOSED while a pinned program it replaces still counts, HANDOVER while that one is detached,
- * OPEN once it is gone. A program that no pinning hands over is filled OPEN before attach. */
+ * OPEN once it is gone. A program that no pinning hands over is filled OPEN before attach.
+ * GATE_TIMED, a bit beside the state: counted calls are timed (probe.durations; CO-RE aggregate
+ * mode only). One value, read once per counted call: the gate and the timing switch were two
+ * array reads. */
 DECLARE_ARRAY(gate, u32, 1);
 #define GATE_CLOSED 0
 #define GATE_OPEN 1
 #define GATE_HANDOVER 2
+#define GATE_STATE 3
+#define GATE_TIMED 4
 
 #ifdef KUBENPU_AGGREGATE
 #define RINGBUF_FAILURE LOST_LATE_SIGHTING
@@ -139,29 +144,37 @@ struct {
 DECLARE_HASH(durations, struct count_key, struct durations, DURATIONS_ENTRIES);
 /* The zero value a new key is inserted from (976 B: more than the BPF stack holds). */
 DECLARE_ARRAY(template, struct durations, 1);
-/* Whether counted calls are timed (probe.durations): user space fills it before attach. Off, a
- * call costs one inlined array read more than before, not a task-storage write. */
-DECLARE_ARRAY(timing, u32, 1);
 #endif
 
 #include "map_calls.h"
 
 /* The vendor id of a counted device into *vendor; 0 for any other device. */
-static __always_inline int device_vendor(u32 rdev, u32 *vendor)
+static __always_inline int other_device(u32 rdev, u32 *vendor)
 {
-    u32 major = rdev >> 20, minor = rdev & 0xfffff;
-    if ((major == DRM_MAJOR || major == ACCEL_MAJOR) && minor < MINOR_SLOTS) {
-        u32 index = (u32)(major == ACCEL_MAJOR) << 8 | minor;
-        u32 *found = minor_vendor(&index);
-        if (!found || !*found)
-            return 0;
-        *vendor = *found - 1;
-        return 1;
-    }
     u32 *found = other_vendor(&rdev);
     if (!found)
         return 0;
     *vendor = *found;
+    return 1;
+}
+
+static __always_inline int device_vendor(u32 rdev, u32 *vendor)
+{
+    u32 major = rdev >> 20, minor = rdev & 0xfffff;
+    u32 index;
+    /* Each major tested once, on the hot path of a DRM call. */
+    if (major == DRM_MAJOR)
+        index = minor;
+    else if (major == ACCEL_MAJOR)
+        index = MINOR_SLOTS | minor;
+    else
+        return other_device(rdev, vendor);
+    if (minor >= MINOR_SLOTS)
+        return other_device(rdev, vendor);
+    u32 *found = minor_vendor(&index);
+    if (!found || !*found)
+        return 0;
+    *vendor = *found - 1;
     return 1;
 }
 
@@ -191,11 +204,9 @@ static __always_inline void emit(u64 cgroup_id, u32 rdev, u32 cmd, u32 kind)
 }
 
 #ifdef KUBENPU_DURATIONS
-static __always_inline void start_timing(struct count_key *key, u32 cmd)
+static __always_inline void start_timing(u32 gate, struct count_key *key, u32 cmd)
 {
-    u32 zero = 0;
-    u32 *on = bpf_map_lookup_elem(&timing, &zero);
-    if (!on || !*on)
+    if (!(gate & GATE_TIMED))
         return;
     struct start *s = bpf_task_storage_get(&starts, bpf_get_current_task_btf(), 0,
                                            BPF_LOCAL_STORAGE_GET_F_CREATE);
@@ -268,7 +279,7 @@ static __always_inline int finish_timing(long ret, u32 rdev, u32 cmd)
     return 0;
 }
 #elif defined(KUBENPU_AGGREGATE)
-static __always_inline void start_timing(struct count_key *key, u32 cmd) {}
+static __always_inline void start_timing(u32 gate, struct count_key *key, u32 cmd) {}
 #endif
 
 static __always_inline int handle(u32 rdev, u32 cmd)
@@ -281,26 +292,29 @@ static __always_inline int handle(u32 rdev, u32 cmd)
     u32 nr = cmd & 0xff;
     u32 slot = (nr >= DRM_COMMAND_BASE && nr < DRM_COMMAND_END) ? vendor : VENDOR_CORE;
     u32 index = (slot << 8) | nr;
-    u32 *kind = ioctl_kind(&index);
-    if (!kind || !*kind)
+    u32 *found = ioctl_kind(&index);
+    if (!found || !*found)
         return 0;
+    u32 kind = *found;
 
     u32 zero = 0;
     u32 *open = gate_value(&zero);
-    if (!open || *open == GATE_CLOSED)
+    if (!open)
         return 0;
-    if (*open == GATE_HANDOVER) {
-        count_lost(LOST_HANDOVER);
+    u32 gate = *open;
+    if ((gate & GATE_STATE) != GATE_OPEN) {
+        if ((gate & GATE_STATE) == GATE_HANDOVER)
+            count_lost(LOST_HANDOVER);
         return 0;
     }
 
     u64 cgroup_id = bpf_get_current_cgroup_id();
 #ifdef KUBENPU_AGGREGATE
-    struct count_key ck = {.cgroup_id = cgroup_id, .rdev = rdev, .kind = *kind};
+    struct count_key ck = {.cgroup_id = cgroup_id, .rdev = rdev, .kind = kind};
     u64 *n = count_of(&ck);
     if (n) {
         (*n)++;  /* this CPU's slot: no atomics needed */
-        start_timing(&ck, cmd);
+        start_timing(gate, &ck, cmd);
         return 0;
     }
     u64 one = 1;
@@ -310,15 +324,15 @@ static __always_inline int handle(u32 rdev, u32 cmd)
         n = count_of(&ck);  /* another CPU inserted it meanwhile */
         if (n) {
             (*n)++;
-            start_timing(&ck, cmd);
+            start_timing(gate, &ck, cmd);
         } else {
             count_lost(LOST_MAP_FULL);
         }
         return 0;
     }
-    start_timing(&ck, cmd);
+    start_timing(gate, &ck, cmd);
 #endif
-    emit(cgroup_id, rdev, cmd, *kind);
+    emit(cgroup_id, rdev, cmd, kind);
     return 0;
 }
 

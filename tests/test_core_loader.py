@@ -145,8 +145,8 @@ def test_it_loads_only_the_hooks_programs_and_attaches_the_exits_first(kernel, c
     assert {n: bpfsys.map_shape(fd) for n, fd in maps.items() if n != abi.STARTS} == {
         n: shape for n, shape in shapes.items() if n != abi.STARTS
     }  # what libbpf was told is what the pinned identity checks
-    assert bpfsys.lookup(maps[abi.TIMING], abi.U32.pack(0), 4) == abi.U32.pack(1)
-    assert bpfsys.lookup(maps[abi.GATE], abi.U32.pack(0), 4) == abi.U32.pack(abi.GATE_OPEN)
+    timed_open = abi.U32.pack(abi.GATE_OPEN | abi.GATE_TIMED)
+    assert bpfsys.lookup(maps[abi.GATE], abi.U32.pack(0), 4) == timed_open
     obj = probe._obj
     probe.close()
     assert sorted(kernel.destroyed) == sorted(kernel.attached) and kernel.closed == [obj]
@@ -189,8 +189,9 @@ def test_the_lsm_hook_times_calls_at_drm_ioctls_exit_where_it_can_reach_it(
             "counted calls untimed (drm_ioctl's exit needs drm loaded and, in drm.ko, "
             "CAP_SYS_ADMIN; probe.durations_exit: syscall times them)"
         ]
-    on = bpfsys.lookup(kernel.fds[abi.TIMING], abi.U32.pack(0), 4)
-    assert on == abi.U32.pack(int(timed))  # untimed, the entry keeps no start either
+    gate = bpfsys.lookup(kernel.fds[abi.GATE], abi.U32.pack(0), 4)
+    # untimed, the entry keeps no start either
+    assert gate == abi.U32.pack(abi.GATE_OPEN | (abi.GATE_TIMED if timed else 0))
     probe.close()
 
 
@@ -207,7 +208,8 @@ def test_without_durations_no_exit_is_loaded_and_calls_are_not_timed(kernel) -> 
     probe, _ = started(kernel, durations=False)
     assert kernel.attached == [*ENTRIES, abi.BIRTHS]
     assert "kubenpu_sys_exit" not in kernel.autoloaded
-    assert bpfsys.lookup(kernel.fds[abi.TIMING], abi.U32.pack(0), 4) == abi.U32.pack(0)
+    gate = bpfsys.lookup(kernel.fds[abi.GATE], abi.U32.pack(0), 4)
+    assert gate == abi.U32.pack(abi.GATE_OPEN)
     probe.close()
 
 

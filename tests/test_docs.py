@@ -380,7 +380,10 @@ def test_the_layout_lists_the_import_layers():
 
 # Names of the kubenpu_ form that are not metrics: the pinned births map, the VM's test driver,
 # the old name of a renamed metric (upgrade.md), and prefixes ("every kubenpu_device_* metric").
-_NOT_METRICS = {"kubenpu_births", "kubenpu_testdrm", "kubenpu_device_throttle"}
+# Not metrics: names of other things the docs mention, the BPF programs among them.
+_PROGRAMS = {abi.BIRTHS, *abi.IOCTL_PROGRAMS.values()}
+_PROGRAMS |= {p for exits in abi.EXIT_PROGRAMS.values() for p in exits.values()}
+_NOT_METRICS = {"kubenpu_births", "kubenpu_testdrm", "kubenpu_device_throttle", *_PROGRAMS}
 
 
 def _bpf_programs() -> set[str]:

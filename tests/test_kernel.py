@@ -272,18 +272,24 @@ def test_durations_are_read_and_forgotten_with_the_counts() -> None:
 
 @pytest.mark.parametrize("on", [True, False])
 def test_the_timing_switch_and_the_gate_are_written_where_the_program_reads_them(on) -> None:
-    """The entry reads slot 0 of `timing` and of `gate` (bpf/kubenpu.bpf.c)."""
+    """The entry reads slot 0 of `gate` once (bpf/kubenpu.bpf.c): its state and, beside it, the
+    GATE_TIMED bit. A hand-over's state changes keep the bit, and the switch keeps the state."""
     shapes = abi.map_shapes(True, 1, 64, 64)
-    fds = {name: bpfsys.map_create(*shapes[name], name) for name in (abi.TIMING, abi.GATE)}
+    fd = bpfsys.map_create(*shapes[abi.GATE], abi.GATE)
+    zero, timed = abi.U32.pack(0), abi.GATE_TIMED if on else 0
     try:
-        Maps(fds).set_timing(on)
-        Maps(fds).set_gate(abi.GATE_HANDOVER)
-        zero = abi.U32.pack(0)
-        assert bpfsys.lookup(fds[abi.TIMING], zero, 4) == abi.U32.pack(int(on))
-        assert bpfsys.lookup(fds[abi.GATE], zero, 4) == abi.U32.pack(abi.GATE_HANDOVER)
+        maps = Maps({abi.GATE: fd})
+        maps.set_gate(abi.GATE_CLOSED)
+        maps.set_timing(on)
+        assert bpfsys.lookup(fd, zero, 4) == abi.U32.pack(abi.GATE_CLOSED | timed)
+        for state in (abi.GATE_HANDOVER, abi.GATE_OPEN):
+            maps.set_gate(state)
+            assert bpfsys.lookup(fd, zero, 4) == abi.U32.pack(state | timed)
+        maps.set_timing(not on)
+        flipped = 0 if on else abi.GATE_TIMED
+        assert bpfsys.lookup(fd, zero, 4) == abi.U32.pack(abi.GATE_OPEN | flipped)
     finally:
-        for fd in fds.values():
-            os.close(fd)
+        os.close(fd)
 
 
 def test_the_device_and_ioctl_tables_are_what_the_kernel_filters_by() -> None:

@@ -90,6 +90,10 @@ def ioctl_index(vendor: int, nr: int) -> int:
 
 # --- the gate: whether a program counts (docs/pinning.md, hand-over) ------------------------------
 GATE_CLOSED, GATE_OPEN, GATE_HANDOVER = 0, 1, 2
+GATE_STATE = 3  # the bits of the state above
+# A bit beside the state: counted calls are timed (probe.durations; the CO-RE aggregate object).
+# One value the entry reads once (it was a `timing` map of its own, an array read more per call).
+GATE_TIMED = 4
 
 # --- the `lost` slots, by index (LOST_* in the C source) ----------------------------------------
 LOST_SLOTS = ("ringbuf_full", "map_full", "late_sighting", "handover", "untimed")
@@ -130,7 +134,6 @@ def map_shapes(
         shapes[DURATIONS] = MapShape(MAP_TYPE_HASH, COUNT_KEY.size, value, durations_entries)
         shapes[STARTS] = MapShape(MAP_TYPE_TASK_STORAGE, u32, START.size, 0)
         shapes[TEMPLATE] = MapShape(MAP_TYPE_ARRAY, u32, value, 1)
-        shapes[TIMING] = MapShape(MAP_TYPE_ARRAY, u32, u32, 1)
     return shapes
 
 
@@ -142,8 +145,7 @@ def map_shapes(
 DURATIONS = "durations"  # COUNT_KEY -> DURATION_VALUE (hash)
 STARTS = "starts"  # task storage: the task's counted call in flight
 TEMPLATE = "template"  # one zero DURATION_VALUE a new key is inserted from (array)
-TIMING = "timing"  # u32 at index 0: 1 = time counted calls (probe.durations), 0 = not (array)
-DURATION_MAPS = (DURATIONS, STARTS, TEMPLATE, TIMING)
+DURATION_MAPS = (DURATIONS, STARTS, TEMPLATE)  # whether calls are timed: GATE_TIMED
 DURATIONS_ENTRIES = 4096  # the default size of `durations`: 4,096 x 976 B = 3.8 MiB
 # The buckets are those of an OpenTelemetry exponential histogram at scale 2 (and a Prometheus
 # native histogram at schema 2), in seconds: bucket index i holds (2^(i/4), 2^((i+1)/4)].

@@ -274,7 +274,7 @@ class CoreKernel(LoaderBase):
         wanted |= set(exits.values())
         self._lib.load(self._obj, wanted, "the object")
         self._fill({n: lib.bpf_map__fd(self._map(n)) for n in shapes})
-        if abi.TIMING in shapes:
+        if abi.DURATIONS in shapes:
             self._maps.set_timing(bool(exits))  # no exit: the entry keeps no start either
 
     def _exits(self) -> tuple[dict[str, str], str]:

@@ -188,12 +188,20 @@ class Maps:
         slots = [ioctls.get(i, 0) for i in range(abi.IOCTL_SLOTS)]
         bpfsys.update_batch(self.fds[abi.IOCTLS], range(abi.IOCTL_SLOTS), slots)
 
-    def set_gate(self, value: int) -> None:
-        bpfsys.update(self.fds[abi.GATE], abi.U32.pack(0), abi.U32.pack(value))
+    def set_gate(self, state: int) -> None:
+        """The gate's state (abi.GATE_*), keeping its GATE_TIMED bit."""
+        timed = self._gate() & abi.GATE_TIMED
+        bpfsys.update(self.fds[abi.GATE], abi.U32.pack(0), abi.U32.pack(state | timed))
 
     def set_timing(self, on: bool) -> None:
-        """Whether counted calls are timed (probe.durations), before attach."""
-        bpfsys.update(self.fds[abi.TIMING], abi.U32.pack(0), abi.U32.pack(int(on)))
+        """Whether counted calls are timed (probe.durations), before attach: the gate's
+        GATE_TIMED bit, beside its state."""
+        value = self._gate() & abi.GATE_STATE | (abi.GATE_TIMED if on else 0)
+        bpfsys.update(self.fds[abi.GATE], abi.U32.pack(0), abi.U32.pack(value))
+
+    def _gate(self) -> int:
+        found = bpfsys.lookup(self.fds[abi.GATE], abi.U32.pack(0), abi.U32.size)
+        return abi.U32.unpack(found)[0] if found else 0  # an array's slot 0 is always found
 
     def read_lost(self) -> dict[str, int]:
         """The `lost` slots, cumulative, by abi.LOST_SLOTS name; a slot an older program lacks
