@@ -380,20 +380,14 @@ def test_the_layout_lists_the_import_layers():
 
 # Names of the kubenpu_ form that are not metrics: the pinned births map, the VM's test driver,
 # the old name of a renamed metric (upgrade.md), and prefixes ("every kubenpu_device_* metric").
-# Not metrics: names of other things the docs mention, the BPF programs among them.
+# The kernel programs' names (bpftool shows them; docs/performance.md quotes them) are none either.
 _PROGRAMS = {abi.BIRTHS, *abi.IOCTL_PROGRAMS.values()}
 _PROGRAMS |= {p for exits in abi.EXIT_PROGRAMS.values() for p in exits.values()}
 _NOT_METRICS = {"kubenpu_births", "kubenpu_testdrm", "kubenpu_device_throttle", *_PROGRAMS}
 
 
-def _bpf_programs() -> set[str]:
-    """The kernel programs' names (bpftool shows them; docs/performance.md quotes them)."""
-    text = "".join(p.read_text() for p in (ROOT / "bpf").glob("*.bpf.c"))
-    return set(re.findall(r"(?:BPF_PROG|TRACING_PROG)\((?:\"[^\"]*\", )?(kubenpu_\w+)", text))
-
-
 def _exported_names() -> set[str]:
-    names = _bpf_programs()
+    names = set()
     for spec in SPECS:
         for name in (spec.prometheus_name, spec.translated_name):
             names |= {name, name.removesuffix("_total")}
