@@ -435,9 +435,12 @@ def exact(record: dict) -> bool:
 
 
 class Bench:
-    def __init__(self, out: Path, rounds: int = HOOK_ROUNDS) -> None:
+    def __init__(self, out: Path, rounds: int = HOOK_ROUNDS, start_idle: bool = False) -> None:
         self.out = out
         self.rounds = rounds  # of the per-call table
+        # --start-idle: the rounds run the default agent and the one-liner without the per-call
+        # loops, and the per-source rows are left out (start, idle and idle with PODS pods only)
+        self.start_idle = start_idle
         self.card = vgem_card()
         self.loader = systemd_cgroup(LOADER)
         self.loader.mkdir(parents=True, exist_ok=True)
@@ -491,7 +494,7 @@ class Bench:
                     rec["idle"].append(self.idle_cpu(running) if running else 0.0)
                     s1 = switches(running.pid) if running else {}
                     rec["switches"].append(sum(s1.values()) - sum(s0.values()))
-                    for name, call in calls.items():
+                    for name, call in calls.items() if not self.start_idle else ():
                         loops = [self.tight(call) for _ in range(LOOPS_PER_ROUND)]
                         rec[name].append(statistics.median(loops))
                 finally:
@@ -522,6 +525,8 @@ class Bench:
 
         calls_only = {k: v for off in SOURCES_OFF.values() for k, v in off.items()}
         calls_only["probe"] = SOURCES_OFF["jobs"]["probe"]
+        if self.start_idle:
+            return {"agent": lambda: agent(first=True), "bpftrace": lambda: tracer(ONE_LINERS)}
         return {
             "none": lambda: (None, 0.0),
             "agent": lambda: agent(first=True),
@@ -797,7 +802,7 @@ class Bench:
             "hooks_loop_calls": loop,
             "hooks_rounds": self.rounds,
             "loops_per_round": LOOPS_PER_ROUND,
-            "sources": self.sources(),
+            "sources": {} if self.start_idle else self.sources(),
         }
         res["rounds"] = self.hooks(loop)
         res["idle_pods"] = self.idle_pods(pods or make_pods(self.cri, PODS))
@@ -914,10 +919,15 @@ def main() -> int:
     parser.add_argument("--restart", action="store_true", help="only the restart rows")
     parser.add_argument("--where", action="store_true", help="where the per-call time goes")
     parser.add_argument("--rounds", type=int, default=HOOK_ROUNDS, help="rounds of --hooks")
+    parser.add_argument(
+        "--start-idle",
+        action="store_true",
+        help="with --hooks: only the default agent's and the one-liner's start and idle",
+    )
     args = parser.parse_args()
     out = Path(args.out)
     compiled_agent()
-    bench = Bench(out, args.rounds)
+    bench = Bench(out, args.rounds, args.start_idle)
     try:
         if args.check:
             (out / "check.json").write_text(json.dumps(bench.check(), indent=1))

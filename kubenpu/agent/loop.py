@@ -147,11 +147,15 @@ class Agent:
     def _attribute_loop(self) -> None:
         # The first cycle at once: an adopted probe's totals are exported without a wait, and
         # the counts held for a CRI answer as soon as it comes.
+        # One wait a cycle at idle (the stop sets `answered` too): each wakeup is Python work
+        # that an idle node pays; a second wait only after an answer cut the first short.
         while True:
+            began = time.monotonic()
             self._guarded("attribution", self.cycle)
-            self._answered.wait(_FLUSH_SECONDS - _ANSWERS_EVERY_SECONDS)
+            self._answered.wait(_FLUSH_SECONDS)
             self._answered.clear()
-            if self.stop.wait(_ANSWERS_EVERY_SECONDS):
+            rest = _ANSWERS_EVERY_SECONDS - (time.monotonic() - began)
+            if self.stop.is_set() or (rest > 0 and self.stop.wait(rest)):
                 return
 
     def _guarded(self, worker: str, step: Callable[..., object], *args: object) -> bool:
