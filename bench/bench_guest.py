@@ -61,6 +61,7 @@ from guestlib import (
 )
 
 from kubenpu.discovery import discover
+from kubenpu.sources.jobs import FIRST_CHECK_SECONDS
 
 CRI_SOCKET = "/run/kubenpu-bench-cri.sock"
 SETTLE_TIMEOUT = 180
@@ -334,6 +335,12 @@ class Measured(Agent, Usage):
         parts += (name,) if name else ()
         super().__init__(out, config, name="-".join(parts))
         self.attach()
+
+    def settle(self, timeout: float = 60) -> None:
+        """Settled after the jobs source's first look for the GPU scheduler too: a pass over
+        kallsyms FIRST_CHECK_SECONDS after the start, which an idle window must not hold."""
+        time.sleep(max(0.0, self.started + FIRST_CHECK_SECONDS + 1 - time.monotonic()))
+        super().settle(timeout)
 
 
 class Bpftrace(Usage):

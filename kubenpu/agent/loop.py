@@ -30,8 +30,9 @@ log = logging.getLogger("kubenpu")
 
 
 # A poll returns at the ring buffer's first record; its timeout bounds only how soon the poll
-# thread sees a stop and stamps its health: 2 wakeups a second at idle, not 10.
-_POLL_MS = 500
+# thread sees a stop (within _JOIN_SECONDS) and stamps its health (stale after STALE_AFTER):
+# 1 wakeup a second at idle.
+_POLL_MS = 1000
 _FLUSH_SECONDS = 0.5  # first sightings and per-event tallies: new pods resolved at once
 # A CRI answer for held counts starts a flush before _FLUSH_SECONDS, at most this often: the
 # answers that come meanwhile are taken by the same flush.
