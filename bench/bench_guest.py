@@ -328,6 +328,7 @@ class Measured(Agent, Usage):
         }
         for key, value in (extra or {}).items():
             config[key] = {**config.get(key, {}), **value}
+        self.jobs = config["probe"].get("jobs", True)
         parts = ("agent", mode, *([hook] if hook else []), *(["pinned"] if pin_dir else []))
         parts += (loader,) if loader != "auto" else ()
         parts += () if durations else ("untimed",)
@@ -337,9 +338,15 @@ class Measured(Agent, Usage):
         self.attach()
 
     def settle(self, timeout: float = 60) -> None:
-        """Settled after the jobs source's first look for the GPU scheduler too: a pass over
-        kallsyms FIRST_CHECK_SECONDS after the start, which an idle window must not hold."""
-        time.sleep(max(0.0, self.started + FIRST_CHECK_SECONDS + 1 - time.monotonic()))
+        """Settled after the jobs source's first look for the GPU scheduler too (its "GPU jobs"
+        line): a pass over kallsyms FIRST_CHECK_SECONDS after its thread starts, behind the
+        imports, which an idle window must not hold."""
+        deadline = time.monotonic() + timeout + FIRST_CHECK_SECONDS
+        while self.jobs and "GPU jobs" not in self.log_file.read_text():
+            if time.monotonic() > deadline:
+                print(f"  {self.log_file.name}: no GPU jobs line; settling anyway", flush=True)
+                break
+            time.sleep(0.5)
         super().settle(timeout)
 
 
