@@ -61,6 +61,7 @@ from guestlib import (
 )
 
 from kubenpu.discovery import discover
+from kubenpu.sources.jobs import FIRST_CHECK_SECONDS
 
 CRI_SOCKET = "/run/kubenpu-bench-cri.sock"
 SETTLE_TIMEOUT = 180
@@ -327,6 +328,7 @@ class Measured(Agent, Usage):
         }
         for key, value in (extra or {}).items():
             config[key] = {**config.get(key, {}), **value}
+        self.jobs = config["probe"].get("jobs", True)
         parts = ("agent", mode, *([hook] if hook else []), *(["pinned"] if pin_dir else []))
         parts += (loader,) if loader != "auto" else ()
         parts += () if durations else ("untimed",)
@@ -334,6 +336,18 @@ class Measured(Agent, Usage):
         parts += (name,) if name else ()
         super().__init__(out, config, name="-".join(parts))
         self.attach()
+
+    def settle(self, timeout: float = 60) -> None:
+        """Settled after the jobs source's first look for the GPU scheduler too (its "GPU jobs"
+        line): a pass over kallsyms FIRST_CHECK_SECONDS after its thread starts, behind the
+        imports, which an idle window must not hold."""
+        deadline = time.monotonic() + timeout + FIRST_CHECK_SECONDS
+        while self.jobs and "GPU jobs" not in self.log_file.read_text():
+            if time.monotonic() > deadline:
+                print(f"  {self.log_file.name}: no GPU jobs line; settling anyway", flush=True)
+                break
+            time.sleep(0.5)
+        super().settle(timeout)
 
 
 class Bpftrace(Usage):
@@ -435,9 +449,12 @@ def exact(record: dict) -> bool:
 
 
 class Bench:
-    def __init__(self, out: Path, rounds: int = HOOK_ROUNDS) -> None:
+    def __init__(self, out: Path, rounds: int = HOOK_ROUNDS, start_idle: bool = False) -> None:
         self.out = out
         self.rounds = rounds  # of the per-call table
+        # --start-idle: the rounds run the default agent and the one-liner without the per-call
+        # loops, and the per-source rows are left out (start, idle and idle with PODS pods only)
+        self.start_idle = start_idle
         self.card = vgem_card()
         self.loader = systemd_cgroup(LOADER)
         self.loader.mkdir(parents=True, exist_ok=True)
@@ -493,7 +510,7 @@ class Bench:
                     rec["idle"].append(self.idle_cpu(running) if running else 0.0)
                     s1 = switches(running.pid) if running else {}
                     rec["switches"].append(sum(s1.values()) - sum(s0.values()))
-                    for name, call in calls.items():
+                    for name, call in calls.items() if not self.start_idle else ():
                         loops = [self.tight(call) for _ in range(LOOPS_PER_ROUND)]
                         rec[name].append(statistics.median(loops))
                 finally:
@@ -524,6 +541,8 @@ class Bench:
 
         calls_only = {k: v for off in SOURCES_OFF.values() for k, v in off.items()}
         calls_only["probe"] = SOURCES_OFF["jobs"]["probe"]
+        if self.start_idle:
+            return {"agent": lambda: agent(first=True), "bpftrace": lambda: tracer(ONE_LINERS)}
         return {
             "none": lambda: (None, 0.0),
             "agent": lambda: agent(first=True),
@@ -802,8 +821,7 @@ class Bench:
         }
         # KUBENPU_BENCH_ROUNDS_ONLY=1: the per-call rounds alone (a change to the programs)
         rounds_only = os.environ.get("KUBENPU_BENCH_ROUNDS_ONLY") == "1"
-        if not rounds_only:
-            res["sources"] = self.sources()
+        res["sources"] = {} if rounds_only or self.start_idle else self.sources()
         res["rounds"] = self.hooks(loop)
         if not rounds_only:
             res["idle_pods"] = self.idle_pods(pods or make_pods(self.cri, PODS))
@@ -920,10 +938,15 @@ def main() -> int:
     parser.add_argument("--restart", action="store_true", help="only the restart rows")
     parser.add_argument("--where", action="store_true", help="where the per-call time goes")
     parser.add_argument("--rounds", type=int, default=HOOK_ROUNDS, help="rounds of --hooks")
+    parser.add_argument(
+        "--start-idle",
+        action="store_true",
+        help="with --hooks: only the default agent's and the one-liner's start and idle",
+    )
     args = parser.parse_args()
     out = Path(args.out)
     compiled_agent()
-    bench = Bench(out, args.rounds)
+    bench = Bench(out, args.rounds, args.start_idle)
     try:
         if args.check:
             (out / "check.json").write_text(json.dumps(bench.check(), indent=1))

@@ -21,6 +21,7 @@ import pytest
 from fakes import Clock, FakeResolver
 from helpers import eventually, values
 
+from kubenpu.config import Config
 from kubenpu.discovery import Device
 from kubenpu.kernel import abi, bpfsys
 from kubenpu.kernel.core import OBJECTS
@@ -40,7 +41,14 @@ from kubenpu.metrics.points import ExpHist
 from kubenpu.metrics.series import Series
 from kubenpu.resolve import Attribution
 from kubenpu.resolve.cgroups import ProcCgroups
-from kubenpu.sources.jobs import MAX_HELD_RESETS, STALE_RISE_SECONDS, Jobs
+from kubenpu.sources.base import Node
+from kubenpu.sources.jobs import (
+    FIRST_CHECK_SECONDS,
+    MAX_HELD_RESETS,
+    STALE_RISE_SECONDS,
+    Jobs,
+)
+from kubenpu.sources.jobs import build as jobs_build
 from kubenpu.sources.registry import table
 
 RING = 0xFFFF_8880_0123_4000  # a scheduler's kernel address
@@ -279,6 +287,21 @@ def test_missing_capabilities_are_one_error_and_no_retry(caplog) -> None:
     [error] = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert error == "GPU jobs off: the GPU jobs probe needs CAP_SYS_ADMIN"
     jobs.read()  # never attached: nothing to read, nothing raised
+
+
+def test_the_first_look_for_the_scheduler_waits_and_a_close_ends_the_wait() -> None:
+    """The agent's jobs source looks for the DRM GPU scheduler (a pass over all of kallsyms on
+    most nodes) only jobs.FIRST_CHECK_SECONDS after its start, off the start's path; a close
+    within the wait ends the thread without a look."""
+    kernel = Refused(absent=1_000_000)  # each look counted in `tries`
+    jobs = Jobs(kernel, FakeResolver(), table(60, 1000), DEVICES, first_check_seconds=3600)
+    jobs.start()
+    jobs.close()
+    assert not jobs._thread.is_alive() and getattr(kernel, "tries", 0) == 0
+    node = Node(Config(), table(60, 1000), DEVICES, DEVICES, FakeResolver(), None, None)  # type: ignore[arg-type]
+    built = jobs_build(node)
+    assert built is not None and built._first_check == FIRST_CHECK_SECONDS > 0
+    built.close()
 
 
 def test_jobs_are_set_per_pod_device_and_ring_with_the_kernels_histograms() -> None:

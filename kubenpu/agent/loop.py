@@ -30,8 +30,9 @@ log = logging.getLogger("kubenpu")
 
 
 # A poll returns at the ring buffer's first record; its timeout bounds only how soon the poll
-# thread sees a stop and stamps its health: 2 wakeups a second at idle, not 10.
-_POLL_MS = 500
+# thread sees a stop (within _JOIN_SECONDS) and stamps its health (stale after STALE_AFTER):
+# 1 wakeup a second at idle.
+_POLL_MS = 1000
 _FLUSH_SECONDS = 0.5  # first sightings and per-event tallies: new pods resolved at once
 # A CRI answer for held counts starts a flush before _FLUSH_SECONDS, at most this often: the
 # answers that come meanwhile are taken by the same flush.
@@ -147,11 +148,15 @@ class Agent:
     def _attribute_loop(self) -> None:
         # The first cycle at once: an adopted probe's totals are exported without a wait, and
         # the counts held for a CRI answer as soon as it comes.
+        # One wait a cycle at idle (the stop sets `answered` too): each wakeup is Python work
+        # that an idle node pays; a second wait only after an answer cut the first short.
         while True:
+            began = time.monotonic()
             self._guarded("attribution", self.cycle)
-            self._answered.wait(_FLUSH_SECONDS - _ANSWERS_EVERY_SECONDS)
+            self._answered.wait(_FLUSH_SECONDS)
             self._answered.clear()
-            if self.stop.wait(_ANSWERS_EVERY_SECONDS):
+            rest = _ANSWERS_EVERY_SECONDS - (time.monotonic() - began)
+            if self.stop.is_set() or (rest > 0 and self.stop.wait(rest)):
                 return
 
     def _guarded(self, worker: str, step: Callable[..., object], *args: object) -> bool:

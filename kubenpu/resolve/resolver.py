@@ -132,8 +132,11 @@ class Resolver:
     def prefetch(self, cgroup_ids: Iterable[int]) -> None:
         """Index the cgroups about to be resolved with one walk of the tree at most, for all
         those it does not know: their resolve() then walks no more."""
-        known = self._answers.keys() | self._container_ids.keys()
-        self._index.index(c for c in cgroup_ids if c not in known)
+        # Each id tested, not a set of every known one made: a flush at idle asks about none.
+        answers, containers = self._answers, self._container_ids
+        unknown = [c for c in cgroup_ids if c not in answers and c not in containers]
+        if unknown:
+            self._index.index(unknown)
 
     def settle(self, cgroup_id: int) -> Attribution:
         """The best answer now, for a caller that stops waiting: the last failure (cri_error

@@ -197,6 +197,8 @@ class Attributor:
         those no count claims whose cgroup the tree does not know (gone, never to be named)."""
         if self._metrics.swept():  # a dropped pod took its stored values with it
             self._timed_set = {}
+        if durations == self._timed_set:  # every value stored as it is (an idle node)
+            return []
         # An idle key's value is already stored: setting it again would change nothing.
         changed = [(k, v) for k, v in durations.items() if self._timed_set.get(k) != v]
         # Their cgroups the tree does not know share one walk, as a flush's do: 2,000 keys

@@ -163,6 +163,8 @@ class Deltas(Generic[K]):
         self._last: dict[K, int] = {}
 
     def step(self, cumulative: Mapping[K, int]) -> dict[K, int]:
+        if cumulative == self._last:  # an idle node's read: one comparison, not one per key
+            return {}
         increments = {}
         for key, total in cumulative.items():
             delta = total - self._last.get(key, 0)
