@@ -200,6 +200,34 @@ def test_the_lsm_hook_times_calls_at_drm_ioctls_exit_where_it_can_reach_it(
     probe.close()
 
 
+def test_a_refused_kretprobe_leaves_calls_untimed_and_starts_unkept(
+    kernel, monkeypatch, tmp_path, caplog
+) -> None:
+    """Debian's perf_event_paranoid=3 refuses the kretprobe's perf event to CAP_PERFMON (as
+    tests/test_least_privilege_vm.py saw on 6.12): counting goes on, the warning says what
+    refuses it, and the entry keeps no start that no exit would end."""
+    (tmp_path / "drm").mkdir()
+    monkeypatch.setattr(hooks, "effective_capabilities", lambda: {"BPF", "PERFMON"})
+    monkeypatch.setattr(hooks, "in_module", lambda hook: hook == "drm_ioctl")
+    reach = hooks.drm_exit
+    monkeypatch.setattr(hooks, "drm_exit", lambda h: reach(h, tmp_path))
+    kernel.refuse = {"kubenpu_drm_return"}
+    with caplog.at_level(logging.INFO, logger=core.__name__):
+        probe, _ = started(kernel)
+    assert kernel.attached == [*ENTRIES, abi.BIRTHS]
+    warned, said = [r.getMessage() for r in caplog.records]
+    assert warned.startswith("call durations unavailable from drm_ioctl: attaching ")
+    assert warned.endswith(
+        "; perf_event_paranoid 3 and more (Debian's, Ubuntu's) refuse perf events without "
+        "CAP_SYS_ADMIN, and lockdown=confidentiality kprobes; probe.durations_exit: syscall "
+        "times them"
+    )
+    assert said == "counted calls untimed (no exit attached)"
+    on = bpfsys.lookup(kernel.fds[abi.TIMING], abi.U32.pack(0), 4)
+    assert on == abi.U32.pack(0)
+    probe.close()
+
+
 def test_maps_are_sized_as_asked(kernel) -> None:
     probe, _ = started(kernel, ringbuf_pages=8, counts_entries=512)
     shapes = {name: bpfsys.map_shape(fd) for name, fd in kernel.fds.items()}

@@ -61,6 +61,11 @@ _libc.vsnprintf.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, c
 
 
 _KRETPROBES = set(abi.DRM_RETURN.values())  # the exits that are kretprobes, named so in the log
+# What refuses a kretprobe to CAP_PERFMON (tests/test_least_privilege_vm.py sees the first).
+_KRETPROBE_REFUSED = (
+    "; perf_event_paranoid 3 and more (Debian's, Ubuntu's) refuse perf events without "
+    "CAP_SYS_ADMIN, and lockdown=confidentiality kprobes; probe.durations_exit: syscall times them"
+)
 OBJECTS = Path(__file__).parent / "objects"  # make bpf's output, in the wheel when built
 
 
@@ -276,8 +281,6 @@ class CoreKernel(LoaderBase):
         wanted |= set(exits.values())
         self._lib.load(self._obj, wanted, "the object")
         self._fill({n: lib.bpf_map__fd(self._map(n)) for n in shapes})
-        if abi.TIMING in shapes:
-            self._maps.set_timing(bool(exits))  # no exit: the entry keeps no start either
 
     def _exits(self) -> tuple[dict[str, str], str]:
         """The exit programs by function that this machine's kernels can have, and why there
@@ -315,6 +318,8 @@ class CoreKernel(LoaderBase):
         # Exits first: a call that entered before its exit was attached would leave its start
         # for the task's next DRM ioctl to end, with a wrong duration.
         timed = self._attach_exits(exits)
+        if abi.TIMING in self._maps.fds:
+            self._maps.set_timing(bool(timed))  # no exit attached: the entry keeps no start
         for function in functions:
             self._links[f"{abi.LINK}{function}"] = self._attach_program(
                 abi.IOCTL_PROGRAMS[function]
@@ -335,7 +340,8 @@ class CoreKernel(LoaderBase):
                 self._links[f"{abi.EXIT_LINK}{function}"] = self._attach_program(program)
                 timed.append(f"{function} (kretprobe)" if program in _KRETPROBES else function)
             except ProbeError as err:
-                log.warning("call durations unavailable from %s: %s", function, err)
+                why = _KRETPROBE_REFUSED if program in _KRETPROBES else ""
+                log.warning("call durations unavailable from %s: %s%s", function, err, why)
         return timed
 
     def _attach_program(self, name: str) -> int:
