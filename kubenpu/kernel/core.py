@@ -61,7 +61,7 @@ _libc.vsnprintf.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, c
 
 
 _KRETPROBES = set(abi.DRM_RETURN.values())  # the exits that are kretprobes, named so in the log
-# What refuses a kretprobe to CAP_PERFMON (tests/test_least_privilege_vm.py sees the first).
+# What refuses a kretprobe to CAP_PERFMON (the first seen on Debian's 6.12: EACCES).
 _KRETPROBE_REFUSED = (
     "; perf_event_paranoid 3 and more (Debian's, Ubuntu's) refuse perf events without "
     "CAP_SYS_ADMIN, and lockdown=confidentiality kprobes; probe.durations_exit: syscall times them"
