@@ -391,17 +391,20 @@ int BPF_PROG(kubenpu_drm_ioctl, struct file *filp, unsigned int cmd, unsigned lo
 #ifdef KUBENPU_DURATIONS
 /* The exits (abi.EXIT_PROGRAMS). The LSM hook returns before the driver runs, so its calls end
  * at the ioctl syscall's return: every ioctl of the node passes there, and leaves at the type
- * test, as at the entry. The syscall's argument registers are arch-specific. */
+ * test, as at the entry. The syscall's argument registers, and a kretprobe's return register,
+ * are arch-specific. */
 #if defined(__TARGET_ARCH_x86)
 #define SYSCALL_CMD(regs) ((regs)->si)
 #define COMPAT_CMD(regs) ((regs)->cx)
 #define SYS_EXIT "fexit/__x64_sys_ioctl"
 #define COMPAT_EXIT "fexit/__ia32_compat_sys_ioctl"
+#define RETURN_VALUE(regs) ((regs)->ax)
 #elif defined(__TARGET_ARCH_arm64)
 #define SYSCALL_CMD(regs) ((regs)->regs[1])
 #define COMPAT_CMD(regs) ((regs)->regs[1])
 #define SYS_EXIT "fexit/__arm64_sys_ioctl"
 #define COMPAT_EXIT "fexit/__arm64_compat_sys_ioctl"
+#define RETURN_VALUE(regs) ((regs)->regs[0])
 #endif
 
 #ifdef SYS_EXIT
@@ -436,6 +439,20 @@ int BPF_PROG(kubenpu_drm_exit, struct file *filp, unsigned int cmd, unsigned lon
         return 0;
     return finish_timing(ret, file_rdev(filp), cmd);
 }
+
+/* drm_ioctl's return where fexit cannot reach it (in drm.ko, whose BTF needs CAP_SYS_ADMIN): a
+ * perf-event kretprobe needs CAP_BPF + CAP_PERFMON alone, and DRM calls alone pass it too. The
+ * return value is a direct read of the context's register (no bpf_probe_read, which
+ * lockdown=confidentiality refuses). The arguments are gone by then, so nothing is matched: a
+ * counted call that ended before drm_ioctl leaves its start for the task's next call through
+ * drm_ioctl, counted or not, to end (docs/latency.md). */
+#ifdef RETURN_VALUE
+SEC("kretprobe/drm_ioctl")
+int kubenpu_drm_return(struct pt_regs *ctx)
+{
+    return finish_timing((long)RETURN_VALUE(ctx), 0, 0);
+}
+#endif
 #endif
 #endif
 

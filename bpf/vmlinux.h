@@ -53,6 +53,7 @@ struct cgroup {
 /* The ioctl syscall's registers, read by the exit programs (abi.EXIT_PROGRAMS). */
 #if defined(__TARGET_ARCH_x86)
 struct pt_regs {
+    unsigned long ax; /* the return value, at a kretprobe */
     unsigned long si;
     unsigned long cx;
 };

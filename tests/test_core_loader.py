@@ -155,43 +155,77 @@ def test_it_loads_only_the_hooks_programs_and_attaches_the_exits_first(kernel, c
 
 
 @pytest.mark.parametrize(
-    ("drm", "held", "timed"),
+    ("drm", "module", "held", "exit", "line"),
     [
-        (True, {"SYS_ADMIN"}, True),  # drm.ko's BTF: CAP_SYS_ADMIN looks it up
-        (True, {"BPF", "PERFMON"}, False),  # the chart's least privilege: untimed
-        (False, {"SYS_ADMIN"}, False),  # no drm loaded: nothing to time
+        # drm.ko's BTF: CAP_SYS_ADMIN looks it up, and fexit (a trampoline) is the cheaper exit
+        (True, True, {"SYS_ADMIN"}, "kubenpu_drm_exit", "drm_ioctl"),
+        # the chart's least privilege: a perf-event kretprobe needs no module BTF
+        (True, True, {"BPF", "PERFMON"}, "kubenpu_drm_return", "drm_ioctl (kretprobe)"),
+        (True, False, {"BPF", "PERFMON"}, "kubenpu_drm_exit", "drm_ioctl"),  # built in: vmlinux's
+        (False, True, {"SYS_ADMIN"}, None, None),  # no drm loaded: nothing to time
     ],
 )
 def test_the_lsm_hook_times_calls_at_drm_ioctls_exit_where_it_can_reach_it(
-    kernel, monkeypatch, tmp_path, caplog, drm, held, timed
+    kernel, monkeypatch, tmp_path, caplog, drm, module, held, exit, line
 ) -> None:
     """By default only DRM calls pass an exit (drm_ioctl's): TCGETS and every other ioctl of
-    the node pay the entry's type test alone. Where the agent cannot load that exit, calls are
-    counted untimed and the start says so in one line, with the setting that times them."""
+    the node pay the entry's type test alone. fexit where drm_ioctl's BTF is reachable, else a
+    kretprobe (CAP_BPF + CAP_PERFMON); only the chosen one is loaded. Without drm calls are
+    counted untimed, and the start says so in one line, with the setting that times them."""
     if drm:
         (tmp_path / "drm").mkdir()
     monkeypatch.setattr(hooks, "effective_capabilities", lambda: held)
-    monkeypatch.setattr(hooks, "in_module", lambda hook: hook == "drm_ioctl")
-    reach = hooks.drm_exit_reachable
-    monkeypatch.setattr(hooks, "drm_exit_reachable", lambda h: reach(h, tmp_path))
+    monkeypatch.setattr(hooks, "in_module", lambda hook: module and hook == "drm_ioctl")
+    reach = hooks.drm_exit
+    monkeypatch.setattr(hooks, "drm_exit", lambda h: reach(h, tmp_path))
     with caplog.at_level(logging.INFO, logger=core.__name__):
         probe, said = started(kernel)
     assert said == f"fentry on {HOOK}+{HOOK}_compat (core)"
     assert kernel.asked == [{f"{HOOK}_compat"}]  # no syscall name: kallsyms ends sooner
     lines = [r.getMessage() for r in caplog.records]
-    if timed:
-        assert kernel.attached == ["kubenpu_drm_exit", *ENTRIES, abi.BIRTHS]
-        assert lines == ["counted calls timed at the exit of drm_ioctl"]
+    exits = {"kubenpu_drm_exit", "kubenpu_drm_return", "kubenpu_sys_exit", "kubenpu_compat_exit"}
+    if exit:
+        assert kernel.attached == [exit, *ENTRIES, abi.BIRTHS]
+        assert lines == [f"counted calls timed at the exit of {line}"]
+        links = {n for n in probe.objects() if n.startswith(abi.EXIT_LINK)}
+        assert links == {f"{abi.EXIT_LINK}drm_ioctl"}
     else:
         assert kernel.attached == [*ENTRIES, abi.BIRTHS]
-        assert "kubenpu_drm_exit" not in kernel.autoloaded
         assert lines == [
-            "counted calls untimed (drm_ioctl's exit needs drm loaded and, in drm.ko, "
-            "CAP_SYS_ADMIN; probe.durations_exit: syscall times them)"
+            "counted calls untimed (drm is not loaded; probe.durations_exit: syscall times them)"
         ]
+    assert kernel.autoloaded & exits == ({exit} if exit else set())  # the chosen exit alone
     gate = bpfsys.lookup(kernel.fds[abi.GATE], abi.U32.pack(0), 4)
     # untimed, the entry keeps no start either
-    assert gate == abi.U32.pack(abi.GATE_OPEN | (abi.GATE_TIMED if timed else 0))
+    assert gate == abi.U32.pack(abi.GATE_OPEN | (abi.GATE_TIMED if exit else 0))
+    probe.close()
+
+
+def test_a_refused_kretprobe_leaves_calls_untimed_and_starts_unkept(
+    kernel, monkeypatch, tmp_path, caplog
+) -> None:
+    """Debian's perf_event_paranoid=3 refuses the kretprobe's perf event to CAP_PERFMON (as
+    tests/test_least_privilege_vm.py saw on 6.12): counting goes on, the warning says what
+    refuses it, and the entry keeps no start that no exit would end."""
+    (tmp_path / "drm").mkdir()
+    monkeypatch.setattr(hooks, "effective_capabilities", lambda: {"BPF", "PERFMON"})
+    monkeypatch.setattr(hooks, "in_module", lambda hook: hook == "drm_ioctl")
+    reach = hooks.drm_exit
+    monkeypatch.setattr(hooks, "drm_exit", lambda h: reach(h, tmp_path))
+    kernel.refuse = {"kubenpu_drm_return"}
+    with caplog.at_level(logging.INFO, logger=core.__name__):
+        probe, _ = started(kernel)
+    assert kernel.attached == [*ENTRIES, abi.BIRTHS]
+    warned, said = [r.getMessage() for r in caplog.records]
+    assert warned.startswith("call durations unavailable from drm_ioctl: attaching ")
+    assert warned.endswith(
+        "; perf_event_paranoid 3 and more (Debian's, Ubuntu's) refuse perf events without "
+        "CAP_SYS_ADMIN, and lockdown=confidentiality kprobes; probe.durations_exit: syscall "
+        "times them"
+    )
+    assert said == "counted calls untimed (no exit attached)"
+    gate = bpfsys.lookup(kernel.fds[abi.GATE], abi.U32.pack(0), 4)
+    assert gate == abi.U32.pack(abi.GATE_OPEN)
     probe.close()
 
 

@@ -7,7 +7,11 @@ dropped from all sets, bounding included, and no_new_privs: what a container get
 it must load, attach and count exactly, 32-bit (compat) callers included; with one capability
 fewer it must fail with its one-line error naming the missing capability, which proves the set
 minimal. drm_ioctl's set (SYS_ADMIN) is also shown to be needed: BPF + PERFMON, which contain
-every smaller set, fail. One boot per kernel runs both hooks.
+every smaller set, fail. One boot per kernel runs both hooks. On a kernel booted without lockdown
+one more run of the LSM hook with the chart's set and the default exit (probe.durations_exit
+drm_ioctl), under perf_event_paranoid=2, the upstream default, must time every counted call at a
+kretprobe on drm_ioctl (Debian's 3 refuses its perf event to CAP_PERFMON: the LSM hook's main run
+keeps the syscall exit).
 
 The same boot measures what fdinfo (config.fdinfo.enabled) adds (issue 10.6): reading
 /proc/PID/fd needs DAC access to the directory (owned by the process's uid, mode 0500) and
@@ -45,6 +49,11 @@ ATTACHED = {
     "drm_ioctl": "probe attached: fentry-module on drm_ioctl (core)",
 }
 BPF_PERFMON = ["BPF", "PERFMON"]
+# The LSM hook at the default exit, drm_ioctl's: without CAP_SYS_ADMIN (drm.ko's BTF) a kretprobe,
+# whose perf event Debian's perf_event_paranoid=3 refuses to CAP_PERFMON, and lockdown's
+# confidentiality mode refuses to all: this run sets the upstream default, 2, on kernels booted
+# without lockdown.
+KRETPROBE = "security_file_ioctl-kretprobe"
 
 pytestmark = pytest.mark.vm
 
@@ -86,6 +95,12 @@ def guest_out(request, tmp_path_factory) -> Path:
             {"name": f"{hook}-{name}", "caps": caps, "hook": hook, "attach": "fentry"}
             for name, (caps, _) in REFUSED[hook].items()
         ]
+    if not matrix_kernel(request.param)[1]:  # no lockdown
+        chart = CHART_CAPS["security_file_ioctl"]
+        plan.append(
+            {"name": KRETPROBE, "caps": chart, "hook": "security_file_ioctl", "scenario": True}
+            | {"durations_exit": "", "paranoid": 2}
+        )
     plan += [
         {"name": "jobs-chart", "caps": JOBS_CAPS, "attach": "fentry", "jobs": True},
         {
@@ -152,6 +167,22 @@ def test_agent_counts_exactly_with_chart_capabilities(guest_out, hook):
     assert len(result["returns"]) > 5
     assert timed_calls_mismatches(result["durations"], result["returns"]) == []
     assert ioctl_counts(prom, "kubenpu_ioctl_duration_seconds_count") == expected  # on /metrics
+
+
+def test_the_charts_capabilities_time_drm_calls_at_drm_ioctls_kretprobe(guest_out):
+    """The chart's default: the LSM hook, CAP_BPF + CAP_PERFMON, probe.durations_exit
+    drm_ioctl. fexit cannot reach drm.ko's BTF, so the agent ends calls at a kretprobe on
+    drm_ioctl, and every counted call is timed exactly, 32-bit callers included."""
+    if not (guest_out / KRETPROBE).exists():
+        pytest.skip("lockdown=confidentiality refuses kprobes")
+    result = _result(guest_out, KRETPROBE)
+    _assert_only(result["caps"], CHART_CAPS["security_file_ioctl"])
+    assert "counted calls timed at the exit of drm_ioctl (kretprobe)\n" in result["agent_log"]
+    expected, prom = expected_counts(result["expected"]), result["prometheus"]
+    assert ioctl_counts(prom) == expected
+    assert len(result["returns"]) > 5
+    assert timed_calls_mismatches(result["durations"], result["returns"]) == []
+    assert ioctl_counts(prom, "kubenpu_ioctl_duration_seconds_count") == expected
 
 
 @pytest.mark.parametrize(("hook", "name"), REFUSED_RUNS)

@@ -251,6 +251,10 @@ def exit_programs(exit: str, machine: str) -> dict[str, str]:
     }
 
 
+# drm_ioctl's return as a kretprobe (kretprobe/drm_ioctl): the LSM hook's default exit where fexit
+# cannot reach drm.ko's BTF (CAP_SYS_ADMIN); a perf-event kprobe needs CAP_BPF + CAP_PERFMON.
+DRM_RETURN = {"drm_ioctl": "kubenpu_drm_return"}
+
 EXIT_LINK = f"{LINK}exit-"  # the pin name of an exit's attachment: link-exit-<function>
 
 # --- GPU jobs (bpf/jobs.bpf.c, its own object: docs/jobs.md) -----------------------------------

@@ -1,8 +1,9 @@
 """The CO-RE loader (`probe.loader: core`, and first under `auto`): open the object that `make
 bpf` compiled ahead of time from bpf/kubenpu.bpf.c, size its maps, fill them, and attach the
-hook's fentry programs and the cgroup_mkdir births program, all with the system libbpf through
-ctypes. libbpf relocates the program's field reads against the running kernel's BTF
-(/sys/kernel/btf/vmlinux), so the node needs neither kernel headers nor LLVM; docs/core.md.
+hook's fentry programs, the exit that times calls (fexit, or a kretprobe on drm_ioctl) and the
+cgroup_mkdir births program, all with the system libbpf through ctypes. libbpf relocates the
+program's field reads against the running kernel's BTF (/sys/kernel/btf/vmlinux), so the node
+needs neither kernel headers nor LLVM; docs/core.md.
 """
 
 from __future__ import annotations
@@ -59,6 +60,12 @@ _libc = ctypes.CDLL(None)
 _libc.vsnprintf.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_void_p]
 
 
+_KRETPROBES = set(abi.DRM_RETURN.values())  # the exits that are kretprobes, named so in the log
+# What refuses a kretprobe to CAP_PERFMON (the first seen on Debian's 6.12: EACCES).
+_KRETPROBE_REFUSED = (
+    "; perf_event_paranoid 3 and more (Debian's, Ubuntu's) refuse perf events without "
+    "CAP_SYS_ADMIN, and lockdown=confidentiality kprobes; probe.durations_exit: syscall times them"
+)
 OBJECTS = Path(__file__).parent / "objects"  # make bpf's output, in the wheel when built
 
 
@@ -274,26 +281,26 @@ class CoreKernel(LoaderBase):
         wanted |= set(exits.values())
         self._lib.load(self._obj, wanted, "the object")
         self._fill({n: lib.bpf_map__fd(self._map(n)) for n in shapes})
-        if abi.DURATIONS in shapes:
-            self._maps.set_timing(bool(exits))  # no exit: the entry keeps no start either
 
     def _exits(self) -> tuple[dict[str, str], str]:
         """The exit programs by function that this machine's kernels can have, and why there
         are none: none in events mode or with probe.durations off. On the LSM hook the default
         exit is drm_ioctl's, which DRM calls alone pass (every other ioctl of the node pays no
-        exit); the syscall's return (probe.durations_exit: syscall) is every ioctl's."""
+        exit): fexit where its BTF is reachable (a trampoline, cheaper), else a kretprobe, which
+        least privilege (no CAP_SYS_ADMIN for drm.ko's BTF) can attach. The syscall's return
+        (probe.durations_exit: syscall) is every ioctl's."""
         if not self.aggregate:
             return {}, ""
         if not self._durations:
             return {}, "probe.durations: false"
-        if self.hook != "drm_ioctl" and self._durations_exit == "syscall":
+        if self.hook == "drm_ioctl":
+            return abi.EXIT_PROGRAMS["drm_ioctl"], ""
+        if self._durations_exit == "syscall":
             return abi.exit_programs("syscall", os.uname().machine), ""
-        if self.hook != "drm_ioctl" and not hooks.drm_exit_reachable(
-            hooks.effective_capabilities()
-        ):
-            why = "drm_ioctl's exit needs drm loaded and, in drm.ko, CAP_SYS_ADMIN"
-            return {}, f"{why}; probe.durations_exit: syscall times them"
-        return abi.EXIT_PROGRAMS["drm_ioctl"], ""
+        reach = hooks.drm_exit(hooks.effective_capabilities())
+        if not reach:
+            return {}, "drm is not loaded; probe.durations_exit: syscall times them"
+        return abi.EXIT_PROGRAMS["drm_ioctl"] if reach == "fexit" else abi.DRM_RETURN, ""
 
     def _map(self, name: str, max_entries: int | None = None) -> int:
         found = self._lib.find_map(self._obj, name)
@@ -311,6 +318,8 @@ class CoreKernel(LoaderBase):
         # Exits first: a call that entered before its exit was attached would leave its start
         # for the task's next DRM ioctl to end, with a wrong duration.
         timed = self._attach_exits(exits)
+        if abi.DURATIONS in self._maps.fds:
+            self._maps.set_timing(bool(timed))  # no exit attached: the entry keeps no start
         for function in functions:
             self._links[f"{abi.LINK}{function}"] = self._attach_program(
                 abi.IOCTL_PROGRAMS[function]
@@ -329,9 +338,10 @@ class CoreKernel(LoaderBase):
         for function, program in exits.items():
             try:
                 self._links[f"{abi.EXIT_LINK}{function}"] = self._attach_program(program)
-                timed.append(function)
+                timed.append(f"{function} (kretprobe)" if program in _KRETPROBES else function)
             except ProbeError as err:
-                log.warning("call durations unavailable from %s: %s", function, err)
+                why = _KRETPROBE_REFUSED if program in _KRETPROBES else ""
+                log.warning("call durations unavailable from %s: %s%s", function, err, why)
         return timed
 
     def _attach_program(self, name: str) -> int:

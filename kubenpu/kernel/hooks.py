@@ -64,10 +64,13 @@ def in_module(hook: str, btf_dir: Path = Path("/sys/kernel/btf")) -> bool:
     return hook == "drm_ioctl" and (btf_dir / "drm").exists()
 
 
-def drm_exit_reachable(held: set[str], modules: Path = Path("/sys/module")) -> bool:
-    """Whether fexit on drm_ioctl can load beside another hook: drm is loaded (built in, it is
-    in vmlinux's BTF), and in drm.ko only with CAP_SYS_ADMIN (the module's BTF object)."""
-    return (modules / "drm").exists() and (not in_module("drm_ioctl") or "SYS_ADMIN" in held)
+def drm_exit(held: set[str], modules: Path = Path("/sys/module")) -> str:
+    """How drm_ioctl's exit can be reached beside another hook: "fexit" where its BTF is
+    (built in, vmlinux's; in drm.ko, the module's BTF object, with CAP_SYS_ADMIN), else
+    "kretprobe" (a perf-event kprobe: CAP_BPF + CAP_PERFMON); "" with no drm loaded."""
+    if not (modules / "drm").exists():
+        return ""
+    return "fexit" if not in_module("drm_ioctl") or "SYS_ADMIN" in held else "kretprobe"
 
 
 def effective_capabilities(status: Path = Path("/proc/self/status")) -> set[str]:

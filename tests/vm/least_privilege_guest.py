@@ -94,8 +94,10 @@ def _execd(proc: Path, status: dict[str, str]) -> bool:
 class LeastPrivilegeScenario(Scenario):
     loader = "core"  # what the chart renders by default (no BCC fallback)
     jobs = False  # the chart's default (config.probe.jobs, which adds CAP_SYS_ADMIN)
-    # Without CAP_SYS_ADMIN drm_ioctl's exit (the default) is out of reach on the LSM hook: the
-    # syscall's return is the exit these capabilities time every counted call at.
+    # Without CAP_SYS_ADMIN fexit on drm_ioctl (the default exit) is out of reach on the LSM hook,
+    # and its kretprobe is refused under Debian's perf_event_paranoid=3: the syscall's return is
+    # the exit these capabilities time every counted call at. A plan run's `durations_exit` ""
+    # (the default) with `paranoid` 2 (the upstream default) times them at the kretprobe.
     durations_exit = "syscall"
 
     def __init__(self, out: Path, caps: list[str], hook: str) -> None:
@@ -132,9 +134,16 @@ class LeastPrivilegeScenario(Scenario):
         return agent
 
 
-def scenario(out: Path, caps: list[str], hook: str, testdrm_skipped: str) -> dict:
-    run = LeastPrivilegeScenario(out, caps, hook)
-    return {**run.run(), "caps": run.caps, "testdrm_skipped": testdrm_skipped}
+def scenario(out: Path, plan: dict, testdrm_skipped: str) -> dict:
+    run = LeastPrivilegeScenario(out, plan["caps"], plan["hook"])
+    run.durations_exit = plan.get("durations_exit", run.durations_exit)
+    paranoid = Path("/proc/sys/kernel/perf_event_paranoid")
+    before = paranoid.read_text()
+    paranoid.write_text(str(plan.get("paranoid", before.strip())))
+    try:
+        return {**run.run(), "caps": run.caps, "testdrm_skipped": testdrm_skipped}
+    finally:
+        paranoid.write_text(before)
 
 
 def attach_check(
@@ -174,7 +183,7 @@ def main() -> int:
         where.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         if run.get("scenario"):
-            result = scenario(where, run["caps"], run["hook"], testdrm_skipped)
+            result = scenario(where, run, testdrm_skipped)
         else:
             launch = launcher(run["caps"])
             attach = run.get("attach", "auto")

@@ -69,7 +69,8 @@ def read(url: str, namespace: str, pod: str, timeout: float = 5.0) -> list[PodHi
 # Which calls an agent times (kubenpu/kernel/core.py CoreKernel._exits), for a pod without any.
 WHICH_ARE_TIMED = (
     "An agent times counted calls (probe.durations) at drm_ioctl's exit, which DRM calls alone "
-    "pass and which needs CAP_SYS_ADMIN where drm is a module; without it calls are counted "
+    "pass (fexit, or a kretprobe without CAP_SYS_ADMIN where drm is a module); where drm is not "
+    "loaded, or perf_event_paranoid above 2 or lockdown refuses the kretprobe, calls are counted "
     "untimed unless probe.durations_exit is syscall (every ioctl of the node then pays an exit). "
     "The agent's start logs which: 'counted calls timed at the exit of ...' or '... untimed'."
 )
