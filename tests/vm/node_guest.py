@@ -41,6 +41,7 @@ Writes /out/result.json; tests/test_node_vm.py asserts on it.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -107,7 +108,9 @@ PAUSE_IMAGE = "docker.io/kubenpu/pause:test"  # tests/vm/containerd/config.toml'
 WORKLOAD_IMAGE = "docker.io/kubenpu/workload:test"
 FOREVER = "2147483647"  # seconds, for busybox sleep
 TTL = 10  # metrics.series_ttl_seconds: short, so the deleted pod retires within the run
-STEP_TIMEOUT = 120 * SLOW  # any single wait in the guest (TCG on a shared host is slow)
+# Any single wait in the guest (TCG on a shared host is slow); whole seconds, as ExecSyncRequest's
+# timeout is an int64 (a float there ended both node boots under load).
+STEP_TIMEOUT = math.ceil(120 * SLOW)
 SETTLE_TIMEOUT = 60 * SLOW  # for /metrics to show what was issued
 # kubelet's namespaces for a hostNetwork pod: no CNI needed.
 HOST_NETWORK = pb.NamespaceOption(network=pb.NODE, pid=pb.CONTAINER, ipc=pb.POD)
