@@ -838,20 +838,29 @@ def test_allocation_series_carry_the_pod_uid_the_runtime_lists(
     """The kubelet names pods without their uid: the runtime's running containers give it, by
     namespace and name. A predecessor's exited container (same name, old uid) is not taken;
     a pod the runtime does not list gets none; while the runtime is down the last answer
-    stays; a pod recreated under its name gets its new uid at the next refresh."""
+    stays; the same pods are not asked of it again until the answer is a minute old (one
+    ListContainers per refresh once failed a node scenario's bound on CRI requests); a pod
+    recreated under its name gets its new uid once it is."""
     cri.add_container("c-old", "ml", "a", "main", pod_uid=OLD_UID, exited=True)
     cri.add_container("c-a", "ml", "a", "main", pod_uid=UID)
     cri.add_container("c-x", "ml", "stranger", "main", pod_uid=STRANGER_UID)
     client = CriClient(f"unix://{cri_socket}", timeout=5.0, retry_after=0.0)
     metrics = table(300, 1000)
     activity = Activity(300)
+    clock, asked = Clock(), []
+
+    def pod_uids() -> dict[tuple[str, str], str] | None:
+        asked.append(clock.now)
+        return client.pod_uids()
+
     allocations = Allocations(
         PodResourcesClient(sock),
         mapper("hybrid-two-gpu"),
         metrics,
         10,
         activity,
-        pod_uids=client.pod_uids,
+        pod_uids=pod_uids,
+        clock=clock,
     )
     allocations.refresh()
     activity.submitted(("ml", "stranger", "main", DGPU), 2)  # on a card it holds none of
@@ -860,13 +869,20 @@ def test_allocation_series_carry_the_pod_uid_the_runtime_lists(
     assert value(metrics, ALLOCATED, **hold("ml", "b")) == 1  # not listed: no uid
     stranger = {"namespace": "ml", "pod": "stranger", "container": "main", "device": DGPU}
     assert value(metrics, UNALLOCATED_CALLS, **stranger, pod_uid=STRANGER_UID) == 2
+    assert len(asked) == 2  # the stranger's calls named a pod more
+    assert allocations.refresh()
+    assert len(asked) == 2  # the same pods, a fresh answer: not asked again
+    clock.now += 60
     cri.set_unavailable()
     assert allocations.refresh()
     assert value(metrics, ALLOCATED, **hold("ml", "a", uid=UID)) == 2
+    assert len(asked) == 3
     cri.set_unavailable(False)
     cri.remove_container("c-a")
     cri.add_container("c-a2", "ml", "a", "main", pod_uid=NEW_UID)
+    clock.now += 1  # the failed ask is asked again at the next refresh
     assert allocations.refresh()
+    assert len(asked) == 4
     assert value(metrics, ALLOCATED, **hold("ml", "a", uid=NEW_UID)) == 2
     assert value(metrics, ALLOCATED, **hold("ml", "a", uid=UID)) is None
     client.close()

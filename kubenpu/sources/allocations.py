@@ -42,6 +42,7 @@ from kubenpu.sources.base import Node, Report
 log = logging.getLogger(__name__)
 
 _REDISCOVER_SECONDS = 60.0  # a sysfs scan, off the counting path; its warnings repeat with it
+_UIDS_MAX_AGE = 60.0  # seconds: how stale the pods' uids may get (a pod recreated under its name)
 
 
 def _series(state: AllocationState) -> int:
@@ -155,6 +156,7 @@ class Allocations:
         self._rediscover = rediscover
         self._pod_uids = pod_uids
         self._uids: dict[tuple[str, str], str] = {}  # the runtime's last answer
+        self._asked: tuple[set[tuple[str, str]], float] = (set(), 0.0)  # for which pods, when
         self._discovered = clock()
         self._interval = interval
         self._clock = clock
@@ -213,12 +215,17 @@ class Allocations:
         return shares, unmapped
 
     def _uids_of(self, pods: set[tuple[str, str]]) -> dict[tuple[str, str], str]:
-        """The uid of each pod the series name, asked of the runtime at each refresh that names
-        any (a pod recreated under its name gets its new uid); while the runtime does not
-        answer, its last answer."""
-        answer = self._pod_uids() if pods and self._pod_uids is not None else {}
-        if answer is not None:
-            self._uids = answer
+        """The uid of each pod the series name, from the runtime's last answer. It is asked
+        again when the pods named change, or when its answer is _UIDS_MAX_AGE old (a pod
+        recreated under its name gets its new uid within that): one ListContainers at every
+        refresh cost the runtime a list every interval for nothing new. While the runtime does
+        not answer, the last answer stays and the next refresh asks again."""
+        now = self._clock()
+        fresh = pods == self._asked[0] and now - self._asked[1] < _UIDS_MAX_AGE
+        if pods and self._pod_uids is not None and not fresh:
+            answer = self._pod_uids()
+            if answer is not None:
+                self._uids, self._asked = answer, (set(pods), now)
         return {pod: uid for pod, uid in self._uids.items() if pod in pods}
 
     def _allocatable(self) -> set[str]:
