@@ -63,6 +63,8 @@ TESTS: dict[str, list[str]] = {
     ],
     "kubenpu/kernel/maps.py": ["tests/test_kernel.py", "tests/test_pin.py"],
     "kubenpu/resolve/podresources/": ["tests/test_allocations.py"],
+    "kubenpu/sources/wedges.py": ["tests/test_uevents.py"],
+    "kubenpu/cli/rollout.py": ["tests/test_rollout.py"],
     "kubenpu/kernel/core.py": [
         "tests/test_core_loader.py",
         "tests/test_kernel.py",

@@ -41,18 +41,30 @@ class Redirect(NamedTuple):
     location: str
 
 
+class Answers(list):
+    """The answers the fake API server pops, and the headers of each GET it was sent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.headers: list[dict[str, str]] = []
+
+
 @pytest.fixture
 def api() -> Iterator[tuple[str, list]]:
     """A server whose answers are popped from the list it yields (the last one repeats); a
     string answer is sent as that HTTP status with no body, bytes as the body itself, a
-    Redirect as a 302 to its location."""
-    answers: list = []
+    Redirect as a 302 to its location. As the API server, it answers 406 to an Accept that
+    JSON does not meet (none is JSON)."""
+    answers = Answers()
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             answer = answers.pop(0) if len(answers) > 1 else answers[0]
+            answers.headers.append(dict(self.headers))
             if self.path != PATH:
                 answer = "404"
+            if self.headers.get("Accept", "*/*").lower() not in ("application/json", "*/*"):
+                answer = "406"
             if isinstance(answer, Redirect):
                 self.send_response(302)
                 self.send_header("Location", answer.location)
@@ -145,7 +157,7 @@ def test_the_in_cluster_address_is_the_kubelets_variables():
         ({"metadata": {}, "status": {"observedGeneration": True}}, "observedGeneration is True"),
         ({"metadata": {}, "status": {"numberReady": 2.0}}, "numberReady is 2.0, not a count"),
         (b"[" * 100_000, "maximum recursion depth"),
-        (b" " * (rollout.MAX_ANSWER_BYTES + 1), "larger than 4194304 bytes"),
+        (b" " * (rollout.MAX_ANSWER_BYTES + 1), "the answer is larger than 4194304 bytes"),
     ],
 )
 def test_an_answer_that_is_no_daemonset_is_asked_again(api, capsys, monkeypatch, answer, why):
@@ -198,3 +210,36 @@ def test_a_redirect_is_not_followed_with_the_token(api, service_account, capsys)
         other.server_close()
     assert seen == []
     assert "cannot read the DaemonSet: HTTP Error 302" in capsys.readouterr().out
+
+
+def test_the_service_accounts_token_is_sent_and_json_asked_for(api, service_account):
+    url, answers = api
+    answers.append(ROLLING[-1])
+    assert run(url) == 0
+    [headers] = answers.headers
+    assert headers["Authorization"] == "Bearer the-token"  # read, stripped of its newline
+
+
+def test_without_api_the_in_cluster_address_is_asked(api, capsys, monkeypatch):
+    """The kubelet's variables, passed or from the environment: the fake speaks plain HTTP,
+    so the TLS handshake with it fails, which shows it was asked."""
+    url, answers = api
+    answers.append(ROLLING[-1])
+    port = url.rsplit(":", 1)[1]
+    env = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": port}
+    argv = ["kubenpu", "kubenpu-uninstall", "--timeout", "0"]
+    assert rollout.main(argv, env) == 1
+    monkeypatch.setattr(rollout.os, "environ", env)
+    assert rollout.main(argv) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 and all("cannot read the DaemonSet: <urlopen error [SSL" in o for o in out)
+
+
+def test_help_names_the_module_and_each_option(capsys):
+    with pytest.raises(SystemExit):
+        rollout.main(["--help"])
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python3 -m kubenpu.cli.rollout [-h]")
+    assert "Wait until a DaemonSet has a ready pod on every node" in out
+    assert "seconds (default 300)" in out
+    assert "API server URL (default: the in-cluster one)" in out

@@ -11,18 +11,20 @@ from __future__ import annotations
 
 import errno
 import logging
+import operator
 import os
 import shutil
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fakes import Clock
-from helpers import eventually, values
+from fakes import Clock, FakeResolver
+from helpers import eventually, make_config, values
 
-from kubenpu.discovery import discover
+from kubenpu.discovery import discover, not_ignored
 from kubenpu.metrics.catalogue import (
     DEVICE_COREDUMPS,
     DEVICE_RESETS,
@@ -30,6 +32,9 @@ from kubenpu.metrics.catalogue import (
     UEVENTS_SKIPPED,
 )
 from kubenpu.metrics.series import Series
+from kubenpu.sources.base import Node
+from kubenpu.sources.calls.attribution import Attributor
+from kubenpu.sources.jobs import Jobs
 from kubenpu.sources.registry import table
 from kubenpu.sources.telemetry import Telemetry
 from kubenpu.sources.wedges import (
@@ -37,6 +42,7 @@ from kubenpu.sources.wedges import (
     LOG_EVERY_SECONDS,
     Uevent,
     Wedges,
+    build,
     netlink_socket,
     parse,
 )
@@ -110,11 +116,33 @@ def test_the_host_kernels_uevent_parses() -> None:
         b"libudev\0\xfe\xed\xca\xfe",  # udevd's re-sent event (group 2)
         b"change@/devices/x\0ACTION=add\0",  # head and ACTION disagree
         b"change\0ACTION=change\0",  # no devpath
+        b"change@devices/x\0ACTION=change\0",  # a devpath that is not absolute
+        b"\0change@/devices/x\0ACTION=change\0",  # a leading NUL: no head
         b"",
     ],
 )
 def test_anything_but_a_kernel_uevent_is_none(raw: bytes) -> None:
     assert parse(raw) is None
+
+
+def test_a_devpath_holding_an_at_sign_and_a_task_name_not_utf8_parse() -> None:
+    """Device-tree devices are named after their nodes (an Adreno GPU under
+    /devices/platform/soc@0); a task names itself with any bytes, shown replaced."""
+    devpath = "/devices/platform/soc@0/3d00000.gpu/drm/card0"
+    raw = datagram("change", devpath, SUBSYSTEM="drm").replace(b"SEQNUM", b"TASK=x\xff\0SEQNUM")
+    event = parse(raw)
+    assert event is not None
+    assert (event.action, event.devpath, event.env["TASK"]) == ("change", devpath, "x\ufffd")
+
+
+def test_a_head_that_is_no_text_parses_replaced() -> None:
+    """Bytes past ASCII in the action or the devpath are no exception (one would end the
+    thread): the event parses with them replaced, and no handler knows such an action."""
+    event = parse(b"ch\xffange@/devices/\xff\0ACTION=ch\xffange\0")
+    assert event is not None and (event.action, event.devpath) == (
+        "ch\ufffdange",
+        "/devices/\ufffd",
+    )
 
 
 def test_a_value_holding_an_equals_sign_is_kept_whole(machine: Path, caplog) -> None:
@@ -170,6 +198,8 @@ def test_a_wedged_card_with_uncorrected_errors_is_failed_not_degraded(machine: P
 
 def test_a_later_recovered_event_clears_a_failed_device(machine: Path) -> None:
     w = wedges(machine, table(60, 1000))
+    handle(w, card_added())  # the node of a device never wedged: nothing to clear
+    assert not w.wedged(GPU)
     handle(w, wedged("bus-reset,vendor-specific"))
     assert w.wedged(GPU)
     handle(w, wedged("none"))
@@ -191,26 +221,47 @@ def test_events_of_other_devices_and_without_wedged_are_not_resets(machine: Path
     assert not w.wedged(GPU)
 
 
-def test_a_devcoredump_is_counted_for_its_failing_device(machine: Path) -> None:
+def dump_of(machine: Path, name: str, failing: Path) -> None:
+    """devcoredump's devcdN device in the machine's sysfs, its failing_device link to failing."""
+    dump = machine / "sys/devices/virtual/devcoredump" / name
+    dump.mkdir(parents=True)
+    (dump / "failing_device").symlink_to(os.path.relpath(failing, dump))  # as sysfs links it
+
+
+def coredump(action: str, name: str) -> bytes:
+    return datagram(action, f"/devices/virtual/devcoredump/{name}", SUBSYSTEM="devcoredump")
+
+
+def test_a_devcoredump_is_counted_for_its_failing_device(machine: Path, caplog) -> None:
     metrics = table(60, 1000)
     w = wedges(machine, metrics)
-    dump = machine / "sys/devices/virtual/devcoredump/devcd1"
-    dump.mkdir(parents=True)
-    gpu = next(machine.glob(f"sys{GPU_PATH}"))
-    (dump / "failing_device").symlink_to(os.path.relpath(gpu, dump))  # as sysfs links it
-    stranger = machine / "sys/devices/virtual/devcoredump/devcd2"
-    stranger.mkdir()
-    (stranger / "failing_device").symlink_to(os.path.relpath(machine / "sys/devices", stranger))
-    core = {"SUBSYSTEM": "devcoredump"}
+    dump_of(machine, "devcd1", machine / f"sys{GPU_PATH}")
+    dump_of(machine, "devcd2", machine / "sys/devices")
     handle(
         w,
-        datagram("add", "/devices/virtual/devcoredump/devcd1", **core),
-        datagram("add", "/devices/virtual/devcoredump/devcd2", **core),
-        datagram("add", "/devices/virtual/devcoredump/devcd3", **core),  # gone before it was read
-        datagram("remove", "/devices/virtual/devcoredump/devcd1", **core),
+        coredump("add", "devcd1"),
+        coredump("add", "devcd2"),
+        coredump("add", "devcd3"),  # gone before it was read
+        coredump("remove", "devcd1"),
     )
     assert values(metrics, DEVICE_COREDUMPS) == {(GPU, "amdgpu"): 1}
     assert values(metrics, UEVENTS_SKIPPED) == {("unknown_device",): 2}
+    assert caplog.messages == [
+        f"device {GPU}: the driver captured a coredump (/devices/virtual/devcoredump/devcd1)"
+    ]
+
+
+def test_a_device_without_a_vendor_plugin_counts_with_an_empty_vendor(machine: Path) -> None:
+    """The BMC's ast card (card0) has no vendor plug-in: its label is "", as on every series."""
+    metrics = table(60, 1000)
+    w = wedges(machine, metrics)
+    dump_of(machine, "devcd1", machine / "sys/devices/pci0000:00/0000:00:1c.0/0000:02:00.0")
+    node = {"SUBSYSTEM": "drm", "DEVNAME": "dri/card0"}
+    handle(
+        w, datagram("change", "/x/drm/card0", **node, WEDGED="rebind"), coredump("add", "devcd1")
+    )
+    assert values(metrics, DEVICE_RESETS) == {("0000:02:00.0", "", "rebind"): 1}
+    assert values(metrics, DEVICE_COREDUMPS) == {("0000:02:00.0", ""): 1}
 
 
 class Socket:
@@ -220,10 +271,15 @@ class Socket:
     def __init__(self, *queued: bytes | OSError) -> None:
         self.queued = list(queued)
         self.closed = False
+        self.timeouts = 0
 
     def recv(self, size: int) -> bytes:
+        size = operator.index(
+            size
+        )  # as strict as socket.recv: a size that is no int is a TypeError
         if not self.queued:
             time.sleep(0.01)
+            self.timeouts += 1
             raise TimeoutError
         item = self.queued.pop(0)
         if isinstance(item, OSError):
@@ -268,8 +324,22 @@ def test_the_thread_retries_a_socket_that_fails_and_counts_lost_and_bad_datagram
     eventually(lambda: w.wedged(GPU), "the wedged event read")
     assert values(metrics, UEVENTS_SKIPPED) == {("malformed",): 1, ("overrun",): 1}
     assert values(metrics, DEVICE_RESETS) == {(GPU, "amdgpu", "unknown"): 1}
+    eventually(lambda: opened[0].timeouts >= 2, "a quiet second after a quiet second")
+    assert len(opened) == 1, "a quiet socket is read on, not opened again"
     w.close()
     assert opened[0].closed
+
+
+def test_a_socket_that_cannot_be_opened_is_logged_with_why(machine: Path, caplog) -> None:
+    def refused() -> socket.socket:
+        raise OSError(errno.EPROTONOSUPPORT, "Protocol not supported")
+
+    w = Wedges(discover(machine), table(60, 1000), machine, refused, retry_seconds=0.01)
+    thread = w.start()
+    assert thread.name == "uevents"  # Health watches it by its name
+    line = "listening for kernel uevents failed (retrying): OSError: [Errno 93] Protocol not"
+    eventually(lambda: line in caplog.text, "the failure logged")
+    w.close()
 
 
 def test_an_empty_wedged_method_is_unknown(machine: Path) -> None:
@@ -281,9 +351,36 @@ def test_an_empty_wedged_method_is_unknown(machine: Path) -> None:
 
 
 def test_a_real_netlink_socket_is_a_kernel_uevent_listener() -> None:
-    with netlink_socket() as sock:
+    with netlink_socket() as sock, netlink_socket() as restarted:  # the kernel picks the port ids
         assert sock.family == socket.AF_NETLINK
-        assert sock.getsockname()[1] == 1  # the kernel's group, not udevd's
+        assert sock.getsockname()[1] == restarted.getsockname()[1] == 1  # the kernel's, not udevd's
+
+
+class Reading:
+    """A real netlink socket that says when its reader is in recv()."""
+
+    def __init__(self) -> None:
+        self.sock = netlink_socket()
+        self.reading = threading.Event()
+
+    def recv(self, size: int) -> bytes:
+        self.reading.set()
+        return self.sock.recv(size)
+
+    def __enter__(self) -> Reading:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.sock.close()
+
+
+def test_close_ends_the_thread_reading_a_quiet_real_socket(machine: Path) -> None:
+    sock = Reading()
+    w = Wedges(discover(machine), table(60, 1000), machine, lambda: sock)  # type: ignore[arg-type,return-value]
+    thread = w.start()
+    eventually(sock.reading.is_set, "in recv()")
+    w.close()
+    eventually(lambda: not thread.is_alive(), "the thread ended")
 
 
 def test_each_wedged_event_hands_its_reset_to_the_jobs_stage(machine: Path) -> None:
@@ -312,7 +409,7 @@ def test_a_pid_of_5000_digits_is_no_pid_and_the_reset_is_handled_whole(machine: 
     }
 
 
-def test_an_event_the_handler_fails_on_does_not_end_the_thread(machine: Path) -> None:
+def test_an_event_the_handler_fails_on_does_not_end_the_thread(machine: Path, caplog) -> None:
     """Whatever a handler raises is counted and logged; the next event is read."""
     metrics, resets = table(60, 1000), []
 
@@ -327,6 +424,9 @@ def test_an_event_the_handler_fails_on_does_not_end_the_thread(machine: Path) ->
     eventually(lambda: resets == [1, 2], "both events handled")
     assert thread.is_alive()
     assert values(metrics, UEVENTS_SKIPPED) == {("malformed",): 1}
+    assert "handling a kernel uevent failed (retrying): RuntimeError: a bug in a handler" in (
+        caplog.text
+    )
     w.close()
 
 
@@ -335,6 +435,7 @@ def test_an_event_the_handler_fails_on_does_not_end_the_thread(machine: Path) ->
     [
         ("rebind", "rebind"),
         ("vendor-specific,bus-reset", "bus-reset,vendor-specific"),  # the kernel's order
+        ("vendor-specific,bus-reset,rebind,none", "none,rebind,bus-reset,vendor-specific"),
         ("rebind,rebind", "rebind"),
         ("unknown", "unknown"),
         ("", "unknown"),
@@ -382,6 +483,22 @@ def test_a_flood_of_resets_is_ten_lines_per_device_per_minute_then_their_sum(
         "needs recovery by rebind, guilty pid 20000 (?)",
         f"device {GPU} wedged: reset and recovered",
     ]
+    handle(w, *[wedged("none")] * (LOG_BURST - 1))  # 8 fill the window, the 9th is held
+    assert len(caplog.messages) == 2 * LOG_BURST
+
+
+def test_a_device_quiet_for_a_minute_has_ten_lines_again(machine: Path, caplog) -> None:
+    clock = Clock()
+    w = Wedges(discover(machine), table(60, 1000), machine, clock=clock)
+    with caplog.at_level(logging.WARNING, "kubenpu.sources.wedges"):
+        handle(w, *[wedged("none")] * LOG_BURST)  # the window full, nothing held
+        clock.now += LOG_EVERY_SECONDS  # exactly its end
+        handle(w, *[wedged("none")] * LOG_BURST)
+    assert caplog.messages == [f"device {GPU} wedged: reset and recovered"] * 2 * LOG_BURST
+
+
+def test_close_before_start_is_a_no_op(machine: Path) -> None:
+    wedges(machine, table(60, 1000)).close()
 
 
 def test_the_sum_of_held_reset_lines_is_written_when_the_thread_ends(
@@ -396,3 +513,42 @@ def test_the_sum_of_held_reset_lines_is_written_when_the_thread_ends(
     assert caplog.messages[-1] == (
         f"device {GPU} wedged 3 more time(s) since its last line, the last: event {LOG_BURST + 1}"
     )
+
+
+def node_of(machine: Path, tmp_path: Path, telemetry: str, uevents: str) -> Node:
+    """What the agent hands build(): the machine's devices and its root from the config."""
+    text = f"telemetry:\n  enabled: {telemetry}\n  uevents: {uevents}\n"
+    cfg = make_config(tmp_path, text)
+    cfg.discovery.root = str(machine)
+    found, resolver, metrics = discover(machine), FakeResolver(), table(60, 1000)
+    attributor = Attributor(found, resolver, metrics)
+    return Node(cfg, metrics, found, not_ignored(found, ()), resolver, attributor, activity=None)
+
+
+@pytest.mark.parametrize(("telemetry", "uevents"), [("false", "true"), ("true", "false")])
+def test_uevents_are_read_only_when_telemetry_and_uevents_are_on(
+    machine: Path, tmp_path: Path, telemetry: str, uevents: str
+) -> None:
+    assert build(node_of(machine, tmp_path, telemetry, uevents)) is None
+
+
+def test_the_built_source_reads_the_configured_root_and_hands_resets_to_the_jobs_source(
+    machine: Path, tmp_path: Path
+) -> None:
+    node = node_of(machine, tmp_path, "true", "true")
+    resets: list[tuple[str, int | None]] = []
+    # No scheduler probe loads here: a Jobs without its kernel, its reset() recording the calls.
+    jobs = Jobs(None, node.resolver, node.table, node.found)  # type: ignore[arg-type]
+    jobs.reset = lambda *r: resets.append(r)  # type: ignore[method-assign]
+    node.built["jobs"] = jobs
+    w = build(node)
+    assert w is not None
+    dump_of(machine, "devcd1", machine / f"sys{GPU_PATH}")
+    handle(w, wedged("rebind", PID="42"), coredump("add", "devcd1"))
+    assert resets == [(GPU, 42)]
+    assert values(node.table, DEVICE_RESETS) == {(GPU, "amdgpu", "rebind"): 1}
+    assert values(node.table, DEVICE_COREDUMPS) == {(GPU, "amdgpu"): 1}  # under the root
+    alone = build(node_of(machine, tmp_path, "true", "true"))  # no jobs source: no hand-off
+    assert alone is not None
+    handle(alone, wedged("none", PID="43"))
+    assert resets == [(GPU, 42)] and alone.wedged(GPU) is False
