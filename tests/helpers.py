@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import importlib.util
 import json
 import math
@@ -14,8 +15,10 @@ import socket
 import subprocess
 import sys
 import time
+import tracemalloc
 import urllib.parse
 import urllib.request
+from array import array
 from collections import Counter
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
@@ -573,3 +576,21 @@ def out_of_descriptors() -> Iterator[None]:
         for fd in held:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def memory_growth(wave: Callable[[int], None], waves: int) -> tuple[array, int]:
+    """Run wave(0), then wave(1..waves) under tracemalloc: the memory traced after each of
+    those over the baseline after the first, and the peak over it."""
+    wave(0)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        baseline = tracemalloc.get_traced_memory()[0]
+        after = array("q", [0] * waves)  # preallocated: the measurement must not allocate
+        for n in range(1, waves + 1):
+            wave(n)
+            gc.collect()
+            after[n - 1] = tracemalloc.get_traced_memory()[0] - baseline
+        return after, tracemalloc.get_traced_memory()[1] - baseline
+    finally:
+        tracemalloc.stop()

@@ -5,21 +5,18 @@ real scheduler), and the stage's attribution, retirement and export with a fake 
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import os
 import subprocess
 import threading
 import time
-import tracemalloc
-from array import array
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
 from fakes import Clock, FakeResolver
-from helpers import eventually, values
+from helpers import eventually, memory_growth, values
 
 from kubenpu.config import Config
 from kubenpu.discovery import Device
@@ -369,18 +366,7 @@ def test_dead_non_pod_cgroups_jobs_fold_into_the_unattributed_series_and_free_th
         assert kernel.times == {}
         kernel.forgotten.clear()  # the fake's record, not the agent's memory
 
-    wave(0)
-    gc.collect()
-    tracemalloc.start()
-    try:
-        baseline = tracemalloc.get_traced_memory()[0]
-        after = array("q", [0] * 3)  # preallocated: the measurement must not allocate
-        for n in range(3):
-            wave((n + 1) * 500)
-            gc.collect()
-            after[n] = tracemalloc.get_traced_memory()[0] - baseline
-    finally:
-        tracemalloc.stop()
+    after, _ = memory_growth(lambda n: wave(n * 500), 3)
     assert after[2] - after[0] < 10_000  # each cgroup's jobs kept: ~300 KB a wave
     key = ("", "", "", GPU, "amdgpu", "gfx_0.0.0")
     assert values(metrics, JOBS) == {key: 2_000}

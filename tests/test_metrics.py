@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import gc
 import math
 import threading
-import tracemalloc
-from array import array
 from collections import Counter
 from pathlib import Path
 
 import pytest
 from fakes import Clock, FakeResolver
-from helpers import VGEM_INFO, VGEM_ROW, calls, ioctl_key, values
+from helpers import VGEM_INFO, VGEM_ROW, calls, ioctl_key, memory_growth, values
 
 from kubenpu import config, export
 from kubenpu.discovery import Device, Node
@@ -311,19 +308,7 @@ def test_churn_of_1000_containers_returns_memory_to_baseline() -> None:
         list(prom.collect())
         otlp.metrics_data(m.collect(), resource)
 
-    round_(0)
-    gc.collect()
-    tracemalloc.start()
-    try:
-        baseline = tracemalloc.get_traced_memory()[0]
-        after = array("q", [0] * 9)  # preallocated: the measurement must not allocate
-        for wave in range(1, 10):  # 9 more waves: 1000 containers in all
-            round_(wave)
-            gc.collect()
-            after[wave - 1] = tracemalloc.get_traced_memory()[0] - baseline
-        peak = tracemalloc.get_traced_memory()[1] - baseline
-    finally:
-        tracemalloc.stop()
+    after, peak = memory_growth(round_, 9)  # 9 more waves: 1000 containers in all
     assert (values(m, IOCTL_SERIES), m.pods_held()) == ({(): 1}, 1)
     assert values(m, IOCTL) == {ioctl_key("", "", ""): 1}
     assert peak > 20_000  # the measurement does see a wave's state...
@@ -393,18 +378,7 @@ def test_dead_non_pod_cgroups_fold_into_the_unattributed_series_and_free_their_v
         attributor.forget(attributor.dead_cgroups())
         resolver.forgotten.clear()  # the fake's record, not the agent's memory
 
-    wave(0)
-    gc.collect()
-    tracemalloc.start()
-    try:
-        baseline = tracemalloc.get_traced_memory()[0]
-        after = array("q", [0] * 3)  # preallocated: the measurement must not allocate
-        for n in range(3):
-            wave((n + 1) * 1_000)
-            gc.collect()
-            after[n] = tracemalloc.get_traced_memory()[0] - baseline
-    finally:
-        tracemalloc.stop()
+    after, _ = memory_growth(lambda n: wave(n * 1_000), 3)
     [hist] = values(metrics, IOCTL_DURATION).values()
     assert hist.count == 3 * 4_000
     errors = ("", "", "", VGEM.id, "vgem", "submit", "ENOMEM")
