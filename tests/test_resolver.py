@@ -367,9 +367,8 @@ def test_the_first_lookup_takes_every_name_from_the_runtimes_list(tree, server, 
     assert server.lists == 1 and server.requests == {UNKNOWN: 1}
 
 
-def test_a_runtime_down_at_the_list_is_retried_with_single_lookups(tree, server, tmp_path, clock):
-    server.listed = True
-    server.set_unavailable()
+def _noting_failures(tree, tmp_path, clock) -> tuple[Resolver, threading.Event]:
+    """A resolver of the test runtime whose failed CRI requests set the event."""
     failed = threading.Event()
     resolver = Resolver(
         str(tree.root),
@@ -377,6 +376,13 @@ def test_a_runtime_down_at_the_list_is_retried_with_single_lookups(tree, server,
         clock=clock,
         on_cri_request=lambda seconds, ok: ok or failed.set(),
     )
+    return resolver, failed
+
+
+def test_a_runtime_down_at_the_list_is_retried_with_single_lookups(tree, server, tmp_path, clock):
+    server.listed = True
+    server.set_unavailable()
+    resolver, failed = _noting_failures(tree, tmp_path, clock)
     try:
         worker = tree.mkdir(tree.container(WORKER))
         assert resolver.resolve(worker) is None
@@ -416,13 +422,7 @@ def test_a_timeout_at_start_is_retried_when_the_back_off_ends_not_a_minute_later
     the first real retry came at 31 s here, and a minute after the back-off where the failure
     came a moment later: a busy pod's calls were held for 1.5 minutes on a real kernel."""
     server.set_unavailable()
-    failed = threading.Event()
-    resolver = Resolver(
-        str(tree.root),
-        f"unix://{tmp_path}/cri.sock",
-        clock=clock,
-        on_cri_request=lambda seconds, ok: ok or failed.set(),
-    )
+    resolver, failed = _noting_failures(tree, tmp_path, clock)
     try:
         worker = tree.mkdir(tree.container(WORKER))
         assert resolver.resolve(worker) is None
