@@ -16,12 +16,21 @@
  * its ioctl), so its cgroup is the pod's; run and done run on the scheduler's workqueue and the
  * fence's signalling context, whose task is no one's.
  *
- * A ring's timeout (fentry on drm_sched_job_timedout, the scheduler's timeout work, before the
- * driver's timedout_job resets anything) counts one timeout in each key of that ring with jobs in
+ * A ring's timeout (the scheduler's timeout work, drm_sched_job_timedout, before the driver's
+ * timedout_job resets anything) counts one timeout in each key of that ring with jobs in
  * flight then: what a reset's victims are read from, however soon their jobs finish after it
  * (kubenpu/jobs.py pairs them with the reset's uevent).
  *
- * CO-RE only (BTF tracing programs, CAP_BPF and CAP_PERFMON like the counting fentry programs).
+ * Two flavours of the same bodies (queued, ran, finished, timed_out), which the loader picks by
+ * capability (docs/jobs.md):
+ *   tp_btf  BTF tracing programs, and fentry on drm_sched_job_timedout: attaching them names
+ *           the gpu_sched module's BTF object, which only CAP_SYS_ADMIN may look up;
+ *   raw_tp  raw tracepoints, attached by name (module tracepoints included) with CAP_BPF and
+ *           CAP_PERFMON, and the timeout seen at workqueue_execute_start of the ring's own
+ *           work_tdr (an address test: exact, one hash lookup per work item of the node).
+ * Both read the scheduler's fields with bpf_probe_read_kernel at offsets libbpf relocates
+ * (CO-RE): against the module's BTF, or against vmlinux's and the module's split BTF read from
+ * /sys/kernel/btf (world-readable) and handed to libbpf as one file (kubenpu/kernel/btf.py).
  * Cost: three map operations a job, none on any syscall path; a walk of job_times a timeout.
  */
 #include "dialect.h"
@@ -111,7 +120,8 @@ __noinline u32 job_slot(u64 ns)
     return duration_slot(ns);
 }
 
-/* The arguments are trusted pointers the verifier wants null-checked first. */
+/* tp_btf arguments are trusted pointers the verifier wants null-checked first (raw_tp ones are
+ * plain values, read with bpf_probe_read_kernel like every field here). */
 static __always_inline int queued(struct drm_sched_job *sched_job)
 {
     if (!sched_job)
@@ -178,41 +188,18 @@ static __always_inline int finished(struct drm_sched_fence *s_fence)
     return 0;
 }
 
-SEC("tp_btf/drm_sched_job")
-int BPF_PROG(job_queued_6_1, struct drm_sched_job *sched_job, struct drm_sched_entity *entity)
-{
-    return queued(sched_job);
-}
+/* Each step's program in both flavours: tp_btf (typed arguments) and raw_tp (the same
+ * arguments as u64s, which BPF_PROG casts alike); one body. */
+#define JOB_STEP(tracepoint, name, body, args...)                                                  \
+    SEC("tp_btf/" tracepoint) int BPF_PROG(name, args) { return body; }                          \
+    SEC("raw_tp/" tracepoint) int BPF_PROG(name##_raw, args) { return body; }
 
-SEC("tp_btf/drm_run_job")
-int BPF_PROG(job_run_6_1, struct drm_sched_job *sched_job, struct drm_sched_entity *entity)
-{
-    return ran(sched_job);
-}
-
-SEC("tp_btf/drm_sched_process_job")
-int BPF_PROG(job_done_6_1, struct drm_sched_fence *fence)
-{
-    return finished(fence);
-}
-
-SEC("tp_btf/drm_sched_job_queue")
-int BPF_PROG(job_queued, struct drm_sched_job *sched_job, struct drm_sched_entity *entity)
-{
-    return queued(sched_job);
-}
-
-SEC("tp_btf/drm_sched_job_run")
-int BPF_PROG(job_run, struct drm_sched_job *sched_job, struct drm_sched_entity *entity)
-{
-    return ran(sched_job);
-}
-
-SEC("tp_btf/drm_sched_job_done")
-int BPF_PROG(job_done, struct drm_sched_fence *fence)
-{
-    return finished(fence);
-}
+JOB_STEP("drm_sched_job", job_queued_6_1, queued(sched_job), struct drm_sched_job *sched_job)
+JOB_STEP("drm_run_job", job_run_6_1, ran(sched_job), struct drm_sched_job *sched_job)
+JOB_STEP("drm_sched_process_job", job_done_6_1, finished(fence), struct drm_sched_fence *fence)
+JOB_STEP("drm_sched_job_queue", job_queued, queued(sched_job), struct drm_sched_job *sched_job)
+JOB_STEP("drm_sched_job_run", job_run, ran(sched_job), struct drm_sched_job *sched_job)
+JOB_STEP("drm_sched_job_done", job_done, finished(fence), struct drm_sched_fence *fence)
 
 struct bpf_map;
 
@@ -226,12 +213,33 @@ static long in_flight_at_timeout(struct bpf_map *map, struct job_key *key, struc
     return 0;
 }
 
-/* The scheduler's timeout work (sched_main.c, every kernel here): `work` is the ring's
- * work_tdr.work, the first member of its delayed_work. */
+/* The ring whose timeout work `work` is: its work_tdr.work, the first member of its
+ * delayed_work (sched_main.c, every kernel here). */
+static __always_inline u64 ring_of(struct work_struct *work)
+{
+    return (u64)work - bpf_core_field_offset(struct drm_gpu_scheduler, work_tdr);
+}
+
+static __always_inline int timed_out(u64 ring)
+{
+    bpf_for_each_map_elem(&job_times, in_flight_at_timeout, &ring, 0);
+    return 0;
+}
+
+/* tp_btf flavour: the timeout work itself. */
 SEC("fentry/drm_sched_job_timedout")
 int BPF_PROG(job_timedout, struct work_struct *work)
 {
-    u64 ring = (u64)work - bpf_core_field_offset(struct drm_gpu_scheduler, work_tdr);
-    bpf_for_each_map_elem(&job_times, in_flight_at_timeout, &ring, 0);
-    return 0;
+    return timed_out(ring_of(work));
+}
+
+/* raw_tp flavour: every work item the node runs, just before its function; the ring's timeout
+ * is the one at a known ring's work_tdr (rings holds every ring a job was queued on). */
+SEC("raw_tp/workqueue_execute_start")
+int BPF_PROG(job_timedout_raw, struct work_struct *work)
+{
+    u64 ring = ring_of(work);
+    if (!bpf_map_lookup_elem(&rings, &ring))
+        return 0;
+    return timed_out(ring);
 }

@@ -20,8 +20,8 @@ from helpers import eventually, memory_growth, values
 
 from kubenpu.config import Config
 from kubenpu.discovery import Device
-from kubenpu.kernel import abi, bpfsys
-from kubenpu.kernel.core import OBJECTS
+from kubenpu.kernel import abi, bpfsys, btf, hooks
+from kubenpu.kernel.core import OBJECTS, shared_libbpf
 from kubenpu.kernel.errors import Cause, ProbeError
 from kubenpu.kernel.jobs import JobMaps, JobsKernel, Ring, tracepoints
 from kubenpu.kernel.records import Durations, JobTimes
@@ -124,6 +124,15 @@ def test_the_tracepoint_set_is_the_one_the_kernel_has(tmp_path: Path, symbols, f
     assert (found[0][0] if found else None) == first
 
 
+@pytest.fixture
+def held(monkeypatch) -> set[str]:
+    """The capabilities the loader sees this process hold (CAP_SYS_ADMIN unless a test takes
+    it away): its flavour follows them."""
+    caps = {"SYS_ADMIN", "BPF", "PERFMON"}
+    monkeypatch.setattr(hooks, "effective_capabilities", lambda: caps)
+    return caps
+
+
 @pytest.mark.parametrize(
     ("line", "hooked"),
     [
@@ -133,7 +142,7 @@ def test_the_tracepoint_set_is_the_one_the_kernel_has(tmp_path: Path, symbols, f
     ],
 )
 def test_the_timeout_work_is_hooked_only_where_the_kernel_has_it(
-    tmp_path: Path, line: str, hooked: bool
+    tmp_path: Path, held: set[str], line: str, hooked: bool
 ) -> None:
     kallsyms = tmp_path / "kallsyms"
     names = ["drm_sched_job_queue", "drm_sched_job_run", "drm_sched_job_done"]
@@ -148,11 +157,12 @@ def test_the_timeout_work_is_hooked_only_where_the_kernel_has_it(
 class RefusingJobsKernel(JobsKernel):
     """The loader, but a kernel that refuses to load `refused` (the host loads no programs)."""
 
-    def __init__(self, kallsyms: Path, refused: str) -> None:
-        super().__init__(kallsyms=kallsyms)
-        self.refused, self.loaded = refused, []
+    def __init__(self, kallsyms: Path, refused: str, btf_root: Path = Path("/nonexistent")) -> None:
+        super().__init__(kallsyms=kallsyms, btf_root=btf_root)
+        self.refused, self.loaded, self.btf = refused, [], []
 
-    def _load(self, programs: set[str]) -> None:
+    def _load(self, programs: set[str], btf_path: Path | None) -> None:
+        self.btf.append(btf_path and btf_path.read_bytes())  # what libbpf would parse
         if self.refused in programs:
             raise ProbeError(f"{self.refused}: -EINVAL")
         self.loaded.append(programs)
@@ -166,7 +176,7 @@ class RefusingJobsKernel(JobsKernel):
     ],
 )
 def test_the_jobs_load_without_the_timeout_program_if_only_it_fails(
-    tmp_path: Path, refused: str, said: str | None
+    tmp_path: Path, held: set[str], refused: str, said: str | None
 ) -> None:
     kallsyms = tmp_path / "kallsyms"
     names = ["__tracepoint_drm_sched_job_queue", "__tracepoint_drm_sched_job_run"]
@@ -181,13 +191,92 @@ def test_the_jobs_load_without_the_timeout_program_if_only_it_fails(
     assert kernel.loaded == [{"job_queued", "job_run", "job_done"}]
 
 
-def test_every_program_of_the_tracepoint_sets_is_in_the_object() -> None:
-    source = (Path(__file__).parents[1] / "bpf" / "jobs.bpf.c").read_text()
-    for variant in abi.JOB_TRACEPOINTS:
-        for tracepoint, program in variant:
-            assert f'SEC("tp_btf/{tracepoint}")\nint BPF_PROG({program},' in source
-    function, program = abi.JOB_TIMEOUT
-    assert f'SEC("fentry/{function}")\nint BPF_PROG({program},' in source
+def _gpu_sched(root: Path) -> bytes:
+    """A sysfs BTF directory: vmlinux's (a header and two strings) and gpu_sched's over it."""
+    header = btf.HEADER
+    (root / "vmlinux").write_bytes(header.pack(btf.MAGIC, 1, 0, 24, 0, 0, 0, 4) + b"\0ab\0")
+    (root / "gpu_sched").write_bytes(header.pack(btf.MAGIC, 1, 0, 24, 0, 0, 0, 3) + b"\0c\0")
+    return btf.module("gpu_sched", root)
+
+
+@pytest.mark.parametrize(
+    ("refused", "said"),
+    [
+        ("", "raw_tp workqueue_execute_start"),
+        ("job_timedout_raw", "raw_tp workqueue_execute_start failed (job_timedout_raw: -EINVAL)"),
+    ],
+)
+def test_without_sys_admin_the_raw_tracepoints_load_against_the_modules_btf(
+    tmp_path: Path, held: set[str], refused: str, said: str
+) -> None:
+    """CAP_BPF + CAP_PERFMON: the raw_tp programs, their reads relocated against vmlinux's and
+    gpu_sched's BTF from sysfs as one file; the timeout's program is an extra there too."""
+    held.discard("SYS_ADMIN")
+    kallsyms = tmp_path / "kallsyms"
+    names = ["drm_sched_job", "drm_run_job", "drm_sched_process_job"]
+    kallsyms.write_text("".join(f"0 d __tracepoint_{n}\t[gpu_sched]\n" for n in names))
+    kernel = RefusingJobsKernel(kallsyms, refused, btf_root=tmp_path)
+    whole = _gpu_sched(tmp_path)
+    how = kernel.start()
+    assert how == f"raw_tp drm_sched_job, drm_run_job, drm_sched_process_job; {said}" + (
+        ": no reset victims" if refused else ""
+    )
+    steps = {"job_queued_6_1_raw", "job_run_6_1_raw", "job_done_6_1_raw"}
+    assert kernel.loaded == [steps | ({"job_timedout_raw"} - {refused})]
+    assert set(kernel.btf) == {whole}
+
+
+def test_without_the_modules_btf_the_raw_tracepoints_do_not_load(
+    tmp_path: Path, held: set[str]
+) -> None:
+    held.discard("SYS_ADMIN")
+    kallsyms = tmp_path / "kallsyms"
+    names = ["drm_sched_job_queue", "drm_sched_job_run", "drm_sched_job_done"]
+    kallsyms.write_text("".join(f"0 d __tracepoint_{n}\t[gpu_sched]\n" for n in names))
+    with pytest.raises(ProbeError, match=r"^no BTF of the gpu_sched module .*/vmlinux: No such"):
+        RefusingJobsKernel(kallsyms, "", btf_root=tmp_path).start()
+
+
+@pytest.mark.parametrize(
+    ("caps", "said"),
+    [
+        ({"BPF"}, "missing CAP_PERFMON"),
+        ({"PERFMON", "SYS_PTRACE"}, "missing CAP_BPF"),
+        (set(), "missing CAP_BPF, CAP_PERFMON"),
+    ],
+)
+def test_the_jobs_need_bpf_and_perfmon(held: set[str], caps: set[str], said: str) -> None:
+    held.clear()
+    held.update(caps)
+    with pytest.raises(ProbeError) as err:
+        JobsKernel().check()
+    assert err.value.cause is Cause.CAPABILITIES
+    assert (
+        str(err.value) == f"the GPU jobs probe needs CAP_BPF + CAP_PERFMON, {said} (docs/jobs.md)"
+    )
+
+
+@pytest.mark.parametrize("caps", [{"BPF", "PERFMON"}, {"SYS_ADMIN"}])
+def test_the_jobs_load_with_bpf_and_perfmon_or_sys_admin(held: set[str], caps: set[str]) -> None:
+    held.clear()
+    held.update(caps)
+    JobsKernel().check()
+
+
+def test_every_program_of_both_flavours_is_in_the_object() -> None:
+    """The built object (opened by the host's libbpf, not loaded) has each step's program in
+    both flavours and both timeout programs."""
+    lib = shared_libbpf()
+    obj = lib.open(OBJECTS / abi.JOBS_OBJECT)
+    try:
+        for variant in abi.JOB_TRACEPOINTS:
+            for _, program in variant:
+                for name in (program, program + abi.RAW):
+                    assert lib.lib.bpf_object__find_program_by_name(obj, name.encode()), name
+        for _, program in (abi.JOB_TIMEOUT, abi.JOB_TIMEOUT_RAW):
+            assert lib.lib.bpf_object__find_program_by_name(obj, program.encode()), program
+    finally:
+        lib.lib.bpf_object__close(obj)
 
 
 # --- the stage -----------------------------------------------------------------------------

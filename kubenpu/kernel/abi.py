@@ -273,6 +273,10 @@ RING = struct.Struct("=32s32s")  # struct ring: char name[32], char device[32]
 # The scheduler's timeout work (a static function of gpu_sched, in every kernel here) and the
 # fentry program that counts the jobs in flight at it; jobs are counted without it.
 JOB_TIMEOUT = ("drm_sched_job_timedout", "job_timedout")
+# The raw_tp flavour (no CAP_SYS_ADMIN): each program of JOB_TRACEPOINTS is its name + RAW, and
+# the timeout is seen where its work starts (bpf/jobs.bpf.c).
+RAW = "_raw"
+JOB_TIMEOUT_RAW = ("workqueue_execute_start", "job_timedout_raw")
 # The scheduler's tracepoints by kernel, each set the programs that attach to them: (tracepoint,
 # program) for queued, run, done. The loader attaches the first set whose tracepoints the kernel
 # has (drivers/gpu/drm/scheduler/gpu_scheduler_trace.h).

@@ -57,6 +57,23 @@ _EPERM = bpfsys.error_name(errno.EPERM)
 # The libbpf codes of an object file it cannot read as a BPF object.
 _CORRUPT = {4000, 4001, 4002, 4003}  # LIBBPF_ERRNO__LIBELF, __FORMAT, __KVERSION, __ENDIAN
 _libc = ctypes.CDLL(None)
+
+
+class _OpenOpts(ctypes.Structure):
+    """struct bpf_object_open_opts up to btf_custom_path (libbpf 0.5 on); libbpf reads `sz`
+    and takes the fields past it as unset."""
+
+    _fields_ = (
+        ("sz", ctypes.c_size_t),
+        ("object_name", ctypes.c_char_p),
+        ("relaxed_maps", ctypes.c_bool),
+        ("pin_root_path", ctypes.c_char_p),
+        ("attach_prog_fd", ctypes.c_uint32),  # removed in 1.0: a zero stub keeps its place
+        ("kconfig", ctypes.c_char_p),
+        ("btf_custom_path", ctypes.c_char_p),
+    )
+
+
 _libc.vsnprintf.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_void_p]
 
 
@@ -136,9 +153,11 @@ class _Libbpf:
     # The object calls both loaders make (this one's and kubenpu.kernel.jobs'), each failure a
     # ProbeError with libbpf's reason.
 
-    def open(self, path: Path) -> int:
-        """The struct bpf_object * of an object file, opened (not loaded)."""
-        obj = self.lib.bpf_object__open_file(os.fsencode(path), None)
+    def open(self, path: Path, btf: Path | None = None) -> int:
+        """The struct bpf_object * of an object file, opened (not loaded); `btf`: the BTF its
+        CO-RE reads relocate against, instead of the kernel's (kubenpu.kernel.btf)."""
+        opts = _OpenOpts(ctypes.sizeof(_OpenOpts), btf_custom_path=btf and os.fsencode(btf))
+        obj = self.lib.bpf_object__open_file(os.fsencode(path), ctypes.addressof(opts))
         if not obj:
             err = ctypes.get_errno()
             cause = Cause.OBJECT_CORRUPT if err in _CORRUPT else Cause.OTHER

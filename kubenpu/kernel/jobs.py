@@ -1,19 +1,23 @@
 """The GPU jobs probe (bpf/jobs.bpf.c, docs/jobs.md): its own CO-RE object on the DRM GPU
 scheduler's tracepoints, loaded with the same system libbpf as the counting probe. The
 scheduler is a module (gpu_sched): its tracepoints exist once a driver built on it is loaded,
-so start() can fail now and succeed later (kubenpu.sources.jobs retries it). Its programs attach to
-that module's tracepoints and read its types, which libbpf finds through the module's BTF
-object: the kernel lets only CAP_SYS_ADMIN look BTF objects up (BPF_BTF_GET_NEXT_ID,
-GET_FD_BY_ID), as for the drm_ioctl hook's fentry.
+so start() can fail now and succeed later (kubenpu.sources.jobs retries it).
+
+Two flavours, by capability. With CAP_SYS_ADMIN, tp_btf programs and fentry on the timeout
+work: libbpf finds the module's BTF object to attach them (BPF_BTF_GET_NEXT_ID, GET_FD_BY_ID,
+which only CAP_SYS_ADMIN may call). With CAP_BPF + CAP_PERFMON alone (the chart's), raw
+tracepoints, attached by name, whose field reads libbpf relocates against vmlinux's and the
+module's BTF read from /sys/kernel/btf (kubenpu.kernel.btf).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
 
-from kubenpu.kernel import abi, bpfsys, hooks
+from kubenpu.kernel import abi, bpfsys, btf, hooks
 from kubenpu.kernel.core import OBJECTS, shared_libbpf
 from kubenpu.kernel.errors import Cause, ProbeError
 from kubenpu.kernel.records import Durations, JobTimes
@@ -24,6 +28,8 @@ class Ring(NamedTuple):
     device: str  # its device's name: a PCI address, or a platform device's name
 
 
+MODULE = "gpu_sched"  # drivers/gpu/drm/scheduler's gpu-sched.ko
+_NEEDS = ("BPF", "PERFMON")  # without CAP_SYS_ADMIN: the raw_tp flavour's
 _TRACEPOINT_SYMBOLS = {f"__tracepoint_{t}" for v in abi.JOB_TRACEPOINTS for t, _ in v}
 
 
@@ -67,8 +73,10 @@ class JobsKernel:
         path: Path | None = None,
         kallsyms: Path = Path("/proc/kallsyms"),
         modules: Path = Path("/proc/modules"),
+        btf_root: Path = btf.SYSFS,
     ) -> None:
         self._path = path or OBJECTS / abi.JOBS_OBJECT
+        self._btf_root = btf_root
         self._kallsyms = kallsyms
         self._modules = modules
         self._absent_with: frozenset[str] | None = None  # the modules of the last scan that failed
@@ -91,45 +99,68 @@ class JobsKernel:
 
     def check(self) -> None:
         """Raises ProbeError (Cause.CAPABILITIES) when no load could ever succeed."""
-        if "SYS_ADMIN" not in hooks.effective_capabilities():
+        held = hooks.effective_capabilities()
+        if missing := [] if "SYS_ADMIN" in held else [c for c in _NEEDS if c not in held]:
             raise ProbeError(
-                "the GPU jobs probe needs CAP_SYS_ADMIN, to find the gpu_sched module's BTF "
-                "(the chart adds it with config.probe.jobs: true; docs/jobs.md)",
+                f"the GPU jobs probe needs CAP_BPF + CAP_PERFMON, missing "
+                f"{', '.join(f'CAP_{c}' for c in missing)} (docs/jobs.md)",
                 Cause.CAPABILITIES,
             )
 
     def start(self) -> str:
-        """Load and attach; call check() first (kubenpu.sources.jobs does, once)."""
+        """Load and attach; call check() first (kubenpu.sources.jobs does, once). The line
+        returned names the flavour: tp_btf with CAP_SYS_ADMIN, else raw_tp."""
         names = _scheduler_symbols(self._kallsyms)  # the tracepoints and the timeout work
         variant = _variant(names)
         if variant is None:
             raise ProbeError("no DRM GPU scheduler tracepoints (no driver on gpu_sched loaded)")
         if not self._path.exists():
             raise ProbeError(f"the jobs object {self._path} is missing (build it with `make bpf`)")
-        how = "tp_btf " + ", ".join(tracepoint for tracepoint, _ in variant)
+        tracepoints = ", ".join(tracepoint for tracepoint, _ in variant)
         programs = {program for _, program in variant}
+        if "SYS_ADMIN" not in hooks.effective_capabilities():
+            return self._start_raw(f"raw_tp {tracepoints}", {p + abi.RAW for p in programs})
         function, timeout = abi.JOB_TIMEOUT
         if function not in names:
             self._load_or_close(programs)
-            return f"{how}; no {function}: no reset victims"
-        try:  # the victims are an extra: the jobs are counted without them
-            self._load_or_close(programs | {timeout})
-        except ProbeError as exc:
-            self._load_or_close(programs)
-            return f"{how}; fentry {function} failed ({exc}): no reset victims"
-        return f"{how}; fentry {function}"
+            return f"tp_btf {tracepoints}; no {function}: no reset victims"
+        return self._with_timeout(f"tp_btf {tracepoints}", programs, f"fentry {function}", timeout)
 
-    def _load_or_close(self, programs: set[str]) -> None:
+    def _start_raw(self, how: str, programs: set[str]) -> str:
+        """The raw_tp flavour, its reads relocated against the module's BTF from sysfs, handed
+        to libbpf as a memfd (the container's root may be read-only)."""
+        whole = btf.module(MODULE, self._btf_root)
+        fd = os.memfd_create(f"kubenpu-{MODULE}.btf")
         try:
-            self._load(programs)
+            with open(fd, "wb", closefd=False) as out:
+                out.write(whole)
+            path = Path(f"/proc/self/fd/{fd}")
+            tracepoint, timeout = abi.JOB_TIMEOUT_RAW
+            return self._with_timeout(how, programs, f"raw_tp {tracepoint}", timeout, path)
+        finally:
+            os.close(fd)
+
+    def _with_timeout(
+        self, how: str, programs: set[str], at: str, timeout: str, path: Path | None = None
+    ) -> str:
+        try:  # the victims are an extra: the jobs are counted without them
+            self._load_or_close(programs | {timeout}, path)
+        except ProbeError as exc:
+            self._load_or_close(programs, path)
+            return f"{how}; {at} failed ({exc}): no reset victims"
+        return f"{how}; {at}"
+
+    def _load_or_close(self, programs: set[str], btf_path: Path | None = None) -> None:
+        try:
+            self._load(programs, btf_path)
         except ProbeError:
             self.close()
             raise
 
-    def _load(self, programs: set[str]) -> None:
+    def _load(self, programs: set[str], btf_path: Path | None) -> None:
         self._lib = lib = shared_libbpf()
         lib.messages.clear()
-        self._obj = lib.open(self._path)
+        self._obj = lib.open(self._path, btf_path)
         lib.load(self._obj, programs, "the jobs object")
         names = (abi.JOB_TIMES, abi.RINGS, abi.JOB_LOST)
         self._maps = JobMaps({n: lib.lib.bpf_map__fd(lib.find_map(self._obj, n)) for n in names})
