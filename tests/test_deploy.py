@@ -549,15 +549,16 @@ def test_capabilities_follow_the_hook() -> None:
         check_agent_daemonset(daemonset(render_helm(DRM_IOCTL_HOOK)), "/run/containerd")
 
 
-def test_gpu_jobs_are_off_by_default_and_on_add_sys_admin() -> None:
-    """config.probe.jobs: the gpu_sched module's BTF object, which only CAP_SYS_ADMIN may look
-    up (tests/test_least_privilege_vm.py); with it, SYS_ADMIN stands for BPF and PERFMON too."""
-    assert agent_config(render_helm())["probe"]["jobs"] is False
+def test_gpu_jobs_are_on_by_default_and_add_no_capability() -> None:
+    """config.probe.jobs: raw tracepoints and the gpu_sched module's BTF from sysfs need no more
+    than the hook's capabilities (tests/test_least_privilege_vm.py, tests/test_node_vm.py)."""
+    assert agent_config(render_helm())["probe"]["jobs"] is True
     for hook in ("security_file_ioctl", "drm_ioctl"):
-        docs = render_helm({"config": {"probe": {"hook": hook, "jobs": True}}})
-        assert agent_config(docs)["probe"]["jobs"] is True
-        sc = daemonset(docs)["spec"]["template"]["spec"]["containers"][0]["securityContext"]
-        assert sc["capabilities"]["add"] == ["SYS_ADMIN", *FDINFO_CAPABILITIES]
+        for jobs in (True, False):
+            docs = render_helm({"config": {"probe": {"hook": hook, "jobs": jobs}}})
+            assert agent_config(docs)["probe"]["jobs"] is jobs
+            sc = daemonset(docs)["spec"]["template"]["spec"]["containers"][0]["securityContext"]
+            assert sc["capabilities"]["add"] == CAPABILITIES[hook] + FDINFO_CAPABILITIES
 
 
 def test_agent_check_catches_a_writable_mount_and_the_whole_dev() -> None:

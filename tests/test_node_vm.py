@@ -5,6 +5,8 @@ built from local files, BCC and the agent, which asks containerd's own socket fo
 plays kubelet (CRI calls, labels, cgroupfs-driver cgroup parents) and nothing else. With
 tests/vm/kmod's test driver loaded it also checks the agent's fdinfo series (issue 10), and the
 allocations a PodResources test server on the kubelet's socket path hands out (issue 21).
+The agent runs with exactly the chart's default capabilities (CAP_BPF + CAP_PERFMON, and
+fdinfo's), so its GPU jobs are the raw_tp flavour's (docs/jobs.md).
 Kernels: KUBENPU_NODE_KERNELS (default 6.12 and 7.3: the two DRM scheduler tracepoint sets, and
 the hand-made and the real drm_dev_wedged_event; tests/vm/kmod builds for both), one boot each.
 """
@@ -21,6 +23,7 @@ from guest import boot
 from helpers import (
     TESTDRM,
     by_reason,
+    chart_capabilities,
     client_series,
     expected_counts,
     ioctl_counts,
@@ -37,13 +40,18 @@ KUBELET_LABELS = (
 POD_A = ("team-a", "trainer-0")
 MAIN = (*POD_A, "main")
 
+# The chart's default set: the LSM hook's, with fdinfo's (config.fdinfo.enabled) and probe.jobs.
+CHART_CAPS = chart_capabilities("security_file_ioctl", fdinfo=True, jobs=True)
+
 pytestmark = pytest.mark.vm
 
 
 @pytest.fixture(scope="module", params=KERNELS)
 def result(request, tmp_path_factory) -> dict:
     kernel = request.param
-    out = boot(kernel, "/src/tests/vm/node.sh", tmp_path_factory.mktemp(f"node-{kernel}"))
+    out = tmp_path_factory.mktemp(f"node-{kernel}")
+    (out / "caps.json").write_text(json.dumps(CHART_CAPS))
+    out = boot(kernel, "/src/tests/vm/node.sh", out)
     return json.loads((out / "result.json").read_text())
 
 
@@ -425,6 +433,19 @@ def _lowest_upper_edge(point: dict) -> float:
         return 0.0
     first = next(j for j, n in enumerate(point["buckets"]) if n)
     return 2 ** ((point["offset"] + first + 1) / 4)
+
+
+def test_the_agent_had_the_charts_capabilities_and_its_jobs_are_raw_tracepoints(result):
+    """CAP_BPF + CAP_PERFMON (and fdinfo's), nothing else: the GPU jobs' raw_tp flavour, the
+    ring timeout seen at its work's start (so the victims below are counted without
+    CAP_SYS_ADMIN)."""
+    caps = result["caps"]
+    assert caps["CapEff"] == caps["CapPrm"] == caps["CapBnd"] == CHART_CAPS
+    assert "SYS_ADMIN" not in CHART_CAPS and caps["NoNewPrivs"] == "1"
+    if result["testdrm_skipped"]:
+        pytest.skip(f"no test driver: {result['testdrm_skipped']}")
+    assert "GPU jobs: attached (raw_tp drm_sched_job" in result["agent_log"]
+    assert "; raw_tp workqueue_execute_start)\n" in result["agent_log"]
 
 
 def test_gpu_jobs_are_counted_exactly_per_pod_and_none_is_left_in_flight(result, energy):

@@ -93,7 +93,7 @@ def _execd(proc: Path, status: dict[str, str]) -> bool:
 
 class LeastPrivilegeScenario(Scenario):
     loader = "core"  # what the chart renders by default (no BCC fallback)
-    jobs = False  # the chart's default (config.probe.jobs, which adds CAP_SYS_ADMIN)
+    jobs = False  # the GPU jobs probe has runs of its own (tests/test_least_privilege_vm.py)
     # Without CAP_SYS_ADMIN fexit on drm_ioctl (the default exit) is out of reach on the LSM hook,
     # and its kretprobe is refused under Debian's perf_event_paranoid=3: the syscall's return is
     # the exit these capabilities time every counted call at. A plan run's `durations_exit` ""

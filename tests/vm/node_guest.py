@@ -97,6 +97,7 @@ from guestlib import (
     start_podresources,
     usage_series,
 )
+from least_privilege_guest import launcher, process_caps
 from otlp_receiver import OtlpReceiver, attrs
 
 from kubenpu.discovery import Device, discover
@@ -795,7 +796,10 @@ class Node:
                 },
             },
         }
-        agent = Agent(self.out, config)
+        # Exactly the chart's capabilities (tests/test_node_vm.py writes them), as runc gives them.
+        caps = json.loads((self.out / "caps.json").read_text())
+        agent = Agent(self.out, config, launcher=launcher(caps))
+        self.caps = process_caps(agent.pid)
         agent.attach(ATTACH_TIMEOUT)
         return agent
 
@@ -925,6 +929,7 @@ class Node:
             "jobs": jobs,
             "otlp_telemetry": otlp,
             "agent_log": agent.log(),
+            "caps": self.caps,
         }
 
 
