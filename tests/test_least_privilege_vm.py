@@ -115,6 +115,7 @@ def guest_out(request, tmp_path_factory) -> Path:
         {"name": f"jobs-{name}", "caps": caps, "attach": "fentry", "jobs": True}
         for name, caps in JOBS_PLAN.items()
     ]
+    plan.append({"name": "jobs-btf-check", "caps": JOBS_CAPS, "btf_check": True})
     plan += [{"name": name, "caps": caps, "fdinfo": True} for name, caps in FDINFO_PLAN.items()]
     (out / "plan.json").write_text(json.dumps(plan))
     kernel, extra = matrix_kernel(request.param)
@@ -153,6 +154,18 @@ def test_the_gpu_jobs_probe_attaches_with_the_charts_capabilities(guest_out, nam
     assert JOBS_ATTACHED[name] in result["agent_log"]
     assert JOBS_TIMEOUT[name] in result["agent_log"]
     assert result["errors"] == []
+
+
+def test_a_module_btf_without_the_schedulers_types_is_one_line(guest_out):
+    """gpu_sched's BTF empty (the kernel's vmlinux BTF real): the load fails with libbpf's own
+    words naming the scheduler's struct and member it could not relocate, in one line."""
+    result = _result(guest_out, "jobs-btf-check")
+    if result["testdrm_skipped"]:
+        pytest.skip(f"no test driver, so no DRM GPU scheduler: {result['testdrm_skipped']}")
+    said = result["said"]
+    assert (result["rc"], said.count("\n")) == (0, 0), said
+    assert said.startswith("loading the jobs object: "), said
+    assert "failed to resolve CO-RE relocation" in said and "struct drm_" in said, said
 
 
 @pytest.mark.parametrize("hook", HOOKS)

@@ -4,6 +4,8 @@ tests/vm/least_privilege.sh runs it; the host test writes /out/plan.json, a list
   {"name": DIR, "caps": ["BPF", ...], "hook": H, "scenario": true}  the e2e scenario (aggregate
                                                       mode), plus calls from a 32-bit drmcall
   {"name": DIR, "caps": [...], "hook": H, "attach": "fentry"}  does it attach? (or how it fails)
+  {"name": DIR, "caps": [...], "btf_check": true}  the GPU jobs probe's start with a gpu_sched
+                                                   BTF that lacks the scheduler's types
   {"name": NAME, "caps": [...], "fdinfo": true}  which DRM fdinfo can it read? (all of them run
                                                  by fdinfo_privilege_guest.measure, in one go)
 Each run keeps uid 0 and only `caps` in every set (bounding too), with no inheritable or ambient
@@ -25,6 +27,7 @@ from e2e_guest import Scenario, pods
 from guestlib import (
     ATTACHED,
     CREATE_DUMB,
+    PY,
     SLOW,
     SYNCOBJ_WAIT,
     TCGETS,
@@ -173,6 +176,35 @@ def attach_check(
     }
 
 
+# The jobs probe's start (kubenpu.kernel.jobs) against a sysfs BTF directory whose gpu_sched is
+# empty split BTF over the real vmlinux: its one-line error, printed.
+_BTF_CHECK = """
+import shutil, struct, sys
+from pathlib import Path
+from kubenpu.kernel import btf
+from kubenpu.kernel.errors import ProbeError
+from kubenpu.kernel.jobs import JobsKernel
+root = Path(sys.argv[1])
+shutil.copy("/sys/kernel/btf/vmlinux", root / "vmlinux")
+(root / "gpu_sched").write_bytes(btf.HEADER.pack(btf.MAGIC, 1, 0, 24, 0, 0, 0, 1) + bytes(1))
+try:
+    print("started: " + JobsKernel(btf_root=root).start())
+except ProbeError as err:
+    print(err)
+"""
+
+
+def btf_check(out: Path, launch: tuple[str, ...]) -> dict:
+    """What the jobs probe says, under `launch`, when the module's BTF lacks its types."""
+    root = Path("/tmp/btf-check")
+    root.mkdir(exist_ok=True)
+    done = subprocess.run(
+        [*launch, PY, "-c", _BTF_CHECK, str(root)], capture_output=True, text=True, check=False
+    )
+    (out / "btf-check.log").write_text(done.stdout + done.stderr)
+    return {"said": done.stdout.strip(), "rc": done.returncode}
+
+
 def main() -> int:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "/out")
     plan = json.loads((out / "plan.json").read_text())
@@ -184,6 +216,8 @@ def main() -> int:
         started = time.monotonic()
         if run.get("scenario"):
             result = scenario(where, run, testdrm_skipped)
+        elif run.get("btf_check"):
+            result = btf_check(where, launcher(run["caps"])) | {"testdrm_skipped": testdrm_skipped}
         else:
             launch = launcher(run["caps"])
             attach = run.get("attach", "auto")
