@@ -360,7 +360,9 @@ class Refused(FakeJobsKernel):
 
     def check(self) -> None:
         self.tries = getattr(self, "tries", 0) + 1
-        raise ProbeError("the GPU jobs probe needs CAP_SYS_ADMIN", Cause.CAPABILITIES)
+        raise ProbeError(
+            "the GPU jobs probe needs CAP_BPF + CAP_PERFMON, missing CAP_BPF", Cause.CAPABILITIES
+        )
 
 
 def test_missing_capabilities_are_one_error_and_no_retry(caplog) -> None:
@@ -371,7 +373,7 @@ def test_missing_capabilities_are_one_error_and_no_retry(caplog) -> None:
     jobs._thread.join(5)
     assert not jobs._thread.is_alive() and kernel.tries == 1 and not jobs.attached.is_set()
     [error] = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
-    assert error == "GPU jobs off: the GPU jobs probe needs CAP_SYS_ADMIN"
+    assert error == "GPU jobs off: the GPU jobs probe needs CAP_BPF + CAP_PERFMON, missing CAP_BPF"
     jobs.read()  # never attached: nothing to read, nothing raised
 
 
