@@ -74,6 +74,8 @@ struct job_event {
     u64 client_id; /* queued only, 6.17 on: the DRM client's drm-client-id; 0 before */
 };
 
+_Static_assert(sizeof(struct job_event) == 48, "abi.JOB_EVENT");
+
 #define EVENT_QUEUED 0
 #define EVENT_RUN 1
 #define EVENT_DONE 2

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kubenpu.kernel.abi import JOB_EVENT
+from kubenpu.kernel.records import job_step
 from kubenpu.sources.contention import (
     DONE,
     OTHER,
@@ -20,7 +21,6 @@ from kubenpu.sources.contention import (
     UNKNOWN,
     Contention,
     Event,
-    decode,
     split,
 )
 
@@ -265,4 +265,4 @@ def test_cap_sends_pairs_past_it_to_other() -> None:
 
 def test_decode() -> None:
     raw = JOB_EVENT.pack(QUEUED, 0, 5, 6, 7, 8, 9)
-    assert decode(raw) == Event(QUEUED, 5, 6, 7, 8, 9)
+    assert job_step(raw) == Event(QUEUED, 5, 6, 7, 8, 9)

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from kubenpu.kernel.abi import JOB_EVENT
+from kubenpu.kernel.records import JobStep
 
 QUEUED, RUN, DONE = 0, 1, 2
 OTHER = -1  # the behind cgroup of a pair past the ring's cap
@@ -29,19 +29,7 @@ UNKNOWN = 0  # the cgroup of a job seen running that was not seen queued
 MARGIN_NS = 100_000_000  # a record's delay from its clock read to the reader, at most
 
 
-class Event(NamedTuple):
-    kind: int  # QUEUED, RUN, DONE
-    ts_ns: int
-    fence: int
-    ring: int
-    cgroup_id: int = 0  # QUEUED only
-    client_id: int = 0  # QUEUED only, 6.17 on
-
-
-def decode(raw: bytes) -> Event:
-    """One job_events record (abi.JOB_EVENT)."""
-    kind, _, ts, fence, ring, cgroup_id, client_id = JOB_EVENT.unpack_from(raw)
-    return Event(kind, ts, fence, ring, cgroup_id, client_id)
+Event = JobStep
 
 
 @dataclass

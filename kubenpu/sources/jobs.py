@@ -32,10 +32,12 @@ from kubenpu.discovery import Device, platform_id
 from kubenpu.kernel.abi import JOB_LOST_REASONS
 from kubenpu.kernel.errors import ProbeError
 from kubenpu.kernel.jobs import JobsKernel, Ring
-from kubenpu.kernel.records import JobTimes
+from kubenpu.kernel.records import JobStep, JobTimes
 from kubenpu.metrics.catalogue import (
     JOB_RUN,
     JOB_WAIT,
+    JOB_WAIT_BEHIND,
+    JOB_WAIT_IDLE,
     JOBS,
     JOBS_IN_FLIGHT,
     JOBS_LOST,
@@ -51,6 +53,7 @@ from kubenpu.resolve.cgroups import ProcCgroups
 from kubenpu.resolve.hold import Hold, Resolve
 from kubenpu.services import Streak, Worker
 from kubenpu.sources.base import Node
+from kubenpu.sources.contention import OTHER, UNKNOWN, Contention
 
 log = logging.getLogger(__name__)
 
@@ -117,15 +120,38 @@ JOB_TIMES = PodFamily(
     fold=_fold,
 )
 RESETS = {spec: _resets(spec) for spec in (POD_HANGS, RESET_VICTIMS)}
-# set(LOST, "", {reason: n}): the kernel side's job losses by reason, cumulative.
+# set(LOST, "", {reason: n}): the job losses by reason, cumulative: the kernel side's, and
+# the job steps the blocked-by replay took late.
+LATE = "events_late"
 LOST = NodeFamily(
     JOBS_LOST.name,
     lambda rows, start: [
         (JOBS_LOST, [Point({"reason": r}, n, start) for r, n in rows[""].items()])
     ],
-    initial=lambda: {"": dict.fromkeys(JOB_LOST_REASONS, 0)},
+    initial=lambda: {"": dict.fromkeys((*JOB_LOST_REASONS, LATE), 0)},
 )
-FAMILIES = (JOB_TIMES, *RESETS.values(), LOST)
+_SEP = "\n"  # in a behind row's key: no ring, namespace or pod name holds a newline
+
+
+def _behind_points(rows: list[PodRow]) -> Snapshot:
+    points = []
+    for row in rows:
+        ring, namespace, pod = row.key.split(_SEP)
+        attrs = {**row.where, "ring": ring, "behind_namespace": namespace, "behind_pod": pod}
+        points.append(Point(attrs, row.value / 1e9, row.start_ns))
+    return [(JOB_WAIT_BEHIND, points)]
+
+
+def _idle_points(rows: list[PodRow]) -> Snapshot:
+    points = [Point({**r.where, "ring": r.key}, r.value / 1e9, r.start_ns) for r in rows]
+    return [(JOB_WAIT_IDLE, points)]
+
+
+# put(BEHIND, where, "ring\nbehind namespace\nbehind pod", ns): queue wait behind that pod's
+# jobs; put(IDLE, where, ring, ns): on an idle ring. Counters, in ns until rendered.
+BEHIND = PodFamily("jobs_behind", _behind_points, added, capped=True)
+IDLE = PodFamily("jobs_idle", _idle_points, added, capped=True)
+FAMILIES = (JOB_TIMES, *RESETS.values(), LOST, BEHIND, IDLE)
 
 
 class _Reset(NamedTuple):
@@ -142,6 +168,7 @@ class JobsProbe(Protocol):
     def read(self) -> dict[tuple[int, int], JobTimes]: ...
     def rings(self) -> dict[int, Ring]: ...
     def lost(self) -> dict[str, int]: ...
+    def events(self) -> list[JobStep]: ...
     def forget(self, cgroup_ids: Iterable[int]) -> None: ...
     def close(self) -> None: ...
 
@@ -162,6 +189,8 @@ class Jobs:
         clock: Callable[[], float] = time.monotonic,
         cgroups: ProcCgroups | None = None,
         first_check_seconds: float = 0.0,
+        max_pairs: int = 16,
+        now_ns: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         self._kernel = kernel
         self._metrics = metrics
@@ -184,6 +213,11 @@ class Jobs:
         self._dropped = 0  # resets dropped while MAX_HELD_RESETS waited, said once
         self._paired: dict[tuple[int, int], int] = {}  # key -> its timeouts taken by resets
         self._rising_since: dict[tuple[int, int], float] = {}  # key -> unpaired rise first seen
+        self._contention = Contention(max_pairs)
+        self._now_ns = now_ns  # bpf_ktime_get_ns's clock, CLOCK_MONOTONIC
+        # Blocked-by ns whose cgroups the resolver cannot name yet: (ring, waiter, behind or
+        # None for idle) -> ns, put once it can.
+        self._owed: collections.Counter[tuple[int, int, int | None]] = collections.Counter()
 
     def start(self) -> Worker:
         """The attach thread, started; it ends once attached (or when the kernel cannot)."""
@@ -226,6 +260,8 @@ class Jobs:
         retire the cgroups that are gone."""
         if not self.attached.is_set():
             return
+        now = self._now_ns()  # before the ring buffer is read: no step after it is replayed
+        steps = self._kernel.events()
         rings, table = self._kernel.rings(), self._kernel.read()
         cgroups = set()
         for (cgroup_id, ring_addr), times in table.items():
@@ -234,10 +270,42 @@ class Jobs:
             if ring is None or who is None:
                 continue  # read again next time: the values are cumulative
             self._metrics.put(JOB_TIMES, self._where(who, ring), ring.name, (cgroup_id, times))
-        self._metrics.set(LOST, "", dict(self._kernel.lost()))
+        self._contend(steps, now, rings)
+        self._metrics.set(LOST, "", {**self._kernel.lost(), LATE: self._contention.late})
         self._count_resets(table, rings)
         dead = [c for c in cgroups if c in self._who and not self._resolver.alive(c)]
         self._reap(dead, [(c, rings.get(a)) for c, a in table if c in dead])
+
+    def _contend(self, steps: list[JobStep], now: int, rings: dict[int, Ring]) -> None:
+        """The blocked-by replay up to now, its nanoseconds put per pod where the resolver
+        names both cgroups (else kept for a later read)."""
+        self._contention.add(steps)
+        self._contention.advance(now)
+        behind, idle = self._contention.take()
+        self._owed.update(behind)
+        self._owed.update({(ring, waiter, None): ns for (ring, waiter), ns in idle.items()})
+        for key, ns in list(self._owed.items()):
+            ring_addr, waiter, blocker = key
+            ring, who = rings.get(ring_addr), self._attribute(waiter)
+            labels = self._behind_labels(blocker)
+            if ring is None or who is None or labels is None:
+                continue
+            where = self._where(who, ring)
+            if blocker is None:
+                self._metrics.put(IDLE, where, ring.name, ns)
+            else:
+                self._metrics.put(BEHIND, where, _SEP.join((ring.name, *labels)), ns)
+            del self._owed[key]
+
+    def _behind_labels(self, blocker: int | None) -> tuple[str, str] | None:
+        """(behind_namespace, behind_pod) of a blocking cgroup: other past the cap, the
+        unattributed conventions' empty pod for a job not seen queued; None while unnamed."""
+        if blocker is None or blocker == UNKNOWN:
+            return ("", "")
+        if blocker == OTHER:
+            return ("", "other")
+        who = self._attribute(blocker)
+        return None if who is None else (who.namespace, who.pod)
 
     def finish(self) -> None:
         """The last read, at the stop: the kernel's values since the last read are not lost."""
@@ -336,6 +404,7 @@ class Jobs:
                 self._rising_since.pop(key, None)
             self._metrics.gone(Where.of(who))
         self._kernel.forget(dead)
+        self._contention.forget(dead)
 
     def _device(self, name: str) -> str:
         """The agent's device id of a scheduler's device name: a PCI address is its own; a
@@ -367,4 +436,5 @@ def build(node: Node) -> Jobs | None:
         pending,
         cgroups=cgroups,
         first_check_seconds=FIRST_CHECK_SECONDS,
+        max_pairs=cfg.metrics.max_behind_pairs,
     )
