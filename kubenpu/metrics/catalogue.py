@@ -200,7 +200,7 @@ JOB_WAIT_BEHIND = Spec(
     "behind_pod; the pod itself where it waited behind its own), per pod, device and ring: each "
     "interval's wait split over the running pods by their running jobs. With "
     "kubenpu_job_wait_idle_seconds_total it sums to the pod's queue wait (docs/jobs.md#who-is-"
-    "in-my-way). Past contention.max_pairs pairs on a ring, behind_pod is other.",
+    "in-my-way). Past metrics.max_behind_pairs pairs on a ring, behind_pod is other.",
     (*_JOB_LABELS, "behind_namespace", "behind_pod"),
 )
 JOB_WAIT_IDLE = Spec(
