@@ -689,3 +689,41 @@ def test_resets_held_before_the_probe_attaches_are_bounded(procs, caplog) -> Non
     jobs.read()
     assert values(metrics, POD_HANGS) == {on_gpu("guilty"): MAX_HELD_RESETS}
     jobs.close()
+
+
+class FakeClients:
+    """fdinfo's clients: the cgroup id of each (device, drm-client-id)'s lowest pid."""
+
+    def __init__(self, held: dict[tuple[str, int], int]) -> None:
+        self.held = held
+
+    def client_cgroups(self) -> dict[tuple[str, int], int]:
+        return dict(self.held)
+
+
+def test_job_client_ids_are_joined_to_fdinfos_clients_and_disagreements_said(caplog) -> None:
+    """Client 5's jobs came from pod a's task, whose fd pod a holds: agree. Client 6's from
+    pod a's task but its fd is held by pod b (passed over a socket): said, and the jobs stay
+    pod a's. Client 7 is not in fdinfo yet: joined at the read that has it. Each once."""
+    caplog.set_level(logging.INFO, "kubenpu.sources.jobs")
+    kernel, resolver, metrics = FakeJobsKernel(), FakeResolver(), table(60, 1000)
+    resolver.answers[7] = POD_A
+    resolver.answers[8] = Attribution(namespace="ns", pod="b", container="c", pod_uid="u-b")
+    clients = FakeClients({(GPU, 5): 7, (GPU, 6): 8})
+    jobs = Jobs(kernel, resolver, metrics, DEVICES, 5, 0.01, Clock(), clients=clients)
+    jobs.start()
+    eventually(jobs.attached.is_set, "attached")
+    kernel.steps = [JobStep(QUEUED, 0, f, RING, 7, f // 10) for f in (50, 51, 60, 70)]
+    jobs.read()
+    assert jobs.joins == {"agree": 1, "disagree": 1}
+    clients.held[(GPU, 7)] = 7
+    kernel.steps = [JobStep(QUEUED, 0, 52, RING, 7, 5)]  # client 5 again: compared once
+    jobs.read()
+    assert jobs.joins == {"agree": 2, "disagree": 1}
+    said = [r.getMessage() for r in caplog.records if "client" in r.getMessage()]
+    assert said == [
+        "GPU jobs: client ids joined to fdinfo's clients: client 5 on 0000:03:00.0 is pod ns/a's "
+        "in both",
+        "GPU jobs: client 6 on 0000:03:00.0 queued jobs from pod ns/a, but its fd is held by pod "
+        "ns/b; the jobs count for the queueing task's (1 such clients)",
+    ]

@@ -77,7 +77,8 @@ class Contention:
         self.late = 0  # records replayed at their ring's frontier, older than it
         self.unmatched = 0  # a run or done of a job not seen queued, or a fence queued twice
         self.capped = 0  # pairs refused by a full ring, each once (their time went to OTHER)
-        self.clients: dict[tuple[int, int], int] = {}  # (ring, client id) -> last cgroup seen
+        # (ring, client id, cgroup) of queued jobs with a client id since the owner drained it
+        self.clients: set[tuple[int, int, int]] = set()
 
     def add(self, events: Iterable[Event]) -> None:
         for e in events:
@@ -112,7 +113,6 @@ class Contention:
         for ring in self._rings.values():
             ring.pairs = {p for p in ring.pairs if not gone.intersection(p)}
             ring.refused = {p for p in ring.refused if not gone.intersection(p)}
-        self.clients = {k: c for k, c in self.clients.items() if c not in gone}
 
     def _replay(self, e: Event) -> None:
         ring = self._rings.setdefault(e.ring, _Ring(e.ring))
@@ -129,7 +129,7 @@ class Contention:
             ring.jobs[e.fence] = (e.cgroup_id, False)
             ring.waiting[e.cgroup_id] += 1
             if e.client_id:
-                self.clients[(e.ring, e.client_id)] = e.cgroup_id
+                self.clients.add((e.ring, e.client_id, e.cgroup_id))
         elif e.kind == RUN:
             if job is None:  # queued before the probe attached (or its record lost)
                 self.unmatched += 1

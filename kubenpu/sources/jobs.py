@@ -54,6 +54,7 @@ from kubenpu.resolve.hold import Hold, Resolve
 from kubenpu.services import Streak, Worker
 from kubenpu.sources.base import Node
 from kubenpu.sources.contention import OTHER, UNKNOWN, Contention
+from kubenpu.sources.usage import Usage
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +160,12 @@ class _Reset(NamedTuple):
     guilty: int | None  # the cgroup id of the task the kernel named
 
 
+class Clients(Protocol):
+    """What the client-id join needs of the fdinfo source (kubenpu.sources.usage.Usage)."""
+
+    def client_cgroups(self) -> dict[tuple[str, int], int]: ...
+
+
 class JobsProbe(Protocol):
     """What Jobs needs of kubenpu.kernel.jobs.JobsKernel (a fake's in tests)."""
 
@@ -191,6 +198,7 @@ class Jobs:
         first_check_seconds: float = 0.0,
         max_pairs: int = 16,
         now_ns: Callable[[], int] = time.monotonic_ns,
+        clients: Clients | None = None,
     ) -> None:
         self._kernel = kernel
         self._metrics = metrics
@@ -218,6 +226,12 @@ class Jobs:
         # Blocked-by ns whose cgroups the resolver cannot name yet: (ring, waiter, behind or
         # None for idle) -> ns, put once it can.
         self._owed: collections.Counter[tuple[int, int, int | None]] = collections.Counter()
+        # The client-id join (6.17 on): (ring, client id, queueing cgroup) not yet compared with
+        # fdinfo's client, and those compared; how many agreed and disagreed.
+        self._clients = clients
+        self._unjoined: set[tuple[int, int, int]] = set()
+        self._joined: set[tuple[int, int, int]] = set()
+        self.joins = {"agree": 0, "disagree": 0}
 
     def start(self) -> Worker:
         """The attach thread, started; it ends once attached (or when the kernel cannot)."""
@@ -271,6 +285,7 @@ class Jobs:
                 continue  # read again next time: the values are cumulative
             self._metrics.put(JOB_TIMES, self._where(who, ring), ring.name, (cgroup_id, times))
         self._contend(steps, now, rings)
+        self._join(rings)
         self._metrics.set(LOST, "", {**self._kernel.lost(), LATE: self._contention.late})
         self._count_resets(table, rings)
         dead = [c for c in cgroups if c in self._who and not self._resolver.alive(c)]
@@ -296,6 +311,53 @@ class Jobs:
             else:
                 self._metrics.put(BEHIND, where, _SEP.join((ring.name, *labels)), ns)
             del self._owed[key]
+
+    def _join(self, rings: dict[int, Ring]) -> None:
+        """Each job client (ring, client id, queueing cgroup) once against fdinfo's client of
+        that id on the ring's device: the pods of the queueing task and of the client's lowest
+        pid should be one. The queueing task's is kept where not (docs/jobs.md, Which pod)."""
+        found, self._contention.clients = self._contention.clients, set()
+        if self._clients is None:
+            return
+        self._unjoined |= found - self._joined
+        held = self._clients.client_cgroups()
+        for key in list(self._unjoined):
+            ring_addr, client_id, cgroup = key
+            ring = rings.get(ring_addr)
+            holder = None if ring is None else held.get((self._device(ring.device), client_id))
+            queuer = self._attribute(cgroup)
+            owner = None if holder is None else self._attribute(holder)
+            if ring is None or queuer is None or owner is None:
+                continue  # fdinfo has not read the client yet, or a pod is not named yet
+            self._unjoined.discard(key)
+            self._joined.add(key)
+            agree = (queuer.namespace, queuer.pod, queuer.pod_uid) == (
+                owner.namespace,
+                owner.pod,
+                owner.pod_uid,
+            )
+            self.joins["agree" if agree else "disagree"] += 1
+            if not agree:
+                log.warning(
+                    "GPU jobs: client %d on %s queued jobs from pod %s/%s, but its fd is held "
+                    "by pod %s/%s; the jobs count for the queueing task's (%d such clients)",
+                    client_id,
+                    ring.device,
+                    queuer.namespace,
+                    queuer.pod,
+                    owner.namespace,
+                    owner.pod,
+                    self.joins["disagree"],
+                )
+            elif self.joins["agree"] == 1:
+                log.info(
+                    "GPU jobs: client ids joined to fdinfo's clients: client %d on %s is pod "
+                    "%s/%s's in both",
+                    client_id,
+                    ring.device,
+                    queuer.namespace,
+                    queuer.pod,
+                )
 
     def _behind_labels(self, blocker: int | None) -> tuple[str, str] | None:
         """(behind_namespace, behind_pod) of a blocking cgroup: other past the cap, the
@@ -405,6 +467,9 @@ class Jobs:
             self._metrics.gone(Where.of(who))
         self._kernel.forget(dead)
         self._contention.forget(dead)
+        gone = set(dead)
+        self._unjoined = {k for k in self._unjoined if k[2] not in gone}
+        self._joined = {k for k in self._joined if k[2] not in gone}
 
     def _device(self, name: str) -> str:
         """The agent's device id of a scheduler's device name: a PCI address is its own; a
@@ -427,6 +492,7 @@ def build(node: Node) -> Jobs | None:
     if not cfg.probe.jobs:
         return None
     cgroups = ProcCgroups(cfg.attribution.cgroup_root)  # a reset's guilty pid to its cgroup
+    usage = node.built.get("fdinfo")  # its clients, for the client-id join
     pending = cfg.attribution.pending_seconds
     return Jobs(
         JobsKernel(),
@@ -437,4 +503,5 @@ def build(node: Node) -> Jobs | None:
         cgroups=cgroups,
         first_check_seconds=FIRST_CHECK_SECONDS,
         max_pairs=cfg.metrics.max_behind_pairs,
+        clients=usage if isinstance(usage, Usage) else None,
     )
