@@ -533,3 +533,14 @@ def test_blocked_by_seconds_equal_the_test_drivers_own_overlap(result, energy):
     for pod, seconds in idle.items():
         slack = STAMP_SLACK * jobs[pod]
         assert abs(result["jobs"]["contention"]["idle"].get(pod, 0.0) - seconds) <= slack, pod
+
+
+def test_job_client_ids_join_fdinfos_clients_with_the_same_pod(result, energy):
+    """6.17 on, each job carries its DRM client id: the agent joins it to fdinfo's client and
+    the pods agree (each job container queues on its own fd). Before 6.17, no client id: no
+    join."""
+    log = result["agent_log"]
+    assert "but its fd is held by" not in log
+    major, minor = (int(n) for n in result["kernel"].split(".")[:2])
+    joined = "GPU jobs: client ids joined to fdinfo's clients" in log
+    assert joined == ((major, minor) >= (6, 17))
