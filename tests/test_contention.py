@@ -240,6 +240,15 @@ def test_in_flight_at_read_accrues_to_the_horizon() -> None:
     assert c.take().behind == {(9, 6, 5): 40}
 
 
+def test_jobs_held_per_ring_are_bounded_the_oldest_dropped() -> None:
+    """A job whose later records were lost is held no longer than max_jobs newer ones."""
+    c = Contention(16, 0, max_jobs=2)
+    c.add([Event(QUEUED, t, t, 9, cgroup_id=5) for t in range(3)])
+    c.advance(10)
+    assert (c.in_flight(), c.unmatched) == (2, 1)
+    assert c.take().idle == {(9, 5): 1 * 1 + 2 * 1 + 2 * 8}  # 1 job, 2, then 2 (oldest dropped)
+
+
 def test_cap_sends_pairs_past_it_to_other() -> None:
     """20 pods wait behind one: 4 pairs kept, the other 16 pods' time behind OTHER, each
     refused pair counted once, conservation kept."""

@@ -27,6 +27,10 @@ QUEUED, RUN, DONE = 0, 1, 2
 OTHER = -1  # the behind cgroup of a pair past the ring's cap
 UNKNOWN = 0  # the cgroup of a job seen running that was not seen queued
 MARGIN_NS = 100_000_000  # a record's delay from its clock read to the reader, at most
+# Jobs in flight kept per ring, as the kernel's `jobs` LRU holds (bpf/jobs.bpf.c): past it the
+# oldest is dropped, counted unmatched. A job whose run or done record was lost (events_full)
+# would otherwise be held, and accrue, for good.
+MAX_JOBS = 16384
 
 
 Event = JobStep
@@ -66,8 +70,11 @@ class Contention:
     """add() records as they are read; advance(now) replays those older than the margin and
     accrues every ring up to it; take() the nanoseconds since the last take."""
 
-    def __init__(self, max_pairs: int = 16, margin_ns: int = MARGIN_NS) -> None:
+    def __init__(
+        self, max_pairs: int = 16, margin_ns: int = MARGIN_NS, max_jobs: int = MAX_JOBS
+    ) -> None:
         self._max_pairs = max_pairs
+        self._max_jobs = max_jobs
         self._margin = margin_ns
         self._held: list[tuple[int, int, int, Event]] = []  # (ts, kind, seq, event)
         self._seq = 0
@@ -126,6 +133,9 @@ class Contention:
             if job is not None:  # its done was lost: the fence's memory was reused
                 self.unmatched += 1
                 self._drop(ring, e.fence)
+            elif len(ring.jobs) >= self._max_jobs:
+                self.unmatched += 1
+                self._drop(ring, next(iter(ring.jobs)))
             ring.jobs[e.fence] = (e.cgroup_id, False)
             ring.waiting[e.cgroup_id] += 1
             if e.client_id:
