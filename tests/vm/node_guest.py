@@ -240,7 +240,7 @@ def _resets(prom: Samples) -> float:
     )
 
 
-TESTDRM_STAMPS = Path("/sys/kernel/debug/kubenpu_testdrm_jobs")
+TESTDRM_STAMPS = Path("/sys/kernel/debug/testdrm-jobs")
 
 
 def _by_pod(prom: Samples, name: str, *extra: str) -> dict[str, float]:

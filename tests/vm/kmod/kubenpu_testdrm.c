@@ -37,7 +37,7 @@
  * MAX_STAMPS jobs since load: queued (just before the push that fires the queue tracepoint), run
  * (run_job's start, right after the run tracepoint) and done (just before its hardware fence is
  * signalled or failed, which fires the done tracepoint), with the submitter's tgid. The debugfs
- * file kubenpu_testdrm_jobs prints one line per job, "tgid queued run done" (0: not yet): the
+ * file testdrm-jobs prints one line per job, "tgid queued run done" (0: not yet): the
  * reference the VM test computes each pod's wait behind the others from, independently of the
  * scheduler's tracepoints.
  *
@@ -559,7 +559,7 @@ static int __init testdrm_init(void)
 	ret = drm_dev_register(&testdrm->drm, 0);
 	if (ret)
 		goto out_sched;
-	stamps_file = debugfs_create_file("kubenpu_testdrm_jobs", 0444, NULL, NULL,
+	stamps_file = debugfs_create_file("testdrm-jobs", 0444, NULL, NULL,
 					  &testdrm_stamps_fops);
 	return 0;
 
