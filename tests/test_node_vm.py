@@ -482,10 +482,22 @@ def test_a_hung_job_is_reset_by_the_driver_and_its_pod_and_victims_named(result,
 
 # --- who is in my way: the blocked-by seconds against the test driver's own job times ------
 
-# A job's module clock reads sit next to its tracepoints (no sleep between), but TCG runs both
-# vCPUs on one host thread and can freeze one between any two reads (/work/shared/VM-FACTS.md:
-# tens of us usually, ms at worst): allowed per job of the waiting pod.
-STAMP_SLACK = 0.005
+# The driver's clock reads sit next to the tracepoints, with no sleep between, but the code
+# between the two reads (the probe's program at run; the fence's signalling into the scheduler's
+# callback at done) runs under TCG, and a vCPU can be frozen between any two reads (VM-FACTS):
+# measured 0.19 ms a boundary on average on 6.12. Allowed per boundary a waiting job's wait
+# has: its own two ends, and every other job's run and done inside it.
+STAMP_SLACK = 0.0005
+
+
+def _boundaries(stamps: list[list], pod: str) -> int:
+    """The clock-read pairs that bound `pod`'s waits and their overlaps."""
+    found = 0
+    for who, queued, run, done in stamps:
+        if who == pod:
+            end = run or done
+            found += 2 + sum(queued < t < end for _, _, r, d in stamps for t in (r, d) if t)
+    return found
 
 
 def _reference(stamps: list[list]) -> tuple[dict[str, float], dict[str, float]]:
@@ -524,14 +536,13 @@ def test_blocked_by_seconds_equal_the_test_drivers_own_overlap(result, energy):
     assert all(s[3] for s in stamps)  # every job done
     want, idle = _reference(stamps)
     got = result["jobs"]["contention"]["behind"]
-    jobs = {pod: sum(1 for s in stamps if s[0] == pod) for pod in {s[0] for s in stamps}}
     assert want["serve-0/batch-0"] >= 10 * 0.050  # each of B's 10 waited for A's held first
     assert want["victim-0/hang-0"] > 5 * 1.0  # each of D's 5 waited for C's timeout
     for pair in set(want) | set(got):
-        slack = STAMP_SLACK * jobs[pair.split("/")[0]]
+        slack = STAMP_SLACK * _boundaries(stamps, pair.split("/")[0])
         assert abs(got.get(pair, 0.0) - want.get(pair, 0.0)) <= slack, pair
     for pod, seconds in idle.items():
-        slack = STAMP_SLACK * jobs[pod]
+        slack = STAMP_SLACK * _boundaries(stamps, pod)
         assert abs(result["jobs"]["contention"]["idle"].get(pod, 0.0) - seconds) <= slack, pod
 
 
