@@ -30,7 +30,12 @@ struct drm_gpu_scheduler {
 
 struct work_struct;
 
-struct drm_sched_fence;
+/* 6.17 on: the DRM client (fdinfo's drm-client-id) that queued the job; read only where the
+ * kernel's BTF has it (bpf_core_field_exists). */
+struct drm_sched_fence {
+    struct drm_gpu_scheduler *sched;
+    u64 drm_client_id;
+};
 
 struct drm_sched_job {
     struct drm_gpu_scheduler *sched;

@@ -31,7 +31,14 @@
  * Both read the scheduler's fields with bpf_probe_read_kernel at offsets libbpf relocates
  * (CO-RE): against the module's BTF, or against vmlinux's and the module's split BTF read from
  * /sys/kernel/btf (world-readable) and handed to libbpf as one file (kubenpu/kernel/btf.py).
- * Cost: three map operations a job, none on any syscall path; a walk of job_times a timeout.
+ *
+ * Each step also goes to the job_events ring buffer, one record a step (struct job_event), for
+ * the blocked-by accounting in user space (kubenpu/sources/contention.py): which pods' jobs ran
+ * while a pod's jobs waited. The record's ts_ns is the same clock read as the histograms', so
+ * the replayed waits sum to wait_sum_ns exactly. A full ring buffer counts LOST_EVENTS_FULL.
+ *
+ * Cost: three map operations and one ring-buffer record a job step, none on any syscall path;
+ * a walk of job_times a timeout.
  */
 #include "dialect.h"
 #include <bpf/bpf_core_read.h>
@@ -42,6 +49,7 @@
 #define JOB_KEYS 4096
 #define RINGS 256
 #define NAME_LEN 32
+#define EVENT_PAGES 1024 /* 4 MiB: 87,381 records, 29,127 jobs between two reads */
 
 struct job {
     u64 queued_ns;
@@ -65,6 +73,23 @@ struct job_times {
     u64 run[DURATION_SLOTS];
 };
 
+/* One step of one job (abi.JOB_EVENT). */
+struct job_event {
+    u32 kind; /* EVENT_QUEUED, EVENT_RUN, EVENT_DONE */
+    u32 pad;
+    u64 ts_ns;
+    u64 fence;
+    u64 ring;
+    u64 cgroup_id; /* queued only: the submitting task's */
+    u64 client_id; /* queued only, 6.17 on: the DRM client's drm-client-id; 0 before */
+};
+
+_Static_assert(sizeof(struct job_event) == 48, "abi.JOB_EVENT");
+
+#define EVENT_QUEUED 0
+#define EVENT_RUN 1
+#define EVENT_DONE 2
+
 struct ring {
     char name[NAME_LEN]; /* sched->name: gfx_0.0.0, testdrm-ring */
     char device[NAME_LEN]; /* dev_name(sched->dev): 0000:03:00.0, kubenpu_testdrm */
@@ -73,12 +98,14 @@ struct ring {
 /* Why a job is not in job_times, by index (abi.JOB_LOST_REASONS). */
 #define LOST_UNMATCHED 0 /* run or done of a job not seen queued (queued before the attach) */
 #define LOST_KEYS_FULL 1 /* job_times had no room for its key */
-#define LOST_SLOTS 2
+#define LOST_EVENTS_FULL 2 /* job_events had no room for a step's record */
+#define LOST_SLOTS 3
 
 DECLARE_MAP(jobs, BPF_MAP_TYPE_LRU_HASH, u64, struct job, JOBS_IN_FLIGHT);
 DECLARE_HASH(job_times, struct job_key, struct job_times, JOB_KEYS);
 DECLARE_HASH(rings, u64, struct ring, RINGS);
 DECLARE_ARRAY(job_lost, u64, LOST_SLOTS);
+DECLARE_RINGBUF(job_events, EVENT_PAGES);
 /* The zero value a new key is inserted from (1.7 KB: more than the BPF stack holds). */
 DECLARE_ARRAY(job_template, struct job_times, 1);
 
@@ -87,6 +114,33 @@ static __always_inline void lose(u32 why)
     u64 *n = bpf_map_lookup_elem(&job_lost, &why);
     if (n)
         __sync_fetch_and_add(n, 1);
+}
+
+static __always_inline void emit(u32 kind, u64 ts_ns, u64 fence, u64 ring, u64 cgroup_id,
+                                 u64 client_id)
+{
+    struct job_event *e = bpf_ringbuf_reserve(&job_events, sizeof(*e), 0);
+    if (!e) {
+        lose(LOST_EVENTS_FULL);
+        return;
+    }
+    e->kind = kind;
+    e->pad = 0;
+    e->ts_ns = ts_ns;
+    e->fence = fence;
+    e->ring = ring;
+    e->cgroup_id = cgroup_id;
+    e->client_id = client_id;
+    bpf_ringbuf_submit(e, 0);
+}
+
+/* The job's DRM client id where the kernel records it (6.17 on), else 0. */
+static __always_inline u64 client_of(struct drm_sched_job *sched_job)
+{
+    struct drm_sched_fence *s_fence = BPF_CORE_READ(sched_job, s_fence);
+    if (!s_fence || !bpf_core_field_exists(s_fence->drm_client_id))
+        return 0;
+    return BPF_CORE_READ(s_fence, drm_client_id);
 }
 
 static __always_inline struct job_times *times_of(struct job_key *key)
@@ -134,6 +188,7 @@ static __always_inline int queued(struct drm_sched_job *sched_job)
         .ring = (u64)sched,
     };
     name_ring(sched);
+    emit(EVENT_QUEUED, j.queued_ns, fence, j.ring, j.cgroup_id, client_of(sched_job));
     struct job_key key = {.cgroup_id = j.cgroup_id, .ring = j.ring};
     struct job_times *t = times_of(&key);
     if (!t) {
@@ -149,10 +204,11 @@ static __always_inline int ran(struct drm_sched_job *sched_job)
 {
     if (!sched_job)
         return 0;
-    u64 fence = (u64)BPF_CORE_READ(sched_job, s_fence);
+    u64 fence = (u64)BPF_CORE_READ(sched_job, s_fence), now = bpf_ktime_get_ns();
+    emit(EVENT_RUN, now, fence, (u64)BPF_CORE_READ(sched_job, sched), 0, 0);
     struct job *j = bpf_map_lookup_elem(&jobs, &fence);
     if (j)
-        j->run_ns = bpf_ktime_get_ns();
+        j->run_ns = now;
     else
         lose(LOST_UNMATCHED);
     return 0;
@@ -163,6 +219,7 @@ static __always_inline int finished(struct drm_sched_fence *s_fence)
     if (!s_fence)
         return 0;
     u64 fence = (u64)s_fence, now = bpf_ktime_get_ns();
+    emit(EVENT_DONE, now, fence, (u64)BPF_CORE_READ(s_fence, sched), 0, 0);
     struct job *j = bpf_map_lookup_elem(&jobs, &fence);
     if (!j) {
         lose(LOST_UNMATCHED);

@@ -133,6 +133,9 @@ class AttributionConfig(_Model):
 class MetricsConfig(_Model):
     series_ttl_seconds: float = Field(300, ge=0, le=30 * DAY)
     max_series: int = Field(10000, gt=0, le=1_000_000)
+    # Blocked-by pairs (waiting pod, pod it waited behind) per GPU ring; past it, behind_pod is
+    # "other" (docs/jobs.md#who-is-in-my-way).
+    max_behind_pairs: int = Field(16, gt=0, le=1024)
 
 
 def _both_or_neither(a: tuple[str, str], b: tuple[str, str]) -> None:

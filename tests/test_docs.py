@@ -20,7 +20,7 @@ from kubenpu.config import ProbeConfig
 from kubenpu.kernel import abi
 from kubenpu.metrics.catalogue import SPECS
 from kubenpu.resolve import resolver
-from kubenpu.sources import energy, jobs
+from kubenpu.sources import contention, energy, jobs
 
 ROOT = Path(__file__).resolve().parents[1]
 ARCHITECTURE = (ROOT / "docs" / "architecture.md").read_text()
@@ -193,6 +193,7 @@ TIMINGS = [
     ),
     ("docs/configuration.md", r"one batch \(([\d.]+) s of events", loop._FLUSH_SECONDS),
     ("docs/jobs.md", r"no reset takes within ([\d.]+) s", jobs.STALE_RISE_SECONDS),
+    ("docs/jobs.md", r"only those older than\s+([\d.]+) s", contention.MARGIN_NS / 1e9),
 ]
 
 

@@ -146,6 +146,8 @@ def fill(tel: export.Exporters) -> None:
     times = Durations(TIMED.sum_ns, TIMED.slots, ())
     m.put(jobs.JOB_TIMES, where, "gfx_0.0.0", (7, JobTimes(5, 4, times, times)))
     m.set(jobs.LOST, "", {"unmatched": 1, "keys_full": 0})
+    m.put(jobs.BEHIND, where, "gfx_0.0.0\nns\nother-0", 2_000_000_000)
+    m.put(jobs.IDLE, where, "gfx_0.0.0", 5_000_000)
     m.put(jobs.RESETS[POD_HANGS], where, "", 1)
     m.put(jobs.RESETS[RESET_VICTIMS], where, "", 1)
 

@@ -24,10 +24,12 @@ from kubenpu.kernel import abi, bpfsys, btf, hooks
 from kubenpu.kernel.core import OBJECTS, shared_libbpf
 from kubenpu.kernel.errors import Cause, ProbeError
 from kubenpu.kernel.jobs import JobMaps, JobsKernel, Ring, tracepoints
-from kubenpu.kernel.records import Durations, JobTimes
+from kubenpu.kernel.records import Durations, JobStep, JobTimes
 from kubenpu.metrics.catalogue import (
     JOB_RUN,
     JOB_WAIT,
+    JOB_WAIT_BEHIND,
+    JOB_WAIT_IDLE,
     JOBS,
     JOBS_IN_FLIGHT,
     JOBS_LOST,
@@ -39,6 +41,7 @@ from kubenpu.metrics.series import Series
 from kubenpu.resolve import Attribution
 from kubenpu.resolve.cgroups import ProcCgroups
 from kubenpu.sources.base import Node
+from kubenpu.sources.contention import DONE, MARGIN_NS, QUEUED, RUN
 from kubenpu.sources.jobs import (
     FIRST_CHECK_SECONDS,
     MAX_HELD_RESETS,
@@ -96,7 +99,7 @@ def test_the_maps_read_back_every_field_in_place(maps: JobMaps) -> None:
     bpfsys.update(maps.fds[abi.JOB_LOST], (1).to_bytes(4, "little"), (9).to_bytes(8, "little"))
     assert maps.read() == {(77, RING): JobTimes(5, 2, wait, run, timeouts=3)}
     assert maps.rings() == {RING: Ring("gfx_0.0.0", "0000:03:00.0")}
-    assert maps.lost() == {"unmatched": 0, "keys_full": 9}
+    assert maps.lost() == {"unmatched": 0, "keys_full": 9, "events_full": 0}
 
 
 def test_forgetting_a_gone_cgroup_deletes_its_keys_only(maps: JobMaps) -> None:
@@ -293,7 +296,8 @@ class FakeJobsKernel:
             RING: Ring("gfx_0.0.0", GPU),
             RING + 1: Ring("testdrm-ring", "kubenpu_testdrm"),
         }
-        self.lost_counts = {"unmatched": 0, "keys_full": 0}
+        self.lost_counts = {"unmatched": 0, "keys_full": 0, "events_full": 0}
+        self.steps: list[JobStep] = []  # the ring buffer's records not yet read
         self.forgotten: list[int] = []
         self.closed = False
 
@@ -320,6 +324,10 @@ class FakeJobsKernel:
 
     def lost(self) -> dict[str, int]:
         return dict(self.lost_counts)
+
+    def events(self) -> list[JobStep]:
+        found, self.steps = self.steps, []
+        return found
 
     def forget(self, cgroup_ids: Iterable[int]) -> None:
         """The keys leave the table, as JobsKernel.forget deletes them."""
@@ -489,10 +497,44 @@ def test_job_series_count_against_the_series_cap() -> None:
 
 def test_the_kernels_losses_are_counted_by_reason() -> None:
     kernel = FakeJobsKernel()
-    kernel.lost_counts = {"unmatched": 3, "keys_full": 0}
+    kernel.lost_counts = {"unmatched": 3, "keys_full": 0, "events_full": 2}
     metrics = table(60, 1000)
     stage(kernel, FakeResolver(), Clock(), metrics).read()
-    assert values(metrics, JOBS_LOST) == {("unmatched",): 3}
+    assert values(metrics, JOBS_LOST) == {("unmatched",): 3, ("events_full",): 2}
+
+
+def step(kind: int, ms: int, fence: int, cgroup: int = 0) -> JobStep:
+    return JobStep(kind, ms * MS, fence, RING, cgroup)
+
+
+def test_blocked_by_seconds_per_pod_pair_and_idle_with_an_unnamed_pod_waiting() -> None:
+    """B waits 40 ms behind A's job and 10 ms on the idle ring; B's cgroup is unnamed at the
+    first read, so its seconds wait for the read that names it, none lost. A step older than
+    the replayed frontier is counted late."""
+    kernel, resolver, metrics = FakeJobsKernel(), FakeResolver(), table(60, 1000)
+    resolver.answers[7] = POD_A
+    now = [0]
+    jobs = Jobs(kernel, resolver, metrics, DEVICES, 5, 0.01, Clock(), now_ns=lambda: now[0])
+    jobs.start()
+    eventually(jobs.attached.is_set, "attached")
+    kernel.steps = [
+        step(QUEUED, 0, 1, 7),
+        step(RUN, 0, 1),
+        step(QUEUED, 10, 2, 8),
+        step(DONE, 50, 1),
+        step(RUN, 60, 2),
+        step(DONE, 70, 2),
+    ]
+    now[0] = 70 * MS + MARGIN_NS
+    jobs.read()
+    assert values(metrics, JOB_WAIT_BEHIND) == {}
+    resolver.answers[8] = Attribution(namespace="ns", pod="b", container="c", pod_uid="u-b")
+    kernel.steps = [step(QUEUED, 1, 3, 7)]  # older than the frontier: late
+    jobs.read()
+    b = ("ns", "b", "u-b", "c", GPU, "amdgpu", "gfx_0.0.0")
+    assert values(metrics, JOB_WAIT_BEHIND) == {(*b, "ns", "a"): 0.04}
+    assert values(metrics, JOB_WAIT_IDLE) == {b: 0.01}
+    assert values(metrics, JOBS_LOST)[("events_late",)] == 1
 
 
 def test_the_objects_structs_have_abis_layouts() -> None:
@@ -520,6 +562,9 @@ def test_the_objects_structs_have_abis_layouts() -> None:
         "job_times": abi.JOB_TIMES_VALUE.size,
         "ring": abi.RING.size,
     }
+    # a ring buffer's record type is in no map's BTF: the source asserts its size at compile
+    source = (Path(__file__).parents[1] / "bpf" / "jobs.bpf.c").read_text()
+    assert f"sizeof(struct job_event) == {abi.JOB_EVENT.size}," in source
 
 
 # --- resets: the guilty pod (the uevent's PID=) and the victims (the kernel's timeouts) -----
@@ -735,3 +780,41 @@ def test_resets_held_before_the_probe_attaches_are_bounded(procs, caplog) -> Non
     jobs.read()
     assert values(metrics, POD_HANGS) == {on_gpu("guilty"): MAX_HELD_RESETS}
     jobs.close()
+
+
+class FakeClients:
+    """fdinfo's clients: the cgroup id of each (device, drm-client-id)'s lowest pid."""
+
+    def __init__(self, held: dict[tuple[str, int], int]) -> None:
+        self.held = held
+
+    def client_cgroups(self) -> dict[tuple[str, int], int]:
+        return dict(self.held)
+
+
+def test_job_client_ids_are_joined_to_fdinfos_clients_and_disagreements_said(caplog) -> None:
+    """Client 5's jobs came from pod a's task, whose fd pod a holds: agree. Client 6's from
+    pod a's task but its fd is held by pod b (passed over a socket): said, and the jobs stay
+    pod a's. Client 7 is not in fdinfo yet: joined at the read that has it. Each once."""
+    caplog.set_level(logging.INFO, "kubenpu.sources.jobs")
+    kernel, resolver, metrics = FakeJobsKernel(), FakeResolver(), table(60, 1000)
+    resolver.answers[7] = POD_A
+    resolver.answers[8] = Attribution(namespace="ns", pod="b", container="c", pod_uid="u-b")
+    clients = FakeClients({(GPU, 5): 7, (GPU, 6): 8})
+    jobs = Jobs(kernel, resolver, metrics, DEVICES, 5, 0.01, Clock(), clients=clients)
+    jobs.start()
+    eventually(jobs.attached.is_set, "attached")
+    kernel.steps = [JobStep(QUEUED, 0, f, RING, 7, f // 10) for f in (50, 51, 60, 70)]
+    jobs.read()
+    assert jobs.joins == {"agree": 1, "disagree": 1}
+    clients.held[(GPU, 7)] = 7
+    kernel.steps = [JobStep(QUEUED, 0, 52, RING, 7, 5)]  # client 5 again: compared once
+    jobs.read()
+    assert jobs.joins == {"agree": 2, "disagree": 1}
+    said = [r.getMessage() for r in caplog.records if "client" in r.getMessage()]
+    assert said == [
+        "GPU jobs: client ids joined to fdinfo's clients: client 5 on 0000:03:00.0 is pod ns/a's "
+        "in both",
+        "GPU jobs: client 6 on 0000:03:00.0 queued jobs from pod ns/a, but its fd is held by pod "
+        "ns/b; the jobs count for the queueing task's (1 such clients)",
+    ]

@@ -60,9 +60,10 @@ NODE = "node-a"
 SECOND = 1_000_000_000
 AGENT_START_NS = 1_750_000_000 * SECOND  # 2025-06-15T15:06:40Z
 SERIES_TTL = 5.0  # seconds: a pod gone this long before the render is retired, one gone later kept
-# The series the sources below hold (ioctl 6, durations 3, jobs 3 x 4, allocations 7, telemetry
-# 34, resets 2) plus 2 of the flood's 5 telemetry points: over_the_cap() then finds no room.
-MAX_SERIES = 66
+# The series the sources below hold (ioctl 6, durations 3, jobs 3 x 4, blocked-by 3,
+# allocations 7, telemetry 34, resets 2) plus 2 of the flood's 5 telemetry points: over_the_cap()
+# then finds no room.
+MAX_SERIES = 69
 
 # --- who calls: the pods and processes the sources report ----------------------------------
 
@@ -173,7 +174,11 @@ def jobs(m: Metrics) -> None:
         (101, JobTimes(1, 1, durations([1e-6]), durations([0.5]))),
     )
     m.put(gpu_jobs.JOB_TIMES, SERVER, "npu", (201, JobTimes(0, 0, durations([]), durations([]))))
-    m.set(gpu_jobs.LOST, "", {"unmatched": 2, "keys_full": 0})
+    m.set(gpu_jobs.LOST, "", {"unmatched": 2, "keys_full": 0, "events_full": 1, "events_late": 0})
+    # the trainer's wait: 1.5 s behind the server's jobs, 0.25 s behind its own, 0.01 s idle
+    m.put(gpu_jobs.BEHIND, TRAINER, "gfx_0.0.0\nserving\nllm-0", 1_500_000_000)
+    m.put(gpu_jobs.BEHIND, TRAINER, "gfx_0.0.0\nml\ntrainer-0", 250_000_000)
+    m.put(gpu_jobs.IDLE, TRAINER, "gfx_0.0.0", 10_000_000)
 
 
 def attribution(m: Metrics) -> None:

@@ -263,7 +263,11 @@ JOBS = "jobs"  # u64 scheduler fence -> the job in flight (LRU hash)
 JOB_TIMES = "job_times"  # JOB_KEY -> JOB_TIMES_VALUE (hash)
 RINGS = "rings"  # u64 scheduler address -> RING (hash)
 JOB_LOST = "job_lost"  # u64 per JOB_LOST reason (array)
-JOB_LOST_REASONS = ("unmatched", "keys_full")
+JOB_LOST_REASONS = ("unmatched", "keys_full", "events_full")
+JOB_EVENTS = "job_events"  # one JOB_EVENT per job step (ring buffer)
+# struct job_event: u32 kind, u32 pad, u64 ts_ns, fence, ring, cgroup_id, client_id
+JOB_EVENT = struct.Struct("=IIQQQQQ")
+JOB_EVENT_KINDS = ("queued", "run", "done")  # by the record's kind
 # struct job_key: u64 cgroup_id, u64 ring
 JOB_KEY = struct.Struct("=QQ")
 # struct job_times: u64 queued, done, wait_sum_ns, run_sum_ns, timeouts, wait[DURATION_SLOTS],

@@ -20,7 +20,7 @@ from typing import NamedTuple
 from kubenpu.kernel import abi, bpfsys, btf, hooks
 from kubenpu.kernel.core import OBJECTS, shared_libbpf
 from kubenpu.kernel.errors import Cause, ProbeError
-from kubenpu.kernel.records import Durations, JobTimes
+from kubenpu.kernel.records import Durations, JobStep, JobTimes, job_step
 
 
 class Ring(NamedTuple):
@@ -84,6 +84,8 @@ class JobsKernel:
         self._obj: int | None = None
         self._links: list[int] = []
         self._maps = JobMaps({})
+        self._events: bpfsys.RingBuffer | None = None
+        self._read: list[JobStep] = []  # what the ring buffer's callback decoded, until taken
 
     def available(self) -> bool:
         """Whether the kernel has the scheduler's tracepoints now (a driver on it is loaded).
@@ -162,13 +164,28 @@ class JobsKernel:
         lib.messages.clear()
         self._obj = lib.open(self._path, btf_path)
         lib.load(self._obj, programs, "the jobs object")
-        names = (abi.JOB_TIMES, abi.RINGS, abi.JOB_LOST)
+        names = (abi.JOB_TIMES, abi.RINGS, abi.JOB_LOST, abi.JOB_EVENTS)
         self._maps = JobMaps({n: lib.lib.bpf_map__fd(lib.find_map(self._obj, n)) for n in names})
+        try:
+            self._events = bpfsys.RingBuffer(self._maps.fds[abi.JOB_EVENTS], self._decoded)
+        except bpfsys.BpfError as exc:
+            raise ProbeError(f"the jobs' ring buffer: {exc}") from exc
         for name in sorted(programs):
             self._links.append(lib.attach(self._obj, name))
 
     def read(self) -> dict[tuple[int, int], JobTimes]:
         return self._maps.read()
+
+    def _decoded(self, raw: bytes) -> None:
+        self._read.append(job_step(raw))
+
+    def events(self) -> list[JobStep]:
+        """The job steps recorded since the last call (the ring buffer consumed, not waited
+        on)."""
+        if self._events is not None:
+            self._events.poll(0)
+        found, self._read = self._read, []
+        return found
 
     def rings(self) -> dict[int, Ring]:
         return self._maps.rings()
@@ -182,6 +199,9 @@ class JobsKernel:
     def close(self) -> None:
         if self._lib is None:
             return
+        if self._events is not None:
+            self._events.close()
+            self._events = None
         for link in self._links:
             self._lib.lib.bpf_link__destroy(link)
         self._links.clear()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from kubenpu.kernel.abi import JOB_EVENT
+
 
 class Event(NamedTuple):
     ts_ns: int
@@ -48,3 +50,19 @@ class JobTimes(NamedTuple):
     wait: Durations
     run: Durations
     timeouts: int = 0  # the ring's scheduler timeouts that found jobs of it in flight
+
+
+class JobStep(NamedTuple):
+    """One step of one GPU job (a `job_events` record, abi.JOB_EVENT)."""
+
+    kind: int  # abi.JOB_EVENT_KINDS' index: queued, run, done
+    ts_ns: int
+    fence: int  # the job: its scheduler fence's address
+    ring: int  # the scheduler's address
+    cgroup_id: int = 0  # queued only: the submitting task's
+    client_id: int = 0  # queued only, 6.17 on: the DRM client's drm-client-id
+
+
+def job_step(raw: bytes) -> JobStep:
+    kind, _, ts, fence, ring, cgroup_id, client_id = JOB_EVENT.unpack_from(raw)
+    return JobStep(kind, ts, fence, ring, cgroup_id, client_id)

@@ -192,6 +192,25 @@ JOBS_IN_FLIGHT = Spec(
     "GPU jobs queued and not yet done, per pod, device and ring, at the last read.",
     _JOB_LABELS,
 )
+JOB_WAIT_BEHIND = Spec(
+    "kubenpu.job.wait.behind",
+    "counter",
+    "s",
+    "GPU job queue wait spent while another pod's jobs ran on the ring (behind_namespace, "
+    "behind_pod; the pod itself where it waited behind its own), per pod, device and ring: each "
+    "interval's wait split over the running pods by their running jobs. With "
+    "kubenpu_job_wait_idle_seconds_total it sums to the pod's queue wait (docs/jobs.md#who-is-"
+    "in-my-way). Past metrics.max_behind_pairs pairs on a ring, behind_pod is other.",
+    (*_JOB_LABELS, "behind_namespace", "behind_pod"),
+)
+JOB_WAIT_IDLE = Spec(
+    "kubenpu.job.wait.idle",
+    "counter",
+    "s",
+    "GPU job queue wait spent while no job ran on the ring (on the job's dependencies, or the "
+    "scheduler's own latency), per pod, device and ring (docs/jobs.md#who-is-in-my-way).",
+    _JOB_LABELS,
+)
 POD_HANGS = Spec(
     "kubenpu.pod.device.hangs",
     "counter",
@@ -214,7 +233,9 @@ JOBS_LOST = Spec(
     "{job}",
     "GPU job events the kernel side could not use, by reason: unmatched (a run or done of a job "
     "not seen queued: queued before the probe attached), keys_full (no room for a new {cgroup, "
-    "ring} in the kernel's table: the job is not in the histograms).",
+    "ring} in the kernel's table: the job is not in the histograms), events_full (no room in "
+    "the kernel's ring buffer of job steps: the blocked-by seconds miss the step), events_late "
+    "(a job step read after its ring was replayed past it: replayed late).",
     ("reason",),
 )
 IOCTL_ERRORS = Spec(
@@ -815,6 +836,8 @@ SPECS = (
     JOB_RUN,
     JOBS,
     JOBS_IN_FLIGHT,
+    JOB_WAIT_BEHIND,
+    JOB_WAIT_IDLE,
     JOBS_LOST,
     POD_HANGS,
     RESET_VICTIMS,

@@ -32,10 +32,12 @@ from kubenpu.discovery import Device, platform_id
 from kubenpu.kernel.abi import JOB_LOST_REASONS
 from kubenpu.kernel.errors import ProbeError
 from kubenpu.kernel.jobs import JobsKernel, Ring
-from kubenpu.kernel.records import JobTimes
+from kubenpu.kernel.records import JobStep, JobTimes
 from kubenpu.metrics.catalogue import (
     JOB_RUN,
     JOB_WAIT,
+    JOB_WAIT_BEHIND,
+    JOB_WAIT_IDLE,
     JOBS,
     JOBS_IN_FLIGHT,
     JOBS_LOST,
@@ -51,6 +53,8 @@ from kubenpu.resolve.cgroups import ProcCgroups
 from kubenpu.resolve.hold import Hold, Resolve
 from kubenpu.services import Streak, Worker
 from kubenpu.sources.base import Node
+from kubenpu.sources.contention import OTHER, UNKNOWN, Contention
+from kubenpu.sources.usage import Usage
 
 log = logging.getLogger(__name__)
 
@@ -117,20 +121,49 @@ JOB_TIMES = PodFamily(
     fold=_fold,
 )
 RESETS = {spec: _resets(spec) for spec in (POD_HANGS, RESET_VICTIMS)}
-# set(LOST, "", {reason: n}): the kernel side's job losses by reason, cumulative.
+# set(LOST, "", {reason: n}): the job losses by reason, cumulative: the kernel side's, and
+# the job steps the blocked-by replay took late.
+LATE = "events_late"
 LOST = NodeFamily(
     JOBS_LOST.name,
     lambda rows, start: [
         (JOBS_LOST, [Point({"reason": r}, n, start) for r, n in rows[""].items()])
     ],
-    initial=lambda: {"": dict.fromkeys(JOB_LOST_REASONS, 0)},
+    initial=lambda: {"": dict.fromkeys((*JOB_LOST_REASONS, LATE), 0)},
 )
-FAMILIES = (JOB_TIMES, *RESETS.values(), LOST)
+_SEP = "\n"  # in a behind row's key: no ring, namespace or pod name holds a newline
+
+
+def _behind_points(rows: list[PodRow]) -> Snapshot:
+    points = []
+    for row in rows:
+        ring, namespace, pod = row.key.split(_SEP)
+        attrs = {**row.where, "ring": ring, "behind_namespace": namespace, "behind_pod": pod}
+        points.append(Point(attrs, row.value / 1e9, row.start_ns))
+    return [(JOB_WAIT_BEHIND, points)]
+
+
+def _idle_points(rows: list[PodRow]) -> Snapshot:
+    points = [Point({**r.where, "ring": r.key}, r.value / 1e9, r.start_ns) for r in rows]
+    return [(JOB_WAIT_IDLE, points)]
+
+
+# put(BEHIND, where, "ring\nbehind namespace\nbehind pod", ns): queue wait behind that pod's
+# jobs; put(IDLE, where, ring, ns): on an idle ring. Counters, in ns until rendered.
+BEHIND = PodFamily("jobs_behind", _behind_points, added, capped=True)
+IDLE = PodFamily("jobs_idle", _idle_points, added, capped=True)
+FAMILIES = (JOB_TIMES, *RESETS.values(), LOST, BEHIND, IDLE)
 
 
 class _Reset(NamedTuple):
     device: str
     guilty: int | None  # the cgroup id of the task the kernel named
+
+
+class Clients(Protocol):
+    """What the client-id join needs of the fdinfo source (kubenpu.sources.usage.Usage)."""
+
+    def client_cgroups(self) -> dict[tuple[str, int], int]: ...
 
 
 class JobsProbe(Protocol):
@@ -142,6 +175,7 @@ class JobsProbe(Protocol):
     def read(self) -> dict[tuple[int, int], JobTimes]: ...
     def rings(self) -> dict[int, Ring]: ...
     def lost(self) -> dict[str, int]: ...
+    def events(self) -> list[JobStep]: ...
     def forget(self, cgroup_ids: Iterable[int]) -> None: ...
     def close(self) -> None: ...
 
@@ -162,6 +196,9 @@ class Jobs:
         clock: Callable[[], float] = time.monotonic,
         cgroups: ProcCgroups | None = None,
         first_check_seconds: float = 0.0,
+        max_pairs: int = 16,
+        now_ns: Callable[[], int] = time.monotonic_ns,
+        clients: Clients | None = None,
     ) -> None:
         self._kernel = kernel
         self._metrics = metrics
@@ -184,6 +221,17 @@ class Jobs:
         self._dropped = 0  # resets dropped while MAX_HELD_RESETS waited, said once
         self._paired: dict[tuple[int, int], int] = {}  # key -> its timeouts taken by resets
         self._rising_since: dict[tuple[int, int], float] = {}  # key -> unpaired rise first seen
+        self._contention = Contention(max_pairs)
+        self._now_ns = now_ns  # bpf_ktime_get_ns's clock, CLOCK_MONOTONIC
+        # Blocked-by ns whose cgroups the resolver cannot name yet: (ring, waiter, behind or
+        # None for idle) -> ns, put once it can.
+        self._owed: collections.Counter[tuple[int, int, int | None]] = collections.Counter()
+        # The client-id join (6.17 on): (ring, client id, queueing cgroup) not yet compared with
+        # fdinfo's client, and those compared; how many agreed and disagreed.
+        self._clients = clients
+        self._unjoined: set[tuple[int, int, int]] = set()
+        self._joined: set[tuple[int, int, int]] = set()
+        self.joins = {"agree": 0, "disagree": 0}
 
     def start(self) -> Worker:
         """The attach thread, started; it ends once attached (or when the kernel cannot)."""
@@ -226,6 +274,8 @@ class Jobs:
         retire the cgroups that are gone."""
         if not self.attached.is_set():
             return
+        now = self._now_ns()  # before the ring buffer is read: no step after it is replayed
+        steps = self._kernel.events()
         rings, table = self._kernel.rings(), self._kernel.read()
         cgroups = set()
         for (cgroup_id, ring_addr), times in table.items():
@@ -234,10 +284,90 @@ class Jobs:
             if ring is None or who is None:
                 continue  # read again next time: the values are cumulative
             self._metrics.put(JOB_TIMES, self._where(who, ring), ring.name, (cgroup_id, times))
-        self._metrics.set(LOST, "", dict(self._kernel.lost()))
+        self._contend(steps, now, rings)
+        self._join(rings)
+        self._metrics.set(LOST, "", {**self._kernel.lost(), LATE: self._contention.late})
         self._count_resets(table, rings)
         dead = [c for c in cgroups if c in self._who and not self._resolver.alive(c)]
         self._reap(dead, [(c, rings.get(a)) for c, a in table if c in dead])
+
+    def _contend(self, steps: list[JobStep], now: int, rings: dict[int, Ring]) -> None:
+        """The blocked-by replay up to now, its nanoseconds put per pod where the resolver
+        names both cgroups (else kept for a later read)."""
+        self._contention.add(steps)
+        self._contention.advance(now)
+        behind, idle = self._contention.take()
+        self._owed.update(behind)
+        self._owed.update({(ring, waiter, None): ns for (ring, waiter), ns in idle.items()})
+        for key, ns in list(self._owed.items()):
+            ring_addr, waiter, blocker = key
+            ring, who = rings.get(ring_addr), self._attribute(waiter)
+            labels = self._behind_labels(blocker)
+            if ring is None or who is None or labels is None:
+                continue
+            where = self._where(who, ring)
+            if blocker is None:
+                self._metrics.put(IDLE, where, ring.name, ns)
+            else:
+                self._metrics.put(BEHIND, where, _SEP.join((ring.name, *labels)), ns)
+            del self._owed[key]
+
+    def _join(self, rings: dict[int, Ring]) -> None:
+        """Each job client (ring, client id, queueing cgroup) once against fdinfo's client of
+        that id on the ring's device: the pods of the queueing task and of the client's lowest
+        pid should be one. The queueing task's is kept where not (docs/jobs.md, Which pod)."""
+        found, self._contention.clients = self._contention.clients, set()
+        if self._clients is None:
+            return
+        self._unjoined |= found - self._joined
+        held = self._clients.client_cgroups()
+        for key in list(self._unjoined):
+            ring_addr, client_id, cgroup = key
+            ring = rings.get(ring_addr)
+            holder = None if ring is None else held.get((self._device(ring.device), client_id))
+            queuer = self._attribute(cgroup)
+            owner = None if holder is None else self._attribute(holder)
+            if ring is None or queuer is None or owner is None:
+                continue  # fdinfo has not read the client yet, or a pod is not named yet
+            self._unjoined.discard(key)
+            self._joined.add(key)
+            agree = (queuer.namespace, queuer.pod, queuer.pod_uid) == (
+                owner.namespace,
+                owner.pod,
+                owner.pod_uid,
+            )
+            self.joins["agree" if agree else "disagree"] += 1
+            if not agree:
+                log.warning(
+                    "GPU jobs: client %d on %s queued jobs from pod %s/%s, but its fd is held "
+                    "by pod %s/%s; the jobs count for the queueing task's (%d such clients)",
+                    client_id,
+                    ring.device,
+                    queuer.namespace,
+                    queuer.pod,
+                    owner.namespace,
+                    owner.pod,
+                    self.joins["disagree"],
+                )
+            elif self.joins["agree"] == 1:
+                log.info(
+                    "GPU jobs: client ids joined to fdinfo's clients: client %d on %s is pod "
+                    "%s/%s's in both",
+                    client_id,
+                    ring.device,
+                    queuer.namespace,
+                    queuer.pod,
+                )
+
+    def _behind_labels(self, blocker: int | None) -> tuple[str, str] | None:
+        """(behind_namespace, behind_pod) of a blocking cgroup: other past the cap, the
+        unattributed conventions' empty pod for a job not seen queued; None while unnamed."""
+        if blocker is None or blocker == UNKNOWN:
+            return ("", "")
+        if blocker == OTHER:
+            return ("", "other")
+        who = self._attribute(blocker)
+        return None if who is None else (who.namespace, who.pod)
 
     def finish(self) -> None:
         """The last read, at the stop: the kernel's values since the last read are not lost."""
@@ -336,6 +466,10 @@ class Jobs:
                 self._rising_since.pop(key, None)
             self._metrics.gone(Where.of(who))
         self._kernel.forget(dead)
+        self._contention.forget(dead)
+        gone = set(dead)
+        self._unjoined = {k for k in self._unjoined if k[2] not in gone}
+        self._joined = {k for k in self._joined if k[2] not in gone}
 
     def _device(self, name: str) -> str:
         """The agent's device id of a scheduler's device name: a PCI address is its own; a
@@ -358,6 +492,7 @@ def build(node: Node) -> Jobs | None:
     if not cfg.probe.jobs:
         return None
     cgroups = ProcCgroups(cfg.attribution.cgroup_root)  # a reset's guilty pid to its cgroup
+    usage = node.built.get("fdinfo")  # its clients, for the client-id join
     pending = cfg.attribution.pending_seconds
     return Jobs(
         JobsKernel(),
@@ -367,4 +502,6 @@ def build(node: Node) -> Jobs | None:
         pending,
         cgroups=cgroups,
         first_check_seconds=FIRST_CHECK_SECONDS,
+        max_pairs=cfg.metrics.max_behind_pairs,
+        clients=usage if isinstance(usage, Usage) else None,
     )

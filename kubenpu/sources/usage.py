@@ -152,6 +152,11 @@ class Usage:
         """Per device, what each pod's clients used between the last two reads."""
         return self._interval
 
+    def client_cgroups(self) -> dict[tuple[str, int], int]:
+        """The cgroup id of each open client's lowest pid, by (device, drm-client-id), as the
+        last read saw them (the GPU jobs' client-id join, docs/jobs.md)."""
+        return {k: t.cgroup_id for k, t in self._clients.items() if t.cgroup_id is not None}
+
     def saw(self, tgids: Iterable[int], cgroup_ids: Iterable[int]) -> None:
         """What the probe saw since the last call: calling processes and their cgroups."""
         self._pids.update(tgids)

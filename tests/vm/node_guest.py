@@ -241,6 +241,44 @@ def _resets(prom: Samples) -> float:
     )
 
 
+TESTDRM_STAMPS = Path("/sys/kernel/debug/testdrm-jobs")
+
+
+def _by_pod(prom: Samples, name: str, *extra: str) -> dict[str, float]:
+    """One metric's testdrm samples summed per "pod[/extra label values]"."""
+    found: dict[str, float] = {}
+    for s in prom.get(name, []):
+        labels = s["labels"]
+        if labels["device"] == TESTDRM:
+            key = "/".join([labels["pod"], *(labels[e] for e in extra)])
+            found[key] = found.get(key, 0.0) + s["value"]
+    return found
+
+
+def _contention(prom: Samples) -> dict[str, dict[str, float]]:
+    """The blocked-by seconds per pod pair, the idle seconds and the queue wait per pod."""
+    return {
+        "behind": _by_pod(prom, "kubenpu_job_wait_behind_seconds_total", "behind_pod"),
+        "idle": _by_pod(prom, "kubenpu_job_wait_idle_seconds_total"),
+        "wait": _by_pod(prom, "kubenpu_job_wait_duration_seconds_sum"),
+    }
+
+
+def _cpu(prom: Samples) -> float:
+    return sum(s["value"] for s in prom.get("process_cpu_seconds_total", []))
+
+
+def _conserved(found: dict[str, dict[str, float]], pods: int) -> bool:
+    """Every pod's behind + idle seconds reached its queue wait (once the agent replayed every
+    job step: it holds back the last 0.1 s); the test checks the difference."""
+    accrued = dict(found["idle"])
+    for key, seconds in found["behind"].items():
+        pod = key.split("/")[0]
+        accrued[pod] = accrued.get(pod, 0.0) + seconds
+    wait = found["wait"]
+    return len(wait) == pods and all(abs(accrued.get(p, 0.0) - w) < 1e-6 for p, w in wait.items())
+
+
 def _pushed_jobs(receiver: OtlpReceiver, pods: int) -> dict[str, list[dict]] | None:
     """The job histograms of the last push, once it has every pod's."""
     found: dict[str, list[dict]] = {}
@@ -723,7 +761,27 @@ class Node:
         self.mark("hung job reset")
         pid = self.kubelet.status(hang)["pid"]
         pushed = wait_for("the jobs pushed", lambda: _pushed_jobs(receiver, len(JOB_PLANS) + 1))
-        return {"done": done, "hung": hung, "otlp": pushed, "hang_pid": pid}
+        pods = {**cids, JOB_C: hang, JOB_D: victim}
+        settled = scrape_until(
+            "the blocked-by seconds of every pod's queue wait",
+            lambda p: _conserved(_contention(p), len(pods)),
+        )
+        self.mark("blocked-by settled")
+        # the test driver's own per-job times, by the submitting process's pod
+        tgids = {self.kubelet.status(cid)["pid"]: pod.name for pod, cid in pods.items()}
+        stamps = [
+            [tgids.get(int(f[0]), f[0]), *map(int, f[1:])]
+            for f in (line.split() for line in TESTDRM_STAMPS.read_text().splitlines())
+        ]
+        return {
+            "done": done,
+            "hung": hung,
+            "otlp": pushed,
+            "hang_pid": pid,
+            "contention": _contention(settled),
+            "stamps": stamps,
+            "cpu": [_cpu(done), _cpu(settled)],
+        }
 
     @staticmethod
     def otlp_telemetry(receiver: OtlpReceiver) -> dict[str, list[dict]]:

@@ -33,13 +33,23 @@
  * kills the jobs still queued (drm_sched_entity_destroy). The scheduler's tracepoints see
  * these jobs as a real driver's.
  *
+ * Each job's own times (ktime_get_ns, the clock of bpf_ktime_get_ns) are kept, the first
+ * MAX_STAMPS jobs since load: queued (just before the push that fires the queue tracepoint), run
+ * (run_job's start, right after the run tracepoint) and done (just before its hardware fence is
+ * signalled or failed, which fires the done tracepoint), with the submitter's tgid. The debugfs
+ * file testdrm-jobs prints one line per job, "tgid queued run done" (0: not yet): the
+ * reference the VM test computes each pod's wait behind the others from, independently of the
+ * scheduler's tracepoints.
+ *
  * Writing a recovery method ("rebind", "none") to the `wedge` parameter sends the DRM wedged
  * uevent a driver sends after a hang, with the writer as the guilty task: through
  * drm_dev_wedged_event() where the kernel has it with task info (6.17), else the same uevent
  * by hand (its format: drivers/gpu/drm/drm_drv.c). Built in the VM harness against the guest
  * kernel's headers (tests/vm/build.sh); never meant for a real machine.
  */
+#include <linux/debugfs.h>
 #include <linux/hwmon.h>
+#include <linux/seq_file.h>
 #include <linux/module.h>
 #include <linux/platform_device.h>
 #include <linux/sched.h>
@@ -80,6 +90,32 @@ module_param(in_mv, long, 0644);
 MODULE_PARM_DESC(in_mv, "in0_input in mV");
 
 static atomic64_t submit_energy_uj = ATOMIC64_INIT(0);
+
+#define MAX_STAMPS 1024
+struct testdrm_stamp {
+	pid_t tgid;
+	u64 queued, run, done;
+};
+static struct testdrm_stamp stamps[MAX_STAMPS];
+static atomic_t stamped = ATOMIC_INIT(0);
+static struct dentry *stamps_file;
+
+static int testdrm_stamps_show(struct seq_file *m, void *unused)
+{
+	int i, n = min(atomic_read(&stamped), MAX_STAMPS);
+
+	for (i = 0; i < n; i++)
+		seq_printf(m, "%d %llu %llu %llu\n", stamps[i].tgid, READ_ONCE(stamps[i].queued),
+			   READ_ONCE(stamps[i].run), READ_ONCE(stamps[i].done));
+	return 0;
+}
+DEFINE_SHOW_ATTRIBUTE(testdrm_stamps);
+
+static void testdrm_stamp(int stamp, u64 *field)
+{
+	if (stamp >= 0 && stamp < MAX_STAMPS)
+		WRITE_ONCE(*field, ktime_get_ns());
+}
 
 static struct testdrm_device *testdrm;
 
@@ -148,6 +184,7 @@ struct testdrm_device {
 struct testdrm_hw {
 	struct dma_fence base;
 	struct hrtimer timer;
+	int stamp; /* its job's in stamps */
 };
 
 struct testdrm_job {
@@ -155,6 +192,7 @@ struct testdrm_job {
 	u32 duration_us;
 	struct testdrm_hw *hw;
 	pid_t pid; /* the submitter: the guilty task if the job hangs */
+	int stamp; /* its index in stamps */
 	char comm[TASK_COMM_LEN];
 };
 
@@ -212,6 +250,7 @@ static enum hrtimer_restart testdrm_job_over(struct hrtimer *timer)
 {
 	struct testdrm_hw *hw = container_of(timer, struct testdrm_hw, timer);
 
+	testdrm_stamp(hw->stamp, &stamps[hw->stamp % MAX_STAMPS].done);
 	dma_fence_signal(&hw->base);
 	dma_fence_put(&hw->base); /* the timer's reference */
 	return HRTIMER_NORESTART;
@@ -240,8 +279,10 @@ static struct dma_fence *testdrm_run_job(struct drm_sched_job *sched_job)
 	struct testdrm_hw *hw = kzalloc(sizeof(*hw), GFP_KERNEL);
 	bool hold;
 
+	testdrm_stamp(job->stamp, &stamps[job->stamp % MAX_STAMPS].run);
 	if (!hw)
 		return ERR_PTR(-ENOMEM);
+	hw->stamp = job->stamp;
 	dma_fence_init(&hw->base, &testdrm_fence_ops, &testdrm->fence_lock, testdrm->fence_context,
 		       atomic64_inc_return(&testdrm->fence_seqno));
 	job->hw = hw;
@@ -264,6 +305,7 @@ static enum drm_gpu_sched_stat testdrm_timedout_job(struct drm_sched_job *sched_
 	drm_sched_stop(&testdrm->ring, sched_job);
 	if (job->hw && !dma_fence_is_signaled(&job->hw->base)) {
 		dma_fence_set_error(&job->hw->base, -ETIME);
+		testdrm_stamp(job->stamp, &stamps[job->stamp % MAX_STAMPS].done);
 		dma_fence_signal(&job->hw->base);
 	}
 #if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 17, 0)
@@ -310,6 +352,10 @@ static int testdrm_job(struct drm_file *file, u32 duration_us)
 		return ret;
 	}
 	drm_sched_job_arm(&job->base);
+	job->stamp = atomic_inc_return(&stamped) - 1;
+	if (job->stamp < MAX_STAMPS)
+		stamps[job->stamp].tgid = task_tgid_nr(current);
+	testdrm_stamp(job->stamp, &stamps[job->stamp % MAX_STAMPS].queued);
 	drm_sched_entity_push_job(&job->base);
 	return 0;
 }
@@ -513,6 +559,8 @@ static int __init testdrm_init(void)
 	ret = drm_dev_register(&testdrm->drm, 0);
 	if (ret)
 		goto out_sched;
+	stamps_file = debugfs_create_file("testdrm-jobs", 0444, NULL, NULL,
+					  &testdrm_stamps_fops);
 	return 0;
 
 out_sched:
@@ -526,6 +574,7 @@ out_unregister:
 
 static void __exit testdrm_exit(void)
 {
+	debugfs_remove(stamps_file);
 	drm_dev_unregister(&testdrm->drm);
 	drm_sched_fini(&testdrm->ring);
 	devres_release_group(&testdrm_pdev->dev, NULL);
