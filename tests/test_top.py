@@ -629,7 +629,8 @@ def test_live_view_survives_an_agent_going_away(serve, terminal):
 def test_prometheus_source_across_nodes(serve, tmp_path):
     """A real Prometheus 3 scrapes two recorded agents (as the ServiceMonitor does, with a
     `node` label); top reads it through the query API."""
-    growing = linear(fixture("agent-0.prom"), fixture("agent-1.prom"), record.SECONDS)
+    before, after = (with_waits(fixture(f"agent-{i}.prom"), i * record.SECONDS) for i in (0, 1))
+    growing = linear(before, after, record.SECONDS)
     nodes = {name: serve(stamped(growing)) for name in ("worker-1", "worker-2")}
     targets = "".join(
         f"  - targets: ['{s.url.split('/')[2]}']\n    labels: {{node: {name}}}\n"
@@ -660,12 +661,33 @@ def test_prometheus_source_across_nodes(serve, tmp_path):
         for node in nodes:
             assert by_total([r for r in rows if r["node"] == node]) == TOTAL_ORDER
         assert {r["node"] for r in rows[:2]} == set(nodes)  # trainer-0, 800/s on each
+        # BEHIND from rate() of the wait counters: their ratio, whatever the extrapolation (the
+        # served values are rounded to the millisecond: 0.1 % of a 5 s window's increase).
+        for r in rows:
+            if r["pod"] == "trainer-1":
+                share = pytest.approx(60, abs=0.1)
+                assert r["behind"] == {"who": "ml/trainer-0", "share_percent": share}
+            else:
+                assert r["behind"] == {"who": None, "share_percent": None}
 
         table = ctl("--prometheus", prom.url, "--window", "5", "--once").stdout.splitlines()
         assert table[0].startswith("kubenpu top - node worker-1, worker-2 - agent 0.1.0")
         assert table[1] == "devices (4): 0000:00:02.0 i915, 0000:00:0b.0 ivpu"
         assert table[4].split()[:3] == ["NODE", "NAMESPACE", "POD"]
         assert len(table) == 5 + 2 * len(record.RATES)
+
+
+def with_waits(text: str, seconds: float) -> str:
+    """A snapshot whose trainer-1 has queued GPU jobs for `seconds` on top of 100 s: 0.3 s a
+    second behind trainer-0, 0.1 behind itself and 0.1 on an idle ring (60 % behind trainer-0)."""
+    place = 'container="main",device="0000:00:02.0",namespace="ml",pod="trainer-1",vendor="i915"'
+    place += ',ring="rcs0"'
+    lines = [
+        f'{BEHIND}{{{place},behind_namespace="ml",behind_pod="{pod}"}} {100 + rate * seconds}'
+        for pod, rate in (("trainer-0", 0.3), ("trainer-1", 0.1))
+    ]
+    lines.append(f"{IDLE_WAIT}{{{place}}} {100 + 0.1 * seconds}")
+    return text + "\n".join([*lines, ""])
 
 
 def check_extrapolated(

@@ -7,7 +7,6 @@ kubenpu_job_wait_idle_seconds_total, docs/jobs.md#who-is-in-my-way)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from kubenpu.cli.top.frames import IDLE, blocker
@@ -52,25 +51,18 @@ class Contention:
     pairs: list[Pair]  # those with wait in the window, the longest first
 
 
-def read(
-    url: str,
-    device: str,
-    window: float,
-    timeout: float = 5.0,
-    sleep: Callable[[float], None] = time.sleep,
-) -> Contention:
+def read(url: str, device: str, window: float, timeout: float = 5.0) -> Contention:
     """The device's pairs over `window` seconds between two scrapes of `url` (0: the counters'
     totals, since the agent began them). TopError when the agent cannot be read or does not
     know the device."""
     before, _ = scrape(url, timeout)
     found = _device(before, device)
+    waits = _waits(before, found)
     if window:
-        sleep(window)
-        after, _ = scrape(url, timeout)
-        waits = counter_rates(_waits(before, found), _waits(after, found), 1.0)  # increases
-    else:
-        waits = _waits(before, found)
-    return Contention(found, bool(_waits(before, found)), pairs(waits))
+        time.sleep(window)
+        after = _waits(scrape(url, timeout)[0], found)  # the first waits may come in between
+        return Contention(found, bool(after), pairs(counter_rates(waits, after, 1.0)))
+    return Contention(found, bool(waits), pairs(waits))
 
 
 def _device(series: list[Series], wanted: str) -> str:
@@ -85,7 +77,7 @@ def _device(series: list[Series], wanted: str) -> str:
 
 
 def _waits(series: list[Series], device: str) -> list[Series]:
-    return [s for s in series if s.name in (BEHIND, IDLE_WAIT) and s.labels["device"] == device]
+    return [s for s in series if s.name in (BEHIND, IDLE_WAIT) and s.labels.get("device") == device]
 
 
 def pairs(waits: list[Series]) -> list[Pair]:
@@ -94,7 +86,12 @@ def pairs(waits: list[Series]) -> list[Pair]:
     seconds: dict[tuple[str, str, str, str], float] = {}
     for s in waits:
         who = blocker(s.labels) if s.name == BEHIND else IDLE
-        key = (s.labels.get("namespace", ""), s.labels.get("pod", ""), s.labels["ring"], who)
+        key = (
+            s.labels.get("namespace", ""),
+            s.labels.get("pod", ""),
+            s.labels.get("ring", ""),
+            who,
+        )
         seconds[key] = seconds.get(key, 0.0) + s.value
     totals: dict[tuple[str, str, str], float] = {}
     for (namespace, pod, ring, _), n in seconds.items():
