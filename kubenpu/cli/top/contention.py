@@ -61,6 +61,7 @@ def read(url: str, device: str, window: float, timeout: float = 5.0) -> Contenti
     if window:
         time.sleep(window)
         after = _waits(scrape(url, timeout)[0], found)  # the first waits may come in between
+        # A "rate" over 1 s is the increase: a counter reset or a series born counts from 0.
         return Contention(found, bool(after), pairs(counter_rates(waits, after, 1.0)))
     return Contention(found, bool(waits), pairs(waits))
 
