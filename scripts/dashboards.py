@@ -280,6 +280,8 @@ def run(api: Api, name: str, board: dict, at: Window) -> Board:
     }
     queries = []
     for panel in board["panels"]:
+        if panel["type"] == "row":  # a heading: no queries
+            continue
         columns = value_columns(panel) if panel["type"] == "table" else {}
         hidden = frozenset(k for k, v in organize(panel).get("excludeByName", {}).items() if v)
         unit, wide = units(panel), panel["gridPos"]["w"] > 12

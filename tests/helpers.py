@@ -383,6 +383,14 @@ RECORDED_SINCE = {
     "GPU jobs per second by pod": "kubenpu_jobs_total",
     "GPU jobs in flight by pod": "kubenpu_jobs_in_flight",
     "GPU job events lost, by reason": "kubenpu_jobs_lost_total",
+    **dict.fromkeys(
+        (
+            "Share of queue wait behind each pod, per device and ring",
+            "Share of queue wait on an idle ring",
+            "Queue wait behind each pod, seconds per second",
+        ),
+        "kubenpu_job_wait_behind_seconds_total",
+    ),
     "GPU device resets by pod: hung, and work lost": "kubenpu_pod_device_hangs_total",
     "Calls held for the CRI": "kubenpu_pending_calls",
     "Probe pinned in bpffs": "kubenpu_probe_pinned",

@@ -158,3 +158,29 @@ def test_a_broken_query_is_reported(tmp_path, monkeypatch):
     boards = dashboards.run_all(dashboards.tools(), recording, tmp_path)
     problems = dashboard_problems(boards, recording)
     assert problems and all(PODS_PANEL in p for p in problems), problems
+
+
+def test_the_recorded_job_waits_are_conserved():
+    """Per pod and ring, the seconds behind each pod and on an idle ring add up to the wait
+    histogram's sum in every scrape: the rule the agent keeps (docs/jobs.md#who-is-in-my-way),
+    so the "Who is in my way" shares of the recording add up to 100 %."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    checked = 0
+    for scrape in json.loads(RECORDING.read_text())["scrapes"]:
+        parts: dict[tuple, float] = {}
+        sums: dict[tuple, float] = {}
+        for family in text_string_to_metric_families(scrape["text"]):
+            for s in family.samples:
+                place = tuple(s.labels.get(k) for k in ("namespace", "pod", "container", "ring"))
+                if s.name in (
+                    "kubenpu_job_wait_behind_seconds_total",
+                    "kubenpu_job_wait_idle_seconds_total",
+                ):
+                    parts[place] = parts.get(place, 0.0) + s.value
+                elif s.name == "kubenpu_job_wait_duration_seconds_sum":
+                    sums[place] = s.value
+        assert parts == pytest.approx(sums, abs=1e-9)
+        checked += len(sums)
+    if not checked:  # a fresh recording of a VM run without probe.jobs
+        pytest.skip("the recording has no GPU job waits")

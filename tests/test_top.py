@@ -31,7 +31,15 @@ from kubenpu.cli import top
 from kubenpu.cli.ctl import main as ctl_main
 from kubenpu.cli.top import sources
 from kubenpu.cli.top.render import columns
-from kubenpu.cli.top.sources import ALLOCATED, SOURCES, STAMP, ScrapeSource, TopError
+from kubenpu.cli.top.sources import (
+    ALLOCATED,
+    BEHIND,
+    IDLE_WAIT,
+    SOURCES,
+    STAMP,
+    ScrapeSource,
+    TopError,
+)
 from kubenpu.cli.top.view import ALIASES, HELP, _View
 from kubenpu.discovery import Device, Node
 from kubenpu.export import build_resource
@@ -481,10 +489,12 @@ class Terminal:
 def table_rows(lines: list[str]) -> tuple[list[str], list[dict[str, str]]]:
     """The column titles and the rows below them, as a person reads the screen."""
     at = next(i for i, line in enumerate(lines) if line.startswith("NAMESPACE"))
-    titles = lines[at].replace("IDLE FOR", "IDLE-FOR").split()  # one column, one cell
+    # Columns are two spaces apart; a title (IDLE FOR) or a cell (BEHIND's `ns/pod 73%`) may
+    # hold one.
+    titles = re.split(r" {2,}", lines[at].strip())
     rows = []
     for line in lines[at + 1 :]:
-        cells = line.split()
+        cells = re.split(r" {2,}", line.strip())
         if len(cells) != len(titles):
             break
         rows.append(dict(zip([t.rstrip("*") for t in titles], cells, strict=True)))
@@ -619,7 +629,8 @@ def test_live_view_survives_an_agent_going_away(serve, terminal):
 def test_prometheus_source_across_nodes(serve, tmp_path):
     """A real Prometheus 3 scrapes two recorded agents (as the ServiceMonitor does, with a
     `node` label); top reads it through the query API."""
-    growing = linear(fixture("agent-0.prom"), fixture("agent-1.prom"), record.SECONDS)
+    before, after = (with_waits(fixture(f"agent-{i}.prom"), i * record.SECONDS) for i in (0, 1))
+    growing = linear(before, after, record.SECONDS)
     nodes = {name: serve(stamped(growing)) for name in ("worker-1", "worker-2")}
     targets = "".join(
         f"  - targets: ['{s.url.split('/')[2]}']\n    labels: {{node: {name}}}\n"
@@ -650,12 +661,33 @@ def test_prometheus_source_across_nodes(serve, tmp_path):
         for node in nodes:
             assert by_total([r for r in rows if r["node"] == node]) == TOTAL_ORDER
         assert {r["node"] for r in rows[:2]} == set(nodes)  # trainer-0, 800/s on each
+        # BEHIND from rate() of the wait counters: their ratio, whatever the extrapolation (the
+        # served values are rounded to the millisecond: 0.1 % of a 5 s window's increase).
+        for r in rows:
+            if r["pod"] == "trainer-1":
+                share = pytest.approx(60, abs=0.1)
+                assert r["behind"] == {"who": "ml/trainer-0", "share_percent": share}
+            else:
+                assert r["behind"] == {"who": None, "share_percent": None}
 
         table = ctl("--prometheus", prom.url, "--window", "5", "--once").stdout.splitlines()
         assert table[0].startswith("kubenpu top - node worker-1, worker-2 - agent 0.1.0")
         assert table[1] == "devices (4): 0000:00:02.0 i915, 0000:00:0b.0 ivpu"
         assert table[4].split()[:3] == ["NODE", "NAMESPACE", "POD"]
         assert len(table) == 5 + 2 * len(record.RATES)
+
+
+def with_waits(text: str, seconds: float) -> str:
+    """A snapshot whose trainer-1 has queued GPU jobs for `seconds` on top of 100 s: 0.3 s a
+    second behind trainer-0, 0.1 behind itself and 0.1 on an idle ring (60 % behind trainer-0)."""
+    place = 'container="main",device="0000:00:02.0",namespace="ml",pod="trainer-1",vendor="i915"'
+    place += ',ring="rcs0"'
+    lines = [
+        f'{BEHIND}{{{place},behind_namespace="ml",behind_pod="{pod}"}} {100 + rate * seconds}'
+        for pod, rate in (("trainer-0", 0.3), ("trainer-1", 0.1))
+    ]
+    lines.append(f"{IDLE_WAIT}{{{place}}} {100 + 0.1 * seconds}")
+    return text + "\n".join([*lines, ""])
 
 
 def check_extrapolated(
@@ -732,12 +764,13 @@ def replay(texts: list[str]) -> Callable[[float], str]:
 
 def recorded_step(before: str, after: str) -> dict[tuple[str, ...], dict[str, float]]:
     """(namespace, pod, container, device, vendor) -> increase per kind from `before` to `after`,
-    for every call series in `after`, and 0 per kind for a pod's device with fdinfo or allocation
-    series only (the test driver's clients, a device held idle: rows without calls)."""
+    for every call series in `after`, and 0 per kind for a pod's device with fdinfo, allocation
+    or job wait series only (the test driver's clients, a device held idle: rows without
+    calls)."""
     old = {(s.name, frozenset(s.labels.items())): s.value for s in top.parse(before)[0]}
     rows: dict[tuple[str, ...], dict[str, float]] = {}
     for s in top.parse(after)[0]:
-        if s.name in (top.BUSY, top.MEMORY, ALLOCATED):
+        if s.name in (top.BUSY, top.MEMORY, ALLOCATED, BEHIND, IDLE_WAIT):
             key = tuple(s.labels.get(k, "") for k in top.POD_LABELS)
             rows.setdefault(key, dict.fromkeys(KINDS, 0.0))
         if s.name == "kubenpu_ioctl_total":
@@ -770,6 +803,9 @@ def test_once_json_on_a_real_agents_recording(serve):
     assert used == {
         ("team-d", "render-0", "gpu", "platform:kubenpu_testdrm", ""),
         ("team-e", "idle-0", "main", "0000:00:02.0", ""),  # allocated, idle
+        # GPU jobs on the test driver's ring (tests/testdata/dashboards_job_waits.py)
+        ("team-a", "trainer-0", "main", "platform:kubenpu_testdrm", ""),
+        ("team-b", "infer-7d9f", "server", "platform:kubenpu_testdrm", ""),
     }
     assert set(keys) == called | used and len(keys) == len(called | used)
     assert ("", "", "", "platform:vgem", "vgem") in called  # host processes: the no-pod row
@@ -837,7 +873,10 @@ def test_live_view_of_a_real_agents_recording(serve, terminal, width, height):
     grow = recorded_value(last, top.UNATTRIBUTED) - recorded_value(SCRAPES[-2], top.UNATTRIBUTED)
     assert ((unattributed - recorded_value(last, top.UNATTRIBUTED)) / grow).is_integer()
     titles, rows = table_rows(lines)
-    assert ("VENDOR" in titles) == (width > 80)  # the first column to go on a narrow terminal
+    # VENDOR is the first column to go: the recording's columns do not all fit in 160 either,
+    # but there it is the only one gone.
+    assert "VENDOR" not in titles
+    assert {"QUEUE p99", "RUN p99", "BEHIND", "IDLE FOR"} <= set(titles) or width == 80
     # What a pod does to the device stays on a narrow terminal; per-kind rates go first.
     assert {"MEM"} <= set(titles) and ("BUSY%" in titles) == (width == 80)
     shown = [k for k in KINDS if f"{k.upper()}/s" in titles]
@@ -935,6 +974,8 @@ def every_family(joules: float, text: str) -> str:
             for part in ("wait", "run")
             for le in ("0.015625", "+Inf")
         )
+        + f'{BEHIND}{{{job},behind_namespace="ml",behind_pod="trainer-1"}} {joules / 100:.3f}\n'
+        + f"{IDLE_WAIT}{{{job}}} {joules / 300:.3f}\n"
     )
 
 
@@ -1211,3 +1252,202 @@ def test_the_header_shows_the_calls_held_for_the_cri(serve, tmp_path):
     server = serve(sequence(generate_latest(registry).decode()))
     result = ctl("--once", "--interval", "1", "--url", server.url)
     assert "held" not in result.stdout.splitlines()[2]
+
+
+# --- who is in my way: BEHIND and kubenpuctl contention ----------------------------------------
+
+WAITER = 'namespace="ml",pod="p",container="c",device="0000:03:00.0",vendor="amdgpu"'
+
+
+def waits(
+    behind: dict[tuple[str, str, str, str], float],
+    idle: dict[tuple[str, str], float],
+    device_info: bool = True,
+) -> str:
+    """An agent's /metrics with the two wait counters: behind[(pod, ring, behind_namespace,
+    behind_pod)] and idle[(pod, ring)] seconds, each pod a container c in namespace ml."""
+    lines = ['kubenpu_device_info{device="0000:03:00.0",vendor="amdgpu"} 1'] if device_info else []
+    for (pod, ring, ns, blocker), n in behind.items():
+        place = WAITER.replace('pod="p"', f'pod="{pod}"')
+        by = f'behind_namespace="{ns}",behind_pod="{blocker}"'
+        lines.append(f'{BEHIND}{{{place},ring="{ring}",{by}}} {n}')
+    for (pod, ring), n in idle.items():
+        place = WAITER.replace('pod="p"', f'pod="{pod}"')
+        lines.append(f'{IDLE_WAIT}{{{place},ring="{ring}"}} {n}')
+    return "\n".join([*lines, ""])
+
+
+# Over one interval: p waited 6 s behind q over its two rings, 2 s behind itself, 1 s on an idle
+# ring and 1 s behind the pods past the cap; r 3 s on an idle ring and 1 s behind q; s did not
+# wait; t 5 s behind the pods past the cap and 2 s behind q; u 1 s behind each of two pods.
+BEFORE = {
+    ("p", "gfx", "ml", "q"): 10.0,
+    ("p", "compute", "ml", "q"): 1.0,
+    ("p", "gfx", "ml", "p"): 4.0,
+    ("p", "gfx", "", "other"): 0.0,
+    ("r", "gfx", "ml", "q"): 0.0,
+    ("s", "gfx", "ml", "q"): 7.0,
+    ("t", "gfx", "", "other"): 0.0,
+    ("t", "gfx", "ml", "q"): 0.0,
+    ("u", "gfx", "ml", "y"): 0.0,
+    ("u", "gfx", "ml", "x"): 0.0,
+}
+AFTER = {
+    **BEFORE,
+    ("p", "gfx", "ml", "q"): 13.0,
+    ("p", "compute", "ml", "q"): 4.0,
+    ("p", "gfx", "ml", "p"): 6.0,
+    ("p", "gfx", "", "other"): 1.0,
+    ("r", "gfx", "ml", "q"): 1.0,
+    ("t", "gfx", "", "other"): 5.0,
+    ("t", "gfx", "ml", "q"): 2.0,
+    ("u", "gfx", "ml", "y"): 1.0,
+    ("u", "gfx", "ml", "x"): 1.0,
+}
+IDLE_BEFORE = {("p", "gfx"): 2.0, ("r", "gfx"): 5.0, ("s", "gfx"): 1.0}
+IDLE_AFTER = {("p", "gfx"): 3.0, ("r", "gfx"): 8.0, ("s", "gfx"): 1.0}
+
+
+def behind_frame(seconds: float = 2.0) -> top.frames.Frame:
+    before = top.parse(waits(BEFORE, IDLE_BEFORE))[0]
+    after = top.parse(waits(AFTER, IDLE_AFTER))[0]
+    return top.build_frame(top.Reading(after, top.counter_rates(before, after, seconds)), False)
+
+
+def test_behind_is_the_pod_that_delayed_the_row_most_and_its_share():
+    """Over its rings and the interval: p waited 6 of its 10 s behind q; r mostly on an idle
+    ring; s not at all; t behind the pods past the agent's cap; u's tie goes to the name first
+    in order, so the frames do not flicker between x and y."""
+    frame = behind_frame()
+    rows = {r.key.pod: r for r in frame.rows}
+    cells = {pod: top.render.fmt_behind(r) for pod, r in rows.items()}
+    assert cells == {
+        "p": "ml/q 60%",
+        "r": "idle 75%",
+        "s": "-",
+        "t": "other 71%",
+        "u": "ml/x 50%",
+    }
+    # Shares are of the interval's wait, whatever its length.
+    assert top.render.fmt_behind({r.key.pod: r for r in behind_frame(7.0).rows}["p"]) == "ml/q 60%"
+    # Sorted by the share behind one pod (k): an idle ring is in no pod's way, so r is last.
+    ordered = [r.key.pod for r in top.frames.sort_rows(frame.rows, "behind")]
+    assert ordered == ["t", "p", "u", "r", "s"]
+
+
+def test_behind_waits_for_two_reads_and_appears_only_with_the_counters():
+    """The first read has no rates, and so no BEHIND value, but the column. An agent without the
+    counters (probe.jobs off, or an older agent) has no BEHIND column."""
+    latest = top.parse(waits(AFTER, IDLE_AFTER))[0]
+    first = top.build_frame(top.Reading(latest, None), False)
+    assert first.has_behind and [r.behind for r in first.rows if r.behind] == []
+    assert "BEHIND" in top.render.table(first, "total", 200)[0]
+    bare = top.parse(fixture("agent-1.prom"))[0]
+    frame = top.build_frame(top.Reading(bare, top.counter_rates(bare, bare, 1)), False)
+    assert "BEHIND" not in top.render.table(frame, "total", 200)[0]
+
+
+def test_a_narrow_behind_keeps_the_pod_names_ends_and_the_share():
+    """Where the names shrink BEHIND shrinks as they do, both ends kept: the share stays."""
+    frame = behind_frame()
+    wide = top.render.table(frame, "behind", 200)
+    assert "BEHIND*" in wide[0]
+    for width in (60, 50):
+        lines = top.render.table(frame, "behind", width)
+        at = lines[0].index("BEHIND*")
+        cells = [line[at:].split("  ")[0].strip() for line in lines[1:]]
+        assert all(c == "-" or c.endswith("%") for c in cells), cells
+        assert max(len(line) for line in lines) <= width
+
+
+def test_contention_lists_one_devices_pairs_over_a_window(serve, capsys):
+    """kubenpuctl contention against a served /metrics: each waiting pod, ring and whom it waited
+    behind, the seconds in the window (two reads) and their share of the pod's wait on that
+    ring, the longest first; pairs that did not wait are left out. The device is named with or
+    without its PCI domain; its JSON keys are docs/cli.md's."""
+    server = serve(sequence(waits(BEFORE, IDLE_BEFORE), waits(AFTER, IDLE_AFTER)))
+    assert ctl_main(["contention", "03:00.0", "--url", server.url, "--window", "0.1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["WAITER", "RING", "BEHIND", "SECONDS", "SHARE"]
+    assert [line.split() for line in out[1:]] == [
+        ["ml/t", "gfx", "other", "5.000", "71%"],
+        ["ml/p", "compute", "ml/q", "3.000", "100%"],
+        ["ml/p", "gfx", "ml/q", "3.000", "43%"],
+        ["ml/r", "gfx", "idle", "3.000", "75%"],
+        ["ml/p", "gfx", "ml/p", "2.000", "29%"],
+        ["ml/t", "gfx", "ml/q", "2.000", "29%"],
+        ["ml/p", "gfx", "idle", "1.000", "14%"],
+        ["ml/p", "gfx", "other", "1.000", "14%"],
+        ["ml/r", "gfx", "ml/q", "1.000", "25%"],
+        ["ml/u", "gfx", "ml/x", "1.000", "50%"],
+        ["ml/u", "gfx", "ml/y", "1.000", "50%"],
+    ]
+    server = serve(sequence(waits(BEFORE, IDLE_BEFORE), waits(AFTER, IDLE_AFTER)))
+    argv = ["contention", "0000:03:00.0", "--url", server.url, "--window", "0.1", "-o", "json"]
+    assert ctl_main(argv) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows[0] == {
+        "namespace": "ml",
+        "pod": "t",
+        "ring": "gfx",
+        "behind": "other",
+        "wait_seconds": 5.0,
+        "share_percent": 71.429,
+    }
+    from test_ctl import check_documented
+
+    check_documented("contention", rows)
+    # Per pod and ring the shares add up to the whole wait.
+    shares: dict[tuple[str, str], float] = {}
+    for r in rows:
+        shares[r["pod"], r["ring"]] = shares.get((r["pod"], r["ring"]), 0) + r["share_percent"]
+    assert shares == pytest.approx(dict.fromkeys(shares, 100.0), abs=0.01)
+
+
+def test_contention_window_0_is_the_totals_since_the_agent_started(serve, capsys):
+    server = serve(sequence(waits(AFTER, IDLE_AFTER)))
+    assert ctl_main(["contention", "03:00.0", "--url", server.url, "--window", "0"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].split() == ["ml/p", "gfx", "ml/q", "13.000", "57%"]  # of 13 + 6 + 1 + 3
+    assert len(server.served) == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "argv", "status", "said"),
+    [
+        (
+            waits(AFTER, IDLE_AFTER),
+            ["00:02.0"],
+            2,
+            "kubenpuctl: error: no device 00:02.0 on this agent (its devices: 0000:03:00.0)",
+        ),
+        (
+            waits({}, {}),
+            ["03:00.0"],
+            0,
+            "0000:03:00.0: no GPU job waits exported for it (the agent's probe.jobs is off, or "
+            "no job was ever queued on its rings: docs/jobs.md)",
+        ),
+        (
+            waits(AFTER, IDLE_AFTER),
+            ["03:00.0", "--window", "0.1"],
+            0,
+            "0000:03:00.0: no GPU job waited in its queues in the last 0.1 s",
+        ),
+        ("# not an agent\nup 1\n", ["03:00.0"], 2, "no kubenpu_ metrics there"),
+    ],
+    ids=["no such device", "not exported", "no wait in the window", "not an agent"],
+)
+def test_contention_says_why_there_is_nothing_in_one_line(serve, capsys, body, argv, status, said):
+    server = serve(sequence(body))
+    assert ctl_main(["contention", *argv, "--url", server.url]) == status
+    out, err = capsys.readouterr()
+    [line] = (err if status else out).splitlines()
+    assert said in line
+
+
+def test_contention_of_an_unreachable_agent_is_one_line(capsys):
+    url = f"http://127.0.0.1:{_closed_port()}/metrics"
+    assert ctl_main(["contention", "03:00.0", "--url", url]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line == f"kubenpuctl: error: cannot reach {url}: Connection refused"

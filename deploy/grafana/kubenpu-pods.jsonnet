@@ -9,6 +9,9 @@ local sel = 'node=~"$node", namespace=~"$namespace", pod!=""';
 // The p99 of a kernel-bucketed histogram: classic `_bucket` series when Prometheus scrapes the
 // agents, a native histogram when the Collector writes their push (OTLP's exponential
 // histograms); each path finds one arm of the `or`.
+// Both halves of a pod's queue wait (behind pods, on an idle ring): their sum is the wait.
+local waits = 'kubenpu_job_wait_behind_seconds_total|kubenpu_job_wait_idle_seconds_total';
+
 local p99(metric, by) =
   'histogram_quantile(0.99, sum by (%s, le) (rate(%s_bucket{%s}[$__rate_interval])) or sum by (%s) (rate(%s{%s}[$__rate_interval])))'
   % [by, metric, sel, by, metric, sel];
@@ -164,6 +167,35 @@ g.dashboard(
       'short',
       g.pos(0, 82, 24, 8),
       'hung: the reset whose guilty task (the kernel names it) was the pod\'s. lost work: the pod had jobs in flight on the device at a reset (docs/jobs.md#hangs).',
+    ),
+    // Who is in my way (docs/jobs.md#who-is-in-my-way): each pod's queue wait on a ring split
+    // over the pods whose jobs ran there meanwhile, and the wait on an idle ring. Per pod and
+    // ring the two counters sum to the wait histogram's sum; dividing by them, not by `_sum`,
+    // reads the same on both paths (the Collector writes the histogram as a native one).
+    g.row('Who is in my way', 90),
+    g.timeseries(
+      'Share of queue wait behind each pod, per device and ring',
+      [g.target('sum by (namespace, pod, device, ring, behind_namespace, behind_pod) (rate(kubenpu_job_wait_behind_seconds_total{%s}[$__rate_interval])) / on (namespace, pod, device, ring) group_left () sum by (namespace, pod, device, ring) (rate({__name__=~"%s", %s}[$__rate_interval]))' % [sel, waits, sel],
+                '{{namespace}}/{{pod}} behind {{behind_namespace}}/{{behind_pod}} {{device}} {{ring}}')],
+      'percentunit',
+      g.pos(0, 91, 24, 8),
+      'Of each pod\'s GPU job queue wait on a ring, the share spent while another pod\'s jobs (or its own) ran there, split evenly over the jobs running at once. behind /other: the pods past the agent\'s cap of pairs per ring. kubenpuctl contention DEVICE lists the pairs of one device.',
+    ),
+    g.timeseries(
+      'Share of queue wait on an idle ring',
+      [g.target('sum by (namespace, pod, device, ring) (rate(kubenpu_job_wait_idle_seconds_total{%s}[$__rate_interval])) / sum by (namespace, pod, device, ring) (rate({__name__=~"%s", %s}[$__rate_interval]))' % [sel, waits, sel],
+                '{{namespace}}/{{pod}} {{device}} {{ring}}')],
+      'percentunit',
+      g.pos(0, 99, 24, 8),
+      'Of each pod\'s queue wait, the share while no job ran on the ring: the jobs waited on their dependencies, not behind anyone.',
+    ),
+    g.timeseries(
+      'Queue wait behind each pod, seconds per second',
+      [g.target('sum by (namespace, pod, device, ring, behind_namespace, behind_pod) (rate(kubenpu_job_wait_behind_seconds_total{%s}[$__rate_interval]))' % sel,
+                '{{namespace}}/{{pod}} behind {{behind_namespace}}/{{behind_pod}} {{device}} {{ring}}')],
+      'percentunit',
+      g.pos(0, 107, 24, 8),
+      'Seconds per second each pod\'s jobs waited behind each pod (100%: one job of the pod waiting the whole time, or two half of it): how much the shares above weigh.',
     ),
   ],
 )

@@ -71,6 +71,17 @@
 
   pos(x, y, w, h):: { x: x, y: y, w: w, h: h },
 
+  // A row heading the panels below it, across the board. No queries of its own: `targets` is
+  // empty, so the checks that read every panel's targets pass over it.
+  row(title, y):: {
+    type: 'row',
+    title: title,
+    collapsed: false,
+    gridPos: $.pos(0, y, 24, 1),
+    panels: [],
+    targets: [],
+  },
+
   // Template variables: a Prometheus data source, then label filters read from `metric`.
   variables(names, metric):: [{
     name: 'datasource',

@@ -19,7 +19,8 @@ from typing import NoReturn
 
 from kubenpu import __version__
 from kubenpu.cli import top as kubenpu_top
-from kubenpu.cli.top import latency
+from kubenpu.cli.top import contention, latency
+from kubenpu.cli.top.frames import pod_name
 from kubenpu.discovery import Device, discover
 from kubenpu.metrics.catalogue import DEVICE_ERRORS, FREQUENCY, POWER, TEMPERATURE, Spec
 from kubenpu.resolve import DEFAULT_ENDPOINT, Attribution, containers
@@ -93,6 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     ioctls.set_defaults(run=_ioctls)
     _top_parser(commands)
     _latency_parser(commands)
+    _contention_parser(commands)
     _allocations_parser(commands)
     return parser
 
@@ -120,6 +122,58 @@ def _latency(args: argparse.Namespace) -> str:
     if args.output == "json":
         return json.dumps([h.as_json() for h in found], indent=2)
     return latency.render(found, namespace, pod)
+
+
+def _contention_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "contention", help="who waited behind whom on one device, from an agent's /metrics"
+    )
+    parser.add_argument("device", metavar="DEVICE", help="the device id, e.g. 0000:03:00.0")
+    parser.add_argument(
+        "--url", default="http://localhost:8080/metrics", help="the agent's /metrics (default)"
+    )
+    parser.add_argument(
+        "--window",
+        type=_window,
+        default=10.0,
+        metavar="SECONDS",
+        help="the wait between two reads that many seconds apart (default 10; 0: the totals "
+        "since the agent started)",
+    )
+    parser.add_argument("--output", "-o", choices=("table", "json"), default="table")
+    parser.set_defaults(run=_contention)
+
+
+def _window(text: str) -> float:
+    return 0.0 if text.strip() in ("0", "0.0") else _seconds(text)
+
+
+def _contention(args: argparse.Namespace) -> str:
+    try:
+        found = contention.read(args.url, args.device, args.window)
+    except kubenpu_top.TopError as e:
+        raise UsageError(str(e)) from None
+    if args.output == "json":
+        return json.dumps([p.as_json() for p in found.pairs], indent=2)
+    if not found.exported:  # a bare header reads like a failure to read
+        return (
+            f"{found.device}: no GPU job waits exported for it (the agent's probe.jobs is off, "
+            "or no job was ever queued on its rings: docs/jobs.md)"
+        )
+    if not found.pairs:
+        since = f"in the last {args.window:g} s" if args.window else "since the agent started"
+        return f"{found.device}: no GPU job waited in its queues {since}"
+    rows = [
+        [
+            pod_name(p.namespace, p.pod),
+            p.ring,
+            p.behind,
+            f"{p.seconds:.3f}",
+            f"{100 * p.share:.0f}%",
+        ]
+        for p in found.pairs
+    ]
+    return _table(["WAITER", "RING", "BEHIND", "SECONDS", "SHARE"], rows)
 
 
 def _allocations_parser(commands: argparse._SubParsersAction) -> None:

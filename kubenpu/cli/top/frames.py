@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 from kubenpu.cli.top.sources import (
     ALLOCATED,
+    BEHIND,
     BUCKETS,
     BUSY,
     DEVICE_INFO,
@@ -19,6 +20,7 @@ from kubenpu.cli.top.sources import (
     HELD,
     HELD_AGE,
     IDLE_FOR,
+    IDLE_WAIT,
     IOCTL,
     KINDS,
     MEMORY,
@@ -44,6 +46,32 @@ class RowKey(NamedTuple):
     vendor: str
 
 
+# BEHIND's name for the wait on an idle ring (no pod is called that: pods are ns/pod) and for
+# the pairs past the agent's per-ring cap (behind_pod="other", behind_namespace="").
+IDLE = "idle"
+OTHER = "other"
+NO_POD = "(no pod)"
+
+
+class Behind(NamedTuple):
+    """Whose running jobs a row's GPU jobs waited behind most in the interval."""
+
+    who: str  # namespace/pod (the row's own pod too), OTHER or IDLE
+    share: float  # of the row's queue wait in the interval, 0..1
+
+
+def pod_name(namespace: str, pod: str) -> str:
+    """namespace/pod; the agent's OTHER (no namespace), or NO_POD for processes outside pods."""
+    if namespace:
+        return f"{namespace}/{pod}"
+    return pod or NO_POD
+
+
+def blocker(labels: dict[str, str]) -> str:
+    """The pod a kubenpu_job_wait_behind_seconds_total series names, as BEHIND shows it."""
+    return pod_name(labels.get("behind_namespace", ""), labels.get("behind_pod", ""))
+
+
 @dataclass
 class Row:
     key: RowKey
@@ -57,6 +85,7 @@ class Row:
     wait_p99: float | None = None  # s: the bound of the bucket holding the waits' 99th percentile
     queue_p99: float | None = None  # s: the same of its GPU jobs' queue waits
     run_p99: float | None = None  # s: and of their run times
+    behind: Behind | None = None  # None: no queue wait in the interval
 
     @property
     def total(self) -> float:
@@ -85,6 +114,7 @@ class Frame:
     has_energy: bool = False  # no rates yet (the first scrape)
     has_durations: bool = False
     has_jobs: bool = False
+    has_behind: bool = False
     calls: float = 0.0
     dropped: float = 0.0
     dropped_rate: float = 0.0
@@ -136,6 +166,8 @@ def build_frame(reading: Reading, multi_node: bool) -> Frame:
         r.queue_p99 = p99
     for r, p99 in _p99s(rated[RUN_BUCKETS], row):
         r.run_p99 = p99
+    for r, behind in _behind(rated[BEHIND] + rated[IDLE_WAIT], row):
+        r.behind = behind
     for s in by_name[MEMORY]:
         states = row(s).memory.setdefault(s.labels.get("region", ""), {})
         state = s.labels.get("state", "")
@@ -158,6 +190,7 @@ def build_frame(reading: Reading, multi_node: bool) -> Frame:
         has_energy=bool(by_name[ENERGY]),
         has_durations=bool(by_name[BUCKETS]),
         has_jobs=bool(by_name[QUEUE_BUCKETS]),
+        has_behind=bool(by_name[BEHIND] or by_name[IDLE_WAIT]),
         measuring=reading.rates is None,
         calls=sum(s.value for s in rated[IOCTL]),
         dropped=_sum(by_name[DROPPED]),
@@ -210,6 +243,25 @@ def _p99s(
     ]
 
 
+def _behind(waits: list[Series], row: Callable[[Series], Row]) -> list[tuple[Row, Behind]]:
+    """Each row's largest part of its queue wait over the rates' interval (summed over its
+    rings): behind one pod, behind the pods past the cap, or on an idle ring; its share of all
+    the row's wait. A tie goes to the name first in order, so frames do not flicker."""
+    by_row: dict[RowKey, tuple[Row, dict[str, float]]] = {}
+    for s in waits:
+        r = row(s)
+        parts = by_row.setdefault(r.key, (r, {}))[1]
+        who = blocker(s.labels) if s.name == BEHIND else IDLE
+        parts[who] = parts.get(who, 0.0) + s.value
+    found = []
+    for r, parts in by_row.values():
+        total = sum(parts.values())
+        if total > 0:
+            who = min(parts, key=lambda w: (-parts[w], w))
+            found.append((r, Behind(who, parts[who] / total)))
+    return found
+
+
 # 99 %, less a little: the rates are counts divided by one interval, and 99/7 is less than
 # 0.99 * (100/7) in floating point, so a bucket holding exactly 99 % would be passed over.
 _P99_SHARE = 0.99 * (1 - 1e-9)
@@ -240,6 +292,8 @@ SORTS: dict[str, tuple[str, Callable[[Row], float | str]]] = {
     "queue": ("u", lambda r: r.queue_p99 or 0.0),
     "run": ("j", lambda r: r.run_p99 or 0.0),
     "errors": ("x", lambda r: r.errors),
+    # The share of the row's wait behind one pod; a wait on an idle ring is in no pod's way.
+    "behind": ("k", lambda r: r.behind.share if r.behind and r.behind.who != IDLE else 0.0),
     "node": ("o", lambda r: r.key.node),
     "namespace": ("n", lambda r: r.key.namespace),
     "pod": ("p", lambda r: r.key.pod),
@@ -262,6 +316,7 @@ NUMERIC = (
     "queue",
     "run",
     "errors",
+    "behind",
 )
 
 

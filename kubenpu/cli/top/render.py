@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from kubenpu.cli.top.frames import Frame, Row, build_frame, sort_rows
+from kubenpu.cli.top.frames import Behind, Frame, Row, build_frame, sort_rows
 from kubenpu.cli.top.sources import POD_LABELS, Source, TopError
 from kubenpu.text import iec_bytes, printable
 
@@ -50,6 +50,11 @@ def fmt_ms(seconds: float | None) -> str:
         return ">64s"
     ms = seconds * 1000
     return f"{ms:.3g}" if ms < 100 else f"{ms:.0f}"
+
+
+def fmt_behind(r: Row) -> str:
+    """`ns/pod 73%`: whom the row's jobs waited behind most, and its share of their wait."""
+    return "-" if r.behind is None else f"{r.behind.who} {100 * r.behind.share:.0f}%"
 
 
 def fmt_rate(x: float) -> str:
@@ -106,6 +111,8 @@ def columns(frame: Frame, multi_node: bool, per_engine: bool = True) -> list[Col
     if frame.has_jobs:
         cols.append(Column("QUEUE p99", "queue", lambda r: fmt_ms(r.queue_p99), 61))
         cols.append(Column("RUN p99", "run", lambda r: fmt_ms(r.run_p99), 59))
+    if frame.has_behind:  # a name and a share: it shrinks, keeping both ends, before it goes
+        cols.append(Column("BEHIND", "behind", fmt_behind, 62, shrink_to=10, numeric=False))
     if frame.has_allocations:  # SHARES, not ALLOC: ALLOC/s is the alloc-class call rate
         cols.append(Column("SHARES", "shares", lambda r: f"{r.shares or 0:g}", 65))
         cols.append(Column("IDLE FOR", "idle", lambda r: fmt_duration(r.idle_for), 64))
@@ -213,8 +220,15 @@ def rows_json(frame: Frame, sort: str, multi_node: bool) -> list[dict[str, objec
         if frame.has_jobs:
             row["queue_p99_seconds"] = r.queue_p99
             row["run_p99_seconds"] = r.run_p99
+        if frame.has_behind:
+            who = None if r.behind is None else r.behind.who
+            row["behind"] = {"who": who, "share_percent": _percent(r.behind)}
         out.append(row)
     return out
+
+
+def _percent(behind: Behind | None) -> float | None:
+    return None if behind is None else round(100 * behind.share, 3)
 
 
 # --- the two modes -----------------------------------------------------------------------

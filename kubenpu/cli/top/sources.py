@@ -40,9 +40,25 @@ ERRORS = catalogue.IOCTL_ERRORS.prometheus_name  # counter per ...,kind,error
 # them every fdinfo interval, and stamps them as their own source.
 QUEUE_BUCKETS = catalogue.JOB_WAIT.prometheus_name + "_bucket"  # counter per ...,ring,le
 RUN_BUCKETS = catalogue.JOB_RUN.prometheus_name + "_bucket"
+# Who the queue wait was behind (per ...,ring,behind_namespace,behind_pod) or that the ring was
+# idle: top shows BEHIND when they appear; kubenpuctl contention lists them per device.
+BEHIND = catalogue.JOB_WAIT_BEHIND.prometheus_name
+IDLE_WAIT = catalogue.JOB_WAIT_IDLE.prometheus_name
 KINDS = ("submit", "alloc", "wait")
 POD_LABELS = ("namespace", "pod", "container", "device", "vendor")
-RATED = (IOCTL, BUSY, DROPPED, UNATTRIBUTED, ENERGY, BUCKETS, ERRORS, QUEUE_BUCKETS, RUN_BUCKETS)
+RATED = (
+    IOCTL,
+    BUSY,
+    DROPPED,
+    UNATTRIBUTED,
+    ENERGY,
+    BUCKETS,
+    ERRORS,
+    QUEUE_BUCKETS,
+    RUN_BUCKETS,
+    BEHIND,
+    IDLE_WAIT,
+)
 # When the agent last brought each source's counters up to date, and which counters those are:
 # a scrape between two of the agent's reads sees the same counts, so rates go over the change
 # of the source's stamp, not over the time between scrapes.
@@ -50,7 +66,7 @@ STAMP = catalogue.COUNTERS_READ.prometheus_name
 SOURCES = {
     "kernel": (IOCTL, DROPPED, UNATTRIBUTED, BUCKETS, ERRORS),
     "fdinfo": (BUSY,),
-    "jobs": (QUEUE_BUCKETS, RUN_BUCKETS),
+    "jobs": (QUEUE_BUCKETS, RUN_BUCKETS, BEHIND, IDLE_WAIT),
     "telemetry": (ENERGY,),
     "allocations": (),  # nothing top rates
 }
@@ -157,6 +173,15 @@ def counter_rates(before: list[Series], after: list[Series], seconds: float) -> 
     return rates
 
 
+def scrape(url: str, timeout: float) -> tuple[list[Series], int]:
+    """One agent's /metrics: its samples and its malformed lines. TopError when it cannot be
+    read or is not an agent's."""
+    latest, bad = parse(_get(url, timeout, "text/plain;version=0.0.4"))
+    if not any(s.name.startswith("kubenpu_") for s in latest):
+        raise TopError(f"{url}: no kubenpu_ metrics there (not a KubeNPU agent?)")
+    return latest, bad
+
+
 @dataclass
 class _Read:
     """One of the agent's reads of a source's counters, as the first scrape after it saw them."""
@@ -183,11 +208,8 @@ class ScrapeSource:
         self._reads: dict[str, _Read] = {}
 
     def read(self) -> Reading:
-        text = _get(self.url, self._timeout, "text/plain;version=0.0.4")
+        latest, bad = scrape(self.url, self._timeout)
         at = self._clock()  # the agent snapshots as it answers: client-side set-up is not in it
-        latest, bad = parse(text)
-        if not any(s.name.startswith("kubenpu_") for s in latest):
-            raise TopError(f"{self.url}: no kubenpu_ metrics there (not a KubeNPU agent?)")
         stamps = {s.labels.get("source", ""): s.value for s in latest if s.name == STAMP}
         for source, names in SOURCES.items():
             stamp = stamps.get(source)
