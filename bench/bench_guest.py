@@ -687,7 +687,13 @@ class Bench:
                 if isinstance(running, Bpftrace):
                     rec["counted"].append(jobs_done(running.log_file.read_text(), self.loader))
             print(f"  jobs round {r + 1}/{JOB_ROUNDS}: {json.dumps(found)}", flush=True)
-        return {"program": program, "burst_jobs": count, "rounds": JOB_ROUNDS, "arms": found}
+        return {
+            "program": program,
+            "burst_jobs": count,
+            "bursts": JOB_BURSTS,
+            "rounds": JOB_ROUNDS,
+            "arms": found,
+        }
 
     def job_arms(self, program: str) -> dict[str, Callable[[], Usage | None]]:
         """Each arm of the jobs row by name: starts it, settled."""
