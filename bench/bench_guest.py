@@ -140,6 +140,9 @@ WAKEUP_SECONDS = 10  # the window over which an idle process's context switches 
 JOB_ROUNDS = 3  # interleaved rounds of the jobs row, each starting every arm afresh
 JOB_BURSTS = 2  # bursts of jobs per arm and round; the round's figure: their median
 JOB_SECONDS = 2.0  # target length of one burst
+# Jobs per drmcall step (an open, the jobs, a close that waits for them): jobs in flight stay
+# under this, within the agent's fence table (16,384) and bpftrace's maps (4,096 keys each).
+JOBS_PER_STEP = 1000
 JOBS_COUNTED_TIMEOUT = 60  # seconds for the agent's /metrics to show a round's jobs
 GPU_SCHEDULER_EVENTS = Path("/sys/kernel/tracing/events/gpu_scheduler")
 
@@ -628,21 +631,21 @@ class Bench:
         finally:
             subprocess.run(["modprobe", "-r", "kubenpu_testdrm"], check=False)
 
-    def job_burst(self, node: str, count: int) -> tuple[int, float]:
-        """`count` jobs of no length from the loader's cgroup, submitted in a tight loop on one
-        fd: (jobs, seconds from the start of drmcall until it exits). drmcall closes the fd
-        after the loop, and a close waits until the scheduler has taken every queued job of
-        the file (drm_sched_entity_flush), so the time covers the jobs run, not just queued."""
-        call = Call.drm(node, TESTDRM_JOB_0, count)
+    def job_burst(self, node: str, steps: int) -> tuple[int, float]:
+        """`steps` x JOBS_PER_STEP jobs of no length from the loader's cgroup, each step's
+        submitted in a tight loop on a fd of its own: (jobs, seconds from the start of drmcall
+        until it exits). drmcall closes a step's fd after its loop, and a close waits until
+        the scheduler has taken every queued job of the file (drm_sched_entity_flush), so the
+        time covers the jobs run, not just queued, and at most a step's jobs are in flight."""
+        calls = [Call.drm(node, TESTDRM_JOB_0, JOBS_PER_STEP)] * steps
         start = time.monotonic()
         out = subprocess.run(
-            drmcall_argv([call], self.loader), check=True, capture_output=True, text=True
+            drmcall_argv(calls, self.loader), check=True, capture_output=True, text=True
         ).stdout
         seconds = time.monotonic() - start
-        (step,) = reports(out, [call])
-        if step.get("errnos"):
-            raise SystemExit(f"the test driver refused jobs: {step}")
-        return count, seconds
+        if refused := [step for step in reports(out, calls) if step.get("errnos")]:
+            raise SystemExit(f"the test driver refused jobs: {refused}")
+        return steps * JOBS_PER_STEP, seconds
 
     def job_rounds(self) -> dict:
         """JOB_ROUNDS rounds, each starting every arm (job_arms()) afresh, in an order reversed
@@ -650,8 +653,9 @@ class Bench:
         median) and the arm's CPU per second over them; then what the arm counted (the agent's
         /metrics, the one-liner's map) against the jobs issued."""
         node = device_node(next(d for d in discover("/") if d.id == TESTDRM), "renderD")
-        jobs, seconds = self.job_burst(node, 1000)  # a warm-up, and the rate that sizes a burst
-        count = max(1000, int(jobs / seconds * JOB_SECONDS))
+        jobs, seconds = self.job_burst(node, 1)  # a warm-up, and the rate that sizes a burst
+        steps = max(1, round(jobs / seconds * JOB_SECONDS / JOBS_PER_STEP))
+        count = steps * JOBS_PER_STEP
         program = job_one_liner()
         arms = self.job_arms(program)
         if only := os.environ.get("KUBENPU_BENCH_JOB_ARMS"):  # e.g. "none,agent"
@@ -667,7 +671,7 @@ class Bench:
                 rec = found[arm]
                 try:
                     cpu0 = running.cpu_seconds() if running else 0.0
-                    bursts = [self.job_burst(node, count) for _ in range(JOB_BURSTS)]
+                    bursts = [self.job_burst(node, steps) for _ in range(JOB_BURSTS)]
                     took = sum(s for _, s in bursts)
                     cpu = (running.cpu_seconds() - cpu0) / took if running else 0.0
                     rec["jobs_per_second"].append(
@@ -690,6 +694,7 @@ class Bench:
         return {
             "program": program,
             "burst_jobs": count,
+            "step_jobs": JOBS_PER_STEP,
             "bursts": JOB_BURSTS,
             "rounds": JOB_ROUNDS,
             "arms": found,

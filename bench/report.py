@@ -471,8 +471,9 @@ def jobs(b: dict) -> str:
     return (
         head + f"{j['rounds']} rounds, each starting every arm afresh in an order reversed every "
         f"other round; in each, {j['bursts']} bursts of {j['burst_jobs']} jobs of no length from "
-        "one process, timed from its start until it exits (its close waits until the scheduler has "
-        "taken every job): jobs/s is the median over rounds of the bursts' median. CPU: the "
+        f"one process, on a fresh fd every {j['step_jobs']} jobs, timed from its start until it "
+        "exits (a close waits until the scheduler has taken every job of the fd): jobs/s is "
+        "the median over rounds of the bursts' median. CPU: the "
         "arm's process (all threads), % of one vCPU over the bursts. Counted: the agent's "
         "`kubenpu_jobs_total`, the one-liner's `@done` for the pod's cgroup. The one-liner:\n\n"
         f"```\n{j['program']}\n```\n\n"

@@ -248,6 +248,7 @@ JOBS = {
         "program": "tracepoint:gpu_scheduler:drm_sched_job { @q[args.fence] = nsecs; }",
         "burst_jobs": 4000,
         "bursts": 2,
+        "step_jobs": 1000,
         "rounds": 3,
         "arms": {
             # The host drifts by round (2000, 2200, 1800 with no agent); ratios are per round.
@@ -263,7 +264,10 @@ JOBS = {
 def test_job_rows_give_each_arm_its_rate_cpu_and_jobs_counted():
     text = report.render(JOBS, None)
     assert "3 rounds, each starting every arm afresh" in text
-    assert "in each, 2 bursts of 4000 jobs of no length" in text
+    assert (
+        "in each, 2 bursts of 4000 jobs of no length from one process, on a fresh fd every 1000"
+        in text
+    )
     assert "| none (no agent) | 2000 | - | - | - |" in text
     # CPU s per M jobs per round: 0.02 / 1900, / 2090, / 1800 x 1e6; their median
     assert "| agent | 1900 | 2.0 % | 10.5 | 24000 / 24000 |" in text
