@@ -99,7 +99,7 @@ TESTDRM_ALLOC = (0x41, 8)  # each: system 64 KiB total (3/4 resident...), vram 1
 TESTDRM_JOB_50MS = (0x42, 8)
 TESTDRM_JOB_10MS = (0x43, 8)
 TESTDRM_JOB_HANG = (0x44, 8)
-TESTDRM_JOB_0 = (0x45, 8)  # no delay: the benchmark's jobs/s (bench_guest.py)
+TESTDRM_JOB_0 = (0x45, 8)  # done as it starts: the benchmark's jobs/s (bench_guest.py)
 
 
 def read_log(path: Path) -> str:
