@@ -5,6 +5,7 @@
     bench_guest.py OUT_DIR --hooks    only the per-hook ioctl cost; writes OUT_DIR/bench.json
     bench_guest.py OUT_DIR --restart  only the restart rows; writes OUT_DIR/bench.json
     bench_guest.py OUT_DIR --where    where the per-call time goes; writes OUT_DIR/where.json
+    bench_guest.py OUT_DIR --jobs     only the GPU jobs row; writes OUT_DIR/bench.json
 
 Every figure comes from one boot, measured side by side: tight loops of counted ioctls with the
 static C `drmcall` (no agent, then the agent in each probe mode), the agent's CPU from
@@ -14,6 +15,9 @@ and what each probe.hook adds to a non-DRM ioctl (TCGETS on a pty, which the sec
 hook sees as well) and to a counted DRM one, and restarts with the probe pinned in bpffs
 (docs/pinning.md): a cold start whose loader child compiles, then a SIGKILL under a paced load and
 a restart that adopts the pins: time to the first metric, RSS, and calls lost across it.
+The GPU jobs row: jobs/s through the test driver's ring on the real DRM GPU scheduler
+(tests/vm/kmod) with no agent, the agent, the agent without its jobs probe, and a bpftrace
+one-liner on the scheduler's tracepoints that records the same timestamps.
 The floor: a bpftrace one-liner that counts per cgroup and ioctl request in the kernel and does
 nothing in user space (Bpftrace), run through the same phases in the same boot.
 It plays kubelet and the runtime as tests/vm/e2e_guest.py does, with the same guest helpers
@@ -49,18 +53,22 @@ from guestlib import (
     PROMETHEUS,
     PY,
     TCGETS,
+    TESTDRM,
+    TESTDRM_JOB_0,
     Agent,
     Call,
     add_container,
     by_reason,
     device_node,
     drmcall_argv,
+    load_testdrm,
     reports,
     scrape,
     systemd_cgroup,
 )
 
 from kubenpu.discovery import discover
+from kubenpu.kernel.abi import JOB_TRACEPOINTS
 from kubenpu.sources.jobs import FIRST_CHECK_SECONDS
 
 CRI_SOCKET = "/run/kubenpu-bench-cri.sock"
@@ -129,6 +137,14 @@ RESTART_KILL_AFTER = 5  # seconds into the load
 BPFTOOL = ("/out/bpftool", "bpftool")
 BPF_STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
 WAKEUP_SECONDS = 10  # the window over which an idle process's context switches are counted
+JOB_ROUNDS = 3  # interleaved rounds of the jobs row, each starting every arm afresh
+JOB_BURSTS = 2  # bursts of jobs per arm and round; the round's figure: their median
+JOB_SECONDS = 2.0  # target length of one burst
+# Jobs per drmcall step (an open, the jobs, a close that waits for them): jobs in flight stay
+# under this, within the agent's fence table (16,384) and bpftrace's maps (4,096 keys each).
+JOBS_PER_STEP = 1000
+JOBS_COUNTED_TIMEOUT = 60  # seconds for the agent's /metrics to show a round's jobs
+GPU_SCHEDULER_EVENTS = Path("/sys/kernel/tracing/events/gpu_scheduler")
 
 
 def pod(i: int, namespace: str, name: str) -> dict:
@@ -207,6 +223,49 @@ def tour(card: str, cgroups: list[Path], calls: int) -> int:
 def drm_iowr(nr: int, size: int) -> int:
     """The ioctl request DRM_IOWR(nr, size), as the kernel sees it."""
     return (3 << 30) | (size << 16) | (ord("d") << 8) | nr
+
+
+def job_one_liner() -> str:
+    """The jobs' floor: a bpftrace one-liner on the scheduler's tracepoints (the kernel's set,
+    as the agent picks it: kubenpu.kernel.abi.JOB_TRACEPOINTS) that keeps what the agent's jobs
+    probe keeps, in the kernel: the queue time and cgroup of each job keyed by its fence, the
+    run time, then per cgroup the wait and run histograms and the jobs done. 6.17 on names a
+    fence by context and seqno, older kernels by its address."""
+    names = next(
+        (
+            [tp for tp, _ in steps]
+            for steps in JOB_TRACEPOINTS
+            if all((GPU_SCHEDULER_EVENTS / tp).is_dir() for tp, _ in steps)
+        ),
+        None,
+    )
+    if names is None:
+        raise SystemExit(f"no set of {JOB_TRACEPOINTS} in {GPU_SCHEDULER_EVENTS}")
+    formats = [(GPU_SCHEDULER_EVENTS / tp / "format").read_text() for tp in names]
+    by_seqno = all(" fence_seqno;" in f for f in formats)
+    if not by_seqno and not all(" fence;" in f for f in formats):
+        raise SystemExit(f"no fence field common to {names}")
+    k = "args.fence_context, args.fence_seqno" if by_seqno else "args.fence"
+    queued, run, done = (f"tracepoint:gpu_scheduler:{tp}" for tp in names)
+    return (
+        f"{queued} {{ @q[{k}] = nsecs; @cg[{k}] = cgroup; }} "
+        f"{run} /@q[{k}]/ {{ @wait[@cg[{k}]] = hist(nsecs - @q[{k}]); delete(@q[{k}]);"
+        f" @r[{k}] = nsecs; }} "
+        f"{done} /@r[{k}]/ {{ @run[@cg[{k}]] = hist(nsecs - @r[{k}]);"
+        f" @done[@cg[{k}]] = count(); delete(@r[{k}]); delete(@cg[{k}]); }}"
+    )
+
+
+def jobs_done(log: str, cgroup: Path) -> int:
+    """The jobs the jobs one-liner saw done for `cgroup`, from the maps it printed on exit."""
+    found = re.search(rf"^@done\[{cgroup_id(cgroup)}\]: (\d+)$", log, re.M)
+    return int(found[1]) if found else 0
+
+
+def agent_jobs() -> int:
+    """GPU jobs done on the test driver's ring, from the agent's /metrics."""
+    samples = scrape(timeout=30).get("kubenpu_jobs_total", [])
+    return int(sum(s["value"] for s in samples if s["labels"].get("device") == TESTDRM))
 
 
 def cgroup_id(cgroup: Path) -> int:
@@ -348,6 +407,12 @@ class Measured(Agent, Usage):
                 break
             time.sleep(0.5)
         super().settle(timeout)
+
+    def jobs_probe(self) -> str:
+        """The jobs source's line saying how its probe attached, or why not ("" before it
+        looked): the flavour the agent picked, whatever bpf/jobs.bpf.c offers."""
+        found = re.findall(r"GPU jobs[^\n]*", self.log_file.read_text())
+        return found[-1] if found else ""
 
 
 class Bpftrace(Usage):
@@ -553,6 +618,115 @@ class Bench:
             "bpftrace-timed drm_ioctl exit": lambda: tracer({hook: TIMED_AT_DRM_IOCTL}, "-drm"),
             "bpftrace-timed syscall exit": lambda: tracer(TIMED_ONE_LINERS),
         }
+
+    def jobs(self) -> dict:
+        """The GPU jobs row, with the test driver loaded for it alone (the other rows' agents
+        find no driver on the scheduler, as before it existed); where it cannot load (6.1, or
+        lockdown), why."""
+        if why := load_testdrm():
+            print(f"== jobs: skipped ({why})", flush=True)
+            return {"skipped": why}
+        try:
+            return self.job_rounds()
+        finally:
+            subprocess.run(["modprobe", "-r", "kubenpu_testdrm"], check=False)
+
+    def job_burst(self, node: str, steps: int) -> tuple[int, float]:
+        """`steps` x JOBS_PER_STEP jobs of no length from the loader's cgroup, each step's
+        submitted in a tight loop on a fd of its own: (jobs, seconds from the start of drmcall
+        until it exits). drmcall closes a step's fd after its loop, and a close waits until
+        the scheduler has taken every queued job of the file (drm_sched_entity_flush), so the
+        time covers the jobs run, not just queued, and at most a step's jobs are in flight."""
+        calls = [Call.drm(node, TESTDRM_JOB_0, JOBS_PER_STEP)] * steps
+        start = time.monotonic()
+        out = subprocess.run(
+            drmcall_argv(calls, self.loader), check=True, capture_output=True, text=True
+        ).stdout
+        seconds = time.monotonic() - start
+        if refused := [step for step in reports(out, calls) if step.get("errnos")]:
+            raise SystemExit(f"the test driver refused jobs: {refused}")
+        return steps * JOBS_PER_STEP, seconds
+
+    def job_rounds(self) -> dict:
+        """JOB_ROUNDS rounds, each starting every arm (job_arms()) afresh, in an order reversed
+        every other round; in each, JOB_BURSTS bursts of about JOB_SECONDS: jobs/s (their
+        median) and the arm's CPU per second over them; then what the arm counted (the agent's
+        /metrics, the one-liner's map) against the jobs issued."""
+        node = device_node(next(d for d in discover("/") if d.id == TESTDRM), "renderD")
+        jobs, seconds = self.job_burst(node, 1)  # a warm-up, and the rate that sizes a burst
+        steps = max(1, round(jobs / seconds * JOB_SECONDS / JOBS_PER_STEP))
+        count = steps * JOBS_PER_STEP
+        program = job_one_liner()
+        arms = self.job_arms(program)
+        if only := os.environ.get("KUBENPU_BENCH_JOB_ARMS"):  # e.g. "none,agent"
+            arms = {a: arms[a] for a in only.split(",")}
+        found: dict[str, dict[str, list]] = {
+            a: {"jobs_per_second": [], "cpu": [], "issued": [], "counted": [], "probe": []}
+            for a in arms
+        }
+        print(f"== jobs: bursts of {count} jobs; one-liner: {program}", flush=True)
+        for r in range(JOB_ROUNDS):
+            for arm in list(arms)[:: 1 if r % 2 == 0 else -1]:
+                running = arms[arm]()
+                rec = found[arm]
+                try:
+                    cpu0 = running.cpu_seconds() if running else 0.0
+                    bursts = [self.job_burst(node, steps) for _ in range(JOB_BURSTS)]
+                    took = sum(s for _, s in bursts)
+                    cpu = (running.cpu_seconds() - cpu0) / took if running else 0.0
+                    rec["jobs_per_second"].append(
+                        round(statistics.median(n / s for n, s in bursts), 1)
+                    )
+                    rec["cpu"].append(round(cpu, 4))
+                    rec["issued"].append(count * JOB_BURSTS)
+                    if isinstance(running, Measured):
+                        rec["probe"].append(running.jobs_probe())
+                        if running.jobs:
+                            rec["counted"].append(self.agent_counted(count * JOB_BURSTS))
+                finally:
+                    if isinstance(running, Measured):
+                        running.stop(timeout=60)
+                    elif running:
+                        running.stop()
+                if isinstance(running, Bpftrace):
+                    rec["counted"].append(jobs_done(running.log_file.read_text(), self.loader))
+            print(f"  jobs round {r + 1}/{JOB_ROUNDS}: {json.dumps(found)}", flush=True)
+        return {
+            "program": program,
+            "burst_jobs": count,
+            "step_jobs": JOBS_PER_STEP,
+            "bursts": JOB_BURSTS,
+            "rounds": JOB_ROUNDS,
+            "arms": found,
+        }
+
+    def job_arms(self, program: str) -> dict[str, Callable[[], Usage | None]]:
+        """Each arm of the jobs row by name: starts it, settled."""
+
+        def agent(**settings) -> Usage:
+            running = Measured(self.out, "aggregate", **settings)
+            running.settle()
+            return running
+
+        def tracer() -> Usage:
+            running = Bpftrace(self.out, "jobs", {"jobs": program})
+            running.settle()
+            return running
+
+        return {
+            "none": lambda: None,
+            "agent": lambda: agent(name="jobs"),
+            "agent jobs off": lambda: agent(extra=SOURCES_OFF["jobs"], name="jobs-off"),
+            "bpftrace": tracer,
+        }
+
+    def agent_counted(self, issued: int) -> int:
+        """The jobs the agent's /metrics shows once it shows `issued` (it reads the kernel's
+        table every fdinfo.interval_seconds), or at JOBS_COUNTED_TIMEOUT."""
+        deadline = time.monotonic() + JOBS_COUNTED_TIMEOUT
+        while (done := agent_jobs()) < issued and time.monotonic() < deadline:
+            time.sleep(1)
+        return done
 
     def idle_pods(self, pods: list[Path]) -> dict:
         """Idle CPU with PODS pods: the default agent, then the one-liner, each through the pod
@@ -786,9 +960,12 @@ class Bench:
             baseline += self.loops(loop)  # no agent again: interleaved with the agent's phases
         floor = self.floor(loop, rates, top, pods)
         baseline += self.loops(loop)
+        hooks = self.hooks_only(loop, pods)
+        restart = self.restart(pods)
         return {
-            **self.hooks_only(loop, pods),
-            "restart": self.restart(pods),
+            **hooks,
+            "restart": restart,
+            "jobs": self.jobs(),
             "kernel": os.uname().release,
             "cpus": os.cpu_count(),
             "loop_calls": loop,
@@ -826,6 +1003,9 @@ class Bench:
         if not rounds_only:
             res["idle_pods"] = self.idle_pods(pods or make_pods(self.cri, PODS))
         return res
+
+    def jobs_only(self) -> dict:
+        return {"kernel": os.uname().release, "cpus": os.cpu_count(), "jobs": self.jobs()}
 
     def restart(self, pods: list[Path]) -> dict:
         """Restarts with the probe pinned (docs/pinning.md), in aggregate mode with 1,000 pods:
@@ -937,6 +1117,7 @@ def main() -> int:
     parser.add_argument("--hooks", action="store_true", help="only the per-hook ioctl cost")
     parser.add_argument("--restart", action="store_true", help="only the restart rows")
     parser.add_argument("--where", action="store_true", help="where the per-call time goes")
+    parser.add_argument("--jobs", action="store_true", help="only the GPU jobs row")
     parser.add_argument("--rounds", type=int, default=HOOK_ROUNDS, help="rounds of --hooks")
     parser.add_argument(
         "--start-idle",
@@ -956,6 +1137,8 @@ def main() -> int:
             (out / "where.json").write_text(json.dumps(bench.where(bench.calibrate()[0]), indent=1))
         elif args.restart:
             (out / "bench.json").write_text(json.dumps(bench.restart_only(), indent=1))
+        elif args.jobs:
+            (out / "bench.json").write_text(json.dumps(bench.jobs_only(), indent=1))
         else:
             (out / "bench.json").write_text(json.dumps(bench.run(), indent=1))
     finally:

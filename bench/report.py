@@ -413,6 +413,80 @@ def idle_pods(b: dict) -> str:
     )
 
 
+# What the jobs row sets against what: (arm, against), jobs/s of the first over the second's in
+# the same round. The jobs probe alone is the agent against itself without it.
+JOB_PAIRS = (("agent", "none"), ("agent jobs off", "none"), ("bpftrace", "none"))
+JOB_PAIRS += (("agent", "agent jobs off"), ("agent", "bpftrace"))
+
+
+def spread(values: list[float]) -> str:
+    """A per-round figure: the median over rounds, [lowest, highest]."""
+    return f"{statistics.median(values):.2f}x [{min(values):.2f}, {max(values):.2f}]"
+
+
+def counted_cell(rec: dict) -> str:
+    """The jobs the arm counted against those issued, over every round; "-" for an arm that
+    counts no jobs."""
+    if not rec["counted"]:
+        return "-"
+    counted, issued = sum(rec["counted"]), sum(rec["issued"])
+    missing = issued - counted
+    return f"{counted} / {issued}" + f" (**{missing} not counted**)" * bool(missing)
+
+
+def by_round(rec: dict, base: dict) -> list[float]:
+    """jobs/s of one arm over another's, round by round."""
+    return [a / n for a, n in zip(rec["jobs_per_second"], base["jobs_per_second"], strict=True)]
+
+
+def jobs(b: dict) -> str:
+    """The GPU jobs row (bench_guest.py jobs()): each arm's jobs/s and CPU, then jobs/s ratios
+    taken round by round."""
+    j = b["jobs"]
+    head = "### GPU jobs: jobs/s through the test driver's ring (docs/jobs.md)\n\n"
+    if "skipped" in j:
+        return head + f"Not measured: the test driver did not load ({j['skipped']})."
+    arms = j["arms"]
+    rows = []
+    for arm, rec in arms.items():
+        busy = arm != "none"
+        per_million = [c / r * 1e6 for c, r in zip(rec["cpu"], rec["jobs_per_second"], strict=True)]
+        rows.append(
+            [
+                arm if busy else "none (no agent)",
+                f"{statistics.median(rec['jobs_per_second']):.0f}",
+                pct(statistics.median(rec["cpu"])) if busy else "-",
+                f"{statistics.median(per_million):.1f}" if busy else "-",
+                counted_cell(rec),
+            ]
+        )
+    ratios = [
+        [f"{arm} / {base}", spread(by_round(arms[arm], arms[base]))]
+        for arm, base in JOB_PAIRS
+        if arm in arms and base in arms
+    ]
+    probes = sorted({line for rec in arms.values() for line in rec["probe"] if line})
+    attached = all("attached" in line for line in probes) and bool(probes)
+    said = "; ".join(f"`{line}`" for line in probes) or "no GPU jobs line"
+    return (
+        head + f"{j['rounds']} rounds, each starting every arm afresh in an order reversed every "
+        f"other round; in each, {j['bursts']} bursts of {j['burst_jobs']} jobs of no length from "
+        f"one process, on a fresh fd every {j['step_jobs']} jobs, timed from its start until it "
+        "exits (a close waits until the scheduler has taken every job of the fd): jobs/s is "
+        "the median over rounds of the bursts' median. CPU: the "
+        "arm's process (all threads), % of one vCPU over the bursts. Counted: the agent's "
+        "`kubenpu_jobs_total`, the one-liner's `@done` for the pod's cgroup. The one-liner:\n\n"
+        f"```\n{j['program']}\n```\n\n"
+        f"The agent's jobs probe said {said}"
+        + ("" if attached else " (**not attached**)")
+        + ".\n\n"
+        + table(["arm", "jobs/s", "CPU", "CPU s per M jobs", "jobs counted / issued"], rows)
+        + "\n\n#### Paired by round\n\n"
+        "jobs/s of the first arm over the second's in the same round: the median over rounds "
+        "[lowest, highest].\n\n" + table(["arms", "jobs/s ratio"], ratios)
+    )
+
+
 def micro(m: dict) -> str:
     rows = [
         ["decode one ring-buffer record", m["decode_ns_per_event"]],
@@ -478,6 +552,8 @@ def render(bench: dict, micro_figures: dict | None) -> str:
         parts.append(idle_pods(bench))
     if "restart" in bench:
         parts.append(restart(bench))
+    if "jobs" in bench:
+        parts.append(jobs(bench))
     if micro_figures:
         parts.append(micro(micro_figures))
     return "\n\n".join(parts) + "\n"

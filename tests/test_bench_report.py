@@ -226,3 +226,79 @@ def test_paired_rows_take_the_drift_out_round_by_round():
     no_floor = settled_row(text, "agent - bpftrace-timed drm_ioctl exit")
     assert no_floor[:3] == ["+300 [+300, +300]", "-", "-"]
     assert "agent syscall exit - " not in text  # no such arm in this run
+
+
+def job_arm(jobs_per_second: list[float], cpu: float, counted: list[int], probe: str = "") -> dict:
+    """One arm of the GPU jobs row: jobs/s and CPU per round, jobs counted, the probe's line."""
+    n = len(jobs_per_second)
+    return {
+        "jobs_per_second": jobs_per_second,
+        "cpu": [cpu] * n,
+        "issued": [8000] * n,
+        "counted": counted,
+        "probe": [probe] * n if probe else [],
+    }
+
+
+ATTACHED = "GPU jobs: attached (CO-RE)"
+JOBS = {
+    "kernel": "6.12.117+deb13-amd64",
+    "cpus": 2,
+    "jobs": {
+        "program": "tracepoint:gpu_scheduler:drm_sched_job { @q[args.fence] = nsecs; }",
+        "burst_jobs": 4000,
+        "bursts": 2,
+        "step_jobs": 1000,
+        "rounds": 3,
+        "arms": {
+            # The host drifts by round (2000, 2200, 1800 with no agent); ratios are per round.
+            "none": job_arm([2000, 2200, 1800], 0.0, []),
+            "agent": job_arm([1900, 2090, 1800], 0.02, [8000] * 3, ATTACHED),
+            "agent jobs off": job_arm([2000, 2200, 1800], 0.01, []),
+            "bpftrace": job_arm([1960, 2156, 1764], 0.001, [8000, 8000, 7990]),
+        },
+    },
+}
+
+
+def test_job_rows_give_each_arm_its_rate_cpu_and_jobs_counted():
+    text = report.render(JOBS, None)
+    assert "3 rounds, each starting every arm afresh" in text
+    assert (
+        "in each, 2 bursts of 4000 jobs of no length from one process, on a fresh fd every 1000"
+        in text
+    )
+    assert "| none (no agent) | 2000 | - | - | - |" in text
+    # CPU s per M jobs per round: 0.02 / 1900, / 2090, / 1800 x 1e6; their median
+    assert "| agent | 1900 | 2.0 % | 10.5 | 24000 / 24000 |" in text
+    assert "| agent jobs off | 2000 | 1.0 % | 5.0 | - |" in text  # counts no jobs
+    assert "| bpftrace | 1960 | 0.1 % | 0.5 | 23990 / 24000 (**10 not counted**) |" in text
+    assert f"The agent's jobs probe said `{ATTACHED}`." in text
+    assert "```\ntracepoint:gpu_scheduler:drm_sched_job { @q[args.fence] = nsecs; }\n```" in text
+
+
+def test_job_ratios_are_taken_round_by_round():
+    text = report.render(JOBS, None)
+    assert "| agent / none | 0.95x [0.95, 1.00] |" in text  # 0.95, 0.95, 1.00
+    assert "| agent jobs off / none | 1.00x [1.00, 1.00] |" in text
+    assert "| bpftrace / none | 0.98x [0.98, 0.98] |" in text
+    assert "| agent / agent jobs off | 0.95x [0.95, 1.00] |" in text  # the jobs probe alone
+    assert "| agent / bpftrace | 0.97x [0.97, 1.02] |" in text
+
+
+def test_a_job_row_with_fewer_arms_or_no_probe_says_so():
+    arms = JOBS["jobs"]["arms"]
+    off = job_arm([1900, 2090, 1800], 0.02, [0] * 3, "GPU jobs off: needs CAP_SYS_ADMIN")
+    some = {**JOBS, "jobs": {**JOBS["jobs"], "arms": {"none": arms["none"], "agent": off}}}
+    text = report.render(some, None)
+    assert "said `GPU jobs off: needs CAP_SYS_ADMIN` (**not attached**)." in text
+    assert "| agent | 1900 | 2.0 % | 10.5 | 0 / 24000 (**24000 not counted**) |" in text
+    assert "| agent / none |" in text
+    assert "bpftrace" not in text  # no such arm in this run (KUBENPU_BENCH_JOB_ARMS)
+
+
+def test_a_kernel_without_the_test_driver_skips_the_job_rows():
+    skipped = {**JOBS, "jobs": {"skipped": "modprobe: FATAL: Module kubenpu_testdrm not found"}}
+    text = report.render(skipped, None)
+    assert "Not measured: the test driver did not load (modprobe: FATAL: Module" in text
+    assert "jobs/s ratio" not in text

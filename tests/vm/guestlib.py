@@ -95,10 +95,11 @@ TCGETS = 0x5401  # not a DRM ioctl at all (type byte 'T'): a raw request for drm
 TESTDRM = "platform:kubenpu_testdrm"  # its device id, as discovery and fdinfo name it
 TESTDRM_SUBMIT = (0x40, 8)  # each: render +1 ms, copy +0.25 ms, compute +3,000 of +10,000 cycles
 TESTDRM_ALLOC = (0x41, 8)  # each: system 64 KiB total (3/4 resident...), vram 1 MiB resident
-# Its jobs on a DRM GPU scheduler ring, one at a time: 50 ms, 10 ms, and one that hangs.
+# Its jobs on a DRM GPU scheduler ring, one at a time: 50 ms, 10 ms, one that hangs, and 0 ms.
 TESTDRM_JOB_50MS = (0x42, 8)
 TESTDRM_JOB_10MS = (0x43, 8)
 TESTDRM_JOB_HANG = (0x44, 8)
+TESTDRM_JOB_0 = (0x45, 8)  # done as it starts: the benchmark's jobs/s (bench_guest.py)
 
 
 def read_log(path: Path) -> str:

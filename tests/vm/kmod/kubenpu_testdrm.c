@@ -24,7 +24,9 @@
  * A ring on the real DRM GPU scheduler (drivers/gpu/drm/scheduler), one job on the "hardware"
  * at a time (credit_limit 1), takes jobs of a duration each ioctl names (its argument is ignored,
  * so any caller of DRM_IOWR(nr, 8) can submit): JOB_50MS (0x42) and JOB_10MS (0x43), the job's
- * fence signalled by a timer when it is over; JOB_HANG (0x44) never signals, so the scheduler's
+ * fence signalled by a timer when it is over, and JOB_0 (0x45), whose fence is signalled as the
+ * job starts, with no timer (the scheduler's own cost per job: the benchmark's jobs/s, which a
+ * timer interrupt's latency under emulation would swamp); JOB_HANG (0x44) never signals, so the scheduler's
  * timeout (JOB_TIMEOUT_MS) fires and the driver resets the ring, failing the job with -ETIME, and
  * sends the wedged uevent WEDGED=none naming the job's submitter as the guilty task, as amdgpu
  * names the owner of the hung job. Writing 1 to `ring_paused` holds the job on the "hardware"
@@ -165,6 +167,7 @@ struct testdrm_arg {
 #define DRM_IOCTL_TESTDRM_JOB_50MS DRM_IOWR(DRM_COMMAND_BASE + 0x02, struct testdrm_arg)
 #define DRM_IOCTL_TESTDRM_JOB_10MS DRM_IOWR(DRM_COMMAND_BASE + 0x03, struct testdrm_arg)
 #define DRM_IOCTL_TESTDRM_JOB_HANG DRM_IOWR(DRM_COMMAND_BASE + 0x04, struct testdrm_arg)
+#define DRM_IOCTL_TESTDRM_JOB_0 DRM_IOWR(DRM_COMMAND_BASE + 0x05, struct testdrm_arg)
 
 struct testdrm_file {
 	atomic64_t submits;
@@ -262,6 +265,10 @@ static void testdrm_start_timer(struct testdrm_job *job)
 
 	if (job->duration_us == JOB_HANGS)
 		return;
+	if (!job->duration_us) { /* JOB_0: done at once; the scheduler sees it signalled */
+		dma_fence_signal(&hw->base);
+		return;
+	}
 	dma_fence_get(&hw->base);
 #if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 15, 0)
 	hrtimer_setup(&hw->timer, testdrm_job_over, CLOCK_MONOTONIC, HRTIMER_MODE_REL);
@@ -370,6 +377,11 @@ static int testdrm_job_10ms(struct drm_device *dev, void *data, struct drm_file 
 	return testdrm_job(file, 10000);
 }
 
+static int testdrm_job_0(struct drm_device *dev, void *data, struct drm_file *file)
+{
+	return testdrm_job(file, 0);
+}
+
 static int testdrm_job_hang(struct drm_device *dev, void *data, struct drm_file *file)
 {
 	return testdrm_job(file, JOB_HANGS);
@@ -439,6 +451,7 @@ static const struct drm_ioctl_desc testdrm_ioctls[] = {
 	DRM_IOCTL_DEF_DRV(TESTDRM_JOB_50MS, testdrm_job_50ms, DRM_RENDER_ALLOW),
 	DRM_IOCTL_DEF_DRV(TESTDRM_JOB_10MS, testdrm_job_10ms, DRM_RENDER_ALLOW),
 	DRM_IOCTL_DEF_DRV(TESTDRM_JOB_HANG, testdrm_job_hang, DRM_RENDER_ALLOW),
+	DRM_IOCTL_DEF_DRV(TESTDRM_JOB_0, testdrm_job_0, DRM_RENDER_ALLOW),
 };
 
 static const struct file_operations testdrm_fops = {
