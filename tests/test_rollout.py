@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
+import re
 import socket
 import ssl
 import threading
@@ -258,14 +259,16 @@ def test_without_api_the_in_cluster_address_is_asked(api, capsys, monkeypatch):
     assert len(out) == 2 and all("cannot read the DaemonSet: <urlopen error [SSL" in o for o in out)
 
 
-def test_help_names_the_module_and_each_option(capsys):
+def test_help_names_the_module_and_each_option(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")  # each option's help on its line, whatever the terminal
     with pytest.raises(SystemExit):
         rollout.main(["--help"])
     out = capsys.readouterr().out
     assert out.startswith("usage: python3 -m kubenpu.cli.rollout [-h]")
     assert "Wait until a DaemonSet has a ready pod on every node" in out
-    assert "seconds (default 300)" in out
-    assert "API server URL (default: the in-cluster one)" in out
+    # each option's line as a whole: its text, nothing else
+    assert re.search(r"^ +--timeout TIMEOUT +seconds \(default 300\)$", out, re.M), out
+    assert re.search(r"^ +--api API +API server URL \(default: the in-cluster one\)$", out, re.M)
 
 
 @pytest.mark.parametrize("signed_by_the_cluster", [True, False])
