@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
 import functools
 import gc
 import importlib.util
@@ -26,6 +27,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 # --- VM test records: the result.json files tests/vm/*_guest.py write -----------------------------
 # /metrics samples in a record are read with the guests' own projections (tests/vm/guestlib.py).
@@ -252,6 +257,38 @@ def start_telemetry(
 def scrape(port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
         return r.read().decode()
+
+
+# --- TLS: a self-signed certificate for localhost and its key, real X.509 files
+
+
+def certificate(
+    tmp_path: Path, name: str, before: datetime.datetime, after: datetime.datetime
+) -> tuple[Path, Path]:
+    """A self-signed certificate valid from `before` to `after`, and its key: (cert, key)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(before)
+        .not_valid_after(after)
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = tmp_path / f"{name}.pem", tmp_path / f"{name}.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
 
 
 # --- metrics: calls recorded in the series table and the ioctl series they make (one device)

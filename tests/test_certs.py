@@ -11,11 +11,7 @@ import logging
 from pathlib import Path
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
-from helpers import make_config, start_telemetry, values
+from helpers import certificate, make_config, start_telemetry, values
 
 from kubenpu import agent
 from kubenpu.export import certs
@@ -23,33 +19,6 @@ from kubenpu.metrics.catalogue import TLS_EXPIRY
 
 NOW = datetime.datetime.now(datetime.UTC)
 DAY = datetime.timedelta(days=1)
-
-
-def certificate(tmp_path: Path, name: str, before: datetime.datetime, after: datetime.datetime):
-    """A self-signed certificate valid from `before` to `after`, and its key: (cert, key)."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(before)
-        .not_valid_after(after)
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = tmp_path / f"{name}.pem", tmp_path / f"{name}.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return cert_path, key_path
 
 
 CASES = {

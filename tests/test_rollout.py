@@ -4,15 +4,21 @@ status fields the DaemonSet controller writes, in the order it writes them."""
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import json
+import re
+import socket
+import ssl
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import NamedTuple
 
 import certifi
 import pytest
+from helpers import certificate, eventually
 
 from kubenpu.cli import rollout
 
@@ -49,13 +55,31 @@ class Answers(list):
         self.headers: list[dict[str, str]] = []
 
 
-@pytest.fixture
-def api() -> Iterator[tuple[str, list]]:
-    """A server whose answers are popped from the list it yields (the last one repeats); a
-    string answer is sent as that HTTP status with no body, bytes as the body itself, a
-    Redirect as a 302 to its location. As the API server, it answers 406 to an Accept that
-    JSON does not meet (none is JSON)."""
-    answers = Answers()
+@contextlib.contextmanager
+def serving(
+    handler: type[BaseHTTPRequestHandler], host: str = "127.0.0.1", tls: Path | None = None
+) -> Iterator[int]:
+    """handler served on a free port of host (yielded), in TLS with the certificate (and its
+    key beside it, .key) when tls is given."""
+    server = ThreadingHTTPServer((host, 0), handler)
+    if tls is not None:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(tls, tls.with_suffix(".key"))
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+    # shutdown() waits for the loop's next poll: 0.5 s a test by default
+    threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True).start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def api_server(answers: Answers) -> type[BaseHTTPRequestHandler]:
+    """A handler whose answers are popped from answers (the last one repeats); a string answer
+    is sent as that HTTP status with no body, bytes as the body itself, a Redirect as a 302 to
+    its location. As the API server, it answers 406 to an Accept that JSON does not meet (none
+    is JSON)."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -83,12 +107,15 @@ def api() -> Iterator[tuple[str, list]]:
         def log_message(self, *args) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", answers
-    server.shutdown()
-    server.server_close()
+    return Handler
+
+
+@pytest.fixture
+def api() -> Iterator[tuple[str, Answers]]:
+    """The fake API server in plain HTTP: its URL and the answers it pops (api_server)."""
+    answers = Answers()
+    with serving(api_server(answers)) as port:
+        yield f"http://127.0.0.1:{port}", answers
 
 
 def run(url: str, *extra: str) -> int:
@@ -180,10 +207,12 @@ def test_a_timeout_that_would_never_end_is_refused(timeout, capsys):
 
 
 @pytest.fixture
-def service_account(tmp_path, monkeypatch):
+def service_account(tmp_path, monkeypatch) -> Path:
+    """The pod's service account directory, its CA the public ones (no cluster's)."""
     (tmp_path / "token").write_text("the-token\n")
     (tmp_path / "ca.crt").write_bytes(Path(certifi.where()).read_bytes())
     monkeypatch.setattr(rollout, "SERVICE_ACCOUNT", tmp_path)
+    return tmp_path
 
 
 def test_a_redirect_is_not_followed_with_the_token(api, service_account, capsys):
@@ -199,15 +228,10 @@ def test_a_redirect_is_not_followed_with_the_token(api, service_account, capsys)
         def log_message(self, *args) -> None:
             pass
 
-    other = ThreadingHTTPServer(("127.0.0.2", 0), Elsewhere)
-    threading.Thread(target=other.serve_forever, daemon=True).start()
     url, answers = api
-    answers.append(Redirect(f"http://127.0.0.2:{other.server_address[1]}{PATH}"))
-    try:
+    with serving(Elsewhere, "127.0.0.2") as port:
+        answers.append(Redirect(f"http://127.0.0.2:{port}{PATH}"))
         assert run(url, "--timeout", "0") == 1
-    finally:
-        other.shutdown()
-        other.server_close()
     assert seen == []
     assert "cannot read the DaemonSet: HTTP Error 302" in capsys.readouterr().out
 
@@ -235,11 +259,58 @@ def test_without_api_the_in_cluster_address_is_asked(api, capsys, monkeypatch):
     assert len(out) == 2 and all("cannot read the DaemonSet: <urlopen error [SSL" in o for o in out)
 
 
-def test_help_names_the_module_and_each_option(capsys):
+def test_help_names_the_module_and_each_option(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")  # each option's help on its line, whatever the terminal
     with pytest.raises(SystemExit):
         rollout.main(["--help"])
     out = capsys.readouterr().out
     assert out.startswith("usage: python3 -m kubenpu.cli.rollout [-h]")
     assert "Wait until a DaemonSet has a ready pod on every node" in out
-    assert "seconds (default 300)" in out
-    assert "API server URL (default: the in-cluster one)" in out
+    # each option's line as a whole: its text, nothing else
+    assert re.search(r"^ +--timeout TIMEOUT +seconds \(default 300\)$", out, re.M), out
+    assert re.search(r"^ +--api API +API server URL \(default: the in-cluster one\)$", out, re.M)
+
+
+@pytest.mark.parametrize("signed_by_the_cluster", [True, False])
+def test_the_api_server_is_verified_with_the_service_accounts_ca(
+    tmp_path, service_account, capsys, signed_by_the_cluster
+):
+    """The API server's certificate is signed by the cluster's own CA, which only the service
+    account's ca.crt holds (no system store does): the GET verifies the server with that file,
+    and refuses a server it did not sign."""
+    now = datetime.datetime.now(datetime.UTC)
+    day = datetime.timedelta(days=1)
+    cert, _ = certificate(tmp_path, "apiserver", now - day, now + day)
+    if signed_by_the_cluster:
+        (service_account / "ca.crt").write_bytes(cert.read_bytes())
+    answers = Answers()
+    answers.append(ROLLING[-1])
+    with serving(api_server(answers), tls=cert) as port:
+        code = run(f"https://localhost:{port}", "--timeout", "0")
+    out = capsys.readouterr().out
+    if signed_by_the_cluster:
+        assert code == 0, out
+        assert answers.headers[0]["Authorization"] == "Bearer the-token"
+    else:
+        assert code == 1
+        assert "cannot read the DaemonSet: <urlopen error [SSL: CERTIFICATE_VERIFY_FAILED]" in out
+        assert answers.headers == []
+
+
+def test_a_get_that_is_never_answered_is_given_up_on():
+    """Each GET has a timeout of its own: a connection the server accepts and never answers (an
+    API server stuck) would otherwise hold the hook, and helm, past --timeout for ever."""
+    errors: list[OSError] = []
+
+    def call(get: Callable[[], object]) -> None:
+        try:
+            get()
+        except OSError as err:  # wait() reports it and asks again
+            errors.append(err)
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:  # the kernel accepts; nobody reads
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        get = rollout.fetch_daemonset(url, "kubenpu", "kubenpu-uninstall")
+        threading.Thread(target=call, args=(get,), daemon=True).start()
+        eventually(lambda: errors or None, "the unanswered GET given up on", bound=120)
+    assert [type(e) for e in errors] == [TimeoutError]
