@@ -253,7 +253,7 @@ def main(out: Path) -> dict:
         "lsm": g.LSM_LIST.read_text().strip(),
         "lsm_active": g.lsm_active(),
     }
-    vgem = next(d for d in discover() if d.driver == "vgem")
+    vgem = next(d for d in discover() if d.vendor == "vgem")
     card = next(n for n in vgem.nodes if n.name.startswith("card"))
     dev = g.mkdev(card.major, card.minor)
     kubepods = (make_cgroup(KUBEPODS), 1)
