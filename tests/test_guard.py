@@ -13,6 +13,7 @@ import pytest
 
 from kubenpu.discovery import Device, Node
 from kubenpu.kernel import guard as g
+from kubenpu.kernel.errors import ProbeError
 from kubenpu.sources.guard import Denial, DenialLog, Planner, Pod, Rule, Settings, denials
 
 MAX_ENTRIES = {g.CONFIG: 1, g.GUARDED: 1024, g.PODS: 65536, g.ALLOWED: 65536, g.TALLY: 65536}
@@ -305,3 +306,24 @@ def test_lsm_active(tmp_path):
     lsm.write_text("lockdown,capability,landlock,yama,apparmor\n")
     assert not g.lsm_active(lsm)
     assert not g.lsm_active(tmp_path / "absent")
+
+
+@pytest.mark.parametrize(
+    ("lsm", "cap_eff", "said"),
+    [
+        ("capability,apparmor", 1 << 39 | 1 << 38, "does not run the BPF LSM"),
+        ("capability,bpf", 1 << 39, "needs CAP_PERFMON"),
+        ("capability,bpf", 0, "needs CAP_BPF, CAP_PERFMON"),
+        ("capability,bpf", 1 << 39 | 1 << 38, ""),
+        ("capability,bpf", 1 << 21, ""),  # CAP_SYS_ADMIN
+    ],
+)
+def test_check_says_in_one_line_why_the_guard_is_off(tmp_path, lsm, cap_eff, said):
+    (tmp_path / "lsm").write_text(lsm)
+    (tmp_path / "status").write_text(f"Name:\tkubenpu\nCapEff:\t{cap_eff:016x}\n")
+    if not said:
+        g.check(tmp_path / "lsm", tmp_path / "status")
+        return
+    with pytest.raises(ProbeError, match=said) as err:
+        g.check(tmp_path / "lsm", tmp_path / "status")
+    assert "\n" not in str(err.value)

@@ -17,7 +17,7 @@ from typing import Protocol
 
 from kubenpu.kernel import bpfsys, hooks
 from kubenpu.kernel.core import OBJECTS, shared_libbpf
-from kubenpu.kernel.errors import ProbeError
+from kubenpu.kernel.errors import Cause, ProbeError
 
 OBJECT = "kubenpu-guard.bpf.o"
 # The names and numbers of bpf/guard.bpf.c, in its order.
@@ -49,6 +49,28 @@ def lsm_active(path: Path = LSM_LIST) -> bool:
         return "bpf" in path.read_text().strip().split(",")
     except OSError:
         return False
+
+
+NEEDED = ("BPF", "PERFMON")  # measured by tests/test_guard_vm.py; CAP_SYS_ADMIN includes both
+
+
+def check(lsm: Path = LSM_LIST, status: Path = Path("/proc/self/status")) -> None:
+    """Raises ProbeError with the one line that says why the guard cannot work here: the kernel
+    does not run the BPF LSM, or the agent lacks the capabilities (the guard is then off, and
+    counting goes on)."""
+    if not lsm_active(lsm):
+        raise ProbeError(
+            f"the kernel does not run the BPF LSM (no `bpf` in {lsm}: CONFIG_BPF_LSM and "
+            "CONFIG_LSM or lsm=): the access guard is off, counting goes on (docs/guard.md)"
+        )
+    held = hooks.effective_capabilities(status)
+    if "SYS_ADMIN" not in held and not set(NEEDED) <= held:
+        missing = ", ".join(f"CAP_{c}" for c in NEEDED if c not in held)
+        raise ProbeError(
+            f"the access guard needs {missing} to load its LSM programs: the guard is off, "
+            "counting goes on (docs/guard.md)",
+            Cause.CAPABILITIES,
+        )
 
 
 @dataclass(frozen=True)
@@ -164,7 +186,7 @@ class GuardKernel:
 
     def start(self, policy: Policy, clock: Clock, now_ns: int) -> str:
         """Load, write the policy and a first beat, then attach: no program runs before its maps
-        hold the policy."""
+        hold the policy. Call check() first."""
         if not self._path.exists():
             raise ProbeError(f"the guard object {self._path} is missing (build it with `make bpf`)")
         symbol, compat = COMPAT
