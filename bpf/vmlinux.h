@@ -22,6 +22,7 @@ typedef u32 dev_t;
 #pragma clang attribute push(__attribute__((preserve_access_index)), apply_to = record)
 
 struct inode {
+    unsigned short i_mode; /* guard.bpf.c: only char devices */
     dev_t i_rdev;
 };
 

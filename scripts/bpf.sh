@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Compile bpf/kubenpu.bpf.c ahead of time into the CO-RE objects the agent loads (one per probe
-# mode), and bpf/jobs.bpf.c into the GPU jobs object (docs/jobs.md), with Debian's clang and libbpf headers: `clang -target bpf -g` against the minimal
+# mode), and bpf/jobs.bpf.c into the GPU jobs object (docs/jobs.md),
+# bpf/guard.bpf.c into the access guard's (docs/guard.md), with Debian's clang and libbpf headers: `clang -target bpf -g` against the minimal
 # bpf/vmlinux.h (docs/core.md). The kernel relocates nothing; libbpf does, at load, from BTF.
 #   scripts/bpf.sh [OUTDIR]    default: kubenpu/kernel/objects (in the wheel, and where the
 #                              agent looks in a source tree)
@@ -30,6 +31,7 @@ objects=(
   "kubenpu-aggregate kubenpu.bpf.c -DKUBENPU_AGGREGATE"
   "kubenpu-events kubenpu.bpf.c"
   "kubenpu-jobs jobs.bpf.c"
+  "kubenpu-guard guard.bpf.c"
 )
 for line in "${objects[@]}"; do
   read -r name source extra <<<"$line"
