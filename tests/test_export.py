@@ -70,7 +70,7 @@ from kubenpu.metrics.own import DEVICES
 from kubenpu.metrics.points import Point
 from kubenpu.metrics.series import Series
 from kubenpu.sources.calls.attribution import DURATIONS, UNNAMED
-from kubenpu.sources.jobs import JOB_TIMES, RESETS
+from kubenpu.sources.jobs import BEHIND, IDLE, JOB_TIMES, RESETS
 from kubenpu.sources.registry import FAMILIES
 from kubenpu.sources.telemetry import POD_ENERGY_SHARES
 from kubenpu.sources.usage import ENGINES, GAUGES
@@ -170,6 +170,8 @@ def test_a_histogram_past_2_64_observations_is_refused_counted_and_the_push_goes
     assert {dict(k)["source"]: n for k, n in refused.items()} == {
         "durations": 1,
         "jobs": 1,
+        "jobs_behind": 0,
+        "jobs_idle": 0,
         "resets": 0,
     }
 
@@ -1062,6 +1064,8 @@ def push_pods(tmp_path: Path, rx: OtlpReceiver, attributes: str) -> None:
             m.put(JOB_TIMES, where, "gfx_0.0.0", (n, JobTimes(n + 1, n, histogram, histogram)))
             m.put(RESETS[POD_HANGS], where, "", 1)
             m.put(RESETS[RESET_VICTIMS], where, "", 1)
+            m.put(BEHIND, where, "gfx_0.0.0\nns\np", n)
+            m.put(IDLE, where, "gfx_0.0.0", n)
             capacity[(where, "render")] = 1
             memory[(where, "vram0", "resident")] = n
         m.set(GAUGES, "", (capacity, memory))

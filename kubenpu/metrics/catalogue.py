@@ -178,28 +178,6 @@ JOB_RUN = Spec(
     "their fence signalling done, per pod, device and ring (docs/jobs.md).",
     _JOB_LABELS,
 )
-# Who is in a pod's way (docs/jobs.md#who-is-in-my-way): its queue wait on a ring split over
-# the pods whose jobs ran there meanwhile, and the wait while none ran. Per pod and ring,
-# behind plus idle is the wait histogram's sum.
-JOB_WAIT_BEHIND = Spec(
-    "kubenpu.job.wait.behind",
-    "counter",
-    "s",
-    "Seconds the pod's GPU jobs waited in the scheduler's queue on the ring while another "
-    "pod's jobs (behind_namespace, behind_pod; the pod itself too) ran there, split evenly over "
-    "the jobs running at once; past the per-ring cap of pairs behind_pod is other "
-    "(docs/jobs.md#who-is-in-my-way).",
-    (*_JOB_LABELS, "behind_namespace", "behind_pod"),
-)
-JOB_WAIT_IDLE = Spec(
-    "kubenpu.job.wait.idle",
-    "counter",
-    "s",
-    "Seconds the pod's GPU jobs waited in the scheduler's queue on the ring while no job ran "
-    "there (on their dependencies); with kubenpu_job_wait_behind_seconds_total it sums to the "
-    "wait histogram's sum.",
-    _JOB_LABELS,
-)
 JOBS = Spec(
     "kubenpu.jobs",
     "counter",
@@ -856,8 +834,6 @@ SPECS = (
     IOCTL_ERRORS,
     JOB_WAIT,
     JOB_RUN,
-    JOB_WAIT_BEHIND,
-    JOB_WAIT_IDLE,
     JOBS,
     JOBS_IN_FLIGHT,
     JOB_WAIT_BEHIND,
