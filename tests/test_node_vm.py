@@ -483,8 +483,8 @@ def test_a_hung_job_is_reset_by_the_driver_and_its_pod_and_victims_named(result,
 # --- who is in my way: the blocked-by seconds against the test driver's own job times ------
 
 # The driver's clock reads sit next to the tracepoints, with no sleep between, but the code
-# between the two reads (the probe's program at run; the fence's signalling into the scheduler's
-# callback at done) runs under TCG, and a vCPU can be frozen between any two reads (VM-FACTS):
+# between the two reads (the probe's program at run; the scheduler's signalling of the finished
+# fence at done) runs under TCG, and a vCPU can be frozen between any two reads (VM-FACTS):
 # measured 0.19 ms a boundary on average on 6.12. Allowed per boundary a waiting job's wait
 # has: its own two ends, and every other job's run and done inside it.
 STAMP_SLACK = 0.0005
