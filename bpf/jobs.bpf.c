@@ -76,7 +76,7 @@ struct job_times {
 /* One step of one job (abi.JOB_EVENT). */
 struct job_event {
     u32 kind; /* EVENT_QUEUED, EVENT_RUN, EVENT_DONE */
-    u32 pad;
+    u32 tgid; /* queued only: the submitting process, a DRM client fdinfo reads */
     u64 ts_ns;
     u64 fence;
     u64 ring;
@@ -125,7 +125,7 @@ static __always_inline void emit(u32 kind, u64 ts_ns, u64 fence, u64 ring, u64 c
         return;
     }
     e->kind = kind;
-    e->pad = 0;
+    e->tgid = kind == EVENT_QUEUED ? bpf_get_current_pid_tgid() >> 32 : 0;
     e->ts_ns = ts_ns;
     e->fence = fence;
     e->ring = ring;

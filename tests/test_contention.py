@@ -273,5 +273,5 @@ def test_cap_sends_pairs_past_it_to_other() -> None:
 
 
 def test_decode() -> None:
-    raw = JOB_EVENT.pack(QUEUED, 0, 5, 6, 7, 8, 9)
-    assert job_step(raw) == Event(QUEUED, 5, 6, 7, 8, 9)
+    raw = JOB_EVENT.pack(QUEUED, 42, 5, 6, 7, 8, 9)
+    assert job_step(raw) == Event(QUEUED, 5, 6, 7, 8, 9, 42)

@@ -787,9 +787,13 @@ class FakeClients:
 
     def __init__(self, held: dict[tuple[str, int], int]) -> None:
         self.held = held
+        self.seen: set[int] = set()  # the tgids fdinfo is asked to scan
 
     def client_cgroups(self) -> dict[tuple[str, int], int]:
         return dict(self.held)
+
+    def saw(self, tgids: Iterable[int], cgroup_ids: Iterable[int]) -> None:
+        self.seen |= set(tgids)
 
 
 def test_job_client_ids_are_joined_to_fdinfos_clients_and_disagreements_said(caplog) -> None:
@@ -804,9 +808,10 @@ def test_job_client_ids_are_joined_to_fdinfos_clients_and_disagreements_said(cap
     jobs = Jobs(kernel, resolver, metrics, DEVICES, 5, 0.01, Clock(), clients=clients)
     jobs.start()
     eventually(jobs.attached.is_set, "attached")
-    kernel.steps = [JobStep(QUEUED, 0, f, RING, 7, f // 10) for f in (50, 51, 60, 70)]
+    kernel.steps = [JobStep(QUEUED, 0, f, RING, 7, f // 10, 300 + f) for f in (50, 51, 60, 70)]
     jobs.read()
     assert jobs.joins == {"agree": 1, "disagree": 1}
+    assert clients.seen == {350, 351, 360, 370}  # the queueing processes: fdinfo scans them
     clients.held[(GPU, 7)] = 7
     kernel.steps = [JobStep(QUEUED, 0, 52, RING, 7, 5)]  # client 5 again: compared once
     jobs.read()

@@ -211,7 +211,12 @@ def test_vgem_and_virtio_clients_print_no_usage_and_are_counted_as_skipped(resul
 
 
 def test_deleted_pods_fdinfo_series_retire_with_its_counts(testdrm):
-    after = usage_series(testdrm["after_delete"])
+    # The GPU-jobs pods' clients are read too (fdinfo scans the processes that queue jobs),
+    # and live on after pod B's deletion.
+    jobs_pods = {"team-d", "team-e", "team-f", "team-g"}
+    after = {
+        k: v for k, v in usage_series(testdrm["after_delete"]).items() if k[1] not in jobs_pods
+    }
     assert {k[1] for k in after} == {"team-a"}
     # The energy holders (issue 22) came after the usage snapshot; A's stays with its pod.
     after = {k: v for k, v in after.items() if k[3] != "energy"}
@@ -503,22 +508,17 @@ def test_a_hung_job_is_reset_by_the_driver_and_its_pod_and_victims_named(result,
 
 # --- who is in my way: the blocked-by seconds against the test driver's own job times ------
 
-# The driver's clock reads sit next to the tracepoints, with no sleep between, but the code
-# between the two reads (the probe's program at run; the fence's signalling into the scheduler's
-# callback at done) runs under TCG, and a vCPU can be frozen between any two reads (VM-FACTS):
-# measured 0.19 ms a boundary on average on 6.12. Allowed per boundary a waiting job's wait
-# has: its own two ends, and every other job's run and done inside it.
-STAMP_SLACK = 0.0005
+# The driver's clock reads sit next to the tracepoints, with no sleep between, but TCG runs
+# both vCPUs on one host thread and freezes one for milliseconds between any two clock reads
+# (VM-FACTS: 15-21 ms a call seen): allowed per job of the waiting pod. Measured under load
+# (two guests and other helpers on 2 cores): up to 24 ms a job (7.3, D behind C's hang). One
+# of A's 50 ms runs misattributed for B's 10 waiting jobs would be 500 ms, past B's 300 ms.
+STAMP_SLACK = 0.030
 
 
 def _boundaries(stamps: list[list], pod: str) -> int:
-    """The clock-read pairs that bound `pod`'s waits and their overlaps."""
-    found = 0
-    for who, queued, run, done in stamps:
-        if who == pod:
-            end = run or done
-            found += 2 + sum(queued < t < end for _, _, r, d in stamps for t in (r, d) if t)
-    return found
+    """`pod`'s jobs: each one's wait has its clock reads, and overlaps' reads, frozen alike."""
+    return sum(1 for s in stamps if s[0] == pod)
 
 
 def _reference(stamps: list[list]) -> tuple[dict[str, float], dict[str, float]]:
@@ -568,11 +568,10 @@ def test_blocked_by_seconds_equal_the_test_drivers_own_overlap(result, energy):
 
 
 def test_job_client_ids_join_fdinfos_clients_with_the_same_pod(result, energy):
-    """6.17 on, each job carries its DRM client id: the agent joins it to fdinfo's client and
-    the pods agree (each job container queues on its own fd). Before 6.17, no client id: no
-    join."""
+    """Each job carries its DRM client id (s_fence->drm_client_id: 6.17 on, and Debian's
+    6.12.117, which has it backported, as the test driver's drm_sched_job_init taking one on
+    both shows): the agent joins it to fdinfo's client and the pods agree (each job container
+    queues on its own fd)."""
     log = result["agent_log"]
     assert "but its fd is held by" not in log
-    major, minor = (int(n) for n in result["kernel"].split(".")[:2])
-    joined = "GPU jobs: client ids joined to fdinfo's clients" in log
-    assert joined == ((major, minor) >= (6, 17))
+    assert "GPU jobs: client ids joined to fdinfo's clients" in log

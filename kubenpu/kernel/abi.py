@@ -265,7 +265,7 @@ RINGS = "rings"  # u64 scheduler address -> RING (hash)
 JOB_LOST = "job_lost"  # u64 per JOB_LOST reason (array)
 JOB_LOST_REASONS = ("unmatched", "keys_full", "events_full")
 JOB_EVENTS = "job_events"  # one JOB_EVENT per job step (ring buffer)
-# struct job_event: u32 kind, u32 pad, u64 ts_ns, fence, ring, cgroup_id, client_id
+# struct job_event: u32 kind, tgid, u64 ts_ns, fence, ring, cgroup_id, client_id
 JOB_EVENT = struct.Struct("=IIQQQQQ")
 JOB_EVENT_KINDS = ("queued", "run", "done")  # by the record's kind
 # struct job_key: u64 cgroup_id, u64 ring

@@ -61,8 +61,9 @@ class JobStep(NamedTuple):
     ring: int  # the scheduler's address
     cgroup_id: int = 0  # queued only: the submitting task's
     client_id: int = 0  # queued only, 6.17 on: the DRM client's drm-client-id
+    tgid: int = 0  # queued only: the submitting process
 
 
 def job_step(raw: bytes) -> JobStep:
-    kind, _, ts, fence, ring, cgroup_id, client_id = JOB_EVENT.unpack_from(raw)
-    return JobStep(kind, ts, fence, ring, cgroup_id, client_id)
+    kind, tgid, ts, fence, ring, cgroup_id, client_id = JOB_EVENT.unpack_from(raw)
+    return JobStep(kind, ts, fence, ring, cgroup_id, client_id, tgid)

@@ -164,6 +164,7 @@ class Clients(Protocol):
     """What the client-id join needs of the fdinfo source (kubenpu.sources.usage.Usage)."""
 
     def client_cgroups(self) -> dict[tuple[str, int], int]: ...
+    def saw(self, tgids: Iterable[int], cgroup_ids: Iterable[int]) -> None: ...
 
 
 class JobsProbe(Protocol):
@@ -285,7 +286,7 @@ class Jobs:
                 continue  # read again next time: the values are cumulative
             self._metrics.put(JOB_TIMES, self._where(who, ring), ring.name, (cgroup_id, times))
         self._contend(steps, now, rings)
-        self._join(rings)
+        self._join(rings, steps)
         self._metrics.set(LOST, "", {**self._kernel.lost(), LATE: self._contention.late})
         self._count_resets(table, rings)
         dead = [c for c in cgroups if c in self._who and not self._resolver.alive(c)]
@@ -312,13 +313,16 @@ class Jobs:
                 self._metrics.put(BEHIND, where, _SEP.join((ring.name, *labels)), ns)
             del self._owed[key]
 
-    def _join(self, rings: dict[int, Ring]) -> None:
+    def _join(self, rings: dict[int, Ring], steps: list[JobStep]) -> None:
         """Each job client (ring, client id, queueing cgroup) once against fdinfo's client of
         that id on the ring's device: the pods of the queueing task and of the client's lowest
         pid should be one. The queueing task's is kept where not (docs/jobs.md, Which pod)."""
         found, self._contention.clients = self._contention.clients, set()
         if self._clients is None:
             return
+        # The processes that queued jobs are DRM clients: fdinfo's next read scans them (a
+        # driver whose job ioctl the call probe does not count would not name them else).
+        self._clients.saw({s.tgid for s in steps if s.tgid}, ())
         self._unjoined |= found - self._joined
         held = self._clients.client_cgroups()
         for key in list(self._unjoined):

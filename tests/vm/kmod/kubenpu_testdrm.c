@@ -37,8 +37,10 @@
  *
  * Each job's own times (ktime_get_ns, the clock of bpf_ktime_get_ns) are kept, the first
  * MAX_STAMPS jobs since load: queued (just before the push that fires the queue tracepoint), run
- * (run_job's start, right after the run tracepoint) and done (just before its hardware fence is
- * signalled or failed, which fires the done tracepoint), with the submitter's tgid. The debugfs
+ * (run_job's start, right after the run tracepoint) and done (a callback on the scheduler's
+ * finished fence, signalled right after the done tracepoint: when the scheduler took the job
+ * off the ring, which under load can be well after the hardware fence signalled, if the
+ * scheduler's work had not yet added its callback to it), with the submitter's tgid. The debugfs
  * file testdrm-jobs prints one line per job, "tgid queued run done" (0: not yet): the
  * reference the VM test computes each pod's wait behind the others from, independently of the
  * scheduler's tracepoints.
@@ -187,7 +189,6 @@ struct testdrm_device {
 struct testdrm_hw {
 	struct dma_fence base;
 	struct hrtimer timer;
-	int stamp; /* its job's in stamps */
 };
 
 struct testdrm_job {
@@ -196,6 +197,7 @@ struct testdrm_job {
 	struct testdrm_hw *hw;
 	pid_t pid; /* the submitter: the guilty task if the job hangs */
 	int stamp; /* its index in stamps */
+	struct dma_fence_cb finished; /* on base.s_fence->finished: the done stamp */
 	char comm[TASK_COMM_LEN];
 };
 
@@ -253,7 +255,6 @@ static enum hrtimer_restart testdrm_job_over(struct hrtimer *timer)
 {
 	struct testdrm_hw *hw = container_of(timer, struct testdrm_hw, timer);
 
-	testdrm_stamp(hw->stamp, &stamps[hw->stamp % MAX_STAMPS].done);
 	dma_fence_signal(&hw->base);
 	dma_fence_put(&hw->base); /* the timer's reference */
 	return HRTIMER_NORESTART;
@@ -289,7 +290,6 @@ static struct dma_fence *testdrm_run_job(struct drm_sched_job *sched_job)
 	testdrm_stamp(job->stamp, &stamps[job->stamp % MAX_STAMPS].run);
 	if (!hw)
 		return ERR_PTR(-ENOMEM);
-	hw->stamp = job->stamp;
 	dma_fence_init(&hw->base, &testdrm_fence_ops, &testdrm->fence_lock, testdrm->fence_context,
 		       atomic64_inc_return(&testdrm->fence_seqno));
 	job->hw = hw;
@@ -312,7 +312,6 @@ static enum drm_gpu_sched_stat testdrm_timedout_job(struct drm_sched_job *sched_
 	drm_sched_stop(&testdrm->ring, sched_job);
 	if (job->hw && !dma_fence_is_signaled(&job->hw->base)) {
 		dma_fence_set_error(&job->hw->base, -ETIME);
-		testdrm_stamp(job->stamp, &stamps[job->stamp % MAX_STAMPS].done);
 		dma_fence_signal(&job->hw->base);
 	}
 #if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 17, 0)
@@ -342,6 +341,13 @@ static const struct drm_sched_backend_ops testdrm_sched_ops = {
 	.free_job = testdrm_free_job,
 };
 
+static void testdrm_finished(struct dma_fence *fence, struct dma_fence_cb *cb)
+{
+	struct testdrm_job *job = container_of(cb, struct testdrm_job, finished);
+
+	testdrm_stamp(job->stamp, &stamps[job->stamp % MAX_STAMPS].done);
+}
+
 static int testdrm_job(struct drm_file *file, u32 duration_us)
 {
 	struct testdrm_file *f = file->driver_priv;
@@ -362,6 +368,8 @@ static int testdrm_job(struct drm_file *file, u32 duration_us)
 	job->stamp = atomic_inc_return(&stamped) - 1;
 	if (job->stamp < MAX_STAMPS)
 		stamps[job->stamp].tgid = task_tgid_nr(current);
+	/* the job is freed (free_job) only after its finished fence's callbacks ran */
+	dma_fence_add_callback(&job->base.s_fence->finished, &job->finished, testdrm_finished);
 	testdrm_stamp(job->stamp, &stamps[job->stamp % MAX_STAMPS].queued);
 	drm_sched_entity_push_job(&job->base);
 	return 0;
