@@ -181,6 +181,13 @@ class _Libbpf:
             raise ProbeError(f"the object has no map {name}")
         return found
 
+    def unload(self, links: Iterable[int], obj: int | None) -> None:
+        """Destroy `links` (a pinned one stays attached: the pin holds it), then close `obj`."""
+        for link in links:
+            self.lib.bpf_link__destroy(link)
+        if obj:
+            self.lib.bpf_object__close(obj)
+
     def attach(self, obj: int, name: str) -> int:
         """The struct bpf_link * of the program `name`, attached."""
         prog = self.lib.bpf_object__find_program_by_name(obj, name.encode())
@@ -374,9 +381,7 @@ class CoreKernel(LoaderBase):
     def close(self) -> None:
         """Detach (a pinned link stays attached: the pin holds it) and free the object."""
         self._close_ring()
-        for link in self._links.values():
-            self._lib.lib.bpf_link__destroy(link)
+        if self._lib is not None:  # None: libbpf never opened, nothing was loaded
+            self._lib.unload(self._links.values(), self._obj)
         self._links.clear()
-        if self._obj:
-            self._lib.lib.bpf_object__close(self._obj)
-            self._obj = None
+        self._obj = None

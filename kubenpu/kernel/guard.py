@@ -213,10 +213,7 @@ class GuardKernel:
         """Detach and unload: no program of the guard is left in the kernel."""
         if self._lib is None:
             return
-        for link in self._links:
-            self._lib.lib.bpf_link__destroy(link)
+        self._lib.unload(self._links, self._obj)
         self._links.clear()
-        if self._obj:
-            self._lib.lib.bpf_object__close(self._obj)
-            self._obj = None
+        self._obj = None
         self.writer = None

@@ -202,12 +202,9 @@ class JobsKernel:
         if self._events is not None:
             self._events.close()
             self._events = None
-        for link in self._links:
-            self._lib.lib.bpf_link__destroy(link)
+        self._lib.unload(self._links, self._obj)
         self._links.clear()
-        if self._obj:
-            self._lib.lib.bpf_object__close(self._obj)
-            self._obj = None
+        self._obj = None
         self._maps = JobMaps({})
 
 
