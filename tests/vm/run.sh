@@ -63,14 +63,27 @@ boot() {
   # it ran (the agent's wakeups included) and not how busy the host was.
   local icount=()
   [[ -z ${KUBENPU_VM_ICOUNT:-} ]] || icount=(-icount "shift=$KUBENPU_VM_ICOUNT,sleep=on")
+  # KUBENPU_VM_NUMA=1: two NUMA nodes of two vCPUs and half the memory each, and the virtio GPU
+  # behind a PCI expander bridge on node 1, so its numa_node is 1 (the placement checks). QEMU
+  # plugs only bridges into a pxb, hence the pci-bridge between; these devices go last on the command
+  # line because QEMU puts a device with no bus on the newest bus.
+  local smp=2 gpu=(-device virtio-gpu-pci) numa=()
+  if [[ -n ${KUBENPU_VM_NUMA:-} ]]; then
+    smp=4 gpu=() numa=(
+      -object memory-backend-ram,id=mem0,size=1536M -numa node,nodeid=0,cpus=0-1,memdev=mem0
+      -object memory-backend-ram,id=mem1,size=1536M -numa node,nodeid=1,cpus=2-3,memdev=mem1
+      -device pxb,id=numa1,bus=pci.0,bus_nr=32,numa_node=1
+      -device pci-bridge,id=numa1br,bus=numa1,chassis_nr=1 -device virtio-gpu-pci,bus=numa1br,addr=1)
+  fi
   set +o pipefail
   timeout --kill-after=10 "$timeout_s" qemu-system-x86_64 \
-    -accel tcg,thread=single "${icount[@]}" -cpu max -m 3G -smp 2 -nographic -no-reboot -nic none \
-    -kernel "$kernel_dir/vmlinux" -initrd "$kernel_dir/initramfs.cpio" -append "$cmdline" \
-    -vga none -device virtio-gpu-pci -device bochs-display \
+    -accel tcg,thread=single "${icount[@]}" -cpu max -m 3G -smp "$smp" -nographic -no-reboot \
+    -nic none -kernel "$kernel_dir/vmlinux" -initrd "$kernel_dir/initramfs.cpio" \
+    -append "$cmdline" -vga none "${gpu[@]}" -device bochs-display \
     -virtfs "local,path=$vm/root,mount_tag=root,security_model=none,readonly=on,multidevs=remap" \
     -virtfs "local,path=$repo,mount_tag=src,security_model=none,readonly=on,multidevs=remap" \
     -virtfs "local,path=$out,mount_tag=out,security_model=passthrough,multidevs=remap" \
+    "${numa[@]}" \
     </dev/null 2>&1 | stdbuf -o0 tr -d '\r' | tee "$out/console.log"
   qemu_status=${PIPESTATUS[0]}
   set -o pipefail
