@@ -56,7 +56,11 @@ struct birth {
 /* The device table, in two parts. `minors`: the DRM (major 226) and accel (major 261) nodes with a
  * minor below 256, every node of a usual machine, in an array the verifier inlines: slot
  * (major == 261) << 8 | minor -> vendor id + 1 (0: not counted). `devices`: any other node,
- * kernel dev_t (MKDEV: major << 20 | minor) -> vendor id (a hash, looked up only for those). */
+ * kernel dev_t (MKDEV: major << 20 | minor) -> vendor id (a hash, looked up only for those).
+ * Both values hold the device's NUMA node + 1 from bit DEVICE_NODE_SHIFT (0: the device has no
+ * node, and none of its calls is remote): the placement count needs no lookup of its own. */
+#define DEVICE_NODE_SHIFT 16
+#define DEVICE_VENDOR_MASK 0xffff
 #define DRM_MAJOR 226
 #define ACCEL_MAJOR 261
 #define MINOR_SLOTS 256
@@ -111,7 +115,13 @@ struct count_key {
     u32 rdev;
     u32 kind;
 };
-DECLARE_PERCPU_HASH(counts, struct count_key, u64, COUNTS_ENTRIES);
+/* A key's calls, and those of them made from a CPU on another NUMA node than the device's
+ * (docs/placement.md): one value, bumped in the same update. */
+struct count_value {
+    u64 calls;
+    u64 remote;
+};
+DECLARE_PERCPU_HASH(counts, struct count_key, struct count_value, COUNTS_ENTRIES);
 #endif
 
 /* Durations and return values (docs/latency.md): aggregate mode, CO-RE only. The counting entry
@@ -148,17 +158,19 @@ DECLARE_ARRAY(template, struct durations, 1);
 
 #include "map_calls.h"
 
-/* The vendor id of a counted device into *vendor; 0 for any other device. */
-static __always_inline int other_device(u32 rdev, u32 *vendor)
+/* The vendor id of a counted device into *vendor, its NUMA node + 1 (0: none) into *node; 0 for
+ * any other device. */
+static __always_inline int other_device(u32 rdev, u32 *vendor, u32 *node)
 {
     u32 *found = other_vendor(&rdev);
     if (!found)
         return 0;
-    *vendor = *found;
+    *vendor = *found & DEVICE_VENDOR_MASK;
+    *node = *found >> DEVICE_NODE_SHIFT;
     return 1;
 }
 
-static __always_inline int device_vendor(u32 rdev, u32 *vendor)
+static __always_inline int device_vendor(u32 rdev, u32 *vendor, u32 *node)
 {
     u32 major = rdev >> 20, minor = rdev & 0xfffff;
     u32 index;
@@ -168,15 +180,25 @@ static __always_inline int device_vendor(u32 rdev, u32 *vendor)
     else if (major == ACCEL_MAJOR)
         index = MINOR_SLOTS | minor;
     else
-        return other_device(rdev, vendor);
+        return other_device(rdev, vendor, node);
     if (minor >= MINOR_SLOTS)
-        return other_device(rdev, vendor);
+        return other_device(rdev, vendor, node);
     u32 *found = minor_vendor(&index);
-    if (!found || !*found)
+    if (!found || !(*found & DEVICE_VENDOR_MASK))
         return 0;
-    *vendor = *found - 1;
+    *vendor = (*found & DEVICE_VENDOR_MASK) - 1;
+    *node = *found >> DEVICE_NODE_SHIFT;
     return 1;
 }
+
+#ifdef KUBENPU_AGGREGATE
+/* Whether this call runs on a CPU of another NUMA node than its device's (node: the device's
+ * node + 1, 0 for none). */
+static __always_inline u64 remote_call(u32 node)
+{
+    return node && node - 1 != (u32)bpf_get_numa_node_id();
+}
+#endif
 
 static __always_inline void count_lost(u32 reason)
 {
@@ -285,8 +307,8 @@ static __always_inline void start_timing(u32 gate, struct count_key *key, u32 cm
 static __always_inline int handle(u32 rdev, u32 cmd)
 {
     /* The caller has checked the type byte ('d'). */
-    u32 vendor;
-    if (!device_vendor(rdev, &vendor))
+    u32 vendor, node;
+    if (!device_vendor(rdev, &vendor, &node))
         return 0;
 
     u32 nr = cmd & 0xff;
@@ -311,19 +333,22 @@ static __always_inline int handle(u32 rdev, u32 cmd)
     u64 cgroup_id = bpf_get_current_cgroup_id();
 #ifdef KUBENPU_AGGREGATE
     struct count_key ck = {.cgroup_id = cgroup_id, .rdev = rdev, .kind = kind};
-    u64 *n = count_of(&ck);
+    u64 remote = remote_call(node);
+    struct count_value *n = count_of(&ck);
     if (n) {
-        (*n)++;  /* this CPU's slot: no atomics needed */
+        n->calls++;  /* this CPU's slot: no atomics needed */
+        n->remote += remote;
         start_timing(gate, &ck, cmd);
         return 0;
     }
-    u64 one = 1;
+    struct count_value one = {.calls = 1, .remote = remote};
     /* First call of this key: only the CPU whose insert wins announces it, so user space
      * hears of each key once. */
     if (count_insert(&ck, &one) != 0) {
         n = count_of(&ck);  /* another CPU inserted it meanwhile */
         if (n) {
-            (*n)++;
+            n->calls++;
+            n->remote += remote;
             start_timing(gate, &ck, cmd);
         } else {
             count_lost(LOST_MAP_FULL);

@@ -16,8 +16,8 @@ static __always_inline u64 *lost_slot(u32 *reason) { return lost.lookup(reason);
 static __always_inline void *ring_reserve(u64 size) { return events.ringbuf_reserve(size); }
 static __always_inline void ring_submit(void *record) { events.ringbuf_submit(record, 0); }
 #ifdef KUBENPU_AGGREGATE
-static __always_inline u64 *count_of(struct count_key *key) { return counts.lookup(key); }
-static __always_inline int count_insert(struct count_key *key, u64 *one)
+static __always_inline struct count_value *count_of(struct count_key *key) { return counts.lookup(key); }
+static __always_inline int count_insert(struct count_key *key, struct count_value *one)
 {
     return counts.insert(key, one);
 }
@@ -32,11 +32,11 @@ static __always_inline u64 *lost_slot(u32 *reason) { return bpf_map_lookup_elem(
 static __always_inline void *ring_reserve(u64 size) { return bpf_ringbuf_reserve(&events, size, 0); }
 static __always_inline void ring_submit(void *record) { bpf_ringbuf_submit(record, 0); }
 #ifdef KUBENPU_AGGREGATE
-static __always_inline u64 *count_of(struct count_key *key)
+static __always_inline struct count_value *count_of(struct count_key *key)
 {
     return bpf_map_lookup_elem(&counts, key);
 }
-static __always_inline int count_insert(struct count_key *key, u64 *one)
+static __always_inline int count_insert(struct count_key *key, struct count_value *one)
 {
     return bpf_map_update_elem(&counts, key, one, BPF_NOEXIST);
 }

@@ -2,7 +2,7 @@
 
 FakeKernel is the fake probe: it stands in for the kernel side (kubenpu/kernel/), the loaded BPF
 program, and feeds the real Probe recorded ring-buffer records and kernel map snapshots.
-PerCpuBpf holds per-CPU BPF maps as the kernel does, a u64 on each of more CPUs than this host
+PerCpuBpf holds per-CPU BPF maps as the kernel does, a value on each of more CPUs than this host
 may have, for the bpf(2) calls kubenpu/kernel/maps.py makes. FakeResolver answers as the
 Resolver does while a CRI lookup is pending (None), for as long as a test says.
 """
@@ -49,6 +49,8 @@ class FakeKernel:
         self.attach = attach
         self.pinned = False
         self.counts: dict[Key, int] = {}  # the counts map, cumulative
+        self.remote: dict[Key, int] = {}  # of them, the calls from another NUMA node
+        self._remote_read: dict[Key, int] = {}  # `remote` as of the last read_counts
         self.durations: dict[Key, Durations] = {}  # the durations map, cumulative
         self.lost = dict.fromkeys(KERNEL_LOST, 0)  # the lost array, cumulative
         self.start_raises: Exception | None = None
@@ -70,14 +72,17 @@ class FakeKernel:
         self._on_record = on_record
         return self.attach
 
-    def calls(self, key: Key, n: int = 1) -> None:
-        """n calls of `key`: per-call records in events mode; map counts and one first
-        sighting in aggregate mode."""
+    def calls(self, key: Key, n: int = 1, remote: int = 0) -> None:
+        """n calls of `key`, `remote` of them from another NUMA node than the device's:
+        per-call records in events mode; map counts and one first sighting in aggregate
+        mode."""
+        assert 0 <= remote <= n, "the kernel counts a remote call among the calls"
         if not self.aggregate:
             self.emit(*[record(key)] * n)
             return
         first = key not in self.counts
         self.counts[key] = self.counts.get(key, 0) + n
+        self.remote[key] = self.remote.get(key, 0) + remote
         if first:
             self.emit(record(key))
 
@@ -128,7 +133,12 @@ class FakeKernel:
         return self._read(self.lost)
 
     def read_counts(self) -> dict[Key, int]:
-        return self._read(self.counts)
+        counts = self._read(self.counts)
+        self._remote_read = dict(self.remote)  # one snapshot, as the map's value holds both
+        return counts
+
+    def read_remote(self) -> dict[Key, int]:
+        return dict(self._remote_read)
 
     def read_durations(self) -> dict[Key, Durations]:
         return self._read(self.durations)
@@ -137,6 +147,8 @@ class FakeKernel:
         for key in keys:
             self.forgotten.append(key)
             self.counts.pop(key, None)
+            self.remote.pop(key, None)
+            self._remote_read.pop(key, None)
             self.durations.pop(key, None)
 
     def close(self) -> None:
@@ -144,45 +156,52 @@ class FakeKernel:
 
 
 class PerCpuBpf:
-    """Per-CPU maps (fd -> key bytes -> one u64 per CPU) behind bpfsys's possible_cpus, lookup
-    and lookup_batch, as strict as the kernel: every value is spread over `ncpus` CPUs (6, more
-    than this host's 2), so a reader of one CPU's slot, or of as many as the host has, reads
-    less; a buffer smaller than the kernel writes (8 bytes per CPU per key) fails the test."""
+    """Per-CPU maps (fd -> key bytes -> each CPU's fields, u64s) behind bpfsys's possible_cpus,
+    lookup and lookup_batch, as strict as the kernel: every value is spread over `ncpus` CPUs
+    (6, more than this host's 2), so a reader of one CPU's slot, or of as many as the host has,
+    reads less; a buffer smaller than the kernel writes (the value's size per CPU per key) fails
+    the test. `lost` holds one u64 a CPU, `counts` two (abi.COUNT_VALUE: calls, remote)."""
 
     def __init__(self, ncpus: int = 6) -> None:
         self.ncpus = ncpus
-        self.maps: dict[int, dict[bytes, list[int]]] = {}
+        self.maps: dict[int, dict[bytes, list[list[int]]]] = {}
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(bpfsys, "possible_cpus", lambda: self.ncpus)
         monkeypatch.setattr(bpfsys, "lookup", self.lookup)
         monkeypatch.setattr(bpfsys, "lookup_batch", self.lookup_batch)
 
-    def add(self, fd: int, key: bytes, n: int) -> None:
-        """n more on key, as programs on every CPU leave them: CPU c gets its share."""
-        slots = self.maps.setdefault(fd, {}).setdefault(key, [0] * self.ncpus)
-        for cpu in range(self.ncpus):
-            slots[cpu] += n // self.ncpus + (cpu < n % self.ncpus)
+    def add(self, fd: int, key: bytes, *n: int) -> None:
+        """n more on each field of key, as programs on every CPU leave them: CPU c gets its
+        share of each (one field for `lost`, calls and remote for `counts`)."""
+        slots = self.maps.setdefault(fd, {}).setdefault(key, [[0] * len(n)] * self.ncpus)
+        self.maps[fd][key] = [
+            [old + x // self.ncpus + (cpu < x % self.ncpus) for old, x in zip(s, n, strict=True)]
+            for cpu, s in enumerate(slots)
+        ]
 
     def lookup(self, fd: int, key: bytes, value_size: int) -> bytes | None:
-        assert value_size >= 8 * self.ncpus, "the kernel writes a u64 for every possible CPU"
         slots = self.maps.get(fd, {}).get(key)
-        return None if slots is None else struct.pack(f"={self.ncpus}Q", *slots)
+        if slots is None:
+            return None
+        assert value_size >= 8 * len(slots[0]) * self.ncpus, "the kernel writes every CPU's"
+        return b"".join(struct.pack(f"={len(s)}Q", *s) for s in slots)
 
     def lookup_batch(self, fd, token_in, token_out, keys, values, count) -> bool:  # type: ignore[no-untyped-def]
         """BPF_MAP_LOOKUP_BATCH: up to count keys from token_in on, values key after key, each
-        a u64 per CPU; False with the last batch (the kernel's ENOENT)."""
+        its fields for every CPU; False with the last batch (the kernel's ENOENT)."""
         room = count.value
-        assert len(keys) >= room and len(values) >= room * self.ncpus, "buffers too small"
         items = sorted(self.maps.get(fd, {}).items())
         start = 0 if token_in is None else token_in.value
         if token_in is not None and start >= len(items):
             return False  # past the last bucket: ENOENT at once, count left as it was passed
         chunk = items[start : start + room]
+        width = 8 * self.ncpus * (len(chunk[0][1][0]) if chunk else 1)
+        assert len(keys) >= room and ctypes.sizeof(values) >= room * width, "buffers too small"
         for i, (key, slots) in enumerate(chunk):
             keys[i] = abi.CountKey.from_buffer_copy(key)
-            for cpu, value in enumerate(slots):
-                values[i * self.ncpus + cpu] = ctypes.c_uint64(value).value
+            raw = b"".join(struct.pack(f"={len(s)}Q", *s) for s in slots)
+            ctypes.memmove(ctypes.addressof(values) + i * width, raw, width)
         count.value = len(chunk)
         token_out.value = start + len(chunk)
         return start + len(chunk) < len(items)

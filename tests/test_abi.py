@@ -59,6 +59,10 @@ def test_constants_match_the_source():
     }
     assert "index = minor;" in SOURCE and "index = MINOR_SLOTS | minor;" in SOURCE
     assert (abi.minor_index(226, 128), abi.minor_index(261, 3)) == (128, 259)
+    device = defines("DEVICE_")
+    assert device == {"node_shift": abi.DEVICE_NODE_SHIFT, "vendor_mask": abi.DEVICE_VENDOR_MASK}
+    assert abi.VENDOR_SLOTS <= abi.DEVICE_VENDOR_MASK  # a vendor id + 1 stays below the node
+    assert "return node && node - 1 != (u32)bpf_get_numa_node_id();" in SOURCE
     assert abi.minor_index(226, 256) is None and abi.minor_index(189, 0) is None
 
 
@@ -137,7 +141,8 @@ def test_object_maps_match_the_abi(built):
     }
     if aggregate:
         key = abi.COUNT_KEY.size
-        expected[abi.COUNTS] = (MAP_TYPES["percpu_hash"], key, u64, abi.COUNTS_ENTRIES)
+        count = abi.COUNT_VALUE.size
+        expected[abi.COUNTS] = (MAP_TYPES["percpu_hash"], key, count, abi.COUNTS_ENTRIES)
         value = abi.DURATION_VALUE.size
         expected[abi.DURATIONS] = (MAP_TYPES["hash"], key, value, abi.DURATIONS_ENTRIES)
         expected[abi.STARTS] = (MAP_TYPES["task_storage"], u32, abi.START.size, 0)
@@ -178,6 +183,7 @@ def _source_struct(name: str) -> list[tuple[str, str]]:
         ("event", abi.EVENT),
         ("birth", abi.BIRTH),
         ("count_key", abi.COUNT_KEY),
+        ("count_value", abi.COUNT_VALUE),
         ("start", abi.START),
     ],
 )

@@ -28,7 +28,7 @@ from kubenpu.kernel.hooks import (
     refusal,
 )
 from kubenpu.kernel.loader import loaders
-from kubenpu.kernel.maps import Maps, device_slots, vendor_ids
+from kubenpu.kernel.maps import Maps, device_entries, device_slots, vendor_ids
 from kubenpu.kernel.records import Durations
 from kubenpu.sources.calls.events import Key
 
@@ -161,6 +161,29 @@ def test_device_table_puts_drm_and_accel_nodes_in_the_array_and_others_in_the_ha
     assert others == {dev_t(226, 300): 3, dev_t(189, 4): 2}  # minors the array cannot index
 
 
+def test_the_device_table_holds_each_devices_numa_node_beside_its_vendor() -> None:
+    """The kernel reads the device's node from the table's value (node + 1 from bit 16, 0 for
+    none): a device on node 1, one on node 0, and one without a node (-1 in sysfs, None when
+    absent) whose calls count nothing remote."""
+    node = lambda minor: (Node(f"/dev/dri/card{minor}", f"card{minor}", 226, minor),)  # noqa: E731
+    on = {
+        minor: Device(f"0000:0{minor}:00.0", "i915", None, numa, node(minor), "i915")
+        for minor, numa in ((0, 1), (1, 0), (2, -1), (3, None))
+    }
+    entries = device_entries(on.values())
+    i915 = vendor_ids()["i915"]
+    assert entries == {
+        dev_t(226, 0): 2 << 16 | i915,
+        dev_t(226, 1): 1 << 16 | i915,
+        dev_t(226, 2): i915,
+        dev_t(226, 3): i915,
+    }
+    slots, _ = device_slots(entries)
+    # the kernel's decoding (bpf/kubenpu.bpf.c device_vendor) of each slot
+    decoded = {i: ((v & 0xFFFF) - 1, (v >> 16) - 1) for i, v in enumerate(slots) if v}
+    assert decoded == {0: (i915, 1), 1: (i915, 0), 2: (i915, -1), 3: (i915, -1)}
+
+
 def _packed(key: Key) -> bytes:
     return abi.COUNT_KEY.pack(key.cgroup_id, dev_t(key.major, key.minor), key.kind)
 
@@ -177,12 +200,18 @@ def test_per_cpu_maps_are_read_on_every_cpu(monkeypatch) -> None:
         bpf.add(lost_fd, abi.U32.pack(slot), 100 + slot)
     keys = [Key(1000 + i, 226, i % 3, 2) for i in range(30)]
     for i, k in enumerate(keys):
-        bpf.add(counts_fd, _packed(k), 50 + i)
+        bpf.add(counts_fd, _packed(k), 50 + i, i)  # {calls, remote}: i of them remote
     read = Maps({abi.LOST: lost_fd, abi.COUNTS: counts_fd})
     assert read.read_lost() == {name: 100 + slot for slot, name in enumerate(abi.LOST_SLOTS)}
+    assert read.read_remote() == {}  # before a read of the counts
     assert read.read_counts() == {k: 50 + i for i, k in enumerate(keys)}
+    assert read.read_remote() == {k: i for i, k in enumerate(keys)}
     # No one CPU's slot holds a value: a reader of CPU 0 alone would read less.
-    assert all(max(v) < sum(v) for m in bpf.maps.values() for v in m.values())
+    assert all(
+        max(cpu[0] for cpu in v) < sum(cpu[0] for cpu in v)
+        for m in bpf.maps.values()
+        for v in m.values()
+    )
 
 
 def test_a_read_stops_at_the_last_batch(monkeypatch) -> None:
@@ -193,7 +222,7 @@ def test_a_read_stops_at_the_last_batch(monkeypatch) -> None:
     monkeypatch.setattr(maps, "_BATCH", 7)
     keys = [Key(2000 + i, 226, 0, 2) for i in range(3)]  # fewer than one batch
     for k in keys:
-        bpf.add(11, _packed(k), 9)
+        bpf.add(11, _packed(k), 9, 0)
     assert Maps({abi.COUNTS: 11}).read_counts() == dict.fromkeys(keys, 9)
 
 
@@ -207,7 +236,7 @@ def test_an_unchanged_counts_map_is_not_decoded_again(monkeypatch) -> None:
     monkeypatch.setattr(maps, "_BATCH", 7)
     keys = [Key(3000 + i, 226, 0, 2) for i in range(10)]
     for k in keys:
-        bpf.add(11, _packed(k), 4)
+        bpf.add(11, _packed(k), 4, 1)
     reader = maps.CountsReader(11)
     decoded = []
     decode = reader._decode
@@ -216,8 +245,9 @@ def test_an_unchanged_counts_map_is_not_decoded_again(monkeypatch) -> None:
     assert first == dict.fromkeys(keys, 4) and len(decoded) == 2  # two batches
     first.clear()
     assert reader.read() == dict.fromkeys(keys, 4) and len(decoded) == 2  # nothing decoded
-    bpf.add(11, _packed(keys[-1]), 1)  # one call, in the last batch
+    bpf.add(11, _packed(keys[-1]), 1, 1)  # one remote call, in the last batch
     assert reader.read() == {**dict.fromkeys(keys, 4), keys[-1]: 5} and len(decoded) == 4
+    assert reader.remote() == {**dict.fromkeys(keys, 1), keys[-1]: 2}
     del bpf.maps[11][_packed(keys[0])]
     assert reader.read() == {**dict.fromkeys(keys[1:], 4), keys[-1]: 5}
 
@@ -382,10 +412,12 @@ def test_counts_are_unsigned_and_forgetting_needs_neither_a_read_key_nor_duratio
     ncpus = bpfsys.possible_cpus()
     try:
         big, late = Key(1, 226, 0, 2), Key(2, 226, 1, 2)
-        bpfsys.update(fd, _packed(big), abi.U64.pack(2**63 + 5) + b"\0" * 8 * (ncpus - 1))
+        value = abi.COUNT_VALUE.pack(2**63 + 5, 2**63 + 1) + b"\0" * 16 * (ncpus - 1)
+        bpfsys.update(fd, _packed(big), value)
         probe = Maps({abi.COUNTS: fd})
         assert probe.read_counts() == {big: 2**63 + 5}
-        bpfsys.update(fd, _packed(late), b"\0" * 8 * ncpus)
+        assert probe.read_remote() == {big: 2**63 + 1}
+        bpfsys.update(fd, _packed(late), b"\0" * 16 * ncpus)
         probe.forget_counts([late])  # never read: not in the decoder's cache
         assert probe.read_counts() == {big: 2**63 + 5}
     finally:

@@ -59,6 +59,7 @@ class MapLoader:
         self._births = births
         self.started = False
         self.ncpus = bpfsys.possible_cpus()
+        self.remote: dict[Key, int] = {}  # as of the last read_counts
         self._make_maps()
 
     def _make_maps(self) -> None:
@@ -75,7 +76,7 @@ class MapLoader:
             self.fds[BIRTHS_LINK] = bpfsys.map_create(abi.MAP_TYPE_ARRAY, 4, 4, 1, "births")
         if self.aggregate:
             self.fds["counts"] = bpfsys.map_create(
-                abi.MAP_TYPE_PERCPU_HASH, 16, 8, self._counts_entries, "counts"
+                abi.MAP_TYPE_PERCPU_HASH, 16, 16, self._counts_entries, "counts"
             )
 
     def __getstate__(self) -> dict:
@@ -111,7 +112,12 @@ class MapLoader:
         bpfsys.update(self.fds["lost"], struct.pack("=I", slot), value)
 
     def read_counts(self) -> dict[Key, int]:
-        return CountsReader(self.fds["counts"]).read()
+        reader = CountsReader(self.fds["counts"])
+        counts, self.remote = reader.read(), reader.remote()
+        return counts
+
+    def read_remote(self) -> dict[Key, int]:
+        return self.remote
 
     def read_lost(self) -> dict[str, int]:
         return {}
@@ -147,12 +153,15 @@ def spread(n: int, ncpus: int) -> list[int]:
     return [n // ncpus + (cpu < n % ncpus) for cpu in range(ncpus)]
 
 
-def add_count(fd: int, key: Key, n: int, ncpus: int) -> None:
+def add_count(fd: int, key: Key, n: int, ncpus: int, remote: int = 0) -> None:
+    """n calls of key, `remote` of them from another NUMA node, spread over every CPU: each
+    CPU's {calls, remote} value (abi.COUNT_VALUE)."""
     packed = struct.pack("=QII", key.cgroup_id, dev_t(key.major, key.minor), key.kind)
-    old = bpfsys.lookup(fd, packed, 8 * ncpus)
-    slots = struct.unpack(f"={ncpus}Q", old) if old else (0,) * ncpus
-    added = [a + b for a, b in zip(slots, spread(n, ncpus), strict=True)]
-    bpfsys.update(fd, packed, struct.pack(f"={ncpus}Q", *added))
+    old = bpfsys.lookup(fd, packed, 16 * ncpus)
+    slots = struct.unpack(f"={2 * ncpus}Q", old) if old else (0,) * (2 * ncpus)
+    new = [x for pair in zip(spread(n, ncpus), spread(remote, ncpus)) for x in pair]
+    added = [a + b for a, b in zip(slots, new, strict=True)]
+    bpfsys.update(fd, packed, struct.pack(f"={2 * ncpus}Q", *added))
 
 
 def _cold_then_adopt(bpffs: Path) -> dict:
@@ -321,10 +330,13 @@ def test_a_pinned_map_of_another_shape_is_handed_over_not_adopted():
 def _relaid(bpffs: Path) -> dict:
     root = bpffs / "kubenpu"
     old = _left_pinned(root, MapLoader("old"), 7)
-    # Its counts map replaced by one of another value size: its totals cannot be read as ours.
+    # Its counts map replaced by one of another value size (the layout before the remote calls:
+    # one u64 a CPU): its totals cannot be read as ours.
     (old.dir / "counts").unlink()
-    other = bpfsys.map_create(abi.MAP_TYPE_PERCPU_HASH, 16, 16, 1024, "counts")
-    add_count(other, KEY, 7, 2 * bpfsys.possible_cpus())  # as many u64 halves as the values hold
+    other = bpfsys.map_create(abi.MAP_TYPE_PERCPU_HASH, 16, 8, 1024, "counts")
+    ncpus = bpfsys.possible_cpus()
+    packed = struct.pack("=QII", KEY.cgroup_id, dev_t(KEY.major, KEY.minor), KEY.kind)
+    bpfsys.update(other, packed, struct.pack(f"={ncpus}Q", *spread(7, ncpus)))
     bpfsys.obj_pin(other, old.dir / "counts")
     new = PinnedProbe(root, MapLoader("new"), [VGEM])
     new.start(lambda _: None)

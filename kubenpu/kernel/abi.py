@@ -31,13 +31,13 @@ def split_dev_t(rdev: int) -> tuple[int, int]:
 
 
 # --- maps ----------------------------------------------------------------------------------------
-MINORS = "minors"  # u32 minor_index(major, minor) -> u32 vendor id + 1, 0 = not counted (array)
-DEVICES = "devices"  # u32 dev_t -> u32 vendor id, for nodes MINORS cannot index (hash)
+MINORS = "minors"  # u32 minor_index(major, minor) -> u32 device_entry() + 1, 0 = not counted (array)
+DEVICES = "devices"  # u32 dev_t -> u32 device_entry(), for nodes MINORS cannot index (hash)
 IOCTLS = "ioctls"  # u32 ioctl_index(vendor, nr) -> u32 kind, 0 = not counted (array)
 LOST = "lost"  # u64 per CPU, by LOST_SLOTS index (per-CPU array)
 EVENTS = "events"  # ring buffer of EVENT and BIRTH records
 GATE = "gate"  # u32 at index 0: GATE_CLOSED / GATE_OPEN / GATE_HANDOVER (array)
-COUNTS = "counts"  # COUNT_KEY -> u64 per CPU (per-CPU hash, aggregate mode only)
+COUNTS = "counts"  # COUNT_KEY -> COUNT_VALUE per CPU (per-CPU hash, aggregate mode only)
 MAPS = (MINORS, DEVICES, IOCTLS, LOST, EVENTS, GATE)  # every mode's; COUNTS in aggregate mode
 DEVICES_ENTRIES = 256
 COUNTS_ENTRIES = 16384  # the default size of `counts`
@@ -45,6 +45,11 @@ PAGE = 4096  # the ring buffer is sized in pages
 
 # struct count_key: u64 cgroup_id, u32 rdev, u32 kind
 COUNT_KEY = struct.Struct("=QII")
+
+
+# struct count_value: u64 calls, u64 remote (those of the calls made from a CPU on another NUMA node
+# than the device's: docs/placement.md), bumped in the same update
+COUNT_VALUE = struct.Struct("=QQ")
 
 
 class CountKey(ctypes.Structure):
@@ -58,12 +63,24 @@ class CountKey(ctypes.Structure):
 
 
 U32 = struct.Struct("=I")  # the key of `devices`, `ioctls`, `lost`, `gate`; their u32 values
-U64 = struct.Struct("=Q")  # one CPU's slot of `lost` and `counts`
+U64 = struct.Struct("=Q")  # one CPU's slot of `lost`
 
 # --- the device table: DRM and accel nodes in an array, any other node in a hash -----------------
 DRM_MAJOR, ACCEL_MAJOR = 226, 261  # include/drm/drm.h's DRM_MAJOR, drm_accel.h's ACCEL_MAJOR
 MINOR_SLOTS = 256  # per major
 MINORS_ENTRIES = 2 * MINOR_SLOTS
+
+
+# A device table value: the vendor id in the low bits, the device's NUMA node + 1 from
+# DEVICE_NODE_SHIFT (0: no node; none of its calls is remote). `minors` holds it + 1.
+DEVICE_NODE_SHIFT = 16
+DEVICE_VENDOR_MASK = 0xFFFF
+
+
+def device_entry(vendor: int, numa_node: int | None) -> int:
+    """The `devices` value of a device of this vendor id on this NUMA node (None or -1: none)."""
+    node = 0 if numa_node is None or numa_node < 0 else numa_node + 1
+    return node << DEVICE_NODE_SHIFT | vendor
 
 
 def minor_index(major: int, minor: int) -> int | None:
@@ -128,7 +145,8 @@ def map_shapes(
         GATE: MapShape(MAP_TYPE_ARRAY, u32, u32, 1),
     }
     if aggregate:
-        shapes[COUNTS] = MapShape(MAP_TYPE_PERCPU_HASH, COUNT_KEY.size, u64, counts_entries)
+        value = COUNT_VALUE.size
+        shapes[COUNTS] = MapShape(MAP_TYPE_PERCPU_HASH, COUNT_KEY.size, value, counts_entries)
     if durations_entries:
         value = DURATION_VALUE.size
         shapes[DURATIONS] = MapShape(MAP_TYPE_HASH, COUNT_KEY.size, value, durations_entries)

@@ -36,6 +36,12 @@ class Kernel(Protocol):
         """Aggregate mode's counts map, cumulative. Raises ProbeError or OSError."""
         ...
 
+    def read_remote(self) -> dict[Key, int]:
+        """Of each key's calls, those made from a CPU on another NUMA node than the device's
+        (docs/placement.md), cumulative, as of the last read_counts (the same snapshot): 0
+        where the device has no node. Empty before a read and in events mode."""
+        ...
+
     def read_durations(self) -> dict[Key, Durations]:
         """The `durations` map, cumulative; empty where the program times no call (events
         mode, BCC, no exit to hook). Raises ProbeError or OSError."""
@@ -74,6 +80,8 @@ class Reads(Protocol):
 
     def read_counts(self) -> dict[Key, int]: ...
 
+    def read_remote(self) -> dict[Key, int]: ...
+
     def read_durations(self) -> dict[Key, Durations]: ...
 
     def forget_counts(self, keys: Iterable[Key]) -> None: ...
@@ -93,6 +101,9 @@ class Forwarded:
 
     def read_counts(self) -> dict[Key, int]:
         return self._reads().read_counts()
+
+    def read_remote(self) -> dict[Key, int]:
+        return self._reads().read_remote()
 
     def read_durations(self) -> dict[Key, Durations]:
         return self._reads().read_durations()

@@ -1,5 +1,6 @@
 """The probe's maps, by fd, for every loader (BCC, CO-RE, pinned): fill the device and ioctl
-tables, set the gate, read the `lost` and `counts` totals and forget counts. One implementation
+tables, set the gate, read the `lost` and `counts` totals (the calls and the remote ones) and
+forget counts. One implementation
 over bpf(2), whoever loaded the program.
 """
 
@@ -26,8 +27,8 @@ def vendor_ids() -> dict[str, int]:
 
 
 def tables(devices: Iterable[Device]) -> tuple[dict[int, int], dict[int, int]]:
-    """The contents of the `devices` (dev_t -> vendor id) and `ioctls` (slot -> kind) maps for
-    the counted devices; slots not listed hold 0 (not counted)."""
+    """The vendor id of each counted device's nodes (dev_t -> vendor id) and the contents of the
+    `ioctls` map (slot -> kind); slots not listed hold 0 (not counted)."""
     ids = vendor_ids()
     devices = [d for d in devices if d.vendor]
     by_node = {
@@ -37,6 +38,14 @@ def tables(devices: Iterable[Device]) -> tuple[dict[int, int], dict[int, int]]:
     vendors = (core(), *(v for v in all_vendors() if v.name in names))
     ioctls = {abi.ioctl_index(ids[v.name], i.nr): int(i.kind) for v in vendors for i in v.ioctls}
     return by_node, ioctls
+
+
+def device_entries(devices: Iterable[Device]) -> dict[int, int]:
+    """The device table's values (dev_t -> abi.device_entry: the vendor id and the device's
+    NUMA node) of the counted devices."""
+    by_node, _ = tables(devices)
+    numa = {abi.dev_t(n.major, n.minor): d.numa_node for d in devices for n in d.nodes}
+    return {rdev: abi.device_entry(vendor, numa[rdev]) for rdev, vendor in by_node.items()}
 
 
 Chunk = tuple[bytes, bytes]  # one batch's keys and values, as the kernel left them
@@ -74,35 +83,46 @@ class CountsReader:
     _BATCH keys a syscall. A read whose bytes equal the previous one's (an idle node's) is not
     decoded again; otherwise the batches are decoded whole (struct, memoryview) and each key's
     Key is made once, not at every read: the read of an idle node with 1,000 pods was mostly
-    this decoding (5.7 -> 2.7 ms for 6,000 keys on the host)."""
+    this decoding (5.7 -> 2.7 ms for 6,000 keys on the host). A read decodes both fields of the
+    value: the calls, returned, and the remote ones, kept for `remote()`."""
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
         self._ncpus = bpfsys.possible_cpus()
         self._keys = (abi.CountKey * _BATCH)()
-        self._values = (ctypes.c_uint64 * (_BATCH * self._ncpus))()  # one u64 per CPU per key
+        # one COUNT_VALUE per CPU per key
+        self._values = ctypes.create_string_buffer(_BATCH * self._ncpus * abi.COUNT_VALUE.size)
         self._known: dict[tuple[int, int, int], Key] = {}  # the raw key's fields -> its Key
         self._chunks: list[Chunk] = []  # of the last read, and what it decoded to
         self._found: dict[Key, int] = {}
+        self._remote: dict[Key, int] = {}
 
     def read(self) -> dict[Key, int]:
         chunks = _read_batches("counts", self._fd, self._keys, self._values)
         if chunks != self._chunks:
             found: dict[Key, int] = {}
+            remote: dict[Key, int] = {}
             for raw_keys, raw_values in chunks:
-                self._decode(raw_keys, raw_values, found)
-            self._chunks, self._found = chunks, found
+                self._decode(raw_keys, raw_values, found, remote)
+            self._chunks, self._found, self._remote = chunks, found, remote
         return dict(self._found)  # the caller's to change
 
-    def _decode(self, raw_keys: bytes, raw_values: bytes, into: dict[Key, int]) -> None:
-        ncpus, known = self._ncpus, self._known
+    def remote(self) -> dict[Key, int]:
+        """The remote calls of each key, as of the last read (the same snapshot as its calls)."""
+        return dict(self._remote)
+
+    def _decode(
+        self, raw_keys: bytes, raw_values: bytes, into: dict[Key, int], remote: dict[Key, int]
+    ) -> None:
+        known, step = self._known, 2 * self._ncpus  # a key's values: calls, remote per CPU
         values = memoryview(raw_values).cast("Q")
-        totals = map(sum, (values[i : i + ncpus] for i in range(0, len(values), ncpus)))
-        for raw, total in zip(abi.COUNT_KEY.iter_unpack(raw_keys), totals, strict=True):
+        starts = range(0, len(values), step)
+        for raw, i in zip(abi.COUNT_KEY.iter_unpack(raw_keys), starts, strict=True):
             key = known.get(raw)
             if key is None:
                 key = known[raw] = Key(raw[0], *abi.split_dev_t(raw[1]), raw[2])
-            into[key] = total
+            into[key] = sum(values[i : i + step : 2])
+            remote[key] = sum(values[i + 1 : i + step : 2])
 
     def forget(self, keys: Iterable[Key]) -> None:
         for key in keys:
@@ -156,17 +176,18 @@ def _durations(raw: bytes) -> Durations:
     return Durations(values[0], slots, values[1 + abi.DURATION_SLOTS :])
 
 
-def device_slots(by_node: dict[int, int]) -> tuple[list[int], dict[int, int]]:
-    """The device table split as the kernel reads it: every `minors` slot (vendor id + 1, or 0)
-    and the `devices` hash of the nodes the array cannot index."""
+def device_slots(entries: dict[int, int]) -> tuple[list[int], dict[int, int]]:
+    """The device table split as the kernel reads it: every `minors` slot (the device entry + 1,
+    which adds 1 to its vendor id; 0: not counted) and the `devices` hash of the nodes the
+    array cannot index."""
     slots = [0] * abi.MINORS_ENTRIES
     others = {}
-    for rdev, vendor in by_node.items():
+    for rdev, entry in entries.items():
         index = abi.minor_index(*abi.split_dev_t(rdev))
         if index is None:
-            others[rdev] = vendor
+            others[rdev] = entry
         else:
-            slots[index] = vendor + 1
+            slots[index] = entry + 1
     return slots, others
 
 
@@ -192,8 +213,9 @@ class Maps:
     def fill(self, devices: Iterable[Device]) -> None:
         """Make the device and ioctl tables what discovery found (at load, and at adoption:
         hot-plug, rebinding)."""
-        by_node, ioctls = tables(devices)
-        slots, others = device_slots(by_node)
+        devices = list(devices)
+        _, ioctls = tables(devices)
+        slots, others = device_slots(device_entries(devices))
         bpfsys.update_batch(self.fds[abi.MINORS], range(abi.MINORS_ENTRIES), slots)
         fd = self.fds[abi.DEVICES]
         wanted = {abi.U32.pack(k): v for k, v in others.items()}
@@ -235,6 +257,10 @@ class Maps:
         if self._reader is None:
             self._reader = CountsReader(self.fds[abi.COUNTS])
         return self._reader.read()
+
+    def read_remote(self) -> dict[Key, int]:
+        """The remote calls of each key as of the last read_counts; empty before one."""
+        return {} if self._reader is None else self._reader.remote()
 
     def read_durations(self) -> dict[Key, Durations]:
         """Every key's durations; empty for a program without the map."""

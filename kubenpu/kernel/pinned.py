@@ -66,6 +66,7 @@ class PinnedProbe(Forwarded):
         self.aggregate = loader.aggregate
         self._active: PinnedKernel | Loader = self._loader
         self._inherited_counts: Counter[Key] = Counter()
+        self._inherited_remote: Counter[Key] = Counter()
         self._inherited_lost: Counter[str] = Counter()
         self._retired: list[PinnedKernel] = []  # kept open: their keys are forgotten too
 
@@ -214,6 +215,7 @@ class PinnedProbe(Forwarded):
                 kernel.open(names=("lost",))
                 lost = kernel.read_lost()
                 counts = kernel.read_counts() if kernel.aggregate else {}
+                remote = kernel.read_remote()
             except (OSError, ProbeError, ValueError) as err:
                 if kernel is not None:
                     kernel.close()
@@ -225,6 +227,7 @@ class PinnedProbe(Forwarded):
             self._inherited_lost.update(lost)
             if counts:
                 self._inherited_counts.update(counts)
+                self._inherited_remote.update(remote)
                 self._retired.append(kernel)
                 log.info("took over the totals of the retired probe %s (%s)", other, kernel.meta)
                 continue
@@ -247,6 +250,11 @@ class PinnedProbe(Forwarded):
         counts.update(self._inherited_counts)
         return dict(counts)
 
+    def read_remote(self) -> dict[Key, int]:
+        remote = Counter(super().read_remote())
+        remote.update(self._inherited_remote)
+        return dict(remote)
+
     def forget_counts(self, keys: Iterable[Key]) -> None:
         keys = list(keys)
         super().forget_counts(keys)
@@ -254,6 +262,7 @@ class PinnedProbe(Forwarded):
             kernel.forget_counts(keys)
         for key in keys:
             self._inherited_counts.pop(key, None)
+            self._inherited_remote.pop(key, None)
 
     def close(self) -> None:
         for kernel in self._retired:
