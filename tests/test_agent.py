@@ -17,6 +17,7 @@ import tomllib
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,7 @@ from kubenpu.metrics.catalogue import (
     IOCTL,
     IOCTL_DURATION,
     IOCTL_ERRORS,
+    IOCTL_REMOTE_NODE,
     LATE_SIGHTINGS,
     OVERFLOW_CALLS,
     PENDING_AGE,
@@ -267,13 +269,14 @@ def make_agent(
     sources=(),
     activity: Activity | None = None,
     metrics: Series | None = None,
+    device: Device = VGEM,
 ) -> Agent:
     clock = clock or Clock()
     tally, metrics = Tally(100), metrics or table(series_ttl=ttl, max_series=100)
     return Agent(
         probe=Probe(kernel, tally),
         tally=tally,
-        attributor=Attributor([VGEM], resolver, metrics, activity=activity, clock=clock),
+        attributor=Attributor([device], resolver, metrics, activity=activity, clock=clock),
         metrics=metrics,
         resolver=resolver,
         health=Health(stale_after=15, clock=clock),
@@ -1028,6 +1031,61 @@ def test_the_kernels_call_durations_reach_the_pods_series(cgroups, resolver):
         (*POD, "wait", "ETIME"): 2,
         (*POD, "wait", "ENOMEM"): 1,
     }
+
+
+def remote_points(agent: Agent) -> dict[tuple, int]:
+    """Every point of kubenpu_ioctl_remote_node_total, zeros included."""
+    [points] = [p for s, p in agent.metrics.collect() if s is IOCTL_REMOTE_NODE]
+    return {(p.attrs["pod"], p.attrs["device"], p.attrs["kind"]): p.value for p in points}
+
+
+def test_remote_calls_reach_the_pods_series_beside_its_calls(cgroups, resolver):
+    """The kernel's remote calls of a key (its value's second field, read with the counts) are
+    the pod's series, cumulative, never added twice; a key without any is exported at 0 (its
+    share is 0, not unknown); the calls series holds every call, remote or not."""
+    kernel, clock = FakeKernel(aggregate=True), Clock()
+    agent = make_agent(kernel, resolver, clock, device=replace(VGEM, numa_node=1))
+    agent.attach()
+    pod = key(os.stat(cgroups / POD_DIR).st_ino)
+    kernel.calls(pod, 5, remote=3)
+    kernel.calls(key(os.stat(cgroups / POD_DIR).st_ino, kind=3), 2)  # all local
+    kernel.poll(0)
+    agent.cycle()
+    assert remote_points(agent) == {
+        ("trainer-0", "platform:vgem", "alloc"): 3,
+        ("trainer-0", "platform:vgem", "wait"): 0,
+    }
+    assert values(agent.metrics, IOCTL) == {(*POD, "alloc"): 5, (*POD, "wait"): 2}
+    clock.now += 5
+    kernel.calls(pod, 2, remote=2)
+    agent.cycle()
+    assert remote_points(agent)[("trainer-0", "platform:vgem", "alloc")] == 5
+    clock.now += 5
+    agent.cycle()  # an idle read: the same totals
+    assert remote_points(agent)[("trainer-0", "platform:vgem", "alloc")] == 5
+
+
+def test_a_device_without_a_numa_node_has_no_remote_series_and_says_so_once(
+    cgroups, resolver, caplog
+):
+    """numa_node -1 (or none: an integrated GPU, a single-node machine): the kernel counts no
+    call of it remote, the agent exports no remote series for it, and says why once."""
+    caplog.set_level(logging.INFO)
+    kernel, clock = FakeKernel(aggregate=True), Clock()
+    agent = make_agent(kernel, resolver, clock, device=replace(VGEM, numa_node=-1))
+    agent.attach()
+    kernel.calls(key(os.stat(cgroups / POD_DIR).st_ino), 5)
+    kernel.poll(0)
+    for _ in range(2):
+        agent.cycle()
+        clock.now += 5
+    assert remote_points(agent) == {}
+    assert values(agent.metrics, IOCTL) == {(*POD, "alloc"): 5}
+    said = [r.getMessage() for r in caplog.records if "has no NUMA node" in r.getMessage()]
+    assert said == [
+        "device platform:vgem has no NUMA node (numa_node -1): its calls are not counted as "
+        "remote or local, and kubenpu_ioctl_remote_node_total has no series for it"
+    ]
 
 
 def one_timed_call(cgroups, resolver):  # type: ignore[no-untyped-def]

@@ -159,7 +159,7 @@ def add_count(fd: int, key: Key, n: int, ncpus: int, remote: int = 0) -> None:
     packed = struct.pack("=QII", key.cgroup_id, dev_t(key.major, key.minor), key.kind)
     old = bpfsys.lookup(fd, packed, 16 * ncpus)
     slots = struct.unpack(f"={2 * ncpus}Q", old) if old else (0,) * (2 * ncpus)
-    new = [x for pair in zip(spread(n, ncpus), spread(remote, ncpus)) for x in pair]
+    new = [x for pair in zip(spread(n, ncpus), spread(remote, ncpus), strict=True) for x in pair]
     added = [a + b for a, b in zip(slots, new, strict=True)]
     bpfsys.update(fd, packed, struct.pack(f"={2 * ncpus}Q", *added))
 

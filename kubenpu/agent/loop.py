@@ -233,7 +233,9 @@ class Agent:
         self.probe.forget(self.attributor.forget(dead))
 
     def _timed(self) -> None:
-        """The kernel's durations to their series; the keys nothing will claim leave its map."""
+        """The kernel's durations and remote calls to their series; the keys nothing will claim
+        leave its map."""
+        self.attributor.placed(self.probe.remote)
         if orphans := self.attributor.timed(self.probe.durations):
             self.probe.forget(orphans)
 

@@ -31,7 +31,7 @@ def split_dev_t(rdev: int) -> tuple[int, int]:
 
 
 # --- maps ----------------------------------------------------------------------------------------
-MINORS = "minors"  # u32 minor_index(major, minor) -> u32 device_entry() + 1, 0 = not counted (array)
+MINORS = "minors"  # u32 minor_index(major, minor) -> device_entry() + 1, 0 = not counted (array)
 DEVICES = "devices"  # u32 dev_t -> u32 device_entry(), for nodes MINORS cannot index (hash)
 IOCTLS = "ioctls"  # u32 ioctl_index(vendor, nr) -> u32 kind, 0 = not counted (array)
 LOST = "lost"  # u64 per CPU, by LOST_SLOTS index (per-CPU array)

@@ -238,6 +238,15 @@ JOBS_LOST = Spec(
     "(a job step read after its ring was replayed past it: replayed late).",
     ("reason",),
 )
+IOCTL_REMOTE_NODE = Spec(
+    "kubenpu.ioctl.remote_node",
+    "counter",
+    "{call}",
+    "Counted driver calls made from a CPU on another NUMA node than the device's, per container "
+    "and device (docs/placement.md); the calls are also in kubenpu_ioctl_total. Not exported for "
+    "a device without a NUMA node. Aggregate mode.",
+    (*POD_LABELS, "device", "vendor", "kind"),
+)
 IOCTL_ERRORS = Spec(
     "kubenpu.ioctl.errors",
     "counter",
@@ -832,6 +841,7 @@ SPECS = (
     IOCTL,
     IOCTL_DURATION,
     IOCTL_ERRORS,
+    IOCTL_REMOTE_NODE,
     JOB_WAIT,
     JOB_RUN,
     JOBS,

@@ -20,6 +20,7 @@ from kubenpu.metrics.catalogue import (
     DURATIONS_FORGOTTEN,
     IOCTL_DURATION,
     IOCTL_ERRORS,
+    IOCTL_REMOTE_NODE,
     LATE_SIGHTINGS,
     PENDING_AGE,
     PENDING_CALLS,
@@ -73,6 +74,22 @@ DURATIONS = PodFamily(
     live=False,
     fold=plus,
 )
+# put(REMOTE, where, kind, (key, n)): the kernel's cumulative remote calls of one key, as the
+# durations are kept (one value per cgroup of the series, a gone one folded into the rest).
+REMOTE = PodFamily(
+    "remote_node",
+    lambda rows: [
+        (
+            IOCTL_REMOTE_NODE,
+            [Point({**r.where, "kind": r.key}, sum(r.value.values()), r.start_ns) for r in rows],
+        )
+    ],
+    keyed(lambda n: 0),  # a count, not a histogram: no observations to bound
+    capped=True,
+    needs_calls=True,
+    live=False,
+    fold=lambda old, n: (old or 0) + n,
+)
 DROPS = by_label(DROPPED, DROP_REASONS)
 EVENTS = counter(RECEIVED)
 # Calls also counted, with empty pod labels, through add_calls().
@@ -90,7 +107,18 @@ HELD = NodeFamily(
     ],
     initial=lambda: {"": (0, 0.0)},
 )
-FAMILIES = (DURATIONS, DROPS, EVENTS, UNNAMED, LATE, UNTIMED_CALLS, EXPIRED, FORGOTTEN, HELD)
+FAMILIES = (
+    DURATIONS,
+    REMOTE,
+    DROPS,
+    EVENTS,
+    UNNAMED,
+    LATE,
+    UNTIMED_CALLS,
+    EXPIRED,
+    FORGOTTEN,
+    HELD,
+)
 
 _MAX_PENDING_KEYS = 10000  # keys held for pods the CRI cannot name yet
 # A long flush (an adopted probe's totals for 1,000 pods: a cgroup walk and 1,000 CRI lookups
@@ -151,8 +179,19 @@ class Attributor:
         self._held_shown = False  # HELD shows held calls: it is set again when none are
         self._held_logged = False  # the held calls were logged, and not all counted since
         self._expired_since_log = 0
-        # The durations last stored per key, valid while the store has dropped no pod since.
+        # The durations and remote calls last stored per key, valid while the store has dropped
+        # no pod since.
         self._timed_set: dict[Key, Durations] = {}
+        self._remote_set: dict[Key, int] = {}
+        self._unplaced = {d.id for d in devices if not placed(d)}
+        for dev in devices:
+            if dev.vendor and dev.id in self._unplaced:
+                log.info(
+                    "device %s has no NUMA node (numa_node %s): its calls are not counted as "
+                    "remote or local, and kubenpu_ioctl_remote_node_total has no series for it",
+                    dev.id,
+                    dev.numa_node,
+                )
         # Gone cgroups were found and may not be forgotten yet (held, or the reap's read
         # failed): the next dead_cgroups() checks again without waiting for a removal.
         self._gone_left = False
@@ -195,8 +234,7 @@ class Attributor:
         the next read, which has its totals; one on a device not listed is left out, as its
         calls are (device_unknown). Returns the keys to delete from the kernel's map, counted:
         those no count claims whose cgroup the tree does not know (gone, never to be named)."""
-        if self._metrics.swept():  # a dropped pod took its stored values with it
-            self._timed_set = {}
+        self._check_swept()
         if durations == self._timed_set:  # every value stored as it is (an idle node)
             return []
         # An idle key's value is already stored: setting it again would change nothing.
@@ -208,7 +246,7 @@ class Attributor:
         for key, value in changed:
             if self._orphan(key):
                 orphans.append(key)
-            elif self._set_durations(key, value):
+            elif self._put(DURATIONS, key, value):
                 self._timed_set[key] = value
         if orphans:
             self._metrics.set(FORGOTTEN, "", len(orphans))
@@ -224,7 +262,28 @@ class Attributor:
         who = self._resolver.resolve(key.cgroup_id)
         return who is not None and who.reason == Unattributed.NOT_INDEXED
 
-    def _set_durations(self, key: Key, value: Durations) -> bool:
+    def placed(self, remote: dict[Key, int]) -> None:
+        """The kernel's cumulative remote calls by key (Kernel.read_remote), to the series
+        their calls are counted under, as timed() does the durations. A device without a NUMA
+        node has none to tell (the kernel counts none). The keys are the counts', which the
+        counts' own reaping forgets."""
+        self._check_swept()
+        if remote == self._remote_set:  # an idle node
+            return
+        for key, n in remote.items():
+            if self._remote_set.get(key) == n:
+                continue
+            dev = self._by_node.get((key.major, key.minor))
+            if dev is not None and dev.id not in self._unplaced and self._put(REMOTE, key, n):
+                self._remote_set[key] = n
+
+    def _check_swept(self) -> None:
+        if self._metrics.swept():  # a dropped pod took its stored values with it
+            self._timed_set, self._remote_set = {}, {}
+
+    def _put(self, family: PodFamily, key: Key, value: object) -> bool:
+        """One key's cumulative value into the family, under the series its calls are counted
+        under; False (left for the next read) while its pod is not named."""
         dev = self._by_node.get((key.major, key.minor))
         if dev is None or key.cgroup_id in self._pending:
             return False
@@ -232,7 +291,7 @@ class Attributor:
         if who is None:
             return False
         where = Where.of(who, dev.id, dev.vendor or "")
-        return self._metrics.put(DURATIONS, where, Kind(key.kind).label, (key, value))
+        return self._metrics.put(family, where, Kind(key.kind).label, (key, value))
 
     def pending(self) -> int:
         """Keys held for a pod the resolver cannot name yet."""
@@ -375,6 +434,7 @@ class Attributor:
                     dev = self._by_node[(key.major, key.minor)]
                     where = Where.of(who, dev.id, dev.vendor or "")
                     self._metrics.retire(DURATIONS, where, Kind(key.kind).label, key)
+                    self._metrics.retire(REMOTE, where, Kind(key.kind).label, key)
                 self._metrics.gone(Where.of(who))
                 if self._activity is not None:
                     self._activity.gone(who.namespace, who.pod, who.container)
@@ -382,4 +442,11 @@ class Attributor:
             keys.extend(gone)
         for key in keys:
             self._timed_set.pop(key, None)
+            self._remote_set.pop(key, None)
         return keys
+
+
+def placed(device: Device) -> bool:
+    """Whether the device has a NUMA node its calls can be remote from (sysfs numa_node -1, or
+    none: an integrated GPU, a machine or kernel without NUMA)."""
+    return device.numa_node is not None and device.numa_node >= 0

@@ -45,8 +45,10 @@ class Probe:
         self._lost: Deltas[str] = Deltas()
         self._bad_records = 0
         # The kernel's call durations, cumulative, as of the last counts read (empty where the
-        # kernel times nothing).
+        # kernel times nothing), and the calls of each key made from another NUMA node than
+        # the device's, of the same read.
         self.durations: dict[Key, Durations] = {}
+        self.remote: dict[Key, int] = {}
 
     def start(self) -> str:
         """Load and attach the program; returns the attach used. Raises ProbeError."""
@@ -91,6 +93,7 @@ class Probe:
             self._tally.kernel_lost(self._lost.step(self._kernel.read_lost()))
         if self._aggregate and counts:
             self._tally.add_counts(self._counts.step(self._kernel.read_counts()))
+            self.remote = self._kernel.read_remote()
             self.durations = self._kernel.read_durations()
 
     def forget(self, keys: list[Key]) -> None:
@@ -101,6 +104,7 @@ class Probe:
             self._counts.forget(keys)
             for key in keys:  # not handed on again before the next read
                 self.durations.pop(key, None)
+                self.remote.pop(key, None)
 
     def close(self) -> None:
         self._kernel.close()
