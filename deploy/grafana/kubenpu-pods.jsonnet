@@ -197,5 +197,16 @@ g.dashboard(
       g.pos(0, 107, 24, 8),
       'Seconds per second each pod\'s jobs waited behind each pod (100%: one job of the pod waiting the whole time, or two half of it): how much the shares above weigh.',
     ),
+    // Placement (docs/placement.md): the calls made from a CPU on another NUMA node than the
+    // device's. Devices without a NUMA node have no remote series, so no line here.
+    g.row('Placement', 115),
+    g.timeseries(
+      'Share of calls from another NUMA node, by pod and device',
+      [g.target('sum by (node, namespace, pod, device) (rate(kubenpu_ioctl_remote_node_total{%s}[$__rate_interval])) / sum by (node, namespace, pod, device) (rate(kubenpu_ioctl_total{%s}[$__rate_interval]))' % [sel, sel],
+                '{{node}} {{namespace}}/{{pod}} {{device}}')],
+      'percentunit',
+      g.pos(0, 116, 24, 8),
+      'Of each pod\'s calls on a device, the share made from CPUs on another NUMA node than the device\'s: each pays the interconnect. Near 100% for 15 minutes fires KubeNPUPodCallsRemote; kubenpuctl placement names the pod\'s CPUs, the device\'s and the fix.',
+    ),
   ],
 )
