@@ -1451,3 +1451,81 @@ def test_contention_of_an_unreachable_agent_is_one_line(capsys):
     assert ctl_main(["contention", "03:00.0", "--url", url]) == 2
     [line] = capsys.readouterr().err.splitlines()
     assert line == f"kubenpuctl: error: cannot reach {url}: Connection refused"
+
+
+# --- placement: kubenpuctl placement -------------------------------------------------------------
+
+GPU_ON_1 = "0000:22:01.0"
+UIDS = {"far": "aaaa-1111", "near": "bbbb-2222", "exclusive": "cccc-3333"}
+
+
+def remote_metrics(calls: dict[str, tuple[float, float]]) -> str:
+    """An agent's /metrics: each pod's (calls, remote) on the GPU of node 1, in two kinds."""
+    lines = [f'kubenpu_device_info{{device="{GPU_ON_1}",numa_node="1",vendor="virtio_gpu"}} 1']
+    for pod, (n, remote) in calls.items():
+        labels = (
+            f'namespace="ml",pod="{pod}",pod_uid="{UIDS[pod]}",container="c",device="{GPU_ON_1}"'
+        )
+        for kind, part in (("submit", 0.75), ("wait", 0.25)):
+            lines.append(f'kubenpu_ioctl_total{{{labels},kind="{kind}"}} {n * part}')
+            lines.append(
+                f'kubenpu_ioctl_remote_node_total{{{labels},kind="{kind}"}} {remote * part}'
+            )
+    return "\n".join([*lines, ""])
+
+
+def node_tree(root: Path) -> Path:
+    """A node's /sys: the GPU's local CPUs, and the kubelet's pod cgroups (systemd driver) with
+    their cpusets: far on node 0's CPUs (besteffort), near on node 1's (burstable), exclusive
+    (guaranteed) on node 0's."""
+    (root / "sys/bus/pci/devices" / GPU_ON_1).mkdir(parents=True)
+    (root / "sys/bus/pci/devices" / GPU_ON_1 / "local_cpulist").write_text("2-3\n")
+    kubepods = root / "sys/fs/cgroup/kubepods.slice"
+    for pod, parent, cpus in (
+        ("far", "kubepods-besteffort.slice/kubepods-besteffort", "0-1"),
+        ("near", "kubepods-burstable.slice/kubepods-burstable", "2-3"),
+        ("exclusive", "kubepods", "0-1"),
+    ):
+        d = kubepods / f"{parent}-pod{UIDS[pod].replace('-', '_')}.slice"
+        d.mkdir(parents=True)
+        (d / "cpuset.cpus.effective").write_text(cpus + "\n")
+    return root
+
+
+def test_placement_explains_each_pods_remote_share_and_its_fix(serve, capsys, tmp_path):
+    """kubenpuctl placement against a served /metrics and a node's /sys: per pod and device the
+    remote share over the window (kinds and containers summed), the device's CPUs, the pod's
+    cpuset and QoS class from its cgroup, and the fix for its class above 50%; the JSON keys
+    are docs/cli.md's."""
+    before = remote_metrics({"far": (100, 100), "near": (100, 0), "exclusive": (100, 50)})
+    after = remote_metrics({"far": (2100, 2100), "near": (2100, 0), "exclusive": (1100, 950)})
+    root = node_tree(tmp_path)
+    server = serve(sequence(before, after))
+    argv = ["placement", "--url", server.url, "--root", str(root), "--window", "0.1"]
+    assert ctl_main(argv) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:5] == ["POD", "DEVICE", "NODE", "REMOTE", "CALLS"]
+    cells = [line.split()[:8] for line in out[1:]]
+    assert cells == [
+        ["ml/far", GPU_ON_1, "1", "100%", "2000", "2-3", "0-1", "besteffort"],
+        ["ml/exclusive", GPU_ON_1, "1", "90%", "1000", "2-3", "0-1", "guaranteed"],
+        ["ml/near", GPU_ON_1, "1", "0%", "2000", "2-3", "2-3", "burstable"],
+    ]
+    assert "taskset -c 2-3" in out[1] and "placement.scheduler: true" in out[1]
+    assert "single-numa-node" in out[2] and "none needed" in out[3]
+    server = serve(sequence(before, after))
+    argv[2] = server.url
+    assert ctl_main([*argv, "-o", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows[0]["remote_percent"] == 100.0 and rows[0]["numa_node"] == 1
+    from test_ctl import check_documented
+
+    check_documented("placement", rows)
+
+
+def test_placement_without_a_device_on_a_node_says_so_in_one_line(serve, capsys, tmp_path):
+    server = serve(sequence('kubenpu_ioctl_total{namespace="ml",pod="p",device="d"} 5\n'))
+    assert (
+        ctl_main(["placement", "--url", server.url, "--root", str(tmp_path), "--window", "0"]) == 0
+    )
+    assert capsys.readouterr().out.startswith("no remote calls counted: no device has a NUMA node")

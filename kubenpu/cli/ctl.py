@@ -19,7 +19,7 @@ from typing import NoReturn
 
 from kubenpu import __version__
 from kubenpu.cli import top as kubenpu_top
-from kubenpu.cli.top import contention, latency
+from kubenpu.cli.top import contention, latency, placement
 from kubenpu.cli.top.frames import pod_name
 from kubenpu.discovery import Device, discover
 from kubenpu.metrics.catalogue import DEVICE_ERRORS, FREQUENCY, POWER, TEMPERATURE, Spec
@@ -95,6 +95,7 @@ def _parser() -> argparse.ArgumentParser:
     _top_parser(commands)
     _latency_parser(commands)
     _contention_parser(commands)
+    _placement_parser(commands)
     _allocations_parser(commands)
     return parser
 
@@ -174,6 +175,57 @@ def _contention(args: argparse.Namespace) -> str:
         for p in found.pairs
     ]
     return _table(["WAITER", "RING", "BEHIND", "SECONDS", "SHARE"], rows)
+
+
+def _placement_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "placement",
+        help="which pods call a device from CPUs on another NUMA node, and the fix",
+    )
+    parser.add_argument(
+        "--url", default="http://localhost:8080/metrics", help="the agent's /metrics (default)"
+    )
+    parser.add_argument("--root", default="/", help="read DIR/sys (the CPUs) instead of /sys")
+    parser.add_argument(
+        "--window",
+        type=_window,
+        default=10.0,
+        metavar="SECONDS",
+        help="the calls between two reads that many seconds apart (default 10; 0: the totals "
+        "since the agent started)",
+    )
+    parser.add_argument("--output", "-o", choices=("table", "json"), default="table")
+    parser.set_defaults(run=_placement)
+
+
+def _placement(args: argparse.Namespace) -> str:
+    try:
+        found = placement.read(args.url, Path(args.root), args.window)
+    except kubenpu_top.TopError as e:
+        raise UsageError(str(e)) from None
+    if args.output == "json":
+        return json.dumps([r.as_json() for r in found], indent=2)
+    if not found:  # a bare header reads like a failure to read
+        return (
+            "no remote calls counted: no device has a NUMA node (kubenpuctl devices), or the "
+            "agent runs in events mode (docs/placement.md)"
+        )
+    rows = [
+        [
+            pod_name(r.namespace, r.pod),
+            r.device,
+            "-" if r.numa_node is None else str(r.numa_node),
+            f"{100 * r.share:.0f}%",
+            f"{r.calls:g}",
+            r.device_cpus or "-",
+            r.pod_cpus or "-",
+            r.qos or "-",
+            r.fix,
+        ]
+        for r in found
+    ]
+    header = ["POD", "DEVICE", "NODE", "REMOTE", "CALLS", "DEVICE CPUS", "POD CPUS", "QOS", "FIX"]
+    return _table(header, rows)
 
 
 def _allocations_parser(commands: argparse._SubParsersAction) -> None:
