@@ -26,7 +26,7 @@ from fakes import Clock, FakeKernel, FakeResolver, record
 from helpers import eventually, free_port, make_config, resolved, values
 
 from kubenpu import __version__, export
-from kubenpu.agent import main
+from kubenpu.agent import main, wiring
 from kubenpu.agent.health import Health
 from kubenpu.agent.loop import Agent
 from kubenpu.agent.wiring import select_devices
@@ -1069,8 +1069,10 @@ def test_a_device_without_a_numa_node_has_no_remote_series_and_says_so_once(
     cgroups, resolver, caplog
 ):
     """numa_node -1 (or none: an integrated GPU, a single-node machine): the kernel counts no
-    call of it remote, the agent exports no remote series for it, and says why once."""
+    call of it remote, the agent exports no remote series for it, and says why once, at start,
+    with the other lines about its devices (not for a device on a node)."""
     caplog.set_level(logging.INFO)
+    wiring._log_tables([replace(VGEM, numa_node=-1), replace(VGEM, id="0000:22:01.0", numa_node=1)])
     kernel, clock = FakeKernel(aggregate=True), Clock()
     agent = make_agent(kernel, resolver, clock, device=replace(VGEM, numa_node=-1))
     agent.attach()
@@ -1081,7 +1083,7 @@ def test_a_device_without_a_numa_node_has_no_remote_series_and_says_so_once(
         clock.now += 5
     assert remote_points(agent) == {}
     assert values(agent.metrics, IOCTL) == {(*POD, "alloc"): 5}
-    said = [r.getMessage() for r in caplog.records if "has no NUMA node" in r.getMessage()]
+    said = [r.getMessage() for r in caplog.records if "NUMA node" in r.getMessage()]
     assert said == [
         "device platform:vgem has no NUMA node (numa_node -1): its calls are not counted as "
         "remote or local, and kubenpu_ioctl_remote_node_total has no series for it"

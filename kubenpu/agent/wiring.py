@@ -25,7 +25,7 @@ from kubenpu.services import Services
 from kubenpu.sources import registry
 from kubenpu.sources.activity import Activity
 from kubenpu.sources.base import Closes, Node, Runs, Source
-from kubenpu.sources.calls.attribution import Attributor
+from kubenpu.sources.calls.attribution import Attributor, placed
 from kubenpu.sources.calls.events import Tally
 from kubenpu.sources.calls.probe import Probe
 from kubenpu.sources.registry import table
@@ -64,6 +64,14 @@ def _log_tables(devices: list[Device]) -> None:
         vendor = by_name(name)
         kinds = ", ".join(f"{k.label}={sum(i.kind == k for i in vendor.ioctls)}" for k in Kind)
         log.info("vendor table %s (%s): %s", name, vendor.header, kinds)
+    for dev in devices:
+        if dev.vendor and not placed(dev):
+            log.info(
+                "device %s has no NUMA node (numa_node %s): its calls are not counted as remote "
+                "or local, and kubenpu_ioctl_remote_node_total has no series for it",
+                dev.id,
+                dev.numa_node,
+            )
 
 
 def _numa(dev: Device) -> str:

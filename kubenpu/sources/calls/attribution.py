@@ -184,14 +184,6 @@ class Attributor:
         self._timed_set: dict[Key, Durations] = {}
         self._remote_set: dict[Key, int] = {}
         self._unplaced = {d.id for d in devices if not placed(d)}
-        for dev in devices:
-            if dev.vendor and dev.id in self._unplaced:
-                log.info(
-                    "device %s has no NUMA node (numa_node %s): its calls are not counted as "
-                    "remote or local, and kubenpu_ioctl_remote_node_total has no series for it",
-                    dev.id,
-                    dev.numa_node,
-                )
         # Gone cgroups were found and may not be forgotten yet (held, or the reap's read
         # failed): the next dead_cgroups() checks again without waiting for a removal.
         self._gone_left = False
