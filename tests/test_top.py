@@ -1456,7 +1456,11 @@ def test_contention_of_an_unreachable_agent_is_one_line(capsys):
 # --- placement: kubenpuctl placement -------------------------------------------------------------
 
 GPU_ON_1 = "0000:22:01.0"
-UIDS = {"far": "aaaa-1111", "near": "bbbb-2222", "exclusive": "cccc-3333"}
+UIDS = {
+    "far": "0e6f7c3a-1b2d-4c5e-8f9a-0b1c2d3e4f5a",
+    "near": "1e6f7c3a-1b2d-4c5e-8f9a-0b1c2d3e4f5a",
+    "exclusive": "2e6f7c3a-1b2d-4c5e-8f9a-0b1c2d3e4f5a",
+}
 
 
 def remote_metrics(calls: dict[str, tuple[float, float]]) -> str:

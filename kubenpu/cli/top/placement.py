@@ -15,10 +15,10 @@ from pathlib import Path
 from kubenpu import files
 from kubenpu.cli.top.sources import DEVICE_INFO, IOCTL, Series, scrape
 from kubenpu.metrics.catalogue import IOCTL_REMOTE_NODE
+from kubenpu.resolve import containers
 
 REMOTE = IOCTL_REMOTE_NODE.prometheus_name
 MOSTLY = 0.5  # the alert's threshold (KubeNPUPodCallsRemote): a fix is named above it
-QOS = ("guaranteed", "burstable", "besteffort")
 _CGROUP_FILE_BYTES = 4096  # a cpuset list; bounded as every sysfs read is
 FIXES = {
     "guaranteed": "exclusive CPUs on the device's node: the static CPU manager with the "
@@ -148,7 +148,7 @@ def _read(path: Path) -> str:
 
 class _PodCgroups:
     """The pods' cgroup directories under the kubelet's kubepods tree (systemd or cgroupfs
-    driver), found by the pod's uid in their name (pod<uid>, with _ for - under systemd)."""
+    driver), by the pod uid the resolver reads in their path (resolve.containers)."""
 
     def __init__(self, root: Path) -> None:
         cgroupfs = root / "sys/fs/cgroup"
@@ -163,20 +163,15 @@ class _PodCgroups:
         self._dirs: dict[str, Path] | None = None
 
     def find(self, uid: str) -> Path | None:
-        if not uid:
-            return None
         if self._dirs is None:
             self._dirs = {}
-            for qos_dir in (self.base, *(p for p in self.base.iterdir() if p.is_dir())):
-                for pod in qos_dir.iterdir() if qos_dir.is_dir() else ():
-                    if "pod" in pod.name and pod.is_dir():
-                        self._dirs[_uid_of(pod.name)] = pod
-        return self._dirs.get(uid.replace("-", "_"))
-
-
-def _uid_of(name: str) -> str:
-    """The uid in a pod directory's name (kubepods-burstable-pod<uid>.slice, pod<uid>), - as _."""
-    return name.rpartition("pod")[2].removesuffix(".slice").replace("-", "_")
+            if self.base.is_dir():
+                for qos_dir in (self.base, *(p for p in self.base.iterdir() if p.is_dir())):
+                    for pod in (p for p in qos_dir.iterdir() if p.is_dir()):
+                        found = containers.parse(str(pod.relative_to(self.base.parent)))
+                        if found is not None and found.container_id is None:
+                            self._dirs[found.pod_uid] = pod
+        return self._dirs.get(uid) if uid else None
 
 
 def qos(cgroup: Path, base: Path) -> str:
