@@ -69,7 +69,7 @@ from kubenpu.metrics.inputs import DeviceRow, Where
 from kubenpu.metrics.own import DEVICES
 from kubenpu.metrics.points import Point
 from kubenpu.metrics.series import Series
-from kubenpu.sources.calls.attribution import DURATIONS, UNNAMED
+from kubenpu.sources.calls.attribution import DURATIONS, REMOTE, UNNAMED
 from kubenpu.sources.jobs import BEHIND, IDLE, JOB_TIMES, RESETS
 from kubenpu.sources.registry import FAMILIES
 from kubenpu.sources.telemetry import POD_ENERGY_SHARES
@@ -172,6 +172,7 @@ def test_a_histogram_past_2_64_observations_is_refused_counted_and_the_push_goes
         "jobs": 1,
         "jobs_behind": 0,
         "jobs_idle": 0,
+        "remote_node": 0,  # a count: no observations to bound, never refused
         "resets": 0,
     }
 
@@ -1060,6 +1061,7 @@ def push_pods(tmp_path: Path, rx: OtlpReceiver, attributes: str) -> None:
             slots = (n,) + (0,) * (abi.DURATION_SLOTS - 1)
             errors = (n,) + (0,) * (len(abi.ERRORS) - 1)
             m.put(DURATIONS, where, "submit", (Key(n, 226, 0, 1), Durations(n, slots, errors)))
+            m.put(REMOTE, where, "submit", (Key(n, 226, 0, 1), n - 1))
             histogram = Durations(n, slots, ())
             m.put(JOB_TIMES, where, "gfx_0.0.0", (n, JobTimes(n + 1, n, histogram, histogram)))
             m.put(RESETS[POD_HANGS], where, "", 1)

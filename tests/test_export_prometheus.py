@@ -48,7 +48,7 @@ from kubenpu.metrics.own import (
 from kubenpu.sources import jobs, telemetry
 from kubenpu.sources import wedges as uevents
 from kubenpu.sources.allocations import ALLOCATIONS
-from kubenpu.sources.calls.attribution import DROPS, DURATIONS, EVENTS, UNNAMED
+from kubenpu.sources.calls.attribution import DROPS, DURATIONS, EVENTS, REMOTE, UNNAMED
 from kubenpu.sources.usage import ENGINES, GAUGES
 
 pytestmark = pytest.mark.tools
@@ -143,6 +143,7 @@ def fill(tel: export.Exporters) -> None:
     m.set(SOURCE_DURATION, "fdinfo", 0.25)
     m.set(SOURCE_FAILED, "fdinfo", 1)
     m.put(DURATIONS, where, "submit", (Key(7, 226, 0, 1), TIMED))
+    m.put(REMOTE, where, "submit", (Key(7, 226, 0, 1), 1))
     times = Durations(TIMED.sum_ns, TIMED.slots, ())
     m.put(jobs.JOB_TIMES, where, "gfx_0.0.0", (7, JobTimes(5, 4, times, times)))
     m.set(jobs.LOST, "", {"unmatched": 1, "keys_full": 0})
