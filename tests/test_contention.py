@@ -8,6 +8,7 @@ from collections import Counter
 from fractions import Fraction
 from typing import NamedTuple
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -168,34 +169,25 @@ def test_split_sums_exactly() -> None:
     assert sum(dict(split(1, Counter({1: 1, 2: 1, 3: 1}))).values()) == 1
 
 
-def test_behind_a_long_job_then_idle() -> None:
-    """B's job waits 40 ns behind A's run, then 10 ns of an idle ring (A done, B not run)."""
-    c = at_once(
-        [
-            Event(QUEUED, 0, 1, 9, cgroup_id=100),
-            Event(RUN, 0, 1, 9),
-            Event(QUEUED, 10, 2, 9, cgroup_id=200),
-            Event(DONE, 50, 1, 9),
-            Event(RUN, 60, 2, 9),
-            Event(DONE, 70, 2, 9),
-        ],
-        100,
-    )
-    assert c.take() == ({(9, 200, 100): 40}, {(9, 200): 10})
-
-
-def test_waiting_behind_your_own_jobs() -> None:
-    c = at_once(
-        [
-            Event(QUEUED, 0, 1, 9, cgroup_id=5),
-            Event(RUN, 0, 1, 9),
-            Event(QUEUED, 0, 2, 9, cgroup_id=5),
-            Event(DONE, 7, 1, 9),
-            Event(RUN, 7, 2, 9),
-        ],
-        20,
-    )
-    assert c.take().behind == {(9, 5, 5): 7}
+@pytest.mark.parametrize(
+    ("found", "to", "want"),
+    [
+        pytest.param(
+            [Job(9, 100, 0, 0, 50), Job(9, 200, 10, 60, 70)],
+            100,
+            ({(9, 200, 100): 40}, {(9, 200): 10}),
+            id="B behind A's run 40 ns, then 10 ns on an idle ring (A done, B not run)",
+        ),
+        pytest.param(
+            [Job(9, 5, 0, 0, 7), Job(9, 5, 0, 7, None)],
+            20,
+            ({(9, 5, 5): 7}, {}),
+            id="behind its own job, run as that one is done",
+        ),
+    ],
+)
+def test_waits_behind_runs_and_on_an_idle_ring(found: list[Job], to: int, want: tuple) -> None:
+    assert at_once(events_of(found), to).take() == want
 
 
 def test_late_record_replayed_at_the_frontier_and_counted() -> None:
