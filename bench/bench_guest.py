@@ -38,7 +38,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "vm"))
@@ -66,6 +66,7 @@ from guestlib import (
     scrape,
     systemd_cgroup,
 )
+from least_privilege_guest import launcher
 
 from kubenpu.discovery import discover
 from kubenpu.kernel.abi import JOB_TRACEPOINTS
@@ -374,6 +375,7 @@ class Measured(Agent, Usage):
         durations_exit: str = "",
         extra: dict | None = None,
         name: str = "",
+        launcher: Sequence[str] = (),
     ) -> None:
         self.mode = mode
         probe = {"mode": mode, "pin_dir": pin_dir, "loader": loader, "durations": durations}
@@ -393,7 +395,7 @@ class Measured(Agent, Usage):
         parts += () if durations else ("untimed",)
         parts += (durations_exit,) if durations_exit else ()
         parts += (name,) if name else ()
-        super().__init__(out, config, name="-".join(parts))
+        super().__init__(out, config, name="-".join(parts), launcher=launcher)
         self.attach()
 
     def settle(self, timeout: float = 60) -> None:
@@ -704,7 +706,7 @@ class Bench:
         """Each arm of the jobs row by name: starts it, settled."""
 
         def agent(**settings) -> Usage:
-            running = Measured(self.out, "aggregate", **settings)
+            running = Measured(self.out, "aggregate", launcher=self.chart_launcher(), **settings)
             running.settle()
             return running
 
@@ -719,6 +721,13 @@ class Bench:
             "agent jobs off": lambda: agent(extra=SOURCES_OFF["jobs"], name="jobs-off"),
             "bpftrace": tracer,
         }
+
+    def chart_launcher(self) -> tuple[str, ...]:
+        """The jobs row's agents run with the chart's capabilities where bench/run.sh wrote
+        them (OUT/caps.json: then the raw_tp flavour, as installed by default), else as root
+        (tp_btf; docs/jobs.md)."""
+        caps = self.out / "caps.json"
+        return launcher(json.loads(caps.read_text())) if caps.exists() else ()
 
     def agent_counted(self, issued: int) -> int:
         """The jobs the agent's /metrics shows once it shows `issued` (it reads the kernel's

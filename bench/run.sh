@@ -20,6 +20,10 @@ echo "bench: host micro-benchmark" >&2
 echo "bench: guest benchmark on $kernel (several minutes under TCG)" >&2
 # bpftool for the per-arm checks (bench_guest.py BPFTOOL): the guest root has none.
 cp "$(command -v bpftool || echo /usr/sbin/bpftool)" "$out/" 2>/dev/null || echo "bench: no bpftool; arms unchecked" >&2
+# The chart's default capabilities, which the GPU jobs row's agents run with (bench_guest.py
+# chart_launcher): the flavour a default install gets.
+PYTHONPATH="$repo/tests" "$py" -c 'import json, helpers
+print(json.dumps(helpers.chart_capabilities("security_file_ioctl", fdinfo=True, jobs=True)))' >"$out/caps.json"
 # Longer than run.sh's default: the per-hook rounds start 8 arms afresh in each of 6 rounds, the
 # GPU jobs row 4 in each of 3.
 KUBENPU_VM_TIMEOUT=${KUBENPU_VM_TIMEOUT:-2700} "$repo/tests/vm/run.sh" "$kernel" /src/bench/bench.sh "$out" >"$out/run.log" 2>&1 || {

@@ -8,6 +8,7 @@ from collections import Counter
 from fractions import Fraction
 from typing import NamedTuple
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -154,42 +155,39 @@ def test_out_of_order_within_the_margin(found: list[Job], rnd, reads: int) -> No
     assert c.take() == one.take()
 
 
+def at_once(events: list[Event], to: int) -> Contention:
+    """`events` replayed with no margin, and every ring accrued up to `to`."""
+    c = Contention(16, 0)
+    c.add(events)
+    c.advance(to)
+    return c
+
+
 def test_split_sums_exactly() -> None:
     parts = dict(split(10, Counter({7: 1, 3: 2})))
     assert parts == {3: 6, 7: 4}
     assert sum(dict(split(1, Counter({1: 1, 2: 1, 3: 1}))).values()) == 1
 
 
-def test_behind_a_long_job_then_idle() -> None:
-    """B's job waits 40 ns behind A's run, then 10 ns of an idle ring (A done, B not run)."""
-    c = Contention(16, 0)
-    c.add(
-        [
-            Event(QUEUED, 0, 1, 9, cgroup_id=100),
-            Event(RUN, 0, 1, 9),
-            Event(QUEUED, 10, 2, 9, cgroup_id=200),
-            Event(DONE, 50, 1, 9),
-            Event(RUN, 60, 2, 9),
-            Event(DONE, 70, 2, 9),
-        ]
-    )
-    c.advance(100)
-    assert c.take() == ({(9, 200, 100): 40}, {(9, 200): 10})
-
-
-def test_waiting_behind_your_own_jobs() -> None:
-    c = Contention(16, 0)
-    c.add(
-        [
-            Event(QUEUED, 0, 1, 9, cgroup_id=5),
-            Event(RUN, 0, 1, 9),
-            Event(QUEUED, 0, 2, 9, cgroup_id=5),
-            Event(DONE, 7, 1, 9),
-            Event(RUN, 7, 2, 9),
-        ]
-    )
-    c.advance(20)
-    assert c.take().behind == {(9, 5, 5): 7}
+@pytest.mark.parametrize(
+    ("found", "to", "want"),
+    [
+        pytest.param(
+            [Job(9, 100, 0, 0, 50), Job(9, 200, 10, 60, 70)],
+            100,
+            ({(9, 200, 100): 40}, {(9, 200): 10}),
+            id="B behind A's run 40 ns, then 10 ns on an idle ring (A done, B not run)",
+        ),
+        pytest.param(
+            [Job(9, 5, 0, 0, 7), Job(9, 5, 0, 7, None)],
+            20,
+            ({(9, 5, 5): 7}, {}),
+            id="behind its own job, run as that one is done",
+        ),
+    ],
+)
+def test_waits_behind_runs_and_on_an_idle_ring(found: list[Job], to: int, want: tuple) -> None:
+    assert at_once(events_of(found), to).take() == want
 
 
 def test_late_record_replayed_at_the_frontier_and_counted() -> None:
@@ -208,24 +206,21 @@ def test_late_record_replayed_at_the_frontier_and_counted() -> None:
 def test_run_and_done_without_queued() -> None:
     """Jobs queued before the attach: a run makes an UNKNOWN job run, a done alone is only
     counted."""
-    c = Contention(16, 0)
-    c.add(
+    c = at_once(
         [
             Event(RUN, 0, 1, 9),
             Event(QUEUED, 2, 2, 9, cgroup_id=5),
             Event(DONE, 4, 3, 9),
             Event(DONE, 10, 1, 9),
-        ]
+        ],
+        20,
     )
-    c.advance(20)
     assert c.unmatched == 2
     assert c.take() == ({(9, 5, UNKNOWN): 8}, {(9, 5): 10})
 
 
 def test_cancelled_job_waits_until_its_done() -> None:
-    c = Contention(16, 0)
-    c.add([Event(QUEUED, 0, 1, 9, cgroup_id=5), Event(DONE, 30, 1, 9)])
-    c.advance(100)
+    c = at_once([Event(QUEUED, 0, 1, 9, cgroup_id=5), Event(DONE, 30, 1, 9)], 100)
     assert c.take() == ({}, {(9, 5): 30})
     assert c.in_flight() == 0
 

@@ -1280,23 +1280,10 @@ def waits(
 # Over one interval: p waited 6 s behind q over its two rings, 2 s behind itself, 1 s on an idle
 # ring and 1 s behind the pods past the cap; r 3 s on an idle ring and 1 s behind q; s did not
 # wait; t 5 s behind the pods past the cap and 2 s behind q; u 1 s behind each of two pods.
-BEFORE = {
-    ("p", "gfx", "ml", "q"): 10.0,
-    ("p", "compute", "ml", "q"): 1.0,
-    ("p", "gfx", "ml", "p"): 4.0,
-    ("p", "gfx", "", "other"): 0.0,
-    ("r", "gfx", "ml", "q"): 0.0,
-    ("s", "gfx", "ml", "q"): 7.0,
-    ("t", "gfx", "", "other"): 0.0,
-    ("t", "gfx", "ml", "q"): 0.0,
-    ("u", "gfx", "ml", "y"): 0.0,
-    ("u", "gfx", "ml", "x"): 0.0,
-}
-AFTER = {
-    **BEFORE,
-    ("p", "gfx", "ml", "q"): 13.0,
-    ("p", "compute", "ml", "q"): 4.0,
-    ("p", "gfx", "ml", "p"): 6.0,
+GROWTH = {
+    ("p", "gfx", "ml", "q"): 3.0,
+    ("p", "compute", "ml", "q"): 3.0,
+    ("p", "gfx", "ml", "p"): 2.0,
     ("p", "gfx", "", "other"): 1.0,
     ("r", "gfx", "ml", "q"): 1.0,
     ("t", "gfx", "", "other"): 5.0,
@@ -1304,6 +1291,14 @@ AFTER = {
     ("u", "gfx", "ml", "y"): 1.0,
     ("u", "gfx", "ml", "x"): 1.0,
 }
+# Before it, what each had waited already (s, all of its wait: it did not wait since).
+BEFORE = dict.fromkeys(GROWTH, 0.0) | {
+    ("p", "gfx", "ml", "q"): 10.0,
+    ("p", "compute", "ml", "q"): 1.0,
+    ("p", "gfx", "ml", "p"): 4.0,
+    ("s", "gfx", "ml", "q"): 7.0,
+}
+AFTER = {key: seconds + GROWTH.get(key, 0.0) for key, seconds in BEFORE.items()}
 IDLE_BEFORE = {("p", "gfx"): 2.0, ("r", "gfx"): 5.0, ("s", "gfx"): 1.0}
 IDLE_AFTER = {("p", "gfx"): 3.0, ("r", "gfx"): 8.0, ("s", "gfx"): 1.0}
 

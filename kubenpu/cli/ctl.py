@@ -12,10 +12,10 @@ import logging
 import os
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 from kubenpu import __version__
 from kubenpu.cli import top as kubenpu_top
@@ -30,6 +30,8 @@ from kubenpu.text import iec_bytes, printable
 from kubenpu.vendors import Vendor, all_vendors, by_name, core, for_driver
 
 PROG = "kubenpuctl"
+METRICS_URL = "http://localhost:8080/metrics"  # the agent's, on its own node
+T = TypeVar("T")
 _CRI_SECONDS = 2.0
 
 
@@ -105,9 +107,7 @@ def _latency_parser(commands: argparse._SubParsersAction) -> None:
         "latency", help="one pod's call durations and errors, from an agent's /metrics"
     )
     latency.add_argument("pod", metavar="NAMESPACE/POD", help="the pod, e.g. ml/trainer-0")
-    latency.add_argument(
-        "--url", default="http://localhost:8080/metrics", help="the agent's /metrics (default)"
-    )
+    _url_option(latency)
     latency.add_argument("--output", "-o", choices=("table", "json"), default="table")
     latency.set_defaults(run=_latency)
 
@@ -116,10 +116,7 @@ def _latency(args: argparse.Namespace) -> str:
     namespace, slash, pod = args.pod.partition("/")
     if not (slash and namespace and pod):
         raise UsageError(f"{args.pod!r} is not NAMESPACE/POD")
-    try:
-        found = latency.read(args.url, namespace, pod)
-    except kubenpu_top.TopError as e:
-        raise UsageError(str(e)) from None
+    found = _fetched(lambda: latency.read(args.url, namespace, pod))
     if args.output == "json":
         return json.dumps([h.as_json() for h in found], indent=2)
     return latency.render(found, namespace, pod)
@@ -130,14 +127,12 @@ def _contention_parser(commands: argparse._SubParsersAction) -> None:
         "contention", help="who waited behind whom on one device, from an agent's /metrics"
     )
     parser.add_argument("device", metavar="DEVICE", help="the device id, e.g. 0000:03:00.0")
-    parser.add_argument(
-        "--url", default="http://localhost:8080/metrics", help="the agent's /metrics (default)"
-    )
-    parser.add_argument(
+    _url_option(parser)
+    _seconds_option(
+        parser,
         "--window",
-        type=_window,
+        parse=_window,
         default=10.0,
-        metavar="SECONDS",
         help="the wait between two reads that many seconds apart (default 10; 0: the totals "
         "since the agent started)",
     )
@@ -150,10 +145,7 @@ def _window(text: str) -> float:
 
 
 def _contention(args: argparse.Namespace) -> str:
-    try:
-        found = contention.read(args.url, args.device, args.window)
-    except kubenpu_top.TopError as e:
-        raise UsageError(str(e)) from None
+    found = _fetched(lambda: contention.read(args.url, args.device, args.window))
     if args.output == "json":
         return json.dumps([p.as_json() for p in found.pairs], indent=2)
     if not found.exported:  # a bare header reads like a failure to read
@@ -243,27 +235,14 @@ def _allocations_parser(commands: argparse._SubParsersAction) -> None:
 def _top_parser(commands: argparse._SubParsersAction) -> None:
     top = commands.add_parser("top", help="live call rates per pod, container and device")
     source = top.add_mutually_exclusive_group()
-    source.add_argument(
-        "--url", default="http://localhost:8080/metrics", help="one agent's /metrics (default)"
-    )
+    _url_option(source, "one agent's /metrics (default)")
     source.add_argument(
         "--prometheus", metavar="URL", help="a Prometheus query API: every node, with rate()"
     )
-    top.add_argument(
-        "--window",
-        type=_seconds,
-        default=60.0,
-        metavar="SECONDS",
-        help="--prometheus: the rate() window (default 60)",
+    _seconds_option(
+        top, "--window", default=60.0, help="--prometheus: the rate() window (default 60)"
     )
-    top.add_argument(
-        "--interval",
-        "-n",
-        type=_seconds,
-        default=2.0,
-        metavar="SECONDS",
-        help="seconds between reads (default 2)",
-    )
+    _seconds_option(top, "--interval", "-n", default=2.0, help="seconds between reads (default 2)")
     top.add_argument("--once", action="store_true", help="read twice, print one frame, exit")
     top.add_argument(
         "--output", "-o", choices=("table", "json"), default="table", help="json implies --once"
@@ -276,6 +255,34 @@ def _top_parser(commands: argparse._SubParsersAction) -> None:
         help=f"sort by: {', '.join(kubenpu_top.SORTS)} (default total; keys in the view)",
     )
     top.set_defaults(run=_top)
+
+
+def _url_option(
+    parser: argparse.ArgumentParser | argparse._MutuallyExclusiveGroup,
+    help: str = "the agent's /metrics (default)",
+) -> None:
+    parser.add_argument("--url", default=METRICS_URL, help=help)
+
+
+def _seconds_option(
+    parser: argparse.ArgumentParser,
+    *flags: str,
+    default: float,
+    help: str,
+    parse: Callable[[str], float] | None = None,
+) -> None:
+    parser.add_argument(
+        *flags, type=parse or _seconds, default=default, metavar="SECONDS", help=help
+    )
+
+
+def _fetched(read: Callable[[], T]) -> T:
+    """What `read` returns; its TopError (no agent there, or an answer it cannot read) is the
+    user's to fix, said without a traceback."""
+    try:
+        return read()
+    except kubenpu_top.TopError as e:
+        raise UsageError(str(e)) from None
 
 
 def _seconds(text: str) -> float:

@@ -36,14 +36,17 @@
  * these jobs as a real driver's.
  *
  * Each job's own times (ktime_get_ns, the clock of bpf_ktime_get_ns) are kept, the first
- * MAX_STAMPS jobs since load: queued (just before the push that fires the queue tracepoint), run
- * (run_job's start, right after the run tracepoint) and done (a callback on the scheduler's
- * finished fence, signalled right after the done tracepoint: when the scheduler took the job
- * off the ring, which under load can be well after the hardware fence signalled, if the
- * scheduler's work had not yet added its callback to it), with the submitter's tgid. The debugfs
- * file testdrm-jobs prints one line per job, "tgid queued run done" (0: not yet): the
- * reference the VM test computes each pod's wait behind the others from, independently of the
- * scheduler's tracepoints.
+ * MAX_STAMPS jobs since load, two reads a step with the scheduler's tracepoint between them:
+ * queued (just before and just after the push that fires the queue tracepoint), run
+ * (prepare_job, as the scheduler's run work takes the job, and run_job's start, around the run
+ * tracepoint) and done (the hardware fence's signal, and a callback on the scheduler's finished
+ * fence, signalled right after the done tracepoint: when the scheduler took the job off the
+ * ring, which under load can be well after the hardware fence signalled, if the scheduler's
+ * work had not yet added its callback to it), with the submitter's tgid. The debugfs file
+ * testdrm-jobs prints one line per job, "tgid queued queued' run run' done done'" (0: not
+ * yet): the reference the VM test computes bounds on each pod's wait behind the others from,
+ * independently of the scheduler's tracepoints. Two reads, not one: under TCG the guest can
+ * freeze for tens of milliseconds between any two clock reads (tests/test_node_vm.py).
  *
  * Writing a recovery method ("rebind", "none") to the `wedge` parameter sends the DRM wedged
  * uevent a driver sends after a hang, with the writer as the guilty task: through
@@ -96,9 +99,10 @@ MODULE_PARM_DESC(in_mv, "in0_input in mV");
 static atomic64_t submit_energy_uj = ATOMIC64_INIT(0);
 
 #define MAX_STAMPS 1024
+/* Each step's tracepoint lies between the two reads: [0] before it, [1] after it. */
 struct testdrm_stamp {
 	pid_t tgid;
-	u64 queued, run, done;
+	u64 queued[2], run[2], done[2];
 };
 static struct testdrm_stamp stamps[MAX_STAMPS];
 static atomic_t stamped = ATOMIC_INIT(0);
@@ -109,8 +113,10 @@ static int testdrm_stamps_show(struct seq_file *m, void *unused)
 	int i, n = min(atomic_read(&stamped), MAX_STAMPS);
 
 	for (i = 0; i < n; i++)
-		seq_printf(m, "%d %llu %llu %llu\n", stamps[i].tgid, READ_ONCE(stamps[i].queued),
-			   READ_ONCE(stamps[i].run), READ_ONCE(stamps[i].done));
+		seq_printf(m, "%d %llu %llu %llu %llu %llu %llu\n", stamps[i].tgid,
+			   READ_ONCE(stamps[i].queued[0]), READ_ONCE(stamps[i].queued[1]),
+			   READ_ONCE(stamps[i].run[0]), READ_ONCE(stamps[i].run[1]),
+			   READ_ONCE(stamps[i].done[0]), READ_ONCE(stamps[i].done[1]));
 	return 0;
 }
 DEFINE_SHOW_ATTRIBUTE(testdrm_stamps);
@@ -189,6 +195,7 @@ struct testdrm_device {
 struct testdrm_hw {
 	struct dma_fence base;
 	struct hrtimer timer;
+	int stamp; /* its job's index in stamps */
 };
 
 struct testdrm_job {
@@ -251,11 +258,19 @@ static const struct dma_fence_ops testdrm_fence_ops = {
 	.get_timeline_name = testdrm_fence_timeline,
 };
 
+/* The hardware fence signalled: the scheduler's done tracepoint comes after (its callback on
+ * this fence, or its run work's finding it signalled). */
+static void testdrm_signal(struct testdrm_hw *hw)
+{
+	testdrm_stamp(hw->stamp, &stamps[hw->stamp % MAX_STAMPS].done[0]);
+	dma_fence_signal(&hw->base);
+}
+
 static enum hrtimer_restart testdrm_job_over(struct hrtimer *timer)
 {
 	struct testdrm_hw *hw = container_of(timer, struct testdrm_hw, timer);
 
-	dma_fence_signal(&hw->base);
+	testdrm_signal(hw);
 	dma_fence_put(&hw->base); /* the timer's reference */
 	return HRTIMER_NORESTART;
 }
@@ -267,7 +282,7 @@ static void testdrm_start_timer(struct testdrm_job *job)
 	if (job->duration_us == JOB_HANGS)
 		return;
 	if (!job->duration_us) { /* JOB_0: done at once; the scheduler sees it signalled */
-		dma_fence_signal(&hw->base);
+		testdrm_signal(hw);
 		return;
 	}
 	dma_fence_get(&hw->base);
@@ -287,9 +302,10 @@ static struct dma_fence *testdrm_run_job(struct drm_sched_job *sched_job)
 	struct testdrm_hw *hw = kzalloc(sizeof(*hw), GFP_KERNEL);
 	bool hold;
 
-	testdrm_stamp(job->stamp, &stamps[job->stamp % MAX_STAMPS].run);
+	testdrm_stamp(job->stamp, &stamps[job->stamp % MAX_STAMPS].run[1]);
 	if (!hw)
 		return ERR_PTR(-ENOMEM);
+	hw->stamp = job->stamp;
 	dma_fence_init(&hw->base, &testdrm_fence_ops, &testdrm->fence_lock, testdrm->fence_context,
 		       atomic64_inc_return(&testdrm->fence_seqno));
 	job->hw = hw;
@@ -312,7 +328,7 @@ static enum drm_gpu_sched_stat testdrm_timedout_job(struct drm_sched_job *sched_
 	drm_sched_stop(&testdrm->ring, sched_job);
 	if (job->hw && !dma_fence_is_signaled(&job->hw->base)) {
 		dma_fence_set_error(&job->hw->base, -ETIME);
-		dma_fence_signal(&job->hw->base);
+		testdrm_signal(job->hw);
 	}
 #if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 17, 0)
 	drm_sched_start(&testdrm->ring, 0);
@@ -335,7 +351,18 @@ static void testdrm_free_job(struct drm_sched_job *sched_job)
 	kfree(job);
 }
 
+/* Called as the scheduler's run work takes the job, before its run tracepoint: the run's [0]. */
+static struct dma_fence *testdrm_prepare_job(struct drm_sched_job *sched_job,
+					     struct drm_sched_entity *entity)
+{
+	struct testdrm_job *job = container_of(sched_job, struct testdrm_job, base);
+
+	testdrm_stamp(job->stamp, &stamps[job->stamp % MAX_STAMPS].run[0]);
+	return NULL;
+}
+
 static const struct drm_sched_backend_ops testdrm_sched_ops = {
+	.prepare_job = testdrm_prepare_job,
 	.run_job = testdrm_run_job,
 	.timedout_job = testdrm_timedout_job,
 	.free_job = testdrm_free_job,
@@ -345,14 +372,14 @@ static void testdrm_finished(struct dma_fence *fence, struct dma_fence_cb *cb)
 {
 	struct testdrm_job *job = container_of(cb, struct testdrm_job, finished);
 
-	testdrm_stamp(job->stamp, &stamps[job->stamp % MAX_STAMPS].done);
+	testdrm_stamp(job->stamp, &stamps[job->stamp % MAX_STAMPS].done[1]);
 }
 
 static int testdrm_job(struct drm_file *file, u32 duration_us)
 {
 	struct testdrm_file *f = file->driver_priv;
 	struct testdrm_job *job = kzalloc(sizeof(*job), GFP_KERNEL);
-	int ret;
+	int ret, stamp;
 
 	if (!job)
 		return -ENOMEM;
@@ -370,8 +397,10 @@ static int testdrm_job(struct drm_file *file, u32 duration_us)
 		stamps[job->stamp].tgid = task_tgid_nr(current);
 	/* the job is freed (free_job) only after its finished fence's callbacks ran */
 	dma_fence_add_callback(&job->base.s_fence->finished, &job->finished, testdrm_finished);
-	testdrm_stamp(job->stamp, &stamps[job->stamp % MAX_STAMPS].queued);
+	stamp = job->stamp; /* the job may be run, done and freed before the push returns */
+	testdrm_stamp(stamp, &stamps[stamp % MAX_STAMPS].queued[0]);
 	drm_sched_entity_push_job(&job->base);
+	testdrm_stamp(stamp, &stamps[stamp % MAX_STAMPS].queued[1]);
 	return 0;
 }
 
