@@ -6,7 +6,10 @@ on stdin, and beats every BEAT_SECONDS.
 tests/vm/guard.sh runs `main`; it writes /out/result.json for tests/test_guard_vm.py:
 - lsm: /sys/kernel/security/lsm; kernel: uname -r;
 - caps: per capability set, what loading and attaching the guard did (ok, or its error);
-- steps: each step's observed results (errno 0 = allowed) and the tallies after it.
+- steps: each step's observed results (errno 0 = allowed) and the tallies after it;
+- uninstall: `helm uninstall` as a node sees it: the chart's pre-delete hook's command
+  (/out/plan.json, from the host test) while the agent runs, then the SIGTERM that deleting the
+  agents' DaemonSet sends, and what bpftool (/out/bpftool, the host's) and bpffs show after.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ FAIL_OPEN_SECONDS = 3.0
 DRM_IOCTL_VERSION = 0xC0406400  # _IOWR('d', 0x00, struct drm_version): 64 bytes on 64-bit
 FIONREAD = 0x541B  # on /dev/null: a char device the guard does not guard (ENOTTY)
 COST_CALLS = 2000
+BPFTOOL = "/out/bpftool"  # the host's, copied by the test: the guest root has none
 KUBEPODS = Path("/sys/fs/cgroup/kubepods.slice")
 CAP_SETS = {
     "none": [],
@@ -259,6 +263,48 @@ def wait_for(what: str, check, timeout: float) -> float:
     return round(time.monotonic() - started, 2)
 
 
+def lsm_programs() -> dict[str, list]:
+    """Every BPF LSM program and link the kernel lists, as `bpftool prog show` and `bpftool link
+    show` print them (name and id; a link by its program's id)."""
+
+    def bpftool(*args: str) -> list[dict]:
+        done = subprocess.run([BPFTOOL, "-j", *args], check=True, capture_output=True, text=True)
+        return json.loads(done.stdout or "[]")
+
+    programs = [p for p in bpftool("prog", "show") if p.get("type") == "lsm"]
+    ids = {p["id"] for p in programs}
+    links = [
+        k
+        for k in bpftool("link", "show")
+        if k.get("attach_type") == "lsm_mac" or k.get("prog_id") in ids
+    ]
+    return {
+        "programs": sorted(f"{p.get('name', '')} {p['id']}" for p in programs),
+        "links": sorted(f"{k['id']} prog {k.get('prog_id')}" for k in links),
+    }
+
+
+def uninstall(out: Path, pod_b: Path, node: str, start: dict) -> dict:
+    """`helm uninstall` on one node: the pre-delete hook's command runs while the agent holds
+    the guard (the hook runs before Helm deletes anything), then Helm deletes the agents'
+    DaemonSet and the kubelet sends the agent SIGTERM. Nothing of the guard is pinned, so the
+    process's exit must take every LSM program and link with it."""
+    hook = json.loads((out / "plan.json").read_text())["uninstall"]
+    agent_ = Agent(None, start)
+    found = {"attached": lsm_programs()}
+    argv = [*launcher(hook["caps"]), PYTHON, "-m", "kubenpu.agent", *hook["command"][1:]]
+    done = subprocess.run(argv, capture_output=True, text=True)
+    found["hook"] = {"rc": done.returncode, "output": done.stdout + done.stderr}
+    found["b_after_hook"] = open_and_use(pod_b, node)  # the guard holds until the agent goes
+    agent_.proc.terminate()
+    found["agent_rc"] = agent_.proc.wait()
+    found["gone_after_s"] = wait_for("no guard program", lambda: not _guard_programs(), 60 * SLOW)
+    found["after"] = lsm_programs()
+    found["b_after"] = open_and_use(pod_b, node)
+    found["bpffs"] = sorted(str(p) for p in Path("/sys/fs/bpf").rglob("*"))
+    return found
+
+
 # --- the scenario ------------------------------------------------------------------------------
 
 
@@ -352,6 +398,7 @@ def main(out: Path) -> dict:
     )
     steps["b_after_kill"] = open_and_use(pod_b, card.path)
     steps["bpffs"] = sorted(str(p) for p in Path("/sys/fs/bpf").rglob("*"))
+    result["uninstall"] = uninstall(out, pod_b, card.path, start)
     result["ids"] = ids
     result["dev"] = dev
     return result
