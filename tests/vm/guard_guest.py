@@ -14,7 +14,6 @@ tests/vm/guard.sh runs `main`; it writes /out/result.json for tests/test_guard_v
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import json
@@ -39,8 +38,6 @@ HERE = Path(__file__)
 BEAT_SECONDS = 0.5
 FAIL_OPEN_SECONDS = 3.0
 DRM_IOCTL_VERSION = 0xC0406400  # _IOWR('d', 0x00, struct drm_version): 64 bytes on 64-bit
-FIONREAD = 0x541B  # on /dev/null: a char device the guard does not guard (ENOTTY)
-COST_CALLS = 2000
 BPFTOOL = "/out/bpftool"  # the host's, copied by the test: the guest root has none
 KUBEPODS = Path("/sys/fs/cgroup/kubepods.slice")
 CAP_SETS = {
@@ -228,31 +225,6 @@ def born_and_open(cgroup: Path, node: str) -> dict:
     return {**found, "ms_from_mkdir": round((time.monotonic() - started) * 1000, 1)}
 
 
-def cost(cgroup: Path, node: str) -> dict:
-    """Nanoseconds per call, from Python in `cgroup` (a number to compare, not a bound): an open
-    and close of the node, DRM_IOCTL_VERSION on it, and FIONREAD on /dev/null."""
-
-    def loop(call) -> int:
-        started = time.perf_counter_ns()
-        for _ in range(COST_CALLS):
-            call()
-        return (time.perf_counter_ns() - started) // COST_CALLS
-
-    def ioctl(fd: int, cmd: int) -> None:
-        with contextlib.suppress(OSError):
-            fcntl.ioctl(fd, cmd, bytearray(64))
-
-    def work() -> dict:
-        device, null = os.open(node, os.O_RDWR), os.open("/dev/null", os.O_RDWR)
-        return {
-            "open_close": loop(lambda: os.close(os.open(node, os.O_RDWR))),
-            "device_ioctl": loop(lambda: ioctl(device, DRM_IOCTL_VERSION)),
-            "other_ioctl": loop(lambda: ioctl(null, FIONREAD)),
-        }
-
-    return _in_child(cgroup, work)
-
-
 def wait_for(what: str, check, timeout: float) -> float:
     """Seconds until check() is true; raises after `timeout`."""
     started = time.monotonic()
@@ -352,7 +324,6 @@ def main(out: Path) -> dict:
     result["caps"] = caps_runs(start)
     steps: dict = {}
     result["steps"] = steps
-    result["cost_ns"] = {"none": cost(pod_a, card.path)}
     agent_ = Agent(None, start)
     steps["start"] = agent_.first
     steps["a"] = open_and_use(pod_a, card.path)
@@ -382,7 +353,6 @@ def main(out: Path) -> dict:
         60 * SLOW,
     )
     steps["tallies_stall"] = agent_.tallies()
-    result["cost_ns"]["enforce"] = cost(pod_a, card.path)  # A's allowed path, after the counts
     steps["programs_attached"] = _guard_programs()
     steps["close"] = agent_.ask({"close": 1})
     steps["programs_after_close"] = _guard_programs()
