@@ -320,6 +320,7 @@ GUARD = {
     "cpus": 2,
     "guard": {
         "loop_calls": 1000,
+        "open_loop_calls": 100,
         "rounds": 3,
         "loops_per_round": 3,
         "leftovers": [],
