@@ -539,11 +539,11 @@ def guard(b: dict) -> str:
         f"round; an arm's figure in a round is the median of {gd['loops_per_round']} tight loops "
         f"of {gd['open_loop_calls']} opens + closes of vgem's card and of {gd['loop_calls']} "
         "calls of DRM_IOCTL_MODE_CREATE_DUMB on it, from one pod's cgroup (the pod is allocated "
-        "the card: the guard's allowed path), and of TCGETS on a pty (a char device the guard does not guard). Medians "
-        "over rounds; added: the mean over rounds of (arm - no guard) in the same round, 95 % "
-        "bootstrap interval over rounds (one that holds 0 is no cost this run can tell). "
-        f"Allowed: the guard's own counts against the calls issued; {clean}.\n\n"
-        + table([*head, "allowed / issued"], rows)
+        "the card: the guard's allowed path), and of TCGETS on a pty (a char device the guard "
+        "does not guard). Medians over rounds; added: the mean over rounds of (arm - no guard) "
+        "in the same round, 95 % bootstrap interval over rounds (one that holds 0 is no cost "
+        "this run can tell). Allowed: the guard's own counts against the calls issued; "
+        f"{clean}.\n\n" + table([*head, "allowed / issued"], rows)
     )
 
 
