@@ -80,10 +80,13 @@ def agent() -> None:
     print(json.dumps({"started": how}), flush=True)
     writer = kernel.writer
     lock = threading.Lock()
+    closed = threading.Event()  # no beat into closed maps (an exception at the process's exit)
 
     def beat() -> None:
         while True:
             with lock:
+                if closed.is_set():
+                    return
                 writer.beat(time.monotonic_ns(), clock)
             time.sleep(BEAT_SECONDS)
 
@@ -99,6 +102,7 @@ def agent() -> None:
                 print(json.dumps({"tallies": found}), flush=True)
             elif "close" in cmd:
                 kernel.close()
+                closed.set()
                 print(json.dumps({"closed": 1}), flush=True)
                 return
 
