@@ -156,6 +156,8 @@ OPENCLOSE = "/usr/local/bin/openclose"  # tests/vm/src/openclose.c: opens cannot
 GUARD_ARMS = ("none", "audit", "enforce")  # no guard loaded, then the guard in each mode
 GUARD_FAIL_OPEN_SECONDS = 30.0  # never reached: the guard's agent beats every 0.5 s
 OPENS_PER_IOCTL_LOOP = 0.1  # an open + close of a DRM node costs several ioctls: shorter loops
+FIFO = Path("/tmp/kubenpu-bench-fifo")  # FIONREAD on it: an ioctl on no device at all
+FIONREAD = 0x541B
 
 
 def pod(i: int, namespace: str, name: str) -> dict:
@@ -758,21 +760,34 @@ class Bench:
 
     def guard(self, loop: int) -> dict:
         """The access guard's row: ns per call of an open + close of vgem's card, of
-        DRM_IOCTL_MODE_CREATE_DUMB on it, and of TCGETS on a pty, from the loader's cgroup, under
+        DRM_IOCTL_MODE_CREATE_DUMB on it, of TCGETS on a pty and of FIONREAD on a FIFO, from the
+        loader's cgroup, under
         each of GUARD_ARMS, HOOK_ROUNDS rounds in an order reversed every other round (each
         arm's figure in a round: the median of LOOPS_PER_ROUND loops). In audit and enforce the
         loader's cgroup is a pod allocated the card, so every open and DRM ioctl takes the
         guard's allowed path, and its tallies must count each one; the pty is a char device the
-        guard does not guard, which it leaves at the first map lookup."""
+        guard does not guard, which it leaves at the first map lookup, and FIONREAD on a FIFO is
+        an ioctl on no device, which it leaves at the inode's type.
+        KUBENPU_BENCH_GUARD_CALLS (comma-separated) picks the calls."""
         rdev = os.stat(self.card).st_rdev
         dev = g.mkdev(os.major(rdev), os.minor(rdev))
         loader = cgroup_id(self.loader)
         kubepods = systemd_cgroup(LOADER).parents[2]  # kubepods.slice, level 1
         opens = int(loop * OPENS_PER_IOCTL_LOOP)
+        if not FIFO.exists():
+            os.mkfifo(FIFO)  # drmcall opens it O_RDWR, which never blocks on a FIFO
         calls = {
             "open_close": lambda: open_close(self.card, self.loader, opens),
             "drm": lambda: self.tight(Call.drm(self.card, CREATE_DUMB, loop)),
             "tcgets": lambda: self.tight(Call(PTY, TCGETS, 64, loop, raw=True)),
+            "fifo": lambda: self.tight(Call(str(FIFO), FIONREAD, 64, loop, raw=True)),
+        }
+        if only := os.environ.get("KUBENPU_BENCH_GUARD_CALLS"):  # e.g. "tcgets,fifo"
+            calls = {c: calls[c] for c in only.split(",")}
+        # the card's opens and DRM ioctls per arm and round: drmcall opens the card once a loop
+        issued = {
+            "open": LOOPS_PER_ROUND * (opens * ("open_close" in calls) + ("drm" in calls)),
+            "ioctl": LOOPS_PER_ROUND * loop * ("drm" in calls),
         }
         found = {a: {**{c: [] for c in calls}, "counted": [], "issued": []} for a in GUARD_ARMS}
         leftovers = []
@@ -796,11 +811,6 @@ class Bench:
                     for name, call in calls.items():
                         rec[name].append(statistics.median(call() for _ in range(LOOPS_PER_ROUND)))
                     if running:
-                        # drmcall opens the card once per loop too
-                        issued = {
-                            "open": LOOPS_PER_ROUND * (opens + 1),
-                            "ioctl": LOOPS_PER_ROUND * loop,
-                        }
                         rec["issued"].append(issued)
                         rec["counted"].append(allowed_tallies(running.tallies(), loader))
                 finally:

@@ -360,3 +360,13 @@ def test_a_guard_arm_beside_a_leftover_program_says_so():
     left = [{"round": 1, "arm": "audit", "programs": ["guard_file_open"]}]
     text = report.render({**GUARD, "guard": {**GUARD["guard"], "leftovers": left}}, None)
     assert "arms started beside a leftover: [{'round': 1, 'arm': 'audit'" in text
+
+
+def test_a_guard_run_of_some_calls_shows_those_alone():
+    """KUBENPU_BENCH_GUARD_CALLS=tcgets,fifo: the non-device calls only, no card counted."""
+    arm = lambda tcgets, fifo: {"tcgets": tcgets, "fifo": fifo, "counted": [], "issued": []}  # noqa: E731
+    arms = {"none": arm([900, 990], [700, 770]), "enforce": arm([950, 1040], [700, 770])}
+    text = report.render({**GUARD, "guard": {**GUARD["guard"], "rounds": 2, "arms": arms}}, None)
+    assert "| arm | TCGETS ns/call | added [95 %] | FIONREAD on a FIFO ns/call |" in text
+    assert "| enforce | 995 | +50 [+50, +50] | 735 | +0 [+0, +0] | - |" in text
+    assert "open + close ns/call" not in text
