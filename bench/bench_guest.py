@@ -20,8 +20,8 @@ The GPU jobs row: jobs/s through the test driver's ring on the real DRM GPU sche
 (tests/vm/kmod) with no agent, the agent, the agent without its jobs probe, and a bpftrace
 one-liner on the scheduler's tracepoints that records the same timestamps.
 The access guard's row (docs/guard.md): an allowed open + close and an allowed DRM ioctl on
-vgem's card, and TCGETS on a pty (a char device the guard does not guard), with no guard, the
-guard in audit and in enforce, paired by round.
+vgem's card, TCGETS on a pty (a char device the guard does not guard) and FIONREAD on a FIFO (no
+device), with no guard, the guard in audit and in enforce, paired by round.
 The floor: a bpftrace one-liner that counts per cgroup and ioctl request in the kernel and does
 nothing in user space (Bpftrace), run through the same phases in the same boot.
 It plays kubelet and the runtime as tests/vm/e2e_guest.py does, with the same guest helpers
@@ -50,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from cri_server import CriTestServer
 from guard_guest import Agent as GuardAgent
+from guard_guest import guard_programs
 from guestlib import (
     ATTACH_TIMEOUT,
     CREATE_DUMB,
@@ -73,7 +74,6 @@ from guestlib import (
 )
 
 from kubenpu.discovery import discover
-from kubenpu.kernel import bpfsys
 from kubenpu.kernel import guard as g
 from kubenpu.kernel.abi import JOB_TRACEPOINTS
 from kubenpu.sources.jobs import FIRST_CHECK_SECONDS
@@ -289,11 +289,6 @@ def open_close(card: str, cgroup: Path, count: int) -> float:
     if report["calls"] != count or report["errnos"]:
         raise SystemExit(f"openclose did not do what was asked: {report}")
     return round(report["seconds"] / count * 1e9, 1)
-
-
-def guard_programs() -> list[str]:
-    """The access guard's programs loaded in the kernel (bpf/guard.bpf.c names them guard_*)."""
-    return sorted(n for n in bpfsys.program_names() if n.startswith("guard_"))
 
 
 def allowed_tallies(tallies: list, cgroup: int) -> dict[str, int]:
@@ -761,13 +756,12 @@ class Bench:
     def guard(self, loop: int) -> dict:
         """The access guard's row: ns per call of an open + close of vgem's card, of
         DRM_IOCTL_MODE_CREATE_DUMB on it, of TCGETS on a pty and of FIONREAD on a FIFO, from the
-        loader's cgroup, under
-        each of GUARD_ARMS, HOOK_ROUNDS rounds in an order reversed every other round (each
-        arm's figure in a round: the median of LOOPS_PER_ROUND loops). In audit and enforce the
-        loader's cgroup is a pod allocated the card, so every open and DRM ioctl takes the
-        guard's allowed path, and its tallies must count each one; the pty is a char device the
-        guard does not guard, which it leaves at the first map lookup, and FIONREAD on a FIFO is
-        an ioctl on no device, which it leaves at the inode's type.
+        loader's cgroup, under each of GUARD_ARMS, in self.rounds rounds in an order reversed
+        every other round (each arm's figure in a round: the median of LOOPS_PER_ROUND loops).
+        In audit and enforce the loader's cgroup is a pod allocated the card, so every open and
+        DRM ioctl takes the guard's allowed path, and its tallies must count each one; the pty
+        is a char device the guard does not guard, which it leaves at the first map lookup, and
+        FIONREAD on a FIFO is an ioctl on no device, which it leaves at the inode's type.
         KUBENPU_BENCH_GUARD_CALLS (comma-separated) picks the calls."""
         rdev = os.stat(self.card).st_rdev
         dev = g.mkdev(os.major(rdev), os.minor(rdev))

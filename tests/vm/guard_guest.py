@@ -51,7 +51,8 @@ CAP_SETS = {
 }
 
 
-def _guard_programs() -> list[str]:
+def guard_programs() -> list[str]:
+    """The access guard's programs loaded in the kernel (bpf/guard.bpf.c names them guard_*)."""
     return sorted(n for n in bpfsys.program_names() if n.startswith("guard_"))
 
 
@@ -274,7 +275,7 @@ def uninstall(out: Path, pod_b: Path, node: str, start: dict) -> dict:
     found["b_after_hook"] = open_and_use(pod_b, node)  # the guard holds until the agent goes
     agent_.proc.terminate()
     found["agent_rc"] = agent_.proc.wait()
-    found["gone_after_s"] = wait_for("no guard program", lambda: not _guard_programs(), 60 * SLOW)
+    found["gone_after_s"] = wait_for("no guard program", lambda: not guard_programs(), 60 * SLOW)
     found["after"] = lsm_programs()
     found["b_after"] = open_and_use(pod_b, node)
     found["bpffs"] = sorted(str(p) for p in Path("/sys/fs/bpf").rglob("*"))
@@ -357,9 +358,9 @@ def main(out: Path) -> dict:
         60 * SLOW,
     )
     steps["tallies_stall"] = agent_.tallies()
-    steps["programs_attached"] = _guard_programs()
+    steps["programs_attached"] = guard_programs()
     steps["close"] = agent_.ask({"close": 1})
-    steps["programs_after_close"] = _guard_programs()
+    steps["programs_after_close"] = guard_programs()
     agent_.proc.stdin.close()
     agent_.proc.wait()
     # A killed agent: its links go with its fds.
@@ -368,7 +369,7 @@ def main(out: Path) -> dict:
     agent_.proc.kill()
     agent_.proc.wait()
     steps["gone_after_kill_s"] = wait_for(
-        "no guard program", lambda: not _guard_programs(), 60 * SLOW
+        "no guard program", lambda: not guard_programs(), 60 * SLOW
     )
     steps["b_after_kill"] = open_and_use(pod_b, card.path)
     steps["bpffs"] = sorted(str(p) for p in Path("/sys/fs/bpf").rglob("*"))
