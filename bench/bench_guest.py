@@ -6,6 +6,7 @@
     bench_guest.py OUT_DIR --restart  only the restart rows; writes OUT_DIR/bench.json
     bench_guest.py OUT_DIR --where    where the per-call time goes; writes OUT_DIR/where.json
     bench_guest.py OUT_DIR --jobs     only the GPU jobs row; writes OUT_DIR/bench.json
+    bench_guest.py OUT_DIR --guard    only the access guard's row; writes OUT_DIR/bench.json
 
 Every figure comes from one boot, measured side by side: tight loops of counted ioctls with the
 static C `drmcall` (no agent, then the agent in each probe mode), the agent's CPU from
@@ -18,6 +19,9 @@ a restart that adopts the pins: time to the first metric, RSS, and calls lost ac
 The GPU jobs row: jobs/s through the test driver's ring on the real DRM GPU scheduler
 (tests/vm/kmod) with no agent, the agent, the agent without its jobs probe, and a bpftrace
 one-liner on the scheduler's tracepoints that records the same timestamps.
+The access guard's row (docs/guard.md): an allowed open + close and an allowed DRM ioctl on
+vgem's card, TCGETS on a pty (a char device the guard does not guard) and FIONREAD on a FIFO (no
+device), with no guard, the guard in audit and in enforce, paired by round.
 The floor: a bpftrace one-liner that counts per cgroup and ioctl request in the kernel and does
 nothing in user space (Bpftrace), run through the same phases in the same boot.
 It plays kubelet and the runtime as tests/vm/e2e_guest.py does, with the same guest helpers
@@ -45,6 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "vm"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from cri_server import CriTestServer
+from guard_guest import Agent as GuardAgent
+from guard_guest import guard_programs
 from guestlib import (
     ATTACH_TIMEOUT,
     CREATE_DUMB,
@@ -69,6 +75,7 @@ from guestlib import (
 from least_privilege_guest import launcher
 
 from kubenpu.discovery import discover
+from kubenpu.kernel import guard as g
 from kubenpu.kernel.abi import JOB_TRACEPOINTS
 from kubenpu.sources.jobs import FIRST_CHECK_SECONDS
 
@@ -146,6 +153,12 @@ JOB_SECONDS = 2.0  # target length of one burst
 JOBS_PER_STEP = 1000
 JOBS_COUNTED_TIMEOUT = 60  # seconds for the agent's /metrics to show a round's jobs
 GPU_SCHEDULER_EVENTS = Path("/sys/kernel/tracing/events/gpu_scheduler")
+OPENCLOSE = "/usr/local/bin/openclose"  # tests/vm/src/openclose.c: opens cannot be timed by drmcall
+GUARD_ARMS = ("none", "audit", "enforce")  # no guard loaded, then the guard in each mode
+GUARD_FAIL_OPEN_SECONDS = 30.0  # never reached: the guard's agent beats every 0.5 s
+OPENS_PER_IOCTL_LOOP = 0.1  # an open + close of a DRM node costs several ioctls: shorter loops
+FIFO = Path("/tmp/kubenpu-bench-fifo")  # FIONREAD on it: an ioctl on no device at all
+FIONREAD = 0x541B
 
 
 def pod(i: int, namespace: str, name: str) -> dict:
@@ -267,6 +280,26 @@ def agent_jobs() -> int:
     """GPU jobs done on the test driver's ring, from the agent's /metrics."""
     samples = scrape(timeout=30).get("kubenpu_jobs_total", [])
     return int(sum(s["value"] for s in samples if s["labels"].get("device") == TESTDRM))
+
+
+def open_close(card: str, cgroup: Path, count: int) -> float:
+    """One tight loop of `count` opens and closes of `card` from `cgroup`: ns per open + close.
+    Every open must succeed (the guard's arms allow it)."""
+    argv = [OPENCLOSE, "--cgroup", str(cgroup), card, str(count)]
+    report = json.loads(subprocess.run(argv, check=True, capture_output=True, text=True).stdout)
+    if report["calls"] != count or report["errnos"]:
+        raise SystemExit(f"openclose did not do what was asked: {report}")
+    return round(report["seconds"] / count * 1e9, 1)
+
+
+def allowed_tallies(tallies: list, cgroup: int) -> dict[str, int]:
+    """The guard's `allowed` counts of `cgroup`, by operation, from its agent's tallies (rows of
+    cgroup id, dev_t, operation, verdict, count)."""
+    found = dict.fromkeys(g.OPERATIONS, 0)
+    for c, _, op, verdict, n in tallies:
+        if c == cgroup and verdict == "allowed":
+            found[op] += n
+    return found
 
 
 def cgroup_id(cgroup: Path) -> int:
@@ -729,6 +762,75 @@ class Bench:
         caps = self.out / "caps.json"
         return launcher(json.loads(caps.read_text())) if caps.exists() else ()
 
+    def guard(self, loop: int) -> dict:
+        """The access guard's row: ns per call of an open + close of vgem's card, of
+        DRM_IOCTL_MODE_CREATE_DUMB on it, of TCGETS on a pty and of FIONREAD on a FIFO, from the
+        loader's cgroup, under each of GUARD_ARMS, in self.rounds rounds in an order reversed
+        every other round (each arm's figure in a round: the median of LOOPS_PER_ROUND loops).
+        In audit and enforce the loader's cgroup is a pod allocated the card, so every open and
+        DRM ioctl takes the guard's allowed path, and its tallies must count each one; the pty
+        is a char device the guard does not guard, which it leaves at the first map lookup, and
+        FIONREAD on a FIFO is an ioctl on no device, which it leaves at the inode's type.
+        KUBENPU_BENCH_GUARD_CALLS (comma-separated) picks the calls."""
+        rdev = os.stat(self.card).st_rdev
+        dev = g.mkdev(os.major(rdev), os.minor(rdev))
+        loader = cgroup_id(self.loader)
+        kubepods = systemd_cgroup(LOADER).parents[2]  # kubepods.slice, level 1
+        opens = int(loop * OPENS_PER_IOCTL_LOOP)
+        if not FIFO.exists():
+            os.mkfifo(FIFO)  # drmcall opens it O_RDWR, which never blocks on a FIFO
+        calls = {
+            "open_close": lambda: open_close(self.card, self.loader, opens),
+            "drm": lambda: self.tight(Call.drm(self.card, CREATE_DUMB, loop)),
+            "tcgets": lambda: self.tight(Call(PTY, TCGETS, 64, loop, raw=True)),
+            "fifo": lambda: self.tight(Call(str(FIFO), FIONREAD, 64, loop, raw=True)),
+        }
+        if only := os.environ.get("KUBENPU_BENCH_GUARD_CALLS"):  # e.g. "tcgets,fifo"
+            calls = {c: calls[c] for c in only.split(",")}
+        # the card's opens and DRM ioctls per arm and round: drmcall opens the card once a loop
+        issued = {
+            "open": LOOPS_PER_ROUND * (opens * ("open_close" in calls) + ("drm" in calls)),
+            "ioctl": LOOPS_PER_ROUND * loop * ("drm" in calls),
+        }
+        found = {a: {**{c: [] for c in calls}, "counted": [], "issued": []} for a in GUARD_ARMS}
+        leftovers = []
+        for r in range(self.rounds):
+            for arm in GUARD_ARMS[:: 1 if r % 2 == 0 else -1]:
+                if left := guard_programs():
+                    leftovers.append({"round": r, "arm": arm, "programs": left})
+                running = None
+                if arm != "none":
+                    policy = {
+                        "guarded": [dev],
+                        "pods": {loader: [1, g.MODES.index(arm)]},
+                        "allowed": [[1, dev]],
+                    }
+                    start = {"policy": policy, "fail_open_seconds": GUARD_FAIL_OPEN_SECONDS}
+                    running = GuardAgent(None, start | {"kubepods": [cgroup_id(kubepods), 1]})
+                    if "started" not in running.first:
+                        raise SystemExit(f"the guard did not start: {running.first}")
+                try:
+                    rec = found[arm]
+                    for name, call in calls.items():
+                        rec[name].append(statistics.median(call() for _ in range(LOOPS_PER_ROUND)))
+                    if running:
+                        rec["issued"].append(issued)
+                        rec["counted"].append(allowed_tallies(running.tallies(), loader))
+                finally:
+                    if running:
+                        running.ask({"close": 1})
+                        running.proc.stdin.close()
+                        running.proc.wait()
+            print(f"  guard round {r + 1}/{self.rounds}: {json.dumps(found)}", flush=True)
+        return {
+            "loop_calls": loop,
+            "open_loop_calls": opens,
+            "rounds": self.rounds,
+            "loops_per_round": LOOPS_PER_ROUND,
+            "arms": found,
+            "leftovers": leftovers,
+        }
+
     def agent_counted(self, issued: int) -> int:
         """The jobs the agent's /metrics shows once it shows `issued` (it reads the kernel's
         table every fdinfo.interval_seconds), or at JOBS_COUNTED_TIMEOUT."""
@@ -975,6 +1077,7 @@ class Bench:
             **hooks,
             "restart": restart,
             "jobs": self.jobs(),
+            "guard": self.guard(loop),
             "kernel": os.uname().release,
             "cpus": os.cpu_count(),
             "loop_calls": loop,
@@ -1015,6 +1118,13 @@ class Bench:
 
     def jobs_only(self) -> dict:
         return {"kernel": os.uname().release, "cpus": os.cpu_count(), "jobs": self.jobs()}
+
+    def guard_only(self) -> dict:
+        return {
+            "kernel": os.uname().release,
+            "cpus": os.cpu_count(),
+            "guard": self.guard(self.calibrate()[0]),
+        }
 
     def restart(self, pods: list[Path]) -> dict:
         """Restarts with the probe pinned (docs/pinning.md), in aggregate mode with 1,000 pods:
@@ -1127,6 +1237,7 @@ def main() -> int:
     parser.add_argument("--restart", action="store_true", help="only the restart rows")
     parser.add_argument("--where", action="store_true", help="where the per-call time goes")
     parser.add_argument("--jobs", action="store_true", help="only the GPU jobs row")
+    parser.add_argument("--guard", action="store_true", help="only the access guard's row")
     parser.add_argument("--rounds", type=int, default=HOOK_ROUNDS, help="rounds of --hooks")
     parser.add_argument(
         "--start-idle",
@@ -1148,6 +1259,8 @@ def main() -> int:
             (out / "bench.json").write_text(json.dumps(bench.restart_only(), indent=1))
         elif args.jobs:
             (out / "bench.json").write_text(json.dumps(bench.jobs_only(), indent=1))
+        elif args.guard:
+            (out / "bench.json").write_text(json.dumps(bench.guard_only(), indent=1))
         else:
             (out / "bench.json").write_text(json.dumps(bench.run(), indent=1))
     finally:

@@ -487,6 +487,69 @@ def jobs(b: dict) -> str:
     )
 
 
+GUARD_CALLS = (("open_close", "open + close"), ("drm", "DRM ioctl"), ("tcgets", "TCGETS"))
+GUARD_CALLS += (("fifo", "FIONREAD on a FIFO"),)
+
+
+def _added(rounds: list[tuple[float, ...]]) -> float:
+    return statistics.fmean(arm - none for arm, none in rounds)
+
+
+def _allowed_cell(rec: dict) -> str:
+    """The guard's `allowed` counts against the opens and DRM ioctls issued, over every round;
+    "-" for no guard. A shortfall means a call the program did not see as allowed."""
+    if not rec["issued"]:
+        return "-"
+    cells = []
+    for op in ("open", "ioctl"):
+        counted = sum(c[op] for c in rec["counted"])
+        issued = sum(i[op] for i in rec["issued"])
+        short = f" (**{issued - counted} not allowed**)" if counted != issued else ""
+        cells.append(f"{op} {counted} / {issued}{short}")
+    return ", ".join(cells)
+
+
+def guard(b: dict) -> str:
+    """The access guard's row (bench_guest.py guard()): ns per call under each arm, and what
+    each mode adds to no guard, round by round, with a 95 % interval."""
+    gd = b["guard"]
+    arms = gd["arms"]
+    none = arms["none"]
+    calls = [(c, name) for c, name in GUARD_CALLS if c in none]  # KUBENPU_BENCH_GUARD_CALLS
+    rows = []
+    for arm, rec in arms.items():
+        row = [arm if arm != "none" else "none (no guard)"]
+        for call, _ in calls:
+            row.append(f"{statistics.median(rec[call]):.0f}")
+            if arm == "none":
+                row.append("")
+                continue
+            added, low, high = bootstrap(list(zip(rec[call], none[call], strict=True)), _added)
+            row.append(f"{added:+.0f} [{low:+.0f}, {high:+.0f}]")
+        rows.append([*row, _allowed_cell(rec)])
+    head = ["arm"]
+    for _, name in calls:
+        head += [f"{name} ns/call", "added [95 %]"]
+    clean = (
+        "every arm started with no guard program of an earlier arm loaded"
+        if not gd["leftovers"]
+        else f"arms started beside a leftover: {gd['leftovers']}"
+    )
+    return (
+        "### The access guard: cost per call, paired by round (docs/guard.md)\n\n"
+        f"{gd['rounds']} rounds, each starting every arm afresh in an order reversed every other "
+        f"round; an arm's figure in a round is the median of {gd['loops_per_round']} tight loops "
+        f"of {gd['open_loop_calls']} opens + closes of vgem's card and of {gd['loop_calls']} "
+        "calls of DRM_IOCTL_MODE_CREATE_DUMB on it, from one pod's cgroup (the pod is allocated "
+        "the card: the guard's allowed path), of TCGETS on a pty (a char device the guard "
+        "does not guard) and of FIONREAD on a FIFO (no device at all), those measured. Medians "
+        "over rounds; added: the mean over rounds of (arm - no guard) in the same round, 95 % "
+        "bootstrap interval over rounds (one that holds 0 is no cost this run can tell). "
+        "Allowed: the guard's own counts against the calls issued; "
+        f"{clean}.\n\n" + table([*head, "allowed / issued"], rows)
+    )
+
+
 def micro(m: dict) -> str:
     rows = [
         ["decode one ring-buffer record", m["decode_ns_per_event"]],
@@ -554,6 +617,8 @@ def render(bench: dict, micro_figures: dict | None) -> str:
         parts.append(restart(bench))
     if "jobs" in bench:
         parts.append(jobs(bench))
+    if "guard" in bench:
+        parts.append(guard(bench))
     if micro_figures:
         parts.append(micro(micro_figures))
     return "\n\n".join(parts) + "\n"

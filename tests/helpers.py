@@ -195,6 +195,19 @@ def render_helm(
 T = TypeVar("T")
 
 
+def uninstall_hook() -> dict:
+    """The command of the chart's pre-delete hook and the capabilities its container keeps."""
+    hook = next(
+        d
+        for d in render_helm(hooks=True)
+        if d["kind"] == "DaemonSet" and "helm.sh/hook" in d["metadata"].get("annotations", {})
+    )
+    (init,) = hook["spec"]["template"]["spec"]["initContainers"]
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert "--config" not in init["command"], "the hook needs no config file"
+    return {"command": init["command"], "caps": []}
+
+
 def eventually(check: Callable[[], T | None], what: str, bound: float = 30.0) -> T:
     """check()'s first answer that is not None or False; a generous bound, not a timing claim."""
     deadline = time.monotonic() + bound

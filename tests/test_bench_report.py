@@ -302,3 +302,71 @@ def test_a_kernel_without_the_test_driver_skips_the_job_rows():
     text = report.render(skipped, None)
     assert "Not measured: the test driver did not load (modprobe: FATAL: Module" in text
     assert "jobs/s ratio" not in text
+
+
+def guard_arm(open_close: list[float], drm: list[float], tcgets: list[float], counted=()) -> dict:
+    """One arm of the access guard's row: ns per call per round, and the guard's allowed counts
+    against the calls issued (none for no guard)."""
+    issued = [{"open": 3003, "ioctl": 3000}] * len(counted)
+    return {"open_close": open_close, "drm": drm, "tcgets": tcgets} | {
+        "counted": list(counted),
+        "issued": issued,
+    }
+
+
+ALL_ALLOWED = [{"open": 3003, "ioctl": 3000}] * 3
+GUARD = {
+    "kernel": "7.3.4+deb13-amd64",
+    "cpus": 2,
+    "guard": {
+        "loop_calls": 1000,
+        "open_loop_calls": 100,
+        "rounds": 3,
+        "loops_per_round": 3,
+        "leftovers": [],
+        "arms": {
+            # The host drifts by round (4000, 4400, 3600 for an open with no guard).
+            "none": guard_arm([4000, 4400, 3600], [2000, 2200, 1800], [900, 990, 810]),
+            "audit": guard_arm(
+                [4300, 4700, 3900], [2200, 2400, 2000], [900, 990, 810], ALL_ALLOWED
+            ),
+            "enforce": guard_arm(
+                [4300, 4800, 3900],
+                [2200, 2400, 2000],
+                [910, 980, 810],
+                [{"open": 3003, "ioctl": 2990}] * 3,
+            ),
+        },
+    },
+}
+
+
+def test_guard_rows_give_each_mode_its_cost_against_no_guard_round_by_round():
+    text = report.render(GUARD, None)
+    assert "### The access guard: cost per call, paired by round" in text
+    assert "3 rounds, each starting every arm afresh" in text
+    assert "every arm started with no guard program of an earlier arm loaded" in text
+    assert "| none (no guard) | 4000 |  | 2000 |  | 900 |  | - |" in text
+    # open + close: +300 in every round; TCGETS: +0, the same each round
+    audit = "| audit | 4300 | +300 [+300, +300] | 2200 | +200 [+200, +200] | 900 | +0 [+0, +0] |"
+    assert audit + " open 9009 / 9009, ioctl 9000 / 9000 |" in text
+    # enforce: +300, +400, +300 for the open; TCGETS +10, -10, 0: an interval around 0
+    assert "| enforce | 4300 | +333 [+300, +400] |" in text
+    assert "| 910 | +0 [-10, +10] |" in text
+    assert "ioctl 8970 / 9000 (**30 not allowed**) |" in text
+
+
+def test_a_guard_arm_beside_a_leftover_program_says_so():
+    left = [{"round": 1, "arm": "audit", "programs": ["guard_file_open"]}]
+    text = report.render({**GUARD, "guard": {**GUARD["guard"], "leftovers": left}}, None)
+    assert "arms started beside a leftover: [{'round': 1, 'arm': 'audit'" in text
+
+
+def test_a_guard_run_of_some_calls_shows_those_alone():
+    """KUBENPU_BENCH_GUARD_CALLS=tcgets,fifo: the non-device calls only, no card counted."""
+    arm = lambda tcgets, fifo: {"tcgets": tcgets, "fifo": fifo, "counted": [], "issued": []}  # noqa: E731
+    arms = {"none": arm([900, 990], [700, 770]), "enforce": arm([950, 1040], [700, 770])}
+    text = report.render({**GUARD, "guard": {**GUARD["guard"], "rounds": 2, "arms": arms}}, None)
+    assert "| arm | TCGETS ns/call | added [95 %] | FIONREAD on a FIFO ns/call |" in text
+    assert "| enforce | 995 | +50 [+50, +50] | 735 | +0 [+0, +0] | - |" in text
+    assert "open + close ns/call" not in text

@@ -18,6 +18,8 @@ from test_imports import LAYERS
 from kubenpu.agent import loop
 from kubenpu.config import ProbeConfig
 from kubenpu.kernel import abi
+from kubenpu.kernel import guard as guard_kernel
+from kubenpu.kernel.errors import ProbeError
 from kubenpu.metrics.catalogue import SPECS
 from kubenpu.resolve import resolver
 from kubenpu.sources import contention, energy, jobs
@@ -177,6 +179,20 @@ def test_the_default_hook_is_named_alike_everywhere():
     assert re.search(
         rf"`{DEFAULT_HOOK}`[^.]*\(vmlinux; the default `probe\.hook`\)", _doc("README.md")
     )
+
+
+def test_the_guard_doc_quotes_the_guards_own_lines(tmp_path):
+    """docs/guard.md quotes the line the agent logs on a kernel without the BPF LSM and names the
+    capabilities the guard checks for: both as kubenpu/kernel/guard.py has them."""
+    text = _doc("docs/guard.md")
+    lsm = tmp_path / "lsm"
+    lsm.write_text("lockdown,capability,landlock,yama,apparmor\n")  # a kernel without `bpf`
+    with pytest.raises(ProbeError) as no_lsm:
+        guard_kernel.check(lsm=lsm)
+    assert str(no_lsm.value).replace(str(lsm), str(guard_kernel.LSM_LIST)) in text
+    needs = ", ".join(f"CAP_{c}" for c in guard_kernel.NEEDED)
+    assert f"the access guard needs {needs} to load its LSM programs" in text
+    assert f"`{guard_kernel.LSM_LIST}`" in text
 
 
 # (doc, the claim with the number in it, the constant it states)

@@ -1,7 +1,9 @@
 """The access guard (bpf/guard.bpf.c) on real kernels in QEMU: tests/vm/guard_guest.py runs
 plain processes in cgroups under kubepods.slice as pods A (allocated vgem's card node), B
 (allocated nothing) and C (new, unknown to the agent), with a small agent process that loads
-the guard, writes the policy and beats; see that module for the steps.
+the guard, writes the policy and beats; see that module for the steps. Then `helm uninstall` as
+a node sees it: the chart's pre-delete hook's command while the agent runs, the agent's SIGTERM,
+and bpftool (the host's, copied into the guest's /out) listing no LSM program or link.
 
 Kernels: KUBENPU_GUARD_KERNELS (default "6.12 7.3", the issue's kernels; 6.1 was also
 measured passing; the guard under lockdown=confidentiality is not run yet)."""
@@ -11,9 +13,11 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 
 import pytest
 from guest import boot
+from helpers import uninstall_hook
 
 KERNELS = os.environ.get("KUBENPU_GUARD_KERNELS", "6.12 7.3").split()
 FAIL_OPEN_SECONDS, BEAT_SECONDS = 3.0, 0.5  # guard_guest's
@@ -27,6 +31,8 @@ pytestmark = pytest.mark.vm
 @pytest.fixture(scope="module", params=KERNELS)
 def result(request, tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp(f"guard-{request.param}")
+    (out / "plan.json").write_text(json.dumps({"uninstall": uninstall_hook()}))
+    shutil.copy(shutil.which("bpftool") or "/usr/sbin/bpftool", out / "bpftool")
     boot(request.param, "/src/tests/vm/guard.sh", out)
     return json.loads((out / "result.json").read_text())
 
@@ -86,3 +92,17 @@ def test_close_and_kill_leave_no_program(result):
     assert steps["b_before_kill"] == DENIED_OPEN
     assert steps["b_after_kill"] == ALLOWED
     assert steps["bpffs"] == []
+
+
+def test_uninstall_leaves_no_lsm_program(result):
+    """The pre-delete hook's command has nothing of the guard to remove (nothing is pinned) and
+    leaves it guarding; the agent's exit on SIGTERM takes every LSM program and link with it."""
+    found = result["uninstall"]
+    attached = found["attached"]
+    assert len(attached["programs"]) == len(attached["links"]) >= 2, attached  # bpftool sees them
+    assert all(p.startswith("guard_") for p in attached["programs"]), attached
+    assert found["hook"]["rc"] == 0 and "nothing pinned in " in found["hook"]["output"], found
+    assert found["b_after_hook"] == DENIED_OPEN
+    assert found["after"] == {"programs": [], "links": []}
+    assert found["b_after"] == ALLOWED
+    assert found["bpffs"] == []

@@ -14,7 +14,7 @@ import os
 
 import pytest
 from guest import boot
-from helpers import chart_capabilities, helm_values, render_helm
+from helpers import chart_capabilities, helm_values, uninstall_hook
 
 KERNEL = os.environ.get("KUBENPU_RESTART_KERNEL", "6.12")
 HOOKS = ("security_file_ioctl", "drm_ioctl")
@@ -95,19 +95,6 @@ def test_a_crash_inside_a_hand_over_is_finished_by_the_next_start(result):
     ], "one program counts"
     assert crash["handover"] > 0, "the calls made in the cut window are not reported"
     assert crash["counted"] <= crash["issued"] <= crash["counted"] + crash["handover"]
-
-
-def uninstall_hook() -> dict:
-    """The command of the chart's pre-delete hook and the capabilities its container keeps."""
-    hook = next(
-        d
-        for d in render_helm(hooks=True)
-        if d["kind"] == "DaemonSet" and "helm.sh/hook" in d["metadata"].get("annotations", {})
-    )
-    (init,) = hook["spec"]["template"]["spec"]["initContainers"]
-    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"]}
-    assert "--config" not in init["command"], "the hook needs no config file"
-    return {"command": init["command"], "caps": []}
 
 
 def test_uninstall_leaves_nothing_attached(result):

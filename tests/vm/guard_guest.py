@@ -6,12 +6,14 @@ on stdin, and beats every BEAT_SECONDS.
 tests/vm/guard.sh runs `main`; it writes /out/result.json for tests/test_guard_vm.py:
 - lsm: /sys/kernel/security/lsm; kernel: uname -r;
 - caps: per capability set, what loading and attaching the guard did (ok, or its error);
-- steps: each step's observed results (errno 0 = allowed) and the tallies after it.
+- steps: each step's observed results (errno 0 = allowed) and the tallies after it;
+- uninstall: `helm uninstall` as a node sees it: the chart's pre-delete hook's command
+  (/out/plan.json, from the host test) while the agent runs, then the SIGTERM that deleting the
+  agents' DaemonSet sends, and what bpftool (/out/bpftool, the host's) and bpffs show after.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import json
@@ -36,8 +38,7 @@ HERE = Path(__file__)
 BEAT_SECONDS = 0.5
 FAIL_OPEN_SECONDS = 3.0
 DRM_IOCTL_VERSION = 0xC0406400  # _IOWR('d', 0x00, struct drm_version): 64 bytes on 64-bit
-FIONREAD = 0x541B  # on /dev/null: a char device the guard does not guard (ENOTTY)
-COST_CALLS = 2000
+BPFTOOL = "/out/bpftool"  # the host's, copied by the test: the guest root has none
 KUBEPODS = Path("/sys/fs/cgroup/kubepods.slice")
 CAP_SETS = {
     "none": [],
@@ -50,7 +51,8 @@ CAP_SETS = {
 }
 
 
-def _guard_programs() -> list[str]:
+def guard_programs() -> list[str]:
+    """The access guard's programs loaded in the kernel (bpf/guard.bpf.c names them guard_*)."""
     return sorted(n for n in bpfsys.program_names() if n.startswith("guard_"))
 
 
@@ -79,10 +81,13 @@ def agent() -> None:
     print(json.dumps({"started": how}), flush=True)
     writer = kernel.writer
     lock = threading.Lock()
+    closed = threading.Event()  # no beat into closed maps (an exception at the process's exit)
 
     def beat() -> None:
         while True:
             with lock:
+                if closed.is_set():
+                    return
                 writer.beat(time.monotonic_ns(), clock)
             time.sleep(BEAT_SECONDS)
 
@@ -98,6 +103,7 @@ def agent() -> None:
                 print(json.dumps({"tallies": found}), flush=True)
             elif "close" in cmd:
                 kernel.close()
+                closed.set()
                 print(json.dumps({"closed": 1}), flush=True)
                 return
 
@@ -224,31 +230,6 @@ def born_and_open(cgroup: Path, node: str) -> dict:
     return {**found, "ms_from_mkdir": round((time.monotonic() - started) * 1000, 1)}
 
 
-def cost(cgroup: Path, node: str) -> dict:
-    """Nanoseconds per call, from Python in `cgroup` (a number to compare, not a bound): an open
-    and close of the node, DRM_IOCTL_VERSION on it, and FIONREAD on /dev/null."""
-
-    def loop(call) -> int:
-        started = time.perf_counter_ns()
-        for _ in range(COST_CALLS):
-            call()
-        return (time.perf_counter_ns() - started) // COST_CALLS
-
-    def ioctl(fd: int, cmd: int) -> None:
-        with contextlib.suppress(OSError):
-            fcntl.ioctl(fd, cmd, bytearray(64))
-
-    def work() -> dict:
-        device, null = os.open(node, os.O_RDWR), os.open("/dev/null", os.O_RDWR)
-        return {
-            "open_close": loop(lambda: os.close(os.open(node, os.O_RDWR))),
-            "device_ioctl": loop(lambda: ioctl(device, DRM_IOCTL_VERSION)),
-            "other_ioctl": loop(lambda: ioctl(null, FIONREAD)),
-        }
-
-    return _in_child(cgroup, work)
-
-
 def wait_for(what: str, check, timeout: float) -> float:
     """Seconds until check() is true; raises after `timeout`."""
     started = time.monotonic()
@@ -257,6 +238,48 @@ def wait_for(what: str, check, timeout: float) -> float:
             raise SystemExit(f"timed out waiting for {what}")
         time.sleep(0.1)
     return round(time.monotonic() - started, 2)
+
+
+def lsm_programs() -> dict[str, list]:
+    """Every BPF LSM program and link the kernel lists, as `bpftool prog show` and `bpftool link
+    show` print them (name and id; a link by its program's id)."""
+
+    def bpftool(*args: str) -> list[dict]:
+        done = subprocess.run([BPFTOOL, "-j", *args], check=True, capture_output=True, text=True)
+        return json.loads(done.stdout or "[]")
+
+    programs = [p for p in bpftool("prog", "show") if p.get("type") == "lsm"]
+    ids = {p["id"] for p in programs}
+    links = [
+        k
+        for k in bpftool("link", "show")
+        if k.get("attach_type") == "lsm_mac" or k.get("prog_id") in ids
+    ]
+    return {
+        "programs": sorted(f"{p.get('name', '')} {p['id']}" for p in programs),
+        "links": sorted(f"{k['id']} prog {k.get('prog_id')}" for k in links),
+    }
+
+
+def uninstall(out: Path, pod_b: Path, node: str, start: dict) -> dict:
+    """`helm uninstall` on one node: the pre-delete hook's command runs while the agent holds
+    the guard (the hook runs before Helm deletes anything), then Helm deletes the agents'
+    DaemonSet and the kubelet sends the agent SIGTERM. Nothing of the guard is pinned, so the
+    process's exit must take every LSM program and link with it."""
+    hook = json.loads((out / "plan.json").read_text())["uninstall"]
+    agent_ = Agent(None, start)
+    found = {"attached": lsm_programs()}
+    argv = [*launcher(hook["caps"]), PYTHON, "-m", "kubenpu.agent", *hook["command"][1:]]
+    done = subprocess.run(argv, capture_output=True, text=True)
+    found["hook"] = {"rc": done.returncode, "output": done.stdout + done.stderr}
+    found["b_after_hook"] = open_and_use(pod_b, node)  # the guard holds until the agent goes
+    agent_.proc.terminate()
+    found["agent_rc"] = agent_.proc.wait()
+    found["gone_after_s"] = wait_for("no guard program", lambda: not guard_programs(), 60 * SLOW)
+    found["after"] = lsm_programs()
+    found["b_after"] = open_and_use(pod_b, node)
+    found["bpffs"] = sorted(str(p) for p in Path("/sys/fs/bpf").rglob("*"))
+    return found
 
 
 # --- the scenario ------------------------------------------------------------------------------
@@ -306,7 +329,6 @@ def main(out: Path) -> dict:
     result["caps"] = caps_runs(start)
     steps: dict = {}
     result["steps"] = steps
-    result["cost_ns"] = {"none": cost(pod_a, card.path)}
     agent_ = Agent(None, start)
     steps["start"] = agent_.first
     steps["a"] = open_and_use(pod_a, card.path)
@@ -336,10 +358,9 @@ def main(out: Path) -> dict:
         60 * SLOW,
     )
     steps["tallies_stall"] = agent_.tallies()
-    result["cost_ns"]["enforce"] = cost(pod_a, card.path)  # A's allowed path, after the counts
-    steps["programs_attached"] = _guard_programs()
+    steps["programs_attached"] = guard_programs()
     steps["close"] = agent_.ask({"close": 1})
-    steps["programs_after_close"] = _guard_programs()
+    steps["programs_after_close"] = guard_programs()
     agent_.proc.stdin.close()
     agent_.proc.wait()
     # A killed agent: its links go with its fds.
@@ -348,10 +369,11 @@ def main(out: Path) -> dict:
     agent_.proc.kill()
     agent_.proc.wait()
     steps["gone_after_kill_s"] = wait_for(
-        "no guard program", lambda: not _guard_programs(), 60 * SLOW
+        "no guard program", lambda: not guard_programs(), 60 * SLOW
     )
     steps["b_after_kill"] = open_and_use(pod_b, card.path)
     steps["bpffs"] = sorted(str(p) for p in Path("/sys/fs/bpf").rglob("*"))
+    result["uninstall"] = uninstall(out, pod_b, card.path, start)
     result["ids"] = ids
     result["dev"] = dev
     return result
