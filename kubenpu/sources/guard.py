@@ -463,8 +463,8 @@ def build(node: Node) -> Guard | None:
     cfg = node.cfg
     if not cfg.guard.on():
         return None
-    try:
-        kernel.check()
+    try:  # the node's securityfs, under the node's /sys where the chart mounts it
+        kernel.check(Path(cfg.discovery.root) / "sys/kernel/security/lsm")
     except ProbeError as err:
         log.warning("%s", err)
         return None
