@@ -5,6 +5,7 @@ as bpf/guard.bpf.c), the heartbeat, the look on a cgroup birth, the series and t
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections import Counter
@@ -20,7 +21,7 @@ from kubenpu.agent.wiring import births
 from kubenpu.config import ConfigError, GuardConfig
 from kubenpu.kernel import guard as g
 from kubenpu.kernel.errors import ProbeError
-from kubenpu.metrics.catalogue import ACCESS_DENIED, ACCESS_UNCHECKED
+from kubenpu.metrics.catalogue import ACCESS_DENIED, ACCESS_POLICY, ACCESS_UNCHECKED
 from kubenpu.metrics.series import Series
 from kubenpu.resolve.podresources.client import Allocated
 from kubenpu.sources import guard, registry
@@ -143,6 +144,12 @@ def test_a_refresh_allows_a_pods_allocated_device_and_denies_an_unallocated_one(
             ("team", "a", UID_A, GPU1.id, "open", "enforce"): 1,
             ("team", "b", UID_B, GPU0.id, "open", "enforce"): 1,
             ("team", "b", UID_B, GPU0.id, "ioctl", "enforce"): 1,
+        }
+        assert _points(table, ACCESS_POLICY) == {
+            ("team", "a", UID_A, GPU0.id, "enforce", "allocated"): 1,
+            ("team", "a", UID_A, GPU1.id, "enforce", "denied"): 1,
+            ("team", "b", UID_B, GPU0.id, "enforce", "denied"): 1,
+            ("team", "b", UID_B, GPU1.id, "enforce", "denied"): 1,
         }
         kubepods = g.CONFIG_VALUE.unpack(kernel.maps.data[g.CONFIG][g.U32.pack(0)])[2:4]
         assert kubepods == (tree.kubepods.stat().st_ino, 1)
@@ -318,3 +325,57 @@ def test_births_go_to_the_resolver_and_to_the_sources_that_act_on_them(tmp_path)
 def test_config_refuses_a_guard_it_cannot_run(tmp_path, text, said):
     with pytest.raises(ConfigError, match=said.replace(".", r"\.")):
         make_config(tmp_path, text)
+
+
+def test_kubenpuctl_guard_shows_the_policy_and_denials_an_agent_exports(tmp_path, capsys):
+    """The source's series, rendered by the agent's Prometheus exporter and served over HTTP:
+    kubenpuctl guard lists each pod and device's access and its denials; its JSON keys are
+    docs/cli.md's. An agent without the guard says so in one line."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from test_ctl import check_documented
+    from test_top import MetricsServer
+
+    from kubenpu.cli.ctl import main as ctl_main
+    from kubenpu.export import build_resource
+    from kubenpu.export.prometheus import PrometheusCollector
+
+    tree, table = Tree(tmp_path), registry.table(300, 1000)
+    a, b = tree.container(UID_A, 1), tree.container(UID_B, 2)
+    names = {("team", "a"): UID_A, ("team", "b"): UID_B}
+    source, kernel, _ = _guard(
+        tmp_path, table, names, allow=[{"namespace": "team", "device": GPU1.id}]
+    )
+    kernel.start(g.Policy(), g.Clock(30 * 10**9), time.monotonic_ns())
+    source.refresh()
+    source.beat()
+    for _ in range(2):
+        kernel.decide(b, RENDER0, OPEN)
+    kernel.decide(b, RENDER0, IOCTL)
+    assert kernel.decide(a, RENDER1, OPEN) == 0  # the allow rule
+    source.refresh()
+    exporter = CollectorRegistry()
+    resource = build_resource(_node(tmp_path, "").cfg)
+    exporter.register(PrometheusCollector(table, resource))
+    server = MetricsServer(lambda _now: generate_latest(exporter).decode())
+    try:
+        assert ctl_main(["guard", "--url", server.url]) == 0
+        out = [line.split() for line in capsys.readouterr().out.splitlines()]
+        assert out == [
+            ["POD", "DEVICE", "MODE", "ACCESS", "DENIED"],
+            ["team/a", GPU0.id, "enforce", "allocated", "-"],
+            ["team/a", GPU1.id, "enforce", "allow_rule", "-"],
+            ["team/b", GPU0.id, "enforce", "denied", "ioctl", "1,", "open", "2"],
+            ["team/b", GPU1.id, "enforce", "allow_rule", "-"],
+        ]
+        assert ctl_main(["guard", "--url", server.url, "-o", "json"]) == 0
+        rows = json.loads(capsys.readouterr().out)
+        assert rows[2]["denied"] == {"ioctl": 1, "open": 2}
+        check_documented("guard", rows)
+    finally:
+        server.close()
+    off = MetricsServer(lambda _now: "kubenpu_ioctl_total 0\n")
+    try:
+        assert ctl_main(["guard", "--url", off.url]) == 0
+        assert capsys.readouterr().out.startswith("the access guard is off on this agent")
+    finally:
+        off.close()

@@ -557,6 +557,16 @@ ACCESS_UNCHECKED = Spec(
     "or that it would have denied while the agent's heartbeat was stale (reason failed_open).",
     ("device", "operation", "reason"),
 )
+ACCESS_POLICY = Spec(
+    "kubenpu.device.access_policy",
+    "gauge",
+    "{pod}",
+    "The access guard's policy at its last refresh: 1 for each guarded pod (its mode not off) "
+    "and guarded device, with `access` allocated (the kubelet allocated it the device), "
+    "allow_rule (a guard.allow rule names it) or denied (opens and ioctls denied in enforce, "
+    "counted in audit).",
+    ("namespace", "pod", "pod_uid", "device", "mode", "access"),
+)
 PODRESOURCES_ERRORS = Spec(
     "kubenpu.podresources.errors",
     "counter",
@@ -898,6 +908,7 @@ SPECS = (
     PODRESOURCES_ERRORS,
     ACCESS_DENIED,
     ACCESS_UNCHECKED,
+    ACCESS_POLICY,
     *TELEMETRY_SPECS,
     TELEMETRY_SKIPPED,
     POD_ENERGY,

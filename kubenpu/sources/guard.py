@@ -25,7 +25,7 @@ from kubenpu.discovery import Device
 from kubenpu.kernel import guard as kernel
 from kubenpu.kernel.errors import ProbeError
 from kubenpu.kernel.guard import MODES, Clock, Policy, Writer, mkdev
-from kubenpu.metrics.catalogue import ACCESS_DENIED, ACCESS_UNCHECKED
+from kubenpu.metrics.catalogue import ACCESS_DENIED, ACCESS_POLICY, ACCESS_UNCHECKED
 from kubenpu.metrics.points import Point, Snapshot
 from kubenpu.metrics.series import NodeFamily, Series, by_labels
 from kubenpu.resolve import containers
@@ -97,6 +97,14 @@ class Planner:
     def number(self, uid: str) -> int:
         return self._numbers.setdefault(uid, len(self._numbers) + 1)
 
+    def access(self, pod: Pod, device: str) -> str:
+        """Why `pod` may use `device` (ACCESSES: allocated, allow_rule), or denied."""
+        if device in pod.devices:
+            return "allocated"
+        if any(r.allows(pod.namespace, device) for r in self.settings.allow):
+            return "allow_rule"
+        return "denied"
+
     def plan(self, pods: Iterable[Pod], devices: Iterable[Device], managed: set[str]) -> Policy:
         """`managed`: the device ids a plugin manages (allocatable), the ones guarded."""
         guarded_devices = [d for d in devices if d.id in managed]
@@ -106,12 +114,21 @@ class Planner:
             mode = MODES.index(self.settings.mode_of(pod.namespace))
             cgroups.update({cgroup_id: (number, mode) for cgroup_id in pod.cgroup_ids})
             for device in guarded_devices:
-                if device.id in pod.devices or any(
-                    r.allows(pod.namespace, device.id) for r in self.settings.allow
-                ):
+                if self.access(pod, device.id) != "denied":
                     allowed.update((number, dev) for dev in _nodes(device))
         guarded = frozenset(dev for d in guarded_devices for dev in _nodes(d))
         return Policy(guarded, cgroups, frozenset(allowed))
+
+    def table(self, pods: Iterable[Pod], managed: Iterable[str]) -> dict[tuple[str, ...], int]:
+        """The policy as ACCESS_POLICY's rows: every guarded pod and device's access."""
+        rows = {}
+        for pod in pods:
+            mode = self.settings.mode_of(pod.namespace)
+            if mode != "off":
+                for device in sorted(managed):
+                    access = self.access(pod, device)
+                    rows[pod.namespace, pod.name, pod.uid, device, mode, access] = 1
+        return rows
 
 
 @dataclass(frozen=True)
@@ -252,11 +269,19 @@ def _denied(rows: dict[str, dict[tuple[str, ...], tuple[int, int]]], start: int)
     return [(ACCESS_DENIED, points)]
 
 
+def _policy(rows: dict[str, dict[tuple[str, ...], int]], start: int) -> Snapshot:
+    labels = ACCESS_POLICY.labels
+    found = rows.get("", {}).items()
+    return [(ACCESS_POLICY, [Point(dict(zip(labels, k, strict=True)), n, start) for k, n in found])]
+
+
 # set(DENIED, "", rows): every known pod's denials (namespace, pod, pod_uid, device, operation,
 # mode) -> (count, first seen ns), replacing the last: a gone pod's series leave with it.
 DENIED = NodeFamily(ACCESS_DENIED.name, _denied)
 UNCHECKED_FAMILY = by_labels(ACCESS_UNCHECKED)
-FAMILIES = (DENIED, UNCHECKED_FAMILY)
+# set(POLICY, "", Planner.table(...)): the last refresh's policy, replacing the last.
+POLICY = NodeFamily(ACCESS_POLICY.name, _policy)
+FAMILIES = (DENIED, UNCHECKED_FAMILY, POLICY)
 
 
 class Kernel(Protocol):
@@ -401,6 +426,7 @@ class Guard:
         self._beats = Clock(self._beats.fail_open_ns, tree.kubepods)
         policy = self.planner.plan(pods, self._devices, managed)
         writer.apply(policy)
+        self._metrics.set(POLICY, "", self.planner.table(pods, managed))
         old, self.view, self.policy = self.view, View(tree, pods), policy
         self._read(writer, (*old.pods, *pods), tree)
         return True
