@@ -19,7 +19,7 @@ from typing import NoReturn
 
 from kubenpu import __version__
 from kubenpu.cli import top as kubenpu_top
-from kubenpu.cli.top import contention, latency
+from kubenpu.cli.top import contention, guard, latency
 from kubenpu.cli.top.frames import pod_name
 from kubenpu.discovery import Device, discover
 from kubenpu.metrics.catalogue import DEVICE_ERRORS, FREQUENCY, POWER, TEMPERATURE, Spec
@@ -95,6 +95,7 @@ def _parser() -> argparse.ArgumentParser:
     _top_parser(commands)
     _latency_parser(commands)
     _contention_parser(commands)
+    _guard_parser(commands)
     _allocations_parser(commands)
     return parser
 
@@ -174,6 +175,45 @@ def _contention(args: argparse.Namespace) -> str:
         for p in found.pairs
     ]
     return _table(["WAITER", "RING", "BEHIND", "SECONDS", "SHARE"], rows)
+
+
+def _guard_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "guard", help="the access guard's policy per pod and device, and its denials"
+    )
+    parser.add_argument(
+        "--url", default="http://localhost:8080/metrics", help="the agent's /metrics (default)"
+    )
+    parser.add_argument("--output", "-o", choices=("table", "json"), default="table")
+    parser.set_defaults(run=_guard)
+
+
+def _guard(args: argparse.Namespace) -> str:
+    try:
+        found = guard.read(args.url)
+    except kubenpu_top.TopError as e:
+        raise UsageError(str(e)) from None
+    if args.output == "json":
+        return json.dumps([r.as_json() for r in found.rows], indent=2)
+    if not found.exported:
+        return (
+            "the access guard is off on this agent (guard.mode: off, or no BPF LSM: docs/guard.md)"
+        )
+    table = _table(
+        ["POD", "DEVICE", "MODE", "ACCESS", "DENIED"],
+        [
+            [
+                pod_name(r.namespace, r.pod),
+                r.device,
+                r.mode,
+                r.access or "-",
+                ", ".join(f"{op} {n}" for op, n in sorted(r.denied.items())) or "-",
+            ]
+            for r in found.rows
+        ],
+    )
+    unchecked = ", ".join(f"{d} {op} {why} {n}" for (d, op, why), n in found.unchecked.items() if n)
+    return table + (f"\nlet through unchecked: {unchecked}" if unchecked else "")
 
 
 def _allocations_parser(commands: argparse._SubParsersAction) -> None:
