@@ -107,7 +107,7 @@ def test_the_stamped_sources_are_those_top_rates_by() -> None:
 def node(tmp_path: Path, monkeypatch) -> Node:
     # The guard's kernel side on the fake kernel (tests/test_guard_source.py), whatever the
     # host's LSMs: the host's kernel is never given an LSM program here.
-    monkeypatch.setattr(kernel_guard, "check", lambda: None)
+    monkeypatch.setattr(kernel_guard, "check", lambda *_: None)
     monkeypatch.setattr(kernel_guard, "GuardKernel", GuardKernel)
     cfg = make_config(tmp_path, EVERY_SOURCE.format(socket=tmp_path / "kubelet.sock"))
     cfg.discovery.root = str(TESTDATA / "intel-arc-xe")
