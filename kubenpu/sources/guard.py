@@ -356,7 +356,10 @@ class Guard:
         except ProbeError as err:
             log.warning("the access guard is off, counting goes on: %s", err)
             return None
-        log.info("access guard attached (%s), mode %s", how, self._cfg.mode)
+        modes = ", ".join(f"{ns} {m}" for ns, m in sorted(self._cfg.namespaces.items()))
+        log.info(
+            "access guard attached (%s), mode %s%s", how, self._cfg.mode, modes and f" ({modes})"
+        )
         self._thread = Worker(self.name, self._loop, stale_after=self._stale_after)
         self._thread.start()
         return self._thread
