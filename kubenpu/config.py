@@ -276,6 +276,45 @@ class ExportConfig(_Model):
     otlp: OtlpConfig = OtlpConfig()
 
 
+GuardMode = Literal["off", "audit", "enforce"]
+
+
+class GuardRule(_Model):
+    """An allow rule (docs/guard.md): pods of `namespace` may use `device` (a device id as the
+    agent logs it, e.g. 0000:03:00.0); "*" matches any. (No pod label or annotation rules: the
+    resolver knows a container's CRI labels, not its pod's.)"""
+
+    namespace: _Str = "*"
+    device: _Str = "*"
+
+
+class GuardConfig(_Model):
+    """The access guard (docs/guard.md): BPF LSM programs that allow or block a pod's open and
+    ioctl of the devices a plugin manages. Needs attribution.pod_resources (the allocations)."""
+
+    mode: GuardMode = "off"
+    namespaces: dict[_Str, GuardMode] = Field({}, max_length=4096)  # namespace -> its own mode
+    allow: list[GuardRule] = Field([], max_length=4096)
+    # The policy is rewritten this often, and at once on a pod cgroup's birth.
+    refresh_seconds: float = Field(10, gt=0, le=3600)
+    heartbeat_seconds: float = Field(1, gt=0, le=60)
+    # With no heartbeat for this long (the agent stalled) the guard lets every access through.
+    fail_open_seconds: float = Field(30, gt=0, le=3600)
+
+    @model_validator(mode="after")
+    def _beats_within(self) -> GuardConfig:
+        if self.heartbeat_seconds * 2 > self.fail_open_seconds:
+            raise ValueError(
+                "guard.fail_open_seconds must be at least twice guard.heartbeat_seconds: a late "
+                "beat would fail the guard open"
+            )
+        return self
+
+    def on(self) -> bool:
+        """Whether any pod can be guarded: the mode or a namespace's is not off."""
+        return any(m != "off" for m in (self.mode, *self.namespaces.values()))
+
+
 NODE_NAME_MAX = 253  # a Kubernetes node name is a DNS subdomain
 
 
@@ -289,6 +328,16 @@ class Config(_Model):
     fdinfo: FdinfoConfig = FdinfoConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
     export: ExportConfig = ExportConfig()
+    guard: GuardConfig = GuardConfig()
+
+    @model_validator(mode="after")
+    def _guard_allocations(self) -> Config:
+        if self.guard.on() and not self.attribution.pod_resources.enabled:
+            raise ValueError(
+                "guard: a mode other than off needs attribution.pod_resources.enabled (the "
+                "allocations the policy is made of)"
+            )
+        return self
 
 
 class ConfigError(Exception):

@@ -31,7 +31,8 @@ COMMENT = (
     "agent only: the export.prometheus.tls and .auth pairs (the chart fills them from metricsTLS "
     "and metricsAuth), export.otlp.headers' names and values (normalised before the check), and "
     "an export.otlp.endpoint with a control character or that urlsplit refuses (an unclosed IPv6 "
-    "literal)."
+    "literal), guard.fail_open_seconds at least twice guard.heartbeat_seconds, and a guard mode "
+    "other than off with attribution.pod_resources on (the chart's render fails without it)."
 )
 
 

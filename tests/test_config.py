@@ -34,7 +34,7 @@ def schema_keys(model: type[BaseModel] = config.Config, prefix: str = "") -> set
 def yaml_keys(raw: dict[str, Any], prefix: str = "") -> set[str]:
     keys = set()
     for k, v in raw.items():
-        is_section = isinstance(v, dict) and k != "headers"
+        is_section = isinstance(v, dict) and k not in ("headers", "namespaces")  # maps
         keys |= yaml_keys(v, f"{prefix}{k}.") if is_section else {prefix + k}
     return keys
 

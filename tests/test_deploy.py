@@ -561,6 +561,27 @@ def test_gpu_jobs_are_on_by_default_and_add_no_capability() -> None:
             assert sc["capabilities"]["add"] == CAPABILITIES[hook] + FDINFO_CAPABILITIES
 
 
+def test_the_guard_is_off_by_default_renders_as_before_and_adds_no_capability() -> None:
+    """config.guard: off leaves the agent's config without the key (the render without the
+    guard); a mode changes the config alone: BPF + PERFMON (or SYS_ADMIN) are the hook's already
+    (docs/guard.md, tests/test_guard_vm.py)."""
+    default = render_helm()
+    assert "guard" not in agent_config(default)
+    for hook in ("security_file_ioctl", "drm_ioctl"):
+        off = render_helm({"config": {"probe": {"hook": hook}}})
+        for mode in ("audit", "enforce"):
+            on = render_helm({"config": {"probe": {"hook": hook}, "guard": {"mode": mode}}})
+            assert agent_config(on)["guard"]["mode"] == mode
+            assert agent_of(on)["securityContext"] == agent_of(off)["securityContext"]
+            assert agent_of(on)["volumeMounts"] == agent_of(off)["volumeMounts"]
+    by_namespace = render_helm({"config": {"guard": {"namespaces": {"ml": "enforce"}}}})
+    assert agent_config(by_namespace)["guard"]["namespaces"] == {"ml": "enforce"}
+    values = {"config": {"guard": {"mode": "audit"}, "attribution": {"pod_resources": {}}}}
+    values["config"]["attribution"]["pod_resources"]["enabled"] = False
+    proc = helm("template", str(CHART), values=values)
+    assert proc.returncode != 0 and "needs config.attribution.pod_resources.enabled" in proc.stderr
+
+
 def test_agent_check_catches_a_writable_mount_and_the_whole_dev() -> None:
     ds = daemonset(render_helm())
     ds["spec"]["template"]["spec"]["containers"][0]["volumeMounts"][2]["readOnly"] = False
@@ -1438,9 +1459,16 @@ def test_every_alert_and_panel_finds_its_series_on_both_paths(tools: Path) -> No
     ]
     gaps = {path: {q: unmatched(q, series) for q in queries} for path, series in paths.items()}
     assert gaps["collector"] == gaps["scrape"]
-    # The golden payload's one throttle point is the `status` reason, which that panel leaves out.
+    # The golden payload's one throttle point is the `status` reason, which that panel leaves out;
+    # its agent runs without the access guard (off by default), whose series the queries below
+    # find in the dashboards recording (tests/test_dashboards.py) and the alerts' promtool tests.
     assert {g for found in gaps["scrape"].values() for g in found} == {
-        'kubenpu_device_throttle_ratio{node=~".*", reason!="status"}'
+        'kubenpu_device_throttle_ratio{node=~".*", reason!="status"}',
+        'kubenpu_device_access_denied_total{mode="enforce"}',
+        'kubenpu_device_access_denied_total{mode="audit"}',
+        'kubenpu_device_access_denied_total{node=~".*", namespace=~".*", pod!=""}',
+        'kubenpu_device_access_policy{node=~".*", namespace=~".*", pod!=""}',
+        'kubenpu_device_access_unchecked_total{node=~".*"}',
     }
 
 

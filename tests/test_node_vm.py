@@ -594,3 +594,37 @@ def test_job_client_ids_join_fdinfos_clients_with_the_same_pod(result, energy):
     log = result["agent_log"]
     assert "but its fd is held by" not in log
     assert "GPU jobs: client ids joined to fdinfo's clients" in log
+
+
+def test_the_guard_allows_allocated_devices_denies_the_rest_and_never_a_starting_pod(result):
+    """The access guard in the agent, with real containerd pods (GUARD in tests/vm/node_guest.py:
+    team-c enforce, team-a audit): C's new container opens its allocated virtio-gpu and calls at
+    once at its start; N (allocated nothing) is denied the open once the policy names it, and
+    counted; C is denied the card it was not allocated and allowed virtio-gpu; A, in audit, is
+    allowed virtio-gpu and counted as a would-be denial."""
+    g = result["guard"]
+    assert [r["calls"] for r in g["c_at_start"]] == [1]
+    eperm = "Operation not permitted"
+    assert g["n_virtio"]["exit"] == 1 and eperm in g["n_virtio"]["stderr"]
+    assert g["c_virtio"]["exit"] == 0
+    assert g["c_card"]["exit"] == 1 and eperm in g["c_card"]["stderr"]
+    assert g["a_virtio"]["exit"] == 0
+    policy = {
+        (s["labels"]["pod"], s["labels"]["device"]): (s["labels"]["mode"], s["labels"]["access"])
+        for s in g["policy"]
+    }
+    assert policy[("idle-0", g["virtio"])] == ("enforce", "allocated")
+    assert policy[("idle-0", g["card"])] == ("enforce", "denied")
+    assert policy[("nothing-0", g["virtio"])] == ("enforce", "denied")
+    assert policy[("trainer-0", g["virtio"])] == ("audit", "denied")
+    denied = {
+        tuple(s["labels"][k] for k in ("pod", "device", "operation", "mode")): s["value"]
+        for s in g["denied"]
+    }
+    assert denied[("nothing-0", g["virtio"], "open", "enforce")] == 1
+    assert denied[("idle-0", g["card"], "open", "enforce")] == 1
+    # A's earlier calls on virtio-gpu (the scenario's) are audited too: at least the last one.
+    assert denied[("trainer-0", g["virtio"], "open", "audit")] >= 1
+    assert denied[("trainer-0", g["virtio"], "ioctl", "audit")] >= 1
+    assert not [k for k in denied if k[0] not in ("nothing-0", "idle-0", "trainer-0")]
+    assert "access guard attached" in result["agent_log"]

@@ -10,11 +10,13 @@ from pathlib import Path
 import pytest
 from fakes import Clock, FakeResolver
 from helpers import eventually, make_config
+from test_guard_source import GuardKernel
 
 from kubenpu.agent.health import Health
 from kubenpu.agent.loop import Agent
 from kubenpu.agent.wiring import start
 from kubenpu.discovery import discover, not_ignored
+from kubenpu.kernel import guard as kernel_guard
 from kubenpu.metrics.catalogue import COUNTER_SOURCES, SOURCE_ERRORS, SOURCE_READ_DURATION
 from kubenpu.metrics.catalogue import COUNTERS_READ as STAMP
 from kubenpu.services import Services, Worker
@@ -36,6 +38,8 @@ attribution:
   pod_resources:
     enabled: true
     socket: {socket}
+guard:
+  mode: audit
 """
 
 
@@ -100,7 +104,11 @@ def test_the_stamped_sources_are_those_top_rates_by() -> None:
 
 
 @pytest.fixture
-def node(tmp_path: Path) -> Node:
+def node(tmp_path: Path, monkeypatch) -> Node:
+    # The guard's kernel side on the fake kernel (tests/test_guard_source.py), whatever the
+    # host's LSMs: the host's kernel is never given an LSM program here.
+    monkeypatch.setattr(kernel_guard, "check", lambda *_: None)
+    monkeypatch.setattr(kernel_guard, "GuardKernel", GuardKernel)
     cfg = make_config(tmp_path, EVERY_SOURCE.format(socket=tmp_path / "kubelet.sock"))
     cfg.discovery.root = str(TESTDATA / "intel-arc-xe")
     table = registry.table(300, 1000)
@@ -140,7 +148,13 @@ def test_a_sources_dead_thread_fails_liveness_by_its_name(
         raise Kill
 
     # The thread's own body: what start() runs on the Worker.
-    body = {"jobs": "_attach", "uevents": "_run", "telemetry": "_loop", "allocations": "_loop"}
+    body = {
+        "jobs": "_attach",
+        "uevents": "_run",
+        "telemetry": "_loop",
+        "allocations": "_loop",
+        "guard": "_loop",
+    }
     monkeypatch.setattr(source, body[name], die)
     health = Health(stale_after=15)
     with Services(5.0) as services:
@@ -202,6 +216,7 @@ def test_only_the_sources_the_loop_reads_get_its_report(node: Node) -> None:
             "jobs",
             "telemetry",
             "allocations",
+            "guard",
         }
     finally:
         for source in sources:

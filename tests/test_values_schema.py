@@ -47,7 +47,7 @@ LEAVES = dict(leaves(SCHEMA["properties"]["config"]))
 AGENT_ONLY = {
     f"config__export__prometheus__{key}"
     for key in ("tls__cert_file", "tls__key_file", "auth__username", "auth__password_file")
-}
+} | {f"config__guard__{key}" for key in ("heartbeat_seconds", "fail_open_seconds")}
 
 
 def candidates(leaf: dict[str, Any]) -> list[Any]:

@@ -157,5 +157,13 @@ g.dashboard(
       g.pos(12, 56, 12, 8),
       '1: the probe outlives the agent (restarts and upgrades lose no call). 0 with probe.pin_dir set: no bpffs or a read-only one (docs/pinning.md).',
     ),
+    g.timeseries(
+      'Device accesses the guard let through unchecked',
+      [g.target('sum by (node, device, reason) (rate(kubenpu_device_access_unchecked_total{%s}[$__rate_interval]))' % node,
+                '{{node}} {{device}} {{reason}}')],
+      'ops',
+      g.pos(0, 64, 24, 8),
+      'unseen: a pod cgroup the guard policy did not hold yet (a new pod before the agent named it; expected in bursts at pod starts). failed_open: would have been denied while the agent heartbeat was stale (the agent stalled or died: docs/guard.md).',
+    ),
   ],
 )

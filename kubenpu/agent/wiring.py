@@ -24,7 +24,7 @@ from kubenpu.resolve.resolver import Resolver
 from kubenpu.services import Services
 from kubenpu.sources import registry
 from kubenpu.sources.activity import Activity
-from kubenpu.sources.base import Closes, Node, Runs, Source
+from kubenpu.sources.base import Born, Closes, Node, Runs, Source
 from kubenpu.sources.calls.attribution import Attributor, placed
 from kubenpu.sources.calls.events import Tally
 from kubenpu.sources.calls.probe import Probe
@@ -130,7 +130,7 @@ def build(
     # After the probe: a start that fails stops before the sources' threads, in one line.
     start(sources, services, health)
     # A new cgroup is indexed on the polling thread at once: it may be gone by the next flush.
-    probe = Probe(kernel, tally, on_births=resolver.cgroups_born)
+    probe = Probe(kernel, tally, on_births=partial(births, resolver, sources))
     services.add("probe", probe.close)
     return Agent(
         probe=probe,
@@ -160,13 +160,22 @@ def _loaders(p: config.ProbeConfig, devices: list[Device], debug: bool) -> list[
     )
 
 
+def births(resolver: Resolver, sources: Iterable[Source], born: list[tuple[int, int]]) -> None:
+    """New cgroups to the resolver's index, then to the sources that act on a birth (the
+    access guard's look for a new pod)."""
+    resolver.cgroups_born(born)
+    for source in sources:
+        if isinstance(source, Born):
+            source.born(born)
+
+
 def start(sources: Iterable[Source], services: Services, health: Health) -> None:
     """Every source's stop registered, then each source with a thread of its own started and
-    watched by its name."""
+    watched by its name (one that did not start said why)."""
     sources = list(sources)
     for source in sources:
         if isinstance(source, Closes):
             services.add(source.name, source.close)
     for source in sources:
-        if isinstance(source, Runs):
-            health.watch(source.start())
+        if isinstance(source, Runs) and (worker := source.start()) is not None:
+            health.watch(worker)

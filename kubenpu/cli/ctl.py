@@ -19,7 +19,7 @@ from typing import NoReturn, TypeVar
 
 from kubenpu import __version__
 from kubenpu.cli import top as kubenpu_top
-from kubenpu.cli.top import contention, latency, placement
+from kubenpu.cli.top import contention, guard, latency, placement
 from kubenpu.cli.top.frames import pod_name
 from kubenpu.discovery import Device, discover
 from kubenpu.metrics.catalogue import DEVICE_ERRORS, FREQUENCY, POWER, TEMPERATURE, Spec
@@ -98,6 +98,7 @@ def _parser() -> argparse.ArgumentParser:
     _latency_parser(commands)
     _contention_parser(commands)
     _placement_parser(commands)
+    _guard_parser(commands)
     _allocations_parser(commands)
     return parser
 
@@ -174,15 +175,13 @@ def _placement_parser(commands: argparse._SubParsersAction) -> None:
         "placement",
         help="which pods call a device from CPUs on another NUMA node, and the fix",
     )
-    parser.add_argument(
-        "--url", default="http://localhost:8080/metrics", help="the agent's /metrics (default)"
-    )
+    _url_option(parser)
     parser.add_argument("--root", default="/", help="read DIR/sys (the CPUs) instead of /sys")
-    parser.add_argument(
+    _seconds_option(
+        parser,
         "--window",
-        type=_window,
+        parse=_window,
         default=10.0,
-        metavar="SECONDS",
         help="the calls between two reads that many seconds apart (default 10; 0: the totals "
         "since the agent started)",
     )
@@ -191,10 +190,7 @@ def _placement_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def _placement(args: argparse.Namespace) -> str:
-    try:
-        found = placement.read(args.url, Path(args.root), args.window)
-    except kubenpu_top.TopError as e:
-        raise UsageError(str(e)) from None
+    found = _fetched(lambda: placement.read(args.url, Path(args.root), args.window))
     if args.output == "json":
         return json.dumps([r.as_json() for r in found], indent=2)
     if not found:  # a bare header reads like a failure to read
@@ -218,6 +214,40 @@ def _placement(args: argparse.Namespace) -> str:
     ]
     header = ["POD", "DEVICE", "NODE", "REMOTE", "CALLS", "DEVICE CPUS", "POD CPUS", "QOS", "FIX"]
     return _table(header, rows)
+
+
+def _guard_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "guard", help="the access guard's policy per pod and device, and its denials"
+    )
+    _url_option(parser)
+    parser.add_argument("--output", "-o", choices=("table", "json"), default="table")
+    parser.set_defaults(run=_guard)
+
+
+def _guard(args: argparse.Namespace) -> str:
+    found = _fetched(lambda: guard.read(args.url))
+    if args.output == "json":
+        return json.dumps([r.as_json() for r in found.rows], indent=2)
+    if not found.exported:
+        return (
+            "the access guard is off on this agent (guard.mode: off, or no BPF LSM: docs/guard.md)"
+        )
+    table = _table(
+        ["POD", "DEVICE", "MODE", "ACCESS", "DENIED"],
+        [
+            [
+                pod_name(r.namespace, r.pod),
+                r.device,
+                r.mode,
+                r.access or "-",
+                ", ".join(f"{op} {n}" for op, n in sorted(r.denied.items())) or "-",
+            ]
+            for r in found.rows
+        ],
+    )
+    unchecked = ", ".join(f"{d} {op} {why} {n}" for (d, op, why), n in found.unchecked.items() if n)
+    return table + (f"\nlet through unchecked: {unchecked}" if unchecked else "")
 
 
 def _allocations_parser(commands: argparse._SubParsersAction) -> None:

@@ -385,7 +385,7 @@ READ_ERRORS = Spec(
     "Reads of the kernel's counters that failed; retried at the next read, which loses nothing.",
 )
 # The sources of kubenpu.counters.read_timestamp, and the counters each brings up to date.
-COUNTER_SOURCES = ("kernel", "fdinfo", "jobs", "telemetry", "allocations")
+COUNTER_SOURCES = ("kernel", "fdinfo", "jobs", "telemetry", "allocations", "guard")
 COUNTERS_READ = Spec(
     "kubenpu.counters.read_timestamp",
     "gauge",
@@ -545,6 +545,36 @@ ALLOCATIONS_UNMAPPED = Spec(
     "every GPU's telemetry, not an allocation), empty_pod (an entry without a pod or container "
     "name).",
     ("resource", "reason"),
+)
+# The access guard (docs/guard.md): its kernel tallies, summed by pod (or by device) at each
+# policy refresh.
+ACCESS_DENIED = Spec(
+    "kubenpu.device.access_denied",
+    "counter",
+    "{access}",
+    "Opens and ioctls of a guarded device node the access guard denied a pod (mode enforce: "
+    "EPERM) or would have denied it (mode audit: allowed), because the kubelet did not allocate "
+    "the device to the pod and no allow rule names it.",
+    ("namespace", "pod", "pod_uid", "device", "operation", "mode"),
+)
+ACCESS_UNCHECKED = Spec(
+    "kubenpu.device.access_unchecked",
+    "counter",
+    "{access}",
+    "Opens and ioctls of a guarded device node the access guard let through unchecked: by a "
+    "pod cgroup its policy did not hold yet (reason unseen: the agent had not seen the pod), "
+    "or that it would have denied while the agent's heartbeat was stale (reason failed_open).",
+    ("device", "operation", "reason"),
+)
+ACCESS_POLICY = Spec(
+    "kubenpu.device.access_policy",
+    "gauge",
+    "{pod}",
+    "The access guard's policy at its last refresh: 1 for each guarded pod (its mode not off) "
+    "and guarded device, with `access` allocated (the kubelet allocated it the device), "
+    "allow_rule (a guard.allow rule names it) or denied (opens and ioctls denied in enforce, "
+    "counted in audit).",
+    ("namespace", "pod", "pod_uid", "device", "mode", "access"),
 )
 PODRESOURCES_ERRORS = Spec(
     "kubenpu.podresources.errors",
@@ -886,6 +916,9 @@ SPECS = (
     UNALLOCATED_CALLS,
     ALLOCATIONS_UNMAPPED,
     PODRESOURCES_ERRORS,
+    ACCESS_DENIED,
+    ACCESS_UNCHECKED,
+    ACCESS_POLICY,
     *TELEMETRY_SPECS,
     TELEMETRY_SKIPPED,
     POD_ENERGY,

@@ -6,9 +6,12 @@ A source is any object with a `name`. What it does beyond that, it says by the o
 capabilities it has (checked at run time, so a source implements only what it needs):
 - `Reads`: `read()` runs on the attribution thread every `fdinfo.interval_seconds`, in the
   registry's order (telemetry after usage: the energy split takes usage's busy time);
-- `Runs`: `start() -> Worker` starts its own thread, which Health watches by the source's name;
+- `Runs`: `start() -> Worker` starts its own thread, which Health watches by the source's name
+  (None: it did not start, and said why in one line);
 - `Closes`: `close()` at the agent's stop, the last started first (Services);
 - `Sees`: `saw(tgids, cgroup_ids)`: what the probe saw calling since the last flush;
+- `Born`: `born(births)`: the cgroups (id, parent id) the probe saw made, on its polling thread
+  (a hand-over that never waits);
 - `Ticks`: `tick()` on the attribution thread after each interval's reads: a hand-over to the
   source's own thread that never waits (telemetry's busy time), not a read;
 - `Finishes`: `finish()` once at the stop, after the last count: a read of cumulative kernel
@@ -64,7 +67,7 @@ class Reads(Protocol):
 class Runs(Protocol):
     name: str
 
-    def start(self) -> Worker: ...
+    def start(self) -> Worker | None: ...
 
 
 @runtime_checkable
@@ -75,6 +78,11 @@ class Closes(Protocol):
 @runtime_checkable
 class Sees(Protocol):
     def saw(self, tgids: Iterable[int], cgroup_ids: Iterable[int]) -> None: ...
+
+
+@runtime_checkable
+class Born(Protocol):
+    def born(self, births: Iterable[tuple[int, int]]) -> None: ...
 
 
 @runtime_checkable

@@ -140,6 +140,17 @@ class Pod:
 POD_A = Pod("team-a", "trainer-0", "0b8f1a52-6c5e-4d0e-9a11-3f5a0c2b7e01")
 POD_B = Pod("team-b", "infer-0", "5c2d0e7a-1b3f-4a66-8f0e-2d9c4b1a6e02")
 POD_C = Pod("team-c", "idle-0", "7a4e2c19-3d5b-4f08-b6a1-9c0d2e4f6a03")
+# The access guard (docs/guard.md), per namespace so that the scenario's other pods run as
+# before: team-c (C: allocated virtio-gpu) in enforce, team-a (A: allocated the shared card, not
+# virtio-gpu) in audit. Pod N of team-c is allocated nothing.
+POD_N = Pod("team-c", "nothing-0", "9e1f3a5b-7c2d-4e6f-8a0b-1c2d3e4f5a06")
+GUARD = {
+    "mode": "off",
+    "namespaces": {POD_C.namespace: "enforce", POD_A.namespace: "audit"},
+    "refresh_seconds": 2,
+    "heartbeat_seconds": 0.5,
+    "fail_open_seconds": 30,
+}
 
 # GPU jobs on the test driver's scheduler ring (one job at a time): A's 20 jobs of 50 ms are
 # queued, then B's 10 of 10 ms behind them, while the ring holds A's first; then C's job hangs.
@@ -853,6 +864,7 @@ class Node:
                     "timeout_seconds": RPC_TIMEOUT,
                 },
             },
+            "guard": GUARD,
         }
         # Exactly the chart's capabilities (tests/test_node_vm.py writes them), as runc gives them.
         caps = json.loads((self.out / "caps.json").read_text())
@@ -860,6 +872,59 @@ class Node:
         self.caps = process_caps(agent.pid)
         agent.attach(ATTACH_TIMEOUT)
         return agent
+
+    # --- the access guard ----------------------------------------------------------------------
+
+    def exec_status(self, cid: str, argv: list[str]) -> dict:
+        request = pb.ExecSyncRequest(container_id=cid, cmd=argv, timeout=STEP_TIMEOUT)
+        reply = self.kubelet.call("ExecSync", request, pb.ExecSyncResponse)
+        return {"exit": reply.exit_code, "stderr": reply.stderr.decode()[-200:]}
+
+    def run_guard(self, idle: str, sidecar: str) -> dict:
+        """With the agent's guard (GUARD), last in the run (its calls are in no expected count):
+        a new container of C (allocated virtio-gpu) opens it and calls at once at its start;
+        pod N, allocated nothing, is denied once the policy names it; C is denied the card it
+        was not allocated and allowed virtio-gpu; A (audit) is allowed virtio-gpu, counted."""
+        virtio = device_node(self.devices["virtio_gpu"], "renderD")
+        card = device_node(self.testdrm or self.devices["vgem"], "card")
+
+        def one(node: str) -> list[str]:
+            return drmcall_argv([Call.drm(node, VERSION, 1)])
+
+        found: dict = {"virtio": self.devices["virtio_gpu"].id}
+        found["card"] = (self.testdrm or self.devices["vgem"]).id
+        script = f'"$0" "$@" && exec sleep {FOREVER}'
+        starter = self.kubelet.start_container(
+            POD_C, "starter", 0, ["/bin/sh", "-c", script, *one(virtio)]
+        )
+        found["c_at_start"] = reports(
+            container_log(POD_C, "starter", 0, 1), [Call.drm(virtio, VERSION, 1)]
+        )
+        self.kubelet.run_pod(POD_N)
+        nothing = self.kubelet.start_container(POD_N, "main", 0, ["/bin/sleep", FOREVER])
+
+        def named(prom: Samples) -> bool:
+            policy = prom.get("kubenpu_device_access_policy", [])
+            return any(s["labels"]["pod"] == POD_N.name for s in policy)
+
+        found["policy"] = scrape_until("pod N in the guard's policy", named)[
+            "kubenpu_device_access_policy"
+        ]
+        found["n_virtio"] = self.exec_status(nothing, one(virtio))
+        found["c_virtio"] = self.exec_status(idle, one(virtio))
+        found["c_card"] = self.exec_status(idle, one(card))
+        found["a_virtio"] = self.exec_status(sidecar, one(virtio))
+
+        def counted(prom: Samples) -> bool:
+            pods = {s["labels"]["pod"] for s in prom.get("kubenpu_device_access_denied_total", [])}
+            return {POD_N.name, POD_C.name, POD_A.name} <= pods
+
+        prom = scrape_until("the guard's denials", counted)
+        found["denied"] = prom["kubenpu_device_access_denied_total"]
+        found["unchecked"] = prom.get("kubenpu_device_access_unchecked_total", [])
+        self.kubelet.delete_pod(POD_N, [nothing])
+        self.kubelet.stop_container(starter)
+        return found
 
     # --- /metrics ----------------------------------------------------------------------------
 
@@ -940,6 +1005,8 @@ class Node:
             after = self.settle(after_expected)
             retired_after = time.monotonic() - deleted
             self.mark("pod B retired")
+            guard = self.run_guard(idle, sidecar)
+            self.mark("guard checked")
         finally:
             if agent:
                 agent.stop()
@@ -988,6 +1055,7 @@ class Node:
             "otlp_telemetry": otlp,
             "agent_log": agent.log(),
             "caps": self.caps,
+            "guard": guard,
         }
 
 

@@ -69,6 +69,7 @@ SOURCES = {
     "jobs": (QUEUE_BUCKETS, RUN_BUCKETS, BEHIND, IDLE_WAIT),
     "telemetry": (ENERGY,),
     "allocations": (),  # nothing top rates
+    "guard": (),
 }
 # An agent's /metrics at a max_series of 10,000 is a few MB; a Prometheus query over a fleet more.
 MAX_ANSWER_BYTES = 256 << 20

@@ -42,6 +42,12 @@ Secrets filled in (the keys are the agent's own, config/kubenpu.yaml). */}}
 {{- if .Values.bccFallback }}
 {{- $_ := set $config.probe "loader" "auto" }}
 {{- end }}
+{{- /* The guard's keys only when a mode is on: off, the agent's own default, renders as before. */}}
+{{- if and (eq $config.guard.mode "off") (not $config.guard.namespaces) }}
+{{- $_ := unset $config "guard" }}
+{{- else if not $config.attribution.pod_resources.enabled }}
+{{- fail "config.guard: a mode other than off needs config.attribution.pod_resources.enabled (the allocations the policy is made of)" }}
+{{- end }}
 {{- $prom := $config.export.prometheus }}
 {{- if .Values.metricsTLS.secretName }}
 {{- $_ := set $prom "tls" (dict "cert_file" "/etc/kubenpu/tls/tls.crt" "key_file" "/etc/kubenpu/tls/tls.key") }}
