@@ -427,12 +427,15 @@ def test_an_older_programs_shorter_lost_map_reads_its_missing_slots_as_zero() ->
         os.close(fd)
 
 
-def test_a_failed_counts_read_says_what_failed() -> None:
+@pytest.mark.parametrize("name", [abi.COUNTS, abi.DURATIONS])
+def test_a_failed_read_says_which_map_failed(name: str) -> None:
     with (
         open(os.devnull) as null,  # not a BPF map: the batch lookup fails
-        pytest.raises(core.ProbeError, match=r"^reading the counts map failed: "),
+        pytest.raises(core.ProbeError, match=rf"^reading the {name} map failed: "),
     ):
-        Maps({abi.COUNTS: null.fileno()}).read_counts()
+        probe = Maps({name: null.fileno()})
+        read = probe.read_counts if name == abi.COUNTS else probe.read_durations
+        read()
 
 
 def test_durations_are_read_in_batches_and_unpacked_only_when_changed() -> None:
