@@ -325,6 +325,27 @@ def test_durations_are_read_and_forgotten_with_the_counts() -> None:
             os.close(fd)
 
 
+def test_a_node_with_no_calls_yet_reads_empty_maps_and_then_its_first_key() -> None:
+    """An agent started before any pod's first call reads empty counts and durations maps (no
+    batch at all, so nothing differs from the reader's empty start): both read as empty, again
+    and again, and the first key is read as soon as it is there."""
+    shapes = abi.map_shapes(True, 1, 64, 64)
+    fds = {name: bpfsys.map_create(*shapes[name], name) for name in (abi.COUNTS, abi.DURATIONS)}
+    try:
+        probe = Maps(fds)
+        for _ in range(2):
+            assert probe.read_counts() == {} and probe.read_durations() == {}
+        key = Key(4321, 226, 0, 2)
+        ncpus = bpfsys.possible_cpus()
+        bpfsys.update(fds[abi.COUNTS], _packed(key), abi.U64.pack(3) * ncpus)
+        bpfsys.update(fds[abi.DURATIONS], _packed(key), _durations_value(7, {0: 1}, {}))
+        assert probe.read_counts() == {key: 3 * ncpus}
+        assert probe.read_durations()[key].sum_ns == 7
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+
+
 @pytest.mark.parametrize("on", [True, False])
 def test_the_timing_switch_and_the_gate_are_written_where_the_program_reads_them(on) -> None:
     """The entry reads slot 0 of `gate` once (bpf/kubenpu.bpf.c): its state and, beside it, the
@@ -438,12 +459,15 @@ def test_an_older_programs_shorter_lost_map_reads_its_missing_slots_as_zero() ->
         os.close(fd)
 
 
-def test_a_failed_counts_read_says_what_failed() -> None:
+@pytest.mark.parametrize("name", [abi.COUNTS, abi.DURATIONS])
+def test_a_failed_read_says_which_map_failed(name: str) -> None:
     with (
         open(os.devnull) as null,  # not a BPF map: the batch lookup fails
-        pytest.raises(core.ProbeError, match=r"^reading the counts map failed: "),
+        pytest.raises(core.ProbeError, match=rf"^reading the {name} map failed: "),
     ):
-        Maps({abi.COUNTS: null.fileno()}).read_counts()
+        probe = Maps({name: null.fileno()})
+        read = probe.read_counts if name == abi.COUNTS else probe.read_durations
+        read()
 
 
 def test_durations_are_read_in_batches_and_unpacked_only_when_changed() -> None:
