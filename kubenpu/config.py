@@ -276,6 +276,12 @@ class ExportConfig(_Model):
     otlp: OtlpConfig = OtlpConfig()
 
 
+class PlacementConfig(_Model):
+    # The opt-in sched_ext scheduler that runs the tasks of each pod using a device on CPUs of
+    # the device's NUMA node (docs/scheduler.md); needs CAP_SYS_ADMIN and CAP_SYS_NICE.
+    scheduler: bool = False
+
+
 NODE_NAME_MAX = 253  # a Kubernetes node name is a DNS subdomain
 
 
@@ -289,6 +295,7 @@ class Config(_Model):
     fdinfo: FdinfoConfig = FdinfoConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
     export: ExportConfig = ExportConfig()
+    placement: PlacementConfig = PlacementConfig()
 
 
 class ConfigError(Exception):
