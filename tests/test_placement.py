@@ -128,7 +128,10 @@ def test_pods_cgroups_prefer_their_devices_node() -> None:
     assert preferred(used, nodes, resolver) == {1: 1, 2: 0}
 
 
-def _feeder(tmp_path: Path, used: dict[int, set[str]]) -> tuple[Placement, FakeKernel, list]:
+def _feeder(
+    tmp_path: Path, used: dict[int, set[str]], states: list[str] | None = None
+) -> tuple[Placement, FakeKernel, list]:
+    states = states or ["enabled"]
     resolver = FakeResolver()
     resolver.answers = {7: POD}
     cgroup = tmp_path / "kubepods.slice" / "cri-containerd-7.scope"
@@ -146,6 +149,7 @@ def _feeder(tmp_path: Path, used: dict[int, set[str]]) -> tuple[Placement, FakeK
         resolver,
         Report("placement", table),
         to_sched_ext=lambda tids: switched.append(tids) or len(tids),
+        state=lambda: states[0],
     )
     return feeder, kernel, switched
 
@@ -167,6 +171,21 @@ def test_a_gone_cgroup_switches_nothing(tmp_path: Path) -> None:
     (tmp_path / "kubepods.slice" / "cri-containerd-7.scope" / "cgroup.threads").unlink()
     assert feeder.read()
     assert kernel.prefer.held() == {7: 1} and switched == [[]]
+
+
+def test_a_scheduler_the_kernel_disabled_is_unloaded_with_one_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    states = ["enabled"]
+    feeder, kernel, switched = _feeder(tmp_path, {7: {GPU1.id}}, states)
+    assert feeder.read()
+    states[0] = "disabled"  # the watchdog found a stall
+    with caplog.at_level(logging.WARNING, "kubenpu"):
+        assert feeder.read()
+        assert feeder.read()
+    assert kernel.closed and len(caplog.records) == 1
+    assert "the kernel disabled it (sched_ext disabled" in caplog.records[0].getMessage()
+    assert switched == [[100, 101]]
 
 
 @pytest.fixture
@@ -211,5 +230,8 @@ def test_devices_without_a_numa_node_leave_it_off(node: Node) -> None:
 
 def test_built_with_the_scheduler_loaded(node: Node) -> None:
     feeder = build(node, FakeKernel, lambda: None)
-    assert feeder is not None and feeder.read()
+    assert isinstance(feeder, Placement)
+    kernel = feeder._kernel
+    assert kernel.writer is not None and kernel.prefer.held() == {}
     feeder.close()
+    assert kernel.closed

@@ -65,6 +65,7 @@ class Placement:
         resolver: Resolve,
         report: Report,
         to_sched_ext: Callable[[list[int]], int] = placement.to_sched_ext,
+        state: Callable[[], str] = placement.state,
     ) -> None:
         self._kernel = kernel
         self._nodes = {d.id: d.numa_node for d in devices if d.numa_node is not None}
@@ -72,6 +73,7 @@ class Placement:
         self._resolver = resolver
         self._report = report
         self._to_sched_ext = to_sched_ext
+        self._state = state
 
     def read(self) -> bool:
         return self._report.read(self._step)
@@ -79,6 +81,16 @@ class Placement:
     def _step(self) -> None:
         writer = self._kernel.writer
         if writer is None:
+            return
+        if (now := self._state()) != "enabled":
+            # The kernel disabled it (its watchdog on a stall, or an error): it never comes back
+            # by itself, and the pods' tasks are in the fair class again.
+            log.warning(
+                "placement scheduler: the kernel disabled it (sched_ext %s; its reason is in the "
+                "kernel log): unloaded, the measurement goes on (docs/scheduler.md)",
+                now,
+            )
+            self._kernel.close()
             return
         wanted = preferred(self._used(), self._nodes, self._resolver)
         writer.apply(wanted)  # the map first: a task switched is placed at once
