@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from fakes import FakeResolver
-from helpers import make_config
+from helpers import helm_values, make_config, render_helm
 
 from kubenpu.discovery import Device, not_ignored
 from kubenpu.kernel import placement as pl
@@ -235,3 +235,20 @@ def test_built_with_the_scheduler_loaded(node: Node) -> None:
     assert kernel.writer is not None and kernel.prefer.held() == {}
     feeder.close()
     assert kernel.closed
+
+
+@pytest.mark.parametrize(("hook", "added"), [("security_file_ioctl", 2), ("drm_ioctl", 1)])
+def test_the_chart_adds_the_schedulers_needs_only_when_it_is_on(hook: str, added: int) -> None:
+    def agent(scheduler: bool | None) -> dict:
+        values = helm_values()
+        values["config"]["probe"]["hook"] = hook
+        if scheduler is not None:
+            values["config"]["placement"] = {"scheduler": scheduler}
+        (ds,) = (d for d in render_helm(values) if d["kind"] == "DaemonSet")
+        return ds["spec"]["template"]["spec"]
+
+    default, off, on = agent(None), agent(False), agent(True)
+    caps = [s["containers"][0]["securityContext"]["capabilities"]["add"] for s in (off, on)]
+    assert default["hostPID"] is False and off["hostPID"] is False and on["hostPID"] is True
+    assert {"SYS_ADMIN", "SYS_NICE"} <= set(caps[1]) and "SYS_NICE" not in caps[0]
+    assert len(caps[1]) == len(caps[0]) + added  # SYS_ADMIN once, whichever the hook
