@@ -39,7 +39,10 @@ typedef _Bool bool;
 #define SCX_KICK_IDLE 1ULL
 
 #pragma clang attribute push(__attribute__((preserve_access_index)), apply_to = record)
-struct cpumask;
+/* Defined, not declared: libbpf matches a kfunc's pointer arguments by kind (struct vs fwd). */
+struct cpumask {
+    unsigned long bits[1];
+};
 struct css_set {
     struct cgroup *dfl_cgrp;
 };

@@ -38,13 +38,12 @@ PYTHON = "/opt/kubenpu/venv/bin/python"
 HERE = Path(__file__)
 CARD = "/dev/dri/card1"
 DRM_IOCTL_VERSION = 0xC0406400  # _IOWR('d', 0x00, struct drm_version): 64 bytes on 64-bit
-CALLS = 3000
+CALLS = 1500
 POD_UID = 1000
 HOST_CPU, START_CPU = 3, 0
 DEVICE_NODE = 1
 KUBEPODS = Path("/sys/fs/cgroup/kubepods.slice")
 CAP_SETS = {
-    "none": [],
     "BPF+PERFMON": ["BPF", "PERFMON"],
     "SYS_NICE": ["SYS_NICE"],
     "SYS_ADMIN": ["SYS_ADMIN"],
@@ -228,6 +227,12 @@ def _stall(cgroup: Path, counter: Path) -> dict:
     return found
 
 
+def _progress(step: str, result: dict, out: Path) -> None:
+    """One line per step in guest.log, and the results so far in result.json."""
+    print(f"placement_guest: {step}: {json.dumps(result[step])}", flush=True)
+    (out / "result.json").write_text(json.dumps(result, indent=1))
+
+
 def main(out: Path) -> None:
     cgroup = KUBEPODS / "kubepods-pod1.slice" / "cri-containerd-1.scope"
     cgroup.mkdir(parents=True, exist_ok=True)
@@ -242,19 +247,24 @@ def main(out: Path) -> None:
         (out / "result.json").write_text(json.dumps(result, indent=1))
         return
     result["caps"] = _caps(cgroup)
+    _progress("caps", result, out)
     counter = Path("/tmp/hog")
     counter.write_text("")
     hog_proc = _spawn("hog", str(counter))
-    _wait("the host task", lambda: _loops(counter) > 0, 60)
-    result["without"] = _run(cgroup, counter)
-    result["without"].pop("agent")
-    with_run = _run(cgroup, counter, scheduler=True)
-    result["with"] = with_run
-    result["with"]["state_after_kill"] = _unload_by_kill(with_run.pop("agent"))
-    result["stall"] = _stall(cgroup, counter)
-    hog_proc.kill()
-    hog_proc.wait()
-    (out / "result.json").write_text(json.dumps(result, indent=1))
+    try:
+        _wait("the host task", lambda: _loops(counter) > 0, 60)
+        result["without"] = _run(cgroup, counter)
+        result["without"].pop("agent")
+        _progress("without", result, out)
+        with_run = _run(cgroup, counter, scheduler=True)
+        result["with"] = with_run
+        result["with"]["state_after_kill"] = _unload_by_kill(with_run.pop("agent"))
+        _progress("with", result, out)
+        result["stall"] = _stall(cgroup, counter)
+    finally:
+        hog_proc.kill()
+        hog_proc.wait()
+    _progress("stall", result, out)
 
 
 if __name__ == "__main__":
