@@ -63,13 +63,13 @@ struct sched_ext_ops {
     char name[128];
 };
 
-/* The kfuncs used, as 7.3's BTF declares them; a kernel without one refuses the load. */
+/* The kfuncs used, as 7.3's BTF declares them; a kernel without one refuses the load. With
+ * per-node idle tracking the node-less idle kfuncs are errors: only the _node ones are used. */
 extern s32 scx_bpf_create_dsq(u64 dsq_id, s32 node) __ksym;
 extern void scx_bpf_dsq_insert(struct task_struct *p, u64 dsq_id, u64 slice, u64 enq_flags) __ksym;
 extern bool scx_bpf_dsq_move_to_local(u64 dsq_id) __ksym;
 extern s32 scx_bpf_select_cpu_dfl(struct task_struct *p, s32 prev_cpu, u64 wake_flags,
                                   bool *is_idle) __ksym;
-extern s32 scx_bpf_pick_idle_cpu(const struct cpumask *cpus_allowed, u64 flags) __ksym;
 extern s32 scx_bpf_pick_idle_cpu_node(const struct cpumask *cpus_allowed, s32 node,
                                       u64 flags) __ksym;
 extern s32 scx_bpf_cpu_node(s32 cpu) __ksym;
@@ -121,7 +121,8 @@ void BPF_PROG(placement_enqueue, struct task_struct *p, u64 enq_flags)
         return;
     }
     scx_bpf_dsq_insert(p, node, SLICE_NS, enq_flags);
-    cpu = scx_bpf_pick_idle_cpu(p->cpus_ptr, 0);
+    /* without IN_NODE: the node first (none idle), then the others */
+    cpu = scx_bpf_pick_idle_cpu_node(p->cpus_ptr, node, 0);
     if (cpu >= 0)
         scx_bpf_kick_cpu(cpu, SCX_KICK_IDLE);
 }
