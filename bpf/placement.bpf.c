@@ -12,13 +12,12 @@
  * the scheduler and returns them to the fair class.
  *
  * For a task whose cgroup is in `prefer` (cgroup id -> NUMA node):
- *   waking up: an idle CPU of the node among the task's allowed CPUs, claimed and run at once;
- *   otherwise queued on the node's queue (NODE_DSQ), with an idle CPU of the node kicked to run it
- *   at once (inserted into that CPU's own queue, so no other CPU takes it first); when none of
- *   the node is idle, an idle CPU elsewhere is kicked, which takes it only after its own node's
- *   queue and the shared one: work-conserving, so the node's business never starves the pod.
+ *   at a wake-up and whenever it is queued (its slice ended): an idle CPU of the node among the
+ *   task's allowed CPUs, claimed, and the task put in that CPU's own queue;
+ *   none idle: the shared FIFO queue, with an idle CPU elsewhere kicked to take it
+ *   (work-conserving: a busy node never leaves the pod waiting while another CPU idles).
  * Any other SCHED_EXT task: scx_simple's global FIFO (the default CPU choice, the shared queue).
- * Every CPU serves its own node's queue, then the shared one, then other nodes' queues.
+ * No loops, one queue: every CPU serves the shared queue when its own is empty.
  */
 #include "dialect.h"
 
@@ -26,7 +25,7 @@ typedef __s32 s32;
 typedef _Bool bool;
 
 #define MAX_NODES 64
-#define SHARED_DSQ 1024 /* NODE_DSQ(n) = n, below it */
+#define SHARED_DSQ 0
 #define SLICE_NS 20000000ULL /* SCX_SLICE_DFL */
 #define TIMEOUT_MS 30000 /* the watchdog's stall limit (the kernel's maximum and default) */
 
@@ -72,9 +71,7 @@ extern s32 scx_bpf_select_cpu_dfl(struct task_struct *p, s32 prev_cpu, u64 wake_
                                   bool *is_idle) __ksym;
 extern s32 scx_bpf_pick_idle_cpu_node(const struct cpumask *cpus_allowed, s32 node,
                                       u64 flags) __ksym;
-extern s32 scx_bpf_cpu_node(s32 cpu) __ksym;
 extern void scx_bpf_kick_cpu(s32 cpu, u64 flags) __ksym;
-extern u32 scx_bpf_nr_node_ids(void) __ksym;
 
 DECLARE_HASH(prefer, u64, u32, 65536);
 
@@ -98,7 +95,7 @@ s32 BPF_PROG(placement_select_cpu, struct task_struct *p, s32 prev_cpu, u64 wake
             scx_bpf_dsq_insert(p, SCX_DSQ_LOCAL, SLICE_NS, 0);
             return cpu;
         }
-        return prev_cpu; /* enqueue queues it on its node */
+        return prev_cpu; /* enqueue places it */
     }
     cpu = scx_bpf_select_cpu_dfl(p, prev_cpu, wake_flags, &idle);
     if (idle)
@@ -110,45 +107,34 @@ SEC("struct_ops/placement_enqueue")
 void BPF_PROG(placement_enqueue, struct task_struct *p, u64 enq_flags)
 {
     s32 node = preferred(p), cpu;
-    if (node < 0) {
-        scx_bpf_dsq_insert(p, SHARED_DSQ, SLICE_NS, enq_flags);
-        return;
+    if (node >= 0) {
+        cpu = scx_bpf_pick_idle_cpu_node(p->cpus_ptr, node, SCX_PICK_IDLE_IN_NODE);
+        if (cpu >= 0) {
+            /* into that CPU's own queue: no other CPU takes it first */
+            scx_bpf_dsq_insert(p, SCX_DSQ_LOCAL_ON | cpu, SLICE_NS, enq_flags);
+            scx_bpf_kick_cpu(cpu, SCX_KICK_IDLE);
+            return;
+        }
     }
-    cpu = scx_bpf_pick_idle_cpu_node(p->cpus_ptr, node, SCX_PICK_IDLE_IN_NODE);
-    if (cpu >= 0) {
-        scx_bpf_dsq_insert(p, SCX_DSQ_LOCAL_ON | cpu, SLICE_NS, enq_flags);
-        scx_bpf_kick_cpu(cpu, SCX_KICK_IDLE);
-        return;
+    scx_bpf_dsq_insert(p, SHARED_DSQ, SLICE_NS, enq_flags);
+    if (node >= 0) {
+        /* without IN_NODE: the node first (none idle), then the others */
+        cpu = scx_bpf_pick_idle_cpu_node(p->cpus_ptr, node, 0);
+        if (cpu >= 0)
+            scx_bpf_kick_cpu(cpu, SCX_KICK_IDLE);
     }
-    scx_bpf_dsq_insert(p, node, SLICE_NS, enq_flags);
-    /* without IN_NODE: the node first (none idle), then the others */
-    cpu = scx_bpf_pick_idle_cpu_node(p->cpus_ptr, node, 0);
-    if (cpu >= 0)
-        scx_bpf_kick_cpu(cpu, SCX_KICK_IDLE);
 }
 
 SEC("struct_ops/placement_dispatch")
 void BPF_PROG(placement_dispatch, s32 cpu, struct task_struct *prev)
 {
-    s32 own = scx_bpf_cpu_node(cpu);
-    u32 nodes = scx_bpf_nr_node_ids();
-    if (own >= 0 && own < MAX_NODES && scx_bpf_dsq_move_to_local(own))
-        return;
-    if (scx_bpf_dsq_move_to_local(SHARED_DSQ))
-        return;
-    for (u32 n = 0; n < MAX_NODES && n < nodes; n++)
-        if (n != own && scx_bpf_dsq_move_to_local(n))
-            return;
+    scx_bpf_dsq_move_to_local(SHARED_DSQ);
 }
 
 SEC("struct_ops.s/placement_init")
 s32 BPF_PROG(placement_init)
 {
-    u32 nodes = scx_bpf_nr_node_ids();
-    s32 err = scx_bpf_create_dsq(SHARED_DSQ, -1);
-    for (u32 n = 0; !err && n < MAX_NODES && n < nodes; n++)
-        err = scx_bpf_create_dsq(n, n);
-    return err;
+    return scx_bpf_create_dsq(SHARED_DSQ, -1);
 }
 
 SEC(".struct_ops.link")

@@ -246,8 +246,6 @@ def main(out: Path) -> None:
     if not result["sched_ext"]:
         (out / "result.json").write_text(json.dumps(result, indent=1))
         return
-    result["caps"] = _caps(cgroup)
-    _progress("caps", result, out)
     counter = Path("/tmp/hog")
     counter.write_text("")
     hog_proc = _spawn("hog", str(counter))
@@ -260,6 +258,8 @@ def main(out: Path) -> None:
         result["with"] = with_run
         result["with"]["state_after_kill"] = _unload_by_kill(with_run.pop("agent"))
         _progress("with", result, out)
+        result["caps"] = _caps(cgroup)
+        _progress("caps", result, out)
         result["stall"] = _stall(cgroup, counter)
     finally:
         hog_proc.kill()
