@@ -32,6 +32,7 @@ typedef _Bool bool;
 /* enum scx_dsq_id_flags, scx_ops_flags, scx_pick_idle_cpu_flags, scx_kick_flags (stable ABI) */
 #define SCX_DSQ_LOCAL 0x8000000000000002ULL
 #define SCX_DSQ_LOCAL_ON 0xc000000000000000ULL
+#define SCX_OPS_ENQ_LAST 2ULL
 #define SCX_OPS_SWITCH_PARTIAL 8ULL
 #define SCX_OPS_BUILTIN_IDLE_PER_NODE 64ULL
 #define SCX_PICK_IDLE_IN_NODE 2ULL
@@ -143,7 +144,9 @@ struct sched_ext_ops placement_ops = {
     .enqueue = (void *)placement_enqueue,
     .dispatch = (void *)placement_dispatch,
     .init = (void *)placement_init,
-    .flags = SCX_OPS_SWITCH_PARTIAL | SCX_OPS_BUILTIN_IDLE_PER_NODE,
+    /* ENQ_LAST: a CPU's only runnable task whose slice ends comes to enqueue too (by default
+     * the kernel keeps running it where it is, and a pod that never sleeps is never moved) */
+    .flags = SCX_OPS_SWITCH_PARTIAL | SCX_OPS_ENQ_LAST | SCX_OPS_BUILTIN_IDLE_PER_NODE,
     .timeout_ms = TIMEOUT_MS,
     .name = "kubenpu_placement",
 };
