@@ -278,7 +278,8 @@ class ExportConfig(_Model):
 
 class PlacementConfig(_Model):
     # The opt-in sched_ext scheduler that runs the tasks of each pod using a device on CPUs of
-    # the device's NUMA node (docs/scheduler.md); needs CAP_SYS_ADMIN and CAP_SYS_NICE.
+    # the device's NUMA node (docs/scheduler.md); needs CAP_BPF + CAP_PERFMON (or CAP_SYS_ADMIN)
+    # and CAP_SYS_NICE.
     scheduler: bool = False
 
 

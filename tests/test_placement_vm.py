@@ -15,7 +15,7 @@ from guest import boot
 
 KERNELS = os.environ.get("KUBENPU_PLACEMENT_KERNELS", "7.3").split()
 DEVICE_NODE, NODE0_CPUS = 1, (0, 1)
-SCHEDULER_CAPS = "SYS_ADMIN+SYS_NICE"  # kubenpu.kernel.placement.NEEDED
+SCHEDULER_CAPS = "SYS_ADMIN+SYS_NICE"  # SYS_ADMIN or BPF + PERFMON, and SYS_NICE
 
 pytestmark = pytest.mark.vm
 
@@ -45,7 +45,7 @@ def test_capabilities(result):
     caps = result["caps"]
     loads = {name for name, r in caps.items() if r["load"] == "ok"}
     policies = {name for name, r in caps.items() if r["policy"] == "ok"}
-    assert loads == {"SYS_ADMIN", "SYS_ADMIN+SYS_NICE"}, caps
+    assert loads == {"BPF+PERFMON", "SYS_ADMIN", "SYS_ADMIN+SYS_NICE"}, caps
     assert policies == {"SYS_NICE", "SYS_ADMIN+SYS_NICE"}, caps
     assert loads & policies == {SCHEDULER_CAPS}
 
