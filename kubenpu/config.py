@@ -315,6 +315,13 @@ class GuardConfig(_Model):
         return any(m != "off" for m in (self.mode, *self.namespaces.values()))
 
 
+class PlacementConfig(_Model):
+    # The opt-in sched_ext scheduler that runs the tasks of each pod using a device on CPUs of
+    # the device's NUMA node (docs/scheduler.md); needs CAP_BPF + CAP_PERFMON (or CAP_SYS_ADMIN)
+    # and CAP_SYS_NICE.
+    scheduler: bool = False
+
+
 NODE_NAME_MAX = 253  # a Kubernetes node name is a DNS subdomain
 
 
@@ -329,6 +336,7 @@ class Config(_Model):
     telemetry: TelemetryConfig = TelemetryConfig()
     export: ExportConfig = ExportConfig()
     guard: GuardConfig = GuardConfig()
+    placement: PlacementConfig = PlacementConfig()
 
     @model_validator(mode="after")
     def _guard_allocations(self) -> Config:

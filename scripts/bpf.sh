@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Compile bpf/kubenpu.bpf.c ahead of time into the CO-RE objects the agent loads (one per probe
 # mode), and bpf/jobs.bpf.c into the GPU jobs object (docs/jobs.md),
-# bpf/guard.bpf.c into the access guard's (docs/guard.md), with Debian's clang and libbpf headers: `clang -target bpf -g` against the minimal
-# bpf/vmlinux.h (docs/core.md). The kernel relocates nothing; libbpf does, at load, from BTF.
+# bpf/guard.bpf.c into the access guard's (docs/guard.md), bpf/placement.bpf.c into the placement
+# scheduler's (docs/scheduler.md), with Debian's clang and libbpf headers: `clang -target bpf -g`
+# against the minimal bpf/vmlinux.h (docs/core.md). The kernel relocates nothing; libbpf does, at load, from BTF.
 #   scripts/bpf.sh [OUTDIR]    default: kubenpu/kernel/objects (in the wheel, and where the
 #                              agent looks in a source tree)
 # Idempotent: an object newer than every source is kept. CLANG overrides the compiler.
@@ -32,6 +33,7 @@ objects=(
   "kubenpu-events kubenpu.bpf.c"
   "kubenpu-jobs jobs.bpf.c"
   "kubenpu-guard guard.bpf.c"
+  "kubenpu-placement placement.bpf.c"
 )
 for line in "${objects[@]}"; do
   read -r name source extra <<<"$line"

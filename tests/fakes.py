@@ -216,6 +216,7 @@ class FakeResolver:
         self.raises: BaseException | None = None  # the next resolve() raises this
         self.settled = settled or Attribution(reason="cri_error")
         self.forgotten: list[int] = []
+        self.paths: dict[int, str] = {}  # cgroup id -> its directory
         self.closed = False
 
     def resolve(self, cgroup_id: int) -> Attribution | None:
@@ -232,6 +233,9 @@ class FakeResolver:
 
     def alive(self, cgroup_id: int) -> bool:
         return cgroup_id not in self.dead
+
+    def path(self, cgroup_id: int) -> str | None:
+        return self.paths.get(cgroup_id)
 
     def removed(self) -> bool:
         return True  # no tree to watch: every reap checks every cgroup

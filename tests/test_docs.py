@@ -400,7 +400,13 @@ def test_the_layout_lists_the_import_layers():
 # The kernel programs' names (bpftool shows them; docs/performance.md quotes them) are none either.
 _PROGRAMS = {abi.BIRTHS, *abi.IOCTL_PROGRAMS.values()}
 _PROGRAMS |= {p for exits in abi.EXIT_PROGRAMS.values() for p in exits.values()}
-_NOT_METRICS = {"kubenpu_births", "kubenpu_testdrm", "kubenpu_device_throttle", *_PROGRAMS}
+_NOT_METRICS = {
+    "kubenpu_births",
+    "kubenpu_testdrm",
+    "kubenpu_device_throttle",
+    "kubenpu_placement",  # the sched_ext scheduler's name (docs/scheduler.md)
+    *_PROGRAMS,
+}
 
 
 def _exported_names() -> set[str]:

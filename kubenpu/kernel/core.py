@@ -39,6 +39,7 @@ _CALLS = (
     ("bpf_object__close", None, [_P]),
     ("bpf_map__set_max_entries", _INT, [_P, ctypes.c_uint32]),
     ("bpf_map__fd", _INT, [_P]),
+    ("bpf_map__attach_struct_ops", _P, [_P]),
     ("bpf_program__name", ctypes.c_char_p, [_P]),
     ("bpf_program__set_autoload", _INT, [_P, ctypes.c_bool]),
     ("bpf_program__attach", _P, [_P]),
@@ -187,6 +188,14 @@ class _Libbpf:
             self.lib.bpf_link__destroy(link)
         if obj:
             self.lib.bpf_object__close(obj)
+
+    def attach_struct_ops(self, obj: int, name: str) -> int:
+        """The struct bpf_link * of the struct_ops map `name`, registered with the kernel (for
+        sched_ext: the scheduler enabled). Destroying the link unregisters it."""
+        link = self.lib.bpf_map__attach_struct_ops(self.find_map(obj, name))
+        if not link:
+            raise ProbeError(f"attaching {name}: {self.why(ctypes.get_errno())}")
+        return link
 
     def attach(self, obj: int, name: str) -> int:
         """The struct bpf_link * of the program `name`, attached."""

@@ -25,7 +25,8 @@ OPTIONAL_FUNCTIONS = {"security_file_ioctl_compat"}  # from 6.8 (and stable back
 # needs the module's BTF object, which the kernel hands out only to CAP_SYS_ADMIN; fentry on a
 # vmlinux function needs CAP_BPF (maps, BTF) and CAP_PERFMON (tracing programs).
 HOOK_CAPABILITIES = {"drm_ioctl": ("SYS_ADMIN",), "security_file_ioctl": ("BPF", "PERFMON")}
-_CAP_BITS = {"SYS_ADMIN": 21, "PERFMON": 38, "BPF": 39}  # include/uapi/linux/capability.h
+# include/uapi/linux/capability.h
+_CAP_BITS = {"SYS_NICE": 23, "SYS_ADMIN": 21, "PERFMON": 38, "BPF": 39}
 
 
 def kernel_symbols(
@@ -74,7 +75,7 @@ def drm_exit(held: set[str], modules: Path = Path("/sys/module")) -> str:
 
 
 def effective_capabilities(status: Path = Path("/proc/self/status")) -> set[str]:
-    """The capabilities of HOOK_CAPABILITIES that this process holds."""
+    """The capabilities the loaders ask about (_CAP_BITS) that this process holds."""
     for line in status.read_text().splitlines():
         if line.startswith("CapEff:"):
             mask = int(line.split()[1], 16)

@@ -16,6 +16,7 @@ container the list lacks (created since) is looked up alone.
 """
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -73,6 +74,7 @@ class Resolver:
     ) -> None:
         """on_answer: called (on a pool thread) whenever a CRI lookup has finished, so a caller
         holding counts for it can take the answer at once."""
+        self._cgroup_root = cgroup_root
         self._index = CgroupIndex(cgroup_root, on_rebuild, clock, on_exhausted)
         self._cri = CriClient(cri_endpoint, cri_timeout, cri_retry_after, on_cri_request, clock)
         self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="kubenpu-cri")
@@ -155,6 +157,11 @@ class Resolver:
 
     def alive(self, cgroup_id: int) -> bool:
         return self._index.alive(cgroup_id)
+
+    def path(self, cgroup_id: int) -> str | None:
+        """The cgroup's directory (under the cgroup root), None if no such cgroup exists."""
+        found = self._index.path(cgroup_id)
+        return None if found is None else os.path.join(self._cgroup_root, found)
 
     def removed(self) -> bool:
         """Whether a cgroup may have been removed since the last True (CgroupIndex.removed)."""

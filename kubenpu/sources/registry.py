@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from kubenpu.metrics import own
 from kubenpu.metrics.series import Family, Series
-from kubenpu.sources import allocations, guard, jobs, telemetry, usage
+from kubenpu.sources import allocations, guard, jobs, placement, telemetry, usage
 from kubenpu.sources import wedges as uevents
 from kubenpu.sources.base import Node, Source
 from kubenpu.sources.calls import attribution
@@ -31,6 +31,8 @@ SOURCES = (
     Entry("telemetry", telemetry.build, telemetry.FAMILIES, stamped=True),  # after fdinfo, uevents
     Entry("allocations", allocations.build, allocations.FAMILIES, stamped=True),
     Entry("guard", guard.build, guard.FAMILIES, stamped=True),
+    # Exports nothing: it feeds the opt-in placement scheduler (docs/scheduler.md).
+    Entry("placement", placement.build, (), stamped=False),
 )
 # The calls (probe, events, attribution) are the loop's own, not a registered source: they are
 # the hot path. Their stamp is `kernel`.

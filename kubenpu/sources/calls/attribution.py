@@ -401,6 +401,13 @@ class Attributor:
                 self._expired_since_log,
             )
 
+    def used(self) -> dict[int, set[str]]:
+        """The devices (ids) each live cgroup has called, since it was first seen."""
+        return {
+            cgroup_id: {self._by_node[k.major, k.minor].id for k in keys}
+            for cgroup_id, keys in self._seen.items()
+        }
+
     def watch(self, cgroup_id: int) -> None:
         """Reap cgroup_id like a calling one (it holds a DRM client): retire its container when
         its directory is gone."""
