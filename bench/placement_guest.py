@@ -6,7 +6,10 @@ instructions (KUBENPU_VM_ICOUNT), paired rounds of tight loops of a counted DRM 
 - before: the CO-RE aggregate object built before the count (/out/kubenpu-aggregate-before.bpf.o,
   bench/placement-before.sh), its devices given without a node, as it knew them;
 - after: this tree's object, calls on CPU 0 (node 0: every call remote, both fields bumped);
-- after local: this tree's object, calls on CPU 2 (the GPU's node).
+- after local: this tree's object, calls on CPU 2 (the GPU's node);
+- main, main local: where OUT holds kubenpu-aggregate-main.bpf.o (bench/placement-before.sh OUT
+  REV main), an object with the count at REV, calls on CPU 0 and 2 as above: an earlier count's
+  cost against this tree's in the same boot.
 The probes are loaded in this process (CoreKernel, the LSM hook, durations off: the count alone).
 Each round starts every arm afresh in an order reversed every other round; an arm's figure of a
 round is the median of LOOPS loops; differences are taken round by round.
@@ -25,14 +28,23 @@ from pathlib import Path
 from guestlib import CREATE_DUMB, Call, drmcall_argv, reports
 
 from kubenpu.discovery import discover
+from kubenpu.kernel import abi
 from kubenpu.kernel.core import CoreKernel
 
 ROUNDS = int(os.environ.get("KUBENPU_PLACEMENT_ROUNDS", "8"))
 LOOPS = 3
 CALLS = 20000
 CGROUP = Path("/sys/fs/cgroup/placement-bench")
-ARMS = ("none", "before", "after", "after local")
-CPU = {"none": "0", "before": "0", "after": "0", "after local": "2"}
+MAIN = "kubenpu-aggregate-main.bpf.o"
+ARMS = ("none", "before", "after", "after local", "main", "main local")
+CPU = {"none": "0", "before": "0", "after": "0", "after local": "2", "main": "0", "main local": "2"}
+
+
+class Older(CoreKernel):
+    """An object built before the `cpu_nodes` table: the loader fills every other map."""
+
+    def shapes(self) -> dict[str, abi.MapShape]:
+        return {n: s for n, s in super().shapes().items() if n != abi.CPU_NODES}
 
 
 def tight(card: str, cpu: str) -> float:
@@ -50,10 +62,11 @@ def probe(arm: str, out: Path) -> CoreKernel | None:
         return None
     if arm == "before":  # the old layout has no node in the device table's value
         devices = [replace(d, numa_node=None) for d in devices]
-        path = out / "kubenpu-aggregate-before.bpf.o"
+    if arm.startswith(("before", "main")):
+        path = out / f"kubenpu-aggregate-{arm.split()[0]}.bpf.o"
+        kernel = Older(devices, path=path, hook="security_file_ioctl", durations=False)
     else:
-        path = None
-    kernel = CoreKernel(devices, path=path, hook="security_file_ioctl", durations=False)
+        kernel = CoreKernel(devices, hook="security_file_ioctl", durations=False)
     kernel.start(lambda _: None)
     return kernel
 
@@ -62,9 +75,10 @@ def main(out: Path) -> int:
     CGROUP.mkdir(exist_ok=True)
     gpu = next(d for d in discover("/") if d.numa_node == 1)
     card = next(n.path for n in gpu.nodes if n.name.startswith("card"))
-    found: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    arms = [a for a in ARMS if not a.startswith("main") or (out / MAIN).exists()]
+    found: dict[str, list[float]] = {arm: [] for arm in arms}
     for r in range(ROUNDS):
-        for arm in ARMS[:: 1 if r % 2 == 0 else -1]:
+        for arm in arms[:: 1 if r % 2 == 0 else -1]:
             kernel = probe(arm, out)
             try:
                 loops = [tight(card, CPU[arm]) for _ in range(LOOPS)]
