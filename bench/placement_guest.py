@@ -8,8 +8,8 @@ instructions (KUBENPU_VM_ICOUNT), paired rounds of tight loops of a counted DRM 
 - after: this tree's object, calls on CPU 0 (node 0: every call remote, both fields bumped);
 - after local: this tree's object, calls on CPU 2 (the GPU's node);
 - main, main local: where OUT holds kubenpu-aggregate-main.bpf.o (bench/placement-before.sh OUT
-  REV main), an object with the count at REV, calls on CPU 0 and 2 as above: an earlier count's
-  cost against this tree's in the same boot.
+  REV main), the object of another revision of the count, calls on CPU 0 and 2 as above: two
+  ways of counting compared in the same boot.
 The probes are loaded in this process (CoreKernel, the LSM hook, durations off: the count alone).
 Each round starts every arm afresh in an order reversed every other round; an arm's figure of a
 round is the median of LOOPS loops; differences are taken round by round.
@@ -28,7 +28,6 @@ from pathlib import Path
 from guestlib import CREATE_DUMB, Call, drmcall_argv, reports
 
 from kubenpu.discovery import discover
-from kubenpu.kernel import abi
 from kubenpu.kernel.core import CoreKernel
 
 ROUNDS = int(os.environ.get("KUBENPU_PLACEMENT_ROUNDS", "8"))
@@ -38,13 +37,6 @@ CGROUP = Path("/sys/fs/cgroup/placement-bench")
 MAIN = "kubenpu-aggregate-main.bpf.o"
 ARMS = ("none", "before", "after", "after local", "main", "main local")
 CPU = {"none": "0", "before": "0", "after": "0", "after local": "2", "main": "0", "main local": "2"}
-
-
-class Older(CoreKernel):
-    """An object built before the `cpu_nodes` table: the loader fills every other map."""
-
-    def shapes(self) -> dict[str, abi.MapShape]:
-        return {n: s for n, s in super().shapes().items() if n != abi.CPU_NODES}
 
 
 def tight(card: str, cpu: str) -> float:
@@ -64,9 +56,9 @@ def probe(arm: str, out: Path) -> CoreKernel | None:
         devices = [replace(d, numa_node=None) for d in devices]
     if arm.startswith(("before", "main")):
         path = out / f"kubenpu-aggregate-{arm.split()[0]}.bpf.o"
-        kernel = Older(devices, path=path, hook="security_file_ioctl", durations=False)
     else:
-        kernel = CoreKernel(devices, hook="security_file_ioctl", durations=False)
+        path = None
+    kernel = CoreKernel(devices, path=path, hook="security_file_ioctl", durations=False)
     kernel.start(lambda _: None)
     return kernel
 

@@ -122,12 +122,6 @@ struct count_value {
     u64 remote;
 };
 DECLARE_PERCPU_HASH(counts, struct count_key, struct count_value, COUNTS_ENTRIES);
-/* CPU -> its NUMA node + 1, filled by user space from sysfs before attach (node 0 where sysfs
- * names none, as bpf_get_numa_node_id() says there). An array the verifier inlines, read with bpf_get_smp_processor_id(), which the verifier
- * inlines too on x86-64 from 6.10: no helper call per counted call on 7.3, where
- * bpf_get_numa_node_id() is a real call. A map, not a global: BCC has no global data. */
-#define CPU_SLOTS 1024
-DECLARE_ARRAY(cpu_nodes, u32, CPU_SLOTS);
 #endif
 
 /* Durations and return values (docs/latency.md): aggregate mode, CO-RE only. The counting entry
@@ -202,9 +196,7 @@ static __always_inline int device_vendor(u32 rdev, u32 *vendor, u32 *node)
  * node + 1, 0 for none). */
 static __always_inline u64 remote_call(u32 node)
 {
-    u32 cpu = bpf_get_smp_processor_id();
-    u32 *cpu_node = cpu_node_of(&cpu);
-    return node && cpu_node && node != *cpu_node;
+    return node && node - 1 != (u32)bpf_get_numa_node_id();
 }
 #endif
 

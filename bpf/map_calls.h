@@ -17,7 +17,6 @@ static __always_inline void *ring_reserve(u64 size) { return events.ringbuf_rese
 static __always_inline void ring_submit(void *record) { events.ringbuf_submit(record, 0); }
 #ifdef KUBENPU_AGGREGATE
 static __always_inline struct count_value *count_of(struct count_key *key) { return counts.lookup(key); }
-static __always_inline u32 *cpu_node_of(u32 *cpu) { return cpu_nodes.lookup(cpu); }
 static __always_inline int count_insert(struct count_key *key, struct count_value *one)
 {
     return counts.insert(key, one);
@@ -37,7 +36,6 @@ static __always_inline struct count_value *count_of(struct count_key *key)
 {
     return bpf_map_lookup_elem(&counts, key);
 }
-static __always_inline u32 *cpu_node_of(u32 *cpu) { return bpf_map_lookup_elem(&cpu_nodes, cpu); }
 static __always_inline int count_insert(struct count_key *key, struct count_value *one)
 {
     return bpf_map_update_elem(&counts, key, one, BPF_NOEXIST);

@@ -184,39 +184,6 @@ def test_the_device_table_holds_each_devices_numa_node_beside_its_vendor() -> No
     assert decoded == {0: (i915, 1), 1: (i915, 0), 2: (i915, -1), 3: (i915, -1)}
 
 
-def test_the_cpu_table_holds_each_cpus_numa_node(tmp_path) -> None:
-    """`cpu_nodes` (bpf/kubenpu.bpf.c remote_call) is node + 1 by CPU, from sysfs's cpuN/nodeM
-    links; a CPU sysfs names no node of (a kernel without NUMA) is on node 0, as
-    bpf_get_numa_node_id() says there, and CPUs past the table are left out."""
-    cpus = tmp_path / "devices/system/cpu"
-    for cpu, node in ((0, 0), (1, 1), (3, 1), (abi.CPU_SLOTS, 1)):
-        (cpus / f"cpu{cpu}").mkdir(parents=True)
-        (cpus / f"cpu{cpu}" / f"node{node}").symlink_to(tmp_path)
-    (cpus / "cpu2").mkdir()
-    slots = maps.cpu_node_slots(tmp_path)
-    assert len(slots) == abi.CPU_SLOTS
-    assert slots[:5] == [1, 2, 1, 2, 1] and set(slots[4:]) == {1}
-
-
-def test_the_cpu_table_is_filled_at_load() -> None:
-    """A real `cpu_nodes` map (bpf(2) on the host: no program runs) holds this machine's table
-    once the maps are filled; a pinned program's maps, which do not reopen it, fill without it."""
-    shapes = abi.map_shapes(True, 1, 64)
-    names = (abi.MINORS, abi.DEVICES, abi.IOCTLS, abi.CPU_NODES)
-    fds = {name: bpfsys.map_create(*shapes[name], name) for name in names}
-    try:
-        Maps(fds).fill([])
-        table = [
-            abi.U32.unpack(bpfsys.lookup(fds[abi.CPU_NODES], abi.U32.pack(cpu), 4))[0]
-            for cpu in range(abi.CPU_SLOTS)
-        ]
-        assert table == maps.cpu_node_slots() and table[0] >= 1
-        Maps({n: fds[n] for n in names[:3]}).fill([])
-    finally:
-        for fd in fds.values():
-            os.close(fd)
-
-
 def _packed(key: Key) -> bytes:
     return abi.COUNT_KEY.pack(key.cgroup_id, dev_t(key.major, key.minor), key.kind)
 

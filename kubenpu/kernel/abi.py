@@ -38,8 +38,6 @@ LOST = "lost"  # u64 per CPU, by LOST_SLOTS index (per-CPU array)
 EVENTS = "events"  # ring buffer of EVENT and BIRTH records
 GATE = "gate"  # u32 at index 0: GATE_CLOSED / GATE_OPEN / GATE_HANDOVER (array)
 COUNTS = "counts"  # COUNT_KEY -> COUNT_VALUE per CPU (per-CPU hash, aggregate mode only)
-CPU_NODES = "cpu_nodes"  # u32 CPU -> u32 its NUMA node + 1 (array, aggregate mode only)
-CPU_SLOTS = 1024  # CPUs the placement count knows the node of; a call on a later one is local
 MAPS = (MINORS, DEVICES, IOCTLS, LOST, EVENTS, GATE)  # every mode's; COUNTS in aggregate mode
 DEVICES_ENTRIES = 256
 COUNTS_ENTRIES = 16384  # the default size of `counts`
@@ -149,7 +147,6 @@ def map_shapes(
     if aggregate:
         value = COUNT_VALUE.size
         shapes[COUNTS] = MapShape(MAP_TYPE_PERCPU_HASH, COUNT_KEY.size, value, counts_entries)
-        shapes[CPU_NODES] = MapShape(MAP_TYPE_ARRAY, u32, u32, CPU_SLOTS)
     if durations_entries:
         value = DURATION_VALUE.size
         shapes[DURATIONS] = MapShape(MAP_TYPE_HASH, COUNT_KEY.size, value, durations_entries)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 
 from kubenpu.discovery import Device
 from kubenpu.kernel import abi, bpfsys
@@ -201,17 +200,6 @@ def empty_devices(fds: Mapping[str, int]) -> None:
         bpfsys.delete(fds[abi.DEVICES], key)
 
 
-def cpu_node_slots(sys: Path = Path("/sys")) -> list[int]:
-    """Every `cpu_nodes` slot: the CPU's NUMA node + 1 from sysfs (cpuN/nodeM); node 0 where
-    sysfs names none (a kernel without NUMA), as bpf_get_numa_node_id() says there."""
-    slots = [1] * abi.CPU_SLOTS
-    for link in (sys / "devices/system/cpu").glob("cpu[0-9]*/node[0-9]*"):
-        cpu = int(link.parent.name.removeprefix("cpu"))
-        if cpu < abi.CPU_SLOTS:
-            slots[cpu] = int(link.name.removeprefix("node")) + 1
-    return slots
-
-
 class Maps:
     """A loaded probe's maps, by name -> fd (abi.MAPS, plus abi.COUNTS in aggregate mode). The
     caller owns the fds."""
@@ -238,8 +226,6 @@ class Maps:
             bpfsys.update(fd, key, abi.U32.pack(value))
         slots = [ioctls.get(i, 0) for i in range(abi.IOCTL_SLOTS)]
         bpfsys.update_batch(self.fds[abi.IOCTLS], range(abi.IOCTL_SLOTS), slots)
-        if abi.CPU_NODES in self.fds:  # aggregate mode, at load (a pinned one keeps its own)
-            bpfsys.update_batch(self.fds[abi.CPU_NODES], range(abi.CPU_SLOTS), cpu_node_slots())
 
     def set_gate(self, state: int) -> None:
         """The gate's state (abi.GATE_*), keeping its GATE_TIMED bit."""
