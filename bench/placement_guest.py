@@ -6,7 +6,10 @@ instructions (KUBENPU_VM_ICOUNT), paired rounds of tight loops of a counted DRM 
 - before: the CO-RE aggregate object built before the count (/out/kubenpu-aggregate-before.bpf.o,
   bench/placement-before.sh), its devices given without a node, as it knew them;
 - after: this tree's object, calls on CPU 0 (node 0: every call remote, both fields bumped);
-- after local: this tree's object, calls on CPU 2 (the GPU's node).
+- after local: this tree's object, calls on CPU 2 (the GPU's node);
+- main, main local: where OUT holds kubenpu-aggregate-main.bpf.o (bench/placement-before.sh OUT
+  REV main), the object of another revision of the count, calls on CPU 0 and 2 as above: two
+  ways of counting compared in the same boot.
 The probes are loaded in this process (CoreKernel, the LSM hook, durations off: the count alone).
 Each round starts every arm afresh in an order reversed every other round; an arm's figure of a
 round is the median of LOOPS loops; differences are taken round by round.
@@ -31,8 +34,9 @@ ROUNDS = int(os.environ.get("KUBENPU_PLACEMENT_ROUNDS", "8"))
 LOOPS = 3
 CALLS = 20000
 CGROUP = Path("/sys/fs/cgroup/placement-bench")
-ARMS = ("none", "before", "after", "after local")
-CPU = {"none": "0", "before": "0", "after": "0", "after local": "2"}
+MAIN = "kubenpu-aggregate-main.bpf.o"
+ARMS = ("none", "before", "after", "after local", "main", "main local")
+CPU = {"none": "0", "before": "0", "after": "0", "after local": "2", "main": "0", "main local": "2"}
 
 
 def tight(card: str, cpu: str) -> float:
@@ -50,7 +54,8 @@ def probe(arm: str, out: Path) -> CoreKernel | None:
         return None
     if arm == "before":  # the old layout has no node in the device table's value
         devices = [replace(d, numa_node=None) for d in devices]
-        path = out / "kubenpu-aggregate-before.bpf.o"
+    if arm.startswith(("before", "main")):
+        path = out / f"kubenpu-aggregate-{arm.split()[0]}.bpf.o"
     else:
         path = None
     kernel = CoreKernel(devices, path=path, hook="security_file_ioctl", durations=False)
@@ -62,9 +67,10 @@ def main(out: Path) -> int:
     CGROUP.mkdir(exist_ok=True)
     gpu = next(d for d in discover("/") if d.numa_node == 1)
     card = next(n.path for n in gpu.nodes if n.name.startswith("card"))
-    found: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    arms = [a for a in ARMS if not a.startswith("main") or (out / MAIN).exists()]
+    found: dict[str, list[float]] = {arm: [] for arm in arms}
     for r in range(ROUNDS):
-        for arm in ARMS[:: 1 if r % 2 == 0 else -1]:
+        for arm in arms[:: 1 if r % 2 == 0 else -1]:
             kernel = probe(arm, out)
             try:
                 loops = [tight(card, CPU[arm]) for _ in range(LOOPS)]
