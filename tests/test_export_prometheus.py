@@ -45,7 +45,7 @@ from kubenpu.metrics.own import (
     SOURCE_FAILED,
     STAMPS,
 )
-from kubenpu.sources import jobs, telemetry
+from kubenpu.sources import guard, jobs, telemetry
 from kubenpu.sources import wedges as uevents
 from kubenpu.sources.allocations import ALLOCATIONS
 from kubenpu.sources.calls.attribution import DROPS, DURATIONS, EVENTS, REMOTE, UNNAMED
@@ -151,6 +151,9 @@ def fill(tel: export.Exporters) -> None:
     m.put(jobs.IDLE, where, "gfx_0.0.0", 5_000_000)
     m.put(jobs.RESETS[POD_HANGS], where, "", 1)
     m.put(jobs.RESETS[RESET_VICTIMS], where, "", 1)
+    m.set(guard.DENIED, "", {("ns", "p", "u-1", "0000:03:00.0", "open", "enforce"): (1, 1)})
+    m.set(guard.UNCHECKED_FAMILY, ("0000:03:00.0", "open", "unseen"), 1)
+    m.set(guard.POLICY, "", {("ns", "p", "u-1", "0000:03:00.0", "enforce", "denied"): 1})
 
 
 # Two calls of 2.0 ms (bucket -36, (1.95, 2.32] ms), one of 50 ms (bucket -18, (44.2, 52.6]

@@ -306,7 +306,9 @@ def test_durations_are_read_and_forgotten_with_the_counts() -> None:
         for key, (total, slots, errors) in values.items():
             packed = _packed(key)
             bpfsys.update(fds[abi.DURATIONS], packed, _durations_value(total, slots, errors))
-            bpfsys.update(fds[abi.COUNTS], packed, b"\0" * 8 * bpfsys.possible_cpus())
+            bpfsys.update(
+                fds[abi.COUNTS], packed, b"\0" * abi.COUNT_VALUE.size * bpfsys.possible_cpus()
+            )
         read = Maps(fds).read_durations()
         assert set(read) == {gone, kept}
         assert read[gone].sum_ns == 5_000_000
@@ -337,7 +339,7 @@ def test_a_node_with_no_calls_yet_reads_empty_maps_and_then_its_first_key() -> N
             assert probe.read_counts() == {} and probe.read_durations() == {}
         key = Key(4321, 226, 0, 2)
         ncpus = bpfsys.possible_cpus()
-        bpfsys.update(fds[abi.COUNTS], _packed(key), abi.U64.pack(3) * ncpus)
+        bpfsys.update(fds[abi.COUNTS], _packed(key), abi.COUNT_VALUE.pack(3, 0) * ncpus)
         bpfsys.update(fds[abi.DURATIONS], _packed(key), _durations_value(7, {0: 1}, {}))
         assert probe.read_counts() == {key: 3 * ncpus}
         assert probe.read_durations()[key].sum_ns == 7

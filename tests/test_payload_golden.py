@@ -49,6 +49,7 @@ from kubenpu.metrics.own import (
 )
 from kubenpu.metrics.series import Series as Metrics
 from kubenpu.sources import allocations as alloc
+from kubenpu.sources import guard as guard_room
 from kubenpu.sources import jobs as gpu_jobs
 from kubenpu.sources import telemetry as tel
 from kubenpu.sources import usage, wedges
@@ -74,7 +75,8 @@ OLD_UID = "5b8a2c1d-0000-4c5e-8f9a-0b1c2d3e4f5a"  # the same pod name, before a 
 TRAINER = Where("ml", "trainer-0", UID, "worker", *MI210)
 OLD_TRAINER = Where("ml", "trainer-0", OLD_UID, "worker", *MI210)
 SERVER = Where("serving", "llm-0", "7d1e2f3a-4b5c-4d6e-8f70-8192a3b4c5d6", "server", *NPU)
-BATCH = Where("batch", "job-0", "9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c6d", "step", *MI210)
+BATCH_UID = "9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c6d"
+BATCH = Where("batch", "job-0", BATCH_UID, "step", *MI210)
 CTR = Where("default", "", "", "ctr-bench", *MI210)  # started with ctr: no pod labels
 HOST_TOOL = Where("", "", "", "", *MI210)  # a host process: counted, labels empty
 
@@ -323,6 +325,23 @@ def uevents(m: Metrics) -> None:
     m.put(gpu_jobs.RESETS[c.RESET_VICTIMS], OLD_TRAINER, "", 1)
 
 
+def guard(m: Metrics) -> None:
+    """The access guard: opens denied in enforce, ioctls audit would deny, an open by a pod
+    cgroup not yet seen, and the policy of the last refresh."""
+    batch, trainer = ("batch", "job-0", BATCH_UID), ("ml", "trainer-0", UID)
+    denied = {
+        (*batch, MI210[0], "open", "enforce"): (2, AGENT_START_NS + 3 * SECOND),
+        (*trainer, NPU[0], "ioctl", "audit"): (5, AGENT_START_NS + 4 * SECOND),
+    }
+    m.set(guard_room.DENIED, "", denied)
+    m.set(guard_room.UNCHECKED_FAMILY, (MI210[0], "open", "unseen"), 1)
+    policy = {
+        (*batch, MI210[0], "enforce", "denied"): 1,
+        (*trainer, MI210[0], "audit", "allocated"): 1,
+    }
+    m.set(guard_room.POLICY, "", policy)
+
+
 def exporters(m: Metrics) -> None:
     """The exporters' own: a failed push, a refused accept, the certificates checked at start."""
     m.set(EXPORT_FAILED, "", 1)
@@ -363,6 +382,7 @@ SOURCES: tuple[Callable[[Metrics], None], ...] = (
     telemetry,
     allocations,
     uevents,
+    guard,
     exporters,
     old_trainer_gone,
     over_the_cap,
