@@ -16,10 +16,16 @@ from collections.abc import Callable, Iterable
 
 import pytest
 
+from kubenpu import config
+from kubenpu.discovery import Device, not_ignored
 from kubenpu.kernel import abi, bpfsys
 from kubenpu.kernel.errors import ProbeError
 from kubenpu.kernel.records import Durations
 from kubenpu.resolve import Attribution
+from kubenpu.sources import registry
+from kubenpu.sources.activity import Activity
+from kubenpu.sources.base import Node
+from kubenpu.sources.calls.attribution import Attributor
 from kubenpu.sources.calls.events import KERNEL_LOST, Key
 
 _RECORD = struct.Struct("<QQIIIIII")  # the C struct event, packed independently of kubenpu
@@ -251,3 +257,18 @@ class FakeResolver:
 
     def close(self) -> None:
         self.closed = True
+
+
+def fake_node(cfg: config.Config, found: list[Device]) -> Node:
+    """A Node as wiring.start builds it, on a fresh series table and a FakeResolver: what a
+    source's build() is given."""
+    table, resolver = registry.table(300, 1000), FakeResolver()
+    return Node(
+        cfg,
+        table,
+        found,
+        not_ignored(found, ()),
+        resolver,
+        Attributor(found, resolver, table),
+        activity=Activity(300),
+    )

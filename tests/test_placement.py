@@ -10,17 +10,15 @@ import logging
 from pathlib import Path
 
 import pytest
-from fakes import FakeResolver
+from fakes import FakeResolver, fake_node
 from helpers import helm_values, make_config, render_helm
 
-from kubenpu.discovery import Device, not_ignored
+from kubenpu.discovery import Device
 from kubenpu.kernel import placement as pl
 from kubenpu.kernel.errors import Cause, ProbeError
 from kubenpu.resolve.result import Attribution
 from kubenpu.sources import registry
-from kubenpu.sources.activity import Activity
 from kubenpu.sources.base import Node, Report
-from kubenpu.sources.calls.attribution import Attributor
 from kubenpu.sources.placement import Placement, build, preferred
 
 MAX_ENTRIES = 65536  # bpf/placement.bpf.c's prefer
@@ -191,18 +189,7 @@ def test_a_scheduler_the_kernel_disabled_is_unloaded_with_one_line(
 @pytest.fixture
 def node(tmp_path: Path) -> Node:
     cfg = make_config(tmp_path, "placement:\n  scheduler: true\n")
-    table = registry.table(300, 1000)
-    found = [GPU0, GPU1]
-    resolver = FakeResolver()
-    return Node(
-        cfg,
-        table,
-        found,
-        not_ignored(found, ()),
-        resolver,
-        Attributor(found, resolver, table),
-        activity=Activity(300),
-    )
+    return fake_node(cfg, [GPU0, GPU1])
 
 
 def test_off_by_default(node: Node) -> None:

@@ -8,22 +8,20 @@ import threading
 from pathlib import Path
 
 import pytest
-from fakes import Clock, FakeResolver
+from fakes import Clock, fake_node
 from helpers import eventually, make_config
 from test_guard_source import GuardKernel
 
 from kubenpu.agent.health import Health
 from kubenpu.agent.loop import Agent
 from kubenpu.agent.wiring import start
-from kubenpu.discovery import discover, not_ignored
+from kubenpu.discovery import discover
 from kubenpu.kernel import guard as kernel_guard
 from kubenpu.metrics.catalogue import COUNTER_SOURCES, SOURCE_ERRORS, SOURCE_READ_DURATION
 from kubenpu.metrics.catalogue import COUNTERS_READ as STAMP
 from kubenpu.services import Services, Worker
 from kubenpu.sources import registry
-from kubenpu.sources.activity import Activity
 from kubenpu.sources.base import Node, Report, Runs
-from kubenpu.sources.calls.attribution import Attributor
 
 TESTDATA = Path(__file__).parent / "testdata"
 EVERY_SOURCE = """\
@@ -111,18 +109,7 @@ def node(tmp_path: Path, monkeypatch) -> Node:
     monkeypatch.setattr(kernel_guard, "GuardKernel", GuardKernel)
     cfg = make_config(tmp_path, EVERY_SOURCE.format(socket=tmp_path / "kubelet.sock"))
     cfg.discovery.root = str(TESTDATA / "intel-arc-xe")
-    table = registry.table(300, 1000)
-    found = discover(cfg.discovery.root)
-    resolver = FakeResolver()
-    return Node(
-        cfg,
-        table,
-        found,
-        not_ignored(found, ()),
-        resolver,
-        Attributor(found, resolver, table),
-        activity=Activity(300),
-    )
+    return fake_node(cfg, discover(cfg.discovery.root))
 
 
 # The placement feeder is built only where a sched_ext scheduler loads (tests/test_placement.py).

@@ -129,16 +129,20 @@ def _contention_parser(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("device", metavar="DEVICE", help="the device id, e.g. 0000:03:00.0")
     _url_option(parser)
+    _window_option(parser, "the wait")
+    parser.add_argument("--output", "-o", choices=("table", "json"), default="table")
+    parser.set_defaults(run=_contention)
+
+
+def _window_option(parser: argparse.ArgumentParser, what: str) -> None:
     _seconds_option(
         parser,
         "--window",
         parse=_window,
         default=10.0,
-        help="the wait between two reads that many seconds apart (default 10; 0: the totals "
+        help=f"{what} between two reads that many seconds apart (default 10; 0: the totals "
         "since the agent started)",
     )
-    parser.add_argument("--output", "-o", choices=("table", "json"), default="table")
-    parser.set_defaults(run=_contention)
 
 
 def _window(text: str) -> float:
@@ -177,14 +181,7 @@ def _placement_parser(commands: argparse._SubParsersAction) -> None:
     )
     _url_option(parser)
     parser.add_argument("--root", default="/", help="read DIR/sys (the CPUs) instead of /sys")
-    _seconds_option(
-        parser,
-        "--window",
-        parse=_window,
-        default=10.0,
-        help="the calls between two reads that many seconds apart (default 10; 0: the totals "
-        "since the agent started)",
-    )
+    _window_option(parser, "the calls")
     parser.add_argument("--output", "-o", choices=("table", "json"), default="table")
     parser.set_defaults(run=_placement)
 
