@@ -185,6 +185,33 @@ def test_a_pod_the_runtime_does_not_name_yet_is_allowed_and_counted_unseen(tmp_p
     assert _points(table, ACCESS_DENIED) == {}
 
 
+def test_the_runtime_is_asked_for_pod_names_only_when_the_tree_holds_a_new_uid(tmp_path):
+    """A uid names one pod for its life: a list at every refresh doubled the agent's CRI
+    requests on the real node (tests/test_node_vm.py, 48 where 25 are allowed)."""
+    tree, table = Tree(tmp_path), registry.table(300, 1000)
+    asked: list[int] = []
+    names = {("team", "a"): UID_A}
+
+    def pod_uids() -> dict:
+        asked.append(1)
+        return dict(names)
+
+    kernel = GuardKernel()
+    kubelet = Kubelet([_alloc("a", GPU0.id)], [_alloc("", GPU0.id)])
+    settings = GuardConfig.model_validate({"mode": "enforce"})
+    source = Guard(settings, kernel, kubelet, ById(), DEVICES, pod_uids, str(tmp_path), table, 30.0)  # type: ignore[arg-type]
+    kernel.start(g.Policy(), g.Clock(30 * 10**9), time.monotonic_ns())
+    tree.container(UID_A, 1)
+    source.refresh()
+    source.refresh()
+    assert len(asked) == 1
+    names[("team", "b")] = UID_B
+    b = tree.container(UID_B, 2)
+    source.refresh()  # one new uid: one more list, and pod b is in the policy
+    source.refresh()
+    assert len(asked) == 2 and b in source.policy.pods
+
+
 def test_a_birth_brings_a_new_pod_into_the_policy_before_the_next_refresh(tmp_path):
     tree, table = Tree(tmp_path), registry.table(300, 1000)
     tree.container(UID_A, 1)

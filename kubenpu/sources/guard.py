@@ -331,6 +331,7 @@ class Guard:
         self._mapper = mapper
         self._devices = devices
         self._pod_uids = pod_uids
+        self._named: dict[str, tuple[str, str]] = {}  # pod uid -> (namespace, name)
         self._root = cgroup_root
         self._metrics = metrics
         self._clock = clock
@@ -436,15 +437,19 @@ class Guard:
 
     def _pods(self, tree: Tree) -> list[Pod]:
         """The pods of the tree the runtime names (a pod it does not name yet stays out of the
-        policy: the kernel allows it, counted unseen)."""
-        uids = self._pod_uids()
-        if uids is None:
-            raise ProbeError("the container runtime did not answer (pod names)")
-        named = {uid: pod for pod, uid in uids.items()}
+        policy: the kernel allows it, counted unseen). A uid names one pod for its life, so the
+        runtime is asked only when the tree holds a uid not named yet: a list at every refresh
+        doubled the agent's CRI requests (tests/test_node_vm.py counts them)."""
+        if not tree.pods.keys() <= self._named.keys():
+            uids = self._pod_uids()
+            if uids is None:
+                raise ProbeError("the container runtime did not answer (pod names)")
+            self._named |= {uid: pod for pod, uid in uids.items()}
+        self._named = {uid: pod for uid, pod in self._named.items() if uid in tree.pods}
         return [
-            Pod(uid, *named[uid], cgroup_ids=ids, devices=frozenset())
+            Pod(uid, *self._named[uid], cgroup_ids=ids, devices=frozenset())
             for uid, ids in tree.pods.items()
-            if uid in named
+            if uid in self._named
         ]
 
     def _allocatable(self) -> set[str]:
