@@ -1463,16 +1463,9 @@ def test_every_alert_and_panel_finds_its_series_on_both_paths(tools: Path) -> No
     ]
     gaps = {path: {q: unmatched(q, series) for q in queries} for path, series in paths.items()}
     assert gaps["collector"] == gaps["scrape"]
-    # The golden payload's one throttle point is the `status` reason, which that panel leaves out;
-    # its agent runs without the access guard (off by default), whose series the queries below
-    # find in the dashboards recording (tests/test_dashboards.py) and the alerts' promtool tests.
+    # The golden payload's one throttle point is the `status` reason, which that panel leaves out.
     assert {g for found in gaps["scrape"].values() for g in found} == {
         'kubenpu_device_throttle_ratio{node=~".*", reason!="status"}',
-        'kubenpu_device_access_denied_total{mode="enforce"}',
-        'kubenpu_device_access_denied_total{mode="audit"}',
-        'kubenpu_device_access_denied_total{node=~".*", namespace=~".*", pod!=""}',
-        'kubenpu_device_access_policy{node=~".*", namespace=~".*", pod!=""}',
-        'kubenpu_device_access_unchecked_total{node=~".*"}',
     }
 
 
