@@ -443,6 +443,12 @@ RECORDED_SINCE = {
     ),
     "GPU device resets by pod: hung, and work lost": "kubenpu_pod_device_hangs_total",
     "Calls held for the CRI": "kubenpu_pending_calls",
+    # The guard's series exist only with guard.mode on; the remote calls only for a device with
+    # a NUMA node (the e2e machine's virtio GPU has none): tests/test_dashboards.py checks them.
+    "Device access denied by the guard": "kubenpu_device_access_denied_total",
+    "Guard policy": "kubenpu_device_access_policy",
+    "Device accesses the guard let through unchecked": "kubenpu_device_access_unchecked_total",
+    "Share of calls from another NUMA node, by pod and device": "kubenpu_ioctl_remote_node_total",
     "Probe pinned in bpffs": "kubenpu_probe_pinned",
     **dict.fromkeys(
         (
