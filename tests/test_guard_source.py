@@ -23,6 +23,7 @@ from kubenpu.kernel import guard as g
 from kubenpu.kernel.errors import ProbeError
 from kubenpu.metrics.catalogue import ACCESS_DENIED, ACCESS_POLICY, ACCESS_UNCHECKED
 from kubenpu.metrics.series import Series
+from kubenpu.resolve.cri import Sandbox
 from kubenpu.resolve.podresources.client import Allocated
 from kubenpu.sources import guard, registry
 from kubenpu.sources.guard import Guard
@@ -110,11 +111,17 @@ def _alloc(pod: str, device: str) -> Allocated:
 
 
 def _guard(tmp_path: Path, table: Series, names: dict, **cfg) -> tuple[Guard, GuardKernel, Kubelet]:
+    """A guard whose runtime names the pods of `names` ((namespace, name) -> uid, read at
+    each ask), with no labels."""
     kernel = GuardKernel()
     kubelet = Kubelet([_alloc("a", GPU0.id)], [_alloc("", GPU0.id), _alloc("", GPU1.id)])
     settings = GuardConfig.model_validate({"mode": "enforce", **cfg})
+
+    def sandboxes() -> dict:
+        return {pod: Sandbox(uid) for pod, uid in names.items()}
+
     source = Guard(
-        settings, kernel, kubelet, ById(), DEVICES, lambda: names, str(tmp_path), table, 30.0
+        settings, kernel, kubelet, ById(), DEVICES, sandboxes, str(tmp_path), table, 30.0
     )  # type: ignore[arg-type]
     return source, kernel, kubelet
 
@@ -192,14 +199,14 @@ def test_the_runtime_is_asked_for_pod_names_only_when_the_tree_holds_a_new_uid(t
     asked: list[int] = []
     names = {("team", "a"): UID_A}
 
-    def pod_uids() -> dict:
+    def listed() -> dict:
         asked.append(1)
-        return dict(names)
+        return {pod: Sandbox(uid) for pod, uid in names.items()}
 
     kernel = GuardKernel()
     kubelet = Kubelet([_alloc("a", GPU0.id)], [_alloc("", GPU0.id)])
     settings = GuardConfig.model_validate({"mode": "enforce"})
-    source = Guard(settings, kernel, kubelet, ById(), DEVICES, pod_uids, str(tmp_path), table, 30.0)  # type: ignore[arg-type]
+    source = Guard(settings, kernel, kubelet, ById(), DEVICES, listed, str(tmp_path), table, 30.0)  # type: ignore[arg-type]
     kernel.start(g.Policy(), g.Clock(30 * 10**9), time.monotonic_ns())
     tree.container(UID_A, 1)
     source.refresh()
