@@ -64,7 +64,7 @@ def _value(scrape: dict, metric: str) -> float:
 def test_agent_asked_containerd(result):
     """The labels came from containerd: its container list at the first lookup, then at most one
     ContainerStatus per calling container the list did not name (never a lookup per call); and
-    for the allocations' pod uids, one container list when the pods they name change (each pod
+    for the allocations' pod uids, one sandbox list when the pods they name change (each pod
     in, and out) or their last answer is a minute old. A list at every allocations refresh made
     42 requests in a run where this allows 25."""
     assert result["runtime"]["name"] == "containerd"

@@ -1,4 +1,5 @@
-"""Pod and container names of a container id, from the CRI v1 RuntimeService over a unix socket.
+"""Pod and container names of a container id, and pods' uids, labels and annotations from their
+sandboxes, from the CRI v1 RuntimeService over a unix socket.
 
 api.proto is a hand-written subset of k8s.io/cri-api runtime/v1 (same names and field numbers);
 api_pb2*.py are generated from it by scripts/gen-cri.sh.
