@@ -64,10 +64,6 @@ class Rule:
             and all(pod.annotations.get(k) == v for k, v in self.annotations)
         )
 
-    def keys(self) -> tuple[set[str], set[str]]:
-        """The label and annotation keys it reads."""
-        return {k for k, _ in self.labels}, {k for k, _ in self.annotations}
-
 
 @dataclass(frozen=True)
 class Settings:
@@ -357,8 +353,11 @@ class Guard:
         self._clock = clock
         self._report = Report(self.name, metrics)
         self.planner = Planner(settings(cfg))
-        read = [r.keys() for r in self.planner.settings.allow]
-        self._keys = ({k for ks, _ in read for k in ks}, {k for _, ks in read for k in ks})
+        rules = self.planner.settings.allow  # the label and annotation keys they read
+        self._keys = (
+            {k for r in rules for k, _ in r.labels},
+            {k for r in rules for k, _ in r.annotations},
+        )
         self._log = DenialLog(clock)
         self._beats = Clock(int(cfg.fail_open_seconds * 1e9))
         self._stop = threading.Event()
