@@ -279,13 +279,23 @@ class ExportConfig(_Model):
 GuardMode = Literal["off", "audit", "enforce"]
 
 
+# A pod label or annotation key (a DNS subdomain prefix, a slash, a name of 63) and a label's
+# value: Kubernetes' own limits, so a rule no pod could match is an error here.
+_LabelKey = Annotated[str, Field(min_length=1, max_length=253 + 1 + 63)]
+_LabelValue = Annotated[str, Field(max_length=63)]
+MAX_RULE_KEYS = 64
+
+
 class GuardRule(_Model):
     """An allow rule (docs/guard.md): pods of `namespace` may use `device` (a device id as the
-    agent logs it, e.g. 0000:03:00.0); "*" matches any. (No pod label or annotation rules: the
-    resolver knows a container's CRI labels, not its pod's.)"""
+    agent logs it, e.g. 0000:03:00.0); "*" matches any. With `labels` or `annotations`, only the
+    pods that carry every one of them with that value (as the runtime's pod sandbox has them:
+    the pod's at its creation)."""
 
     namespace: _Str = "*"
     device: _Str = "*"
+    labels: dict[_LabelKey, _LabelValue] = Field({}, max_length=MAX_RULE_KEYS)
+    annotations: dict[_LabelKey, _Str] = Field({}, max_length=MAX_RULE_KEYS)
 
 
 class GuardConfig(_Model):

@@ -1,8 +1,12 @@
 """A real CRI v1 RuntimeService gRPC server on a unix socket, for tests and the VM end-to-end test.
 
 It answers Version and ContainerStatus (with the labels kubelet sets) from a table of containers,
-and has knobs for faults: unavailable (UNAVAILABLE status), slow (answers after a delay) and
-hold (ContainerStatus answers only once released, so a test can see requests in flight).
+ListContainers, and ListPodSandbox: the sandboxes added (add_sandbox: a pod's labels and
+annotations, ready or not), and one for each other pod uid its containers name, with kubelet's
+io.kubernetes.pod.* labels, ready while one of them has not exited (kubelet stops a finished
+pod's sandbox). It has knobs for faults: unavailable (UNAVAILABLE status), slow (answers after a
+delay) and hold (ContainerStatus answers only once released, so a test can see requests in
+flight).
 
 As a script:  python tests/cri_server.py --socket PATH [--containers FILE.json]
 FILE.json is a list of {"id", "namespace", "pod", "container", "pod_uid" (optional)}; it is
@@ -39,8 +43,10 @@ class CriTestServer(api_pb2_grpc.RuntimeServiceServicer):
         self._lock = threading.Lock()
         self._containers: dict[str, dict[str, str]] = {}
         self._exited: set[str] = set()  # listed as CONTAINER_EXITED, as a runtime keeps them
+        self._sandboxes: dict[str, api_pb2.PodSandbox] = {}  # added, by pod uid
         self.requests: Counter[str] = Counter()  # ContainerStatus requests per container id
         self.lists = 0  # ListContainers requests
+        self.sandbox_lists = 0  # ListPodSandbox requests
         self.listed = True  # False: ListContainers answers UNIMPLEMENTED
         self.version = "0.1.0"  # the runtime_version Version answers
         self._unavailable = False
@@ -95,6 +101,21 @@ class CriTestServer(api_pb2_grpc.RuntimeServiceServicer):
             self._containers[container_id] = _labels(namespace, pod, container, pod_uid)
             if exited:
                 self._exited.add(container_id)
+
+    def add_sandbox(
+        self,
+        uid: str,
+        namespace: str,
+        pod: str,
+        labels: dict[str, str] | None = None,
+        annotations: dict[str, str] | None = None,
+        ready: bool = True,
+    ) -> None:
+        """A pod's sandbox, with its pod's labels (kubelet adds its io.kubernetes.pod.* ones)
+        and annotations, as kubelet's RunPodSandbox creates it."""
+        with self._lock:
+            pod_labels = {**(labels or {}), **_labels(namespace, pod, "", uid)}
+            self._sandboxes[uid] = _sandbox(uid, namespace, pod, ready, pod_labels, annotations)
 
     def remove_container(self, container_id: str) -> None:
         with self._lock:
@@ -179,6 +200,27 @@ class CriTestServer(api_pb2_grpc.RuntimeServiceServicer):
             ]
         )
 
+    def ListPodSandbox(
+        self, request: api_pb2.ListPodSandboxRequest, context: grpc.ServicerContext
+    ) -> api_pb2.ListPodSandboxResponse:
+        """The sandboxes added, and one for each other pod uid the containers name."""
+        self.sandbox_lists += 1
+        self._fault(context)
+        self._reload()
+        with self._lock:
+            added = dict(self._sandboxes)
+            pods: dict[str, tuple[dict[str, str], bool]] = {}  # uid -> labels, ready
+            for container_id, labels in self._containers.items():
+                uid = labels.get(LABEL_POD_UID, "")
+                if uid and uid not in added:
+                    ready = pods.get(uid, (labels, False))[1] or container_id not in self._exited
+                    pods[uid] = (labels, ready)
+        derived = [
+            _sandbox(uid, labels[LABEL_NAMESPACE], labels[LABEL_POD], ready, labels)
+            for uid, (labels, ready) in pods.items()
+        ]
+        return api_pb2.ListPodSandboxResponse(items=[*added.values(), *derived])
+
     def _status(
         self, container_id: str, context: grpc.ServicerContext
     ) -> api_pb2.ContainerStatusResponse:
@@ -233,6 +275,24 @@ def _labels(namespace: str, pod: str, container: str, pod_uid: str) -> dict[str,
     if pod_uid:
         labels[LABEL_POD_UID] = pod_uid
     return labels
+
+
+def _sandbox(
+    uid: str,
+    namespace: str,
+    pod: str,
+    ready: bool,
+    labels: dict[str, str],
+    annotations: dict[str, str] | None = None,
+) -> api_pb2.PodSandbox:
+    """A sandbox with the pod labels of `labels` (not a container's name)."""
+    return api_pb2.PodSandbox(
+        id=f"sandbox-{uid}",
+        metadata=api_pb2.PodSandboxMetadata(name=pod, uid=uid, namespace=namespace),
+        state=api_pb2.SANDBOX_READY if ready else api_pb2.SANDBOX_NOTREADY,
+        labels={k: v for k, v in labels.items() if k != LABEL_CONTAINER},
+        annotations=annotations,
+    )
 
 
 def main() -> None:

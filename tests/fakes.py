@@ -22,6 +22,7 @@ from kubenpu.kernel import abi, bpfsys
 from kubenpu.kernel.errors import ProbeError
 from kubenpu.kernel.records import Durations
 from kubenpu.resolve import Attribution
+from kubenpu.resolve.cri import Sandbox
 from kubenpu.sources import registry
 from kubenpu.sources.activity import Activity
 from kubenpu.sources.base import Node
@@ -254,6 +255,9 @@ class FakeResolver:
 
     def pod_uids(self) -> dict[tuple[str, str], str] | None:
         return None  # a runtime that does not answer: the allocation series get no uid
+
+    def sandboxes(self) -> dict[tuple[str, str], Sandbox] | None:
+        return None  # a runtime that does not answer: the guard names no pod
 
     def close(self) -> None:
         self.closed = True

@@ -835,8 +835,9 @@ def test_calls_without_a_pod_are_not_unallocated(tracked: Tracked) -> None:
 def test_allocation_series_carry_the_pod_uid_the_runtime_lists(
     kubelet: PodResourcesTestServer, sock: str, cri: CriTestServer, cri_socket: str
 ) -> None:
-    """The kubelet names pods without their uid: the runtime's running containers give it, by
-    namespace and name. A predecessor's exited container (same name, old uid) is not taken;
+    """The kubelet names pods without their uid: the runtime's ready sandboxes give it, by
+    namespace and name (the test server's: one per pod uid its containers name, stopped once
+    they have all exited). A predecessor's exited container (same name, old uid) is not taken;
     a pod the runtime does not list gets none; while the runtime is down the last answer
     stays; the same pods are not asked of it again until the answer is a minute old (one
     ListContainers per refresh once failed a node scenario's bound on CRI requests); a pod

@@ -13,7 +13,17 @@ from cri_server import RUNTIME_NAME, CriTestServer
 from fakes import Clock
 
 from kubenpu.resolve import Attribution
-from kubenpu.resolve.cri import CriClient, api_pb2, api_pb2_grpc, dial, grpc_target
+from kubenpu.resolve.cri import (
+    LABEL_NAMESPACE,
+    LABEL_POD,
+    LABEL_POD_UID,
+    CriClient,
+    Sandbox,
+    api_pb2,
+    api_pb2_grpc,
+    dial,
+    grpc_target,
+)
 
 CID = "a" * 64
 OTHER = "b" * 64
@@ -266,3 +276,85 @@ def test_labels_at_kubernetes_limits_are_kept(server: CriTestServer, sock: str) 
 def test_a_runtime_version_is_cut_for_its_log_line(server: CriTestServer, sock: str) -> None:
     server.version = "v" * 100_000
     assert len(client(sock).version() or "") < 600
+
+
+UID_A, UID_B, UID_OLD = ("0b1c2d3e-0000-4000-8000-00000000000" + c for c in "abc")
+
+
+def test_sandboxes_name_ready_pods_with_their_labels_and_annotations(
+    server: CriTestServer, sock: str
+) -> None:
+    """One ListPodSandbox: each ready sandbox's pod by namespace and name, with its labels
+    (kubelet's io.kubernetes.pod.* among them) and annotations. A predecessor's sandbox that is
+    not ready (same name, old uid) is ignored, so the name keeps its uid; a pod whose containers
+    name it (CID's, u-1) is listed by its sandbox too."""
+    server.add_sandbox(UID_A, "ml", "a", {"team": "x"}, {"note": "y"})
+    server.add_sandbox(UID_OLD, "ml", "a", {"team": "old"}, ready=False)
+    server.add_sandbox(UID_B, "ml", "b", ready=False)
+    requests = Requests()
+    found = client(sock, on_request=requests).sandboxes()
+    assert found is not None and set(found) == {("ml", "a"), ("ml", "trainer-0")}
+    assert found["ml", "a"] == Sandbox(
+        UID_A,
+        {"team": "x", LABEL_NAMESPACE: "ml", LABEL_POD: "a", LABEL_POD_UID: UID_A},
+        {"note": "y"},
+    )
+    assert found["ml", "trainer-0"].uid == "u-1"
+    assert server.sandbox_lists == 1 and requests.oks == [True]
+    assert client(sock).pod_uids() == {("ml", "a"): UID_A, ("ml", "trainer-0"): "u-1"}
+
+
+def test_a_name_with_two_ready_sandboxes_of_different_uids_names_none(
+    server: CriTestServer, sock: str
+) -> None:
+    """A pod recreated under its name while its predecessor's sandbox is still ready: which uid
+    is the pod's is unknown, so neither is taken; once the old one stops, the new one is."""
+    server.add_sandbox(UID_OLD, "ml", "a")
+    server.add_sandbox(UID_A, "ml", "a")
+    assert ("ml", "a") not in (client(sock).sandboxes() or {})
+    server.add_sandbox(UID_OLD, "ml", "a", ready=False)
+    assert (client(sock).sandboxes() or {})["ml", "a"].uid == UID_A
+
+
+def test_sandboxes_of_a_runtime_that_does_not_answer_are_none(
+    server: CriTestServer, sock: str
+) -> None:
+    server.set_unavailable()
+    requests = Requests()
+    c = client(sock, on_request=requests)
+    assert c.sandboxes() is None and c.pod_uids() is None
+    assert requests.oks == [False]  # the second was not sent: backing off
+
+
+@pytest.mark.parametrize(
+    "namespace, pod, uid, labels, annotations",
+    [
+        ("n" * 64, "p", UID_A, {}, {}),
+        ("n", "p" * 254, UID_A, {}, {}),
+        ("n", "p", "u" * 37, {}, {}),
+        ("n", "p", UID_A, {"k" * 318: "v"}, {}),
+        ("n", "p", UID_A, {}, {"big": "v" * (256 << 10)}),
+    ],
+    ids=["namespace", "pod", "uid", "label-key", "annotations-total"],
+)
+def test_a_sandbox_past_kubernetes_limits_is_skipped_with_one_warning(
+    server: CriTestServer, sock: str, namespace, pod, uid, labels, annotations, caplog
+) -> None:
+    """A runtime's maps have no bound of their own: one past Kubernetes' limits (names 63 and
+    253, a uid 36, keys 317, a pod's annotations 256 KiB) leaves its pod unnamed, the rest of
+    the list kept, and is told once, not at every list."""
+    server.add_sandbox(uid, namespace, pod, labels, annotations)
+    server.add_sandbox(UID_B, "ml", "b")
+    c = client(sock)
+    with caplog.at_level(logging.WARNING):
+        for _ in range(2):
+            assert set(c.sandboxes() or {}) == {("ml", "b"), ("ml", "trainer-0")}
+    [line] = [r.getMessage() for r in caplog.records if "CRI sandbox" in r.getMessage()]
+    assert "past Kubernetes' limits" in line and "left unnamed" in line
+
+
+def test_a_sandbox_at_kubernetes_limits_is_kept(server: CriTestServer, sock: str) -> None:
+    key = "p" * 253 + "/" + "k" * 63
+    server.add_sandbox("u" * 36, "n" * 63, "p" * 253, {key: "v" * 63})
+    found = client(sock).sandboxes() or {}
+    assert found["n" * 63, "p" * 253].labels[key] == "v" * 63

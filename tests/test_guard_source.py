@@ -21,8 +21,14 @@ from kubenpu.agent.wiring import births
 from kubenpu.config import ConfigError, GuardConfig
 from kubenpu.kernel import guard as g
 from kubenpu.kernel.errors import ProbeError
-from kubenpu.metrics.catalogue import ACCESS_DENIED, ACCESS_POLICY, ACCESS_UNCHECKED
+from kubenpu.metrics.catalogue import (
+    ACCESS_DENIED,
+    ACCESS_POLICY,
+    ACCESS_UNCHECKED,
+    SOURCE_ERRORS,
+)
 from kubenpu.metrics.series import Series
+from kubenpu.resolve.cri import CriClient, Sandbox
 from kubenpu.resolve.podresources.client import Allocated
 from kubenpu.sources import guard, registry
 from kubenpu.sources.guard import Guard
@@ -110,11 +116,17 @@ def _alloc(pod: str, device: str) -> Allocated:
 
 
 def _guard(tmp_path: Path, table: Series, names: dict, **cfg) -> tuple[Guard, GuardKernel, Kubelet]:
+    """A guard whose runtime names the pods of `names` ((namespace, name) -> uid, read at
+    each ask), with no labels."""
     kernel = GuardKernel()
     kubelet = Kubelet([_alloc("a", GPU0.id)], [_alloc("", GPU0.id), _alloc("", GPU1.id)])
     settings = GuardConfig.model_validate({"mode": "enforce", **cfg})
+
+    def sandboxes() -> dict:
+        return {pod: Sandbox(uid) for pod, uid in names.items()}
+
     source = Guard(
-        settings, kernel, kubelet, ById(), DEVICES, lambda: names, str(tmp_path), table, 30.0
+        settings, kernel, kubelet, ById(), DEVICES, sandboxes, str(tmp_path), table, 30.0
     )  # type: ignore[arg-type]
     return source, kernel, kubelet
 
@@ -192,14 +204,14 @@ def test_the_runtime_is_asked_for_pod_names_only_when_the_tree_holds_a_new_uid(t
     asked: list[int] = []
     names = {("team", "a"): UID_A}
 
-    def pod_uids() -> dict:
+    def listed() -> dict:
         asked.append(1)
-        return dict(names)
+        return {pod: Sandbox(uid) for pod, uid in names.items()}
 
     kernel = GuardKernel()
     kubelet = Kubelet([_alloc("a", GPU0.id)], [_alloc("", GPU0.id)])
     settings = GuardConfig.model_validate({"mode": "enforce"})
-    source = Guard(settings, kernel, kubelet, ById(), DEVICES, pod_uids, str(tmp_path), table, 30.0)  # type: ignore[arg-type]
+    source = Guard(settings, kernel, kubelet, ById(), DEVICES, listed, str(tmp_path), table, 30.0)  # type: ignore[arg-type]
     kernel.start(g.Policy(), g.Clock(30 * 10**9), time.monotonic_ns())
     tree.container(UID_A, 1)
     source.refresh()
@@ -406,3 +418,131 @@ def test_kubenpuctl_guard_shows_the_policy_and_denials_an_agent_exports(tmp_path
         assert capsys.readouterr().out.startswith("the access guard is off on this agent")
     finally:
         off.close()
+
+
+# Allow rules by pod label and annotation, the pods named by a real CRI server's ListPodSandbox.
+
+UID_D = "0b1c2d3e-0000-4000-8000-00000000000d"
+UID_E = "0b1c2d3e-0000-4000-8000-00000000000e"
+DEBUG = "kubenpu.io/gpu-debug"
+UNTIL = "kubenpu.io/debug-until"
+
+
+def _cri_guard(tmp_path: Path, cri_socket: str, table: Series, **cfg) -> tuple[Guard, GuardKernel]:
+    """A guard (enforce, no pod allocated anything) whose pods a CriClient names."""
+    kernel = GuardKernel()
+    kubelet = Kubelet([], [_alloc("", GPU0.id), _alloc("", GPU1.id)])
+    settings = GuardConfig.model_validate({"mode": "enforce", **cfg})
+    client = CriClient(f"unix://{cri_socket}", timeout=5.0, retry_after=0.0)
+    source = Guard(
+        settings, kernel, kubelet, ById(), DEVICES, client.sandboxes, str(tmp_path), table, 30.0
+    )  # type: ignore[arg-type]
+    kernel.start(g.Policy(), g.Clock(30 * 10**9), time.monotonic_ns())
+    return source, kernel
+
+
+def _opens(kernel: GuardKernel, cgroups: dict[str, int], dev: int) -> dict[str, int]:
+    return {pod: kernel.decide(c, dev, OPEN) for pod, c in cgroups.items()}
+
+
+def test_a_label_rule_allows_exactly_the_pods_with_every_label_it_names(tmp_path, cri, cri_socket):
+    """`a` has the label (any namespace, every device); `b`'s value differs, `c` lacks the key;
+    the rule of two labels allows `e`, which has both, not `a`, which has one; `d`'s sandbox,
+    labelled, is not ready: the runtime does not name it, so it is not in the policy (allowed,
+    unseen, as any pod the agent has not named)."""
+    tree, table = Tree(tmp_path), registry.table(300, 1000)
+    pods = {"a": UID_A, "b": UID_B, "c": UID_C, "d": UID_D, "e": UID_E}
+    cgroups = {pod: tree.container(uid, n) for n, (pod, uid) in enumerate(pods.items())}
+    cri.add_sandbox(UID_A, "team", "a", {DEBUG: "true"})
+    cri.add_sandbox(UID_B, "team", "b", {DEBUG: "false"})
+    cri.add_sandbox(UID_C, "team", "c", {"app": "x"})
+    cri.add_sandbox(UID_D, "team", "d", {DEBUG: "true"}, ready=False)
+    cri.add_sandbox(UID_E, "other", "e", {DEBUG: "true", "team": "ml"})
+    rules = [
+        {"labels": {DEBUG: "true"}, "device": GPU0.id},
+        {"labels": {DEBUG: "true", "team": "ml"}, "device": GPU1.id},
+    ]
+    source, kernel = _cri_guard(tmp_path, cri_socket, table, allow=rules)
+    source.refresh()
+    source.beat()
+    assert _opens(kernel, cgroups, RENDER0) == {"a": 0, "b": -1, "c": -1, "d": 0, "e": 0}
+    assert _opens(kernel, cgroups, RENDER1) == {"a": -1, "b": -1, "c": -1, "d": 0, "e": 0}
+    assert cgroups["d"] not in source.policy.pods and cgroups["a"] in source.policy.pods
+    access = {(k[1], k[3]): k[5] for k in _points(table, ACCESS_POLICY)}
+    assert access == {
+        ("a", GPU0.id): "allow_rule",
+        ("a", GPU1.id): "denied",
+        ("b", GPU0.id): "denied",
+        ("b", GPU1.id): "denied",
+        ("c", GPU0.id): "denied",
+        ("c", GPU1.id): "denied",
+        ("e", GPU0.id): "allow_rule",
+        ("e", GPU1.id): "allow_rule",
+    }
+    # Only the keys the rules read are kept of a pod's labels.
+    assert {p.name: dict(p.labels) for p in source.view.pods}["c"] == {}
+
+
+def test_an_annotation_rule_allows_exactly_the_pods_annotated_so(tmp_path, cri, cri_socket):
+    """An annotation rule scoped to a namespace: `a` has the annotation; `b`'s value differs;
+    `c` has it as a label, not an annotation; `e` has it in another namespace."""
+    tree, table = Tree(tmp_path), registry.table(300, 1000)
+    pods = {"a": UID_A, "b": UID_B, "c": UID_C, "e": UID_E}
+    cgroups = {pod: tree.container(uid, n) for n, (pod, uid) in enumerate(pods.items())}
+    cri.add_sandbox(UID_A, "team", "a", annotations={UNTIL: "2026-12-31"})
+    cri.add_sandbox(UID_B, "team", "b", annotations={UNTIL: "2027-01-01"})
+    cri.add_sandbox(UID_C, "team", "c", {UNTIL: "2026-12-31"})
+    cri.add_sandbox(UID_E, "other", "e", annotations={UNTIL: "2026-12-31"})
+    rule = {"namespace": "team", "annotations": {UNTIL: "2026-12-31"}}
+    source, kernel = _cri_guard(tmp_path, cri_socket, table, allow=[rule])
+    source.refresh()
+    source.beat()
+    for dev in (RENDER0, CARD0, RENDER1):
+        assert _opens(kernel, cgroups, dev) == {"a": 0, "b": -1, "c": -1, "e": -1}
+
+
+def test_a_runtime_that_does_not_answer_keeps_the_last_policy(tmp_path, cri, cri_socket):
+    """A new pod while the runtime is down: the refresh fails, counted, and the policy written
+    before stays (the labelled pod allowed, the other denied); the new pod, unnamed, is allowed
+    (unseen). Once the runtime answers, the new pod is in."""
+    tree, table = Tree(tmp_path), registry.table(300, 1000)
+    a, b = tree.container(UID_A, 1), tree.container(UID_B, 2)
+    cri.add_sandbox(UID_A, "team", "a", {DEBUG: "true"})
+    cri.add_sandbox(UID_B, "team", "b")
+    source, kernel = _cri_guard(
+        tmp_path, cri_socket, table, allow=[{"labels": {DEBUG: "true"}}], refresh_seconds=0.2
+    )
+    source.start()
+    try:
+        eventually(lambda: bool(source.policy.pods), "the first refresh")
+        cri.set_unavailable()
+        cri.add_sandbox(UID_C, "team", "c")
+        c = tree.container(UID_C, 3)
+        eventually(lambda: _points(table, SOURCE_ERRORS).get(("guard",), 0) >= 1, "a failure")
+        assert c not in source.policy.pods
+        assert [kernel.decide(x, RENDER0, OPEN) for x in (a, b, c)] == [0, -1, 0]
+        cri.set_unavailable(False)
+        eventually(lambda: c in source.policy.pods, "C in the policy once the runtime answers")
+        assert kernel.decide(c, RENDER0, OPEN) == -1
+    finally:
+        source.close()
+
+
+def test_bad_label_and_annotation_maps_are_one_clear_line_each(tmp_path):
+    allow = (
+        "  allow:\n"
+        f"  - labels: {{{DEBUG}: true}}\n"  # a YAML boolean, not the string "true"
+        "  - annotations: {" + ", ".join(f"k{i}: v" for i in range(65)) + "}\n"
+        f"  - labels: {{{DEBUG}: {'v' * 64}}}\n"
+    )
+    with pytest.raises(ConfigError) as err:
+        make_config(tmp_path, GUARDED + allow)
+    path = tmp_path / "kubenpu.yaml"
+    assert err.value.problems == [
+        f"{path}: guard.allow.0.labels.{DEBUG}: Input should be a valid string (got True)",
+        f"{path}: guard.allow.1.annotations: Dictionary should have at most 64 items after "
+        "validation, not more (got {'k0': 'v', 'k1': 'v', 'k2': 'v', 'k3': 'v', 'k4': 'v', "
+        "'k5': 'v', 'k6': 'v',...)",
+        f"{path}: guard.allow.2.labels.{DEBUG}: String should have at most 63 characters "
+        f"(got '{'v' * 64}')",
+    ]

@@ -64,7 +64,7 @@ def _value(scrape: dict, metric: str) -> float:
 def test_agent_asked_containerd(result):
     """The labels came from containerd: its container list at the first lookup, then at most one
     ContainerStatus per calling container the list did not name (never a lookup per call); and
-    for the allocations' pod uids, one container list when the pods they name change (each pod
+    for the allocations' pod uids, one sandbox list when the pods they name change (each pod
     in, and out) or their last answer is a minute old. A list at every allocations refresh made
     42 requests in a run where this allows 25."""
     assert result["runtime"]["name"] == "containerd"
@@ -600,12 +600,15 @@ def test_the_guard_allows_allocated_devices_denies_the_rest_and_never_a_starting
     """The access guard in the agent, with real containerd pods (GUARD in tests/vm/node_guest.py:
     team-c enforce, team-a audit): C's new container opens its allocated virtio-gpu and calls at
     once at its start; N (allocated nothing) is denied the open once the policy names it, and
-    counted; C is denied the card it was not allocated and allowed virtio-gpu; A, in audit, is
-    allowed virtio-gpu and counted as a would-be denial."""
+    counted; L (allocated nothing, its sandbox labelled kubenpu.io/gpu-debug: "true") is allowed
+    both devices by the label rule, read from containerd's ListPodSandbox; C is denied the card
+    it was not allocated and allowed virtio-gpu; A, in audit, is allowed virtio-gpu and counted
+    as a would-be denial."""
     g = result["guard"]
     assert [r["calls"] for r in g["c_at_start"]] == [1]
     eperm = "Operation not permitted"
     assert g["n_virtio"]["exit"] == 1 and eperm in g["n_virtio"]["stderr"]
+    assert g["l_virtio"]["exit"] == 0 and g["l_card"]["exit"] == 0
     assert g["c_virtio"]["exit"] == 0
     assert g["c_card"]["exit"] == 1 and eperm in g["c_card"]["stderr"]
     assert g["a_virtio"]["exit"] == 0
@@ -616,6 +619,14 @@ def test_the_guard_allows_allocated_devices_denies_the_rest_and_never_a_starting
     assert policy[("idle-0", g["virtio"])] == ("enforce", "allocated")
     assert policy[("idle-0", g["card"])] == ("enforce", "denied")
     assert policy[("nothing-0", g["virtio"])] == ("enforce", "denied")
+    assert (
+        policy[("debug-0", g["virtio"])]
+        == policy[("debug-0", g["card"])]
+        == (
+            "enforce",
+            "allow_rule",
+        )
+    )
     assert policy[("trainer-0", g["virtio"])] == ("audit", "denied")
     denied = {
         tuple(s["labels"][k] for k in ("pod", "device", "operation", "mode")): s["value"]

@@ -4,9 +4,12 @@ calls, DRM clients' usage, GPU jobs), and what they need of the resolver."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from kubenpu.resolve.result import Attribution
+
+if TYPE_CHECKING:
+    from kubenpu.resolve.cri import Sandbox
 
 
 class Resolve(Protocol):
@@ -27,6 +30,8 @@ class Resolve(Protocol):
     def forget(self, cgroup_id: int) -> None: ...
 
     def pod_uids(self) -> dict[tuple[str, str], str] | None: ...
+
+    def sandboxes(self) -> dict[tuple[str, str], Sandbox] | None: ...
 
 
 class Hold:

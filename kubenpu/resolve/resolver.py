@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 
 from kubenpu.resolve import DEFAULT_ENDPOINT, containers
 from kubenpu.resolve.cgroups import CgroupIndex
-from kubenpu.resolve.cri import CriClient, RequestObserver
+from kubenpu.resolve.cri import CriClient, RequestObserver, Sandbox
 from kubenpu.resolve.result import Attribution, Unattributed
 
 log = logging.getLogger(__name__)
@@ -103,6 +103,11 @@ class Resolver:
         """The running pods' uids by (namespace, name) (CriClient.pod_uids): for the allocation
         series, whose PodResources answer has none."""
         return self._cri.pod_uids()
+
+    def sandboxes(self) -> dict[tuple[str, str], Sandbox] | None:
+        """The running pods' uids, labels and annotations by (namespace, name)
+        (CriClient.sandboxes): for the guard's policy."""
+        return self._cri.sandboxes()
 
     def resolve(self, cgroup_id: int) -> Attribution | None:
         """The answer if known, else None ("pending") while a CRI lookup runs or waits to be

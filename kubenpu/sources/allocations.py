@@ -217,7 +217,7 @@ class Allocations:
     def _uids_of(self, pods: set[tuple[str, str]]) -> dict[tuple[str, str], str]:
         """The uid of each pod the series name, from the runtime's last answer. It is asked
         again when the pods named change, or when its answer is _UIDS_MAX_AGE old (a pod
-        recreated under its name gets its new uid within that): one ListContainers at every
+        recreated under its name gets its new uid within that): one list (ListPodSandbox) at every
         refresh cost the runtime a list every interval for nothing new. While the runtime does
         not answer, the last answer stays and the next refresh asks again."""
         now = self._clock()

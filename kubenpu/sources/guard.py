@@ -4,9 +4,10 @@ tallies turned back into denials per pod and device; and the `guard` source that
 thread of its own (`Guard`).
 
 A pod may use a device if the kubelet allocated it to the pod (PodResources, mapped to devices
-by the allocations source) or an allow rule of the config names the pod's namespace and the
-device. Only the devices a plugin manages (or the config names) are guarded: the rest are never
-blocked. Processes outside pod cgroups never are.
+by the allocations source) or an allow rule of the config names the pod's namespace, the device
+and labels or annotations the pod has (its sandbox's, from the runtime). Only the devices a
+plugin manages (or the config names) are guarded: the rest are never blocked. Processes outside
+pod cgroups never are.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from kubenpu.sources.base import Node, Report
 
 if TYPE_CHECKING:
     from kubenpu.config import GuardConfig
+    from kubenpu.resolve.cri import Sandbox
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +48,21 @@ LOG_EVERY_SECONDS = 60.0  # one denial line per pod and device at most this ofte
 
 @dataclass(frozen=True)
 class Rule:
-    """An allow rule: pods of `namespace` may use `device` (a device id); ANY matches all."""
+    """An allow rule: pods of `namespace` that carry every one of `labels` and `annotations`
+    with its value may use `device` (a device id); ANY matches all."""
 
     namespace: str = ANY
     device: str = ANY
+    labels: tuple[tuple[str, str], ...] = ()
+    annotations: tuple[tuple[str, str], ...] = ()
 
-    def allows(self, namespace: str, device: str) -> bool:
-        return self.namespace in (ANY, namespace) and self.device in (ANY, device)
+    def allows(self, pod: Pod, device: str) -> bool:
+        return (
+            self.namespace in (ANY, pod.namespace)
+            and self.device in (ANY, device)
+            and all(pod.labels.get(k) == v for k, v in self.labels)
+            and all(pod.annotations.get(k) == v for k, v in self.annotations)
+        )
 
 
 @dataclass(frozen=True)
@@ -68,13 +78,16 @@ class Settings:
 
 @dataclass(frozen=True)
 class Pod:
-    """What the agent knows of one pod: its containers' cgroups and its allocated devices."""
+    """What the agent knows of one pod: its containers' cgroups, its allocated devices, and
+    the labels and annotations the allow rules read (its sandbox's)."""
 
     uid: str
     namespace: str
     name: str
     cgroup_ids: frozenset[int]
     devices: frozenset[str]  # device ids (Device.id) the kubelet allocated to it
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
 
 
 def _nodes(device: Device) -> set[int]:
@@ -101,7 +114,7 @@ class Planner:
         """Why `pod` may use `device` (ACCESSES: allocated, allow_rule), or denied."""
         if device in pod.devices:
             return "allocated"
-        if any(r.allows(pod.namespace, device) for r in self.settings.allow):
+        if any(r.allows(pod, device) for r in self.settings.allow):
             return "allow_rule"
         return "denied"
 
@@ -208,7 +221,10 @@ def settings(cfg: GuardConfig) -> Settings:
     return Settings(
         cfg.mode,
         dict(cfg.namespaces),
-        tuple(Rule(r.namespace, r.device) for r in cfg.allow),
+        tuple(
+            Rule(r.namespace, r.device, tuple(r.labels.items()), tuple(r.annotations.items()))
+            for r in cfg.allow
+        ),
         cfg.fail_open_seconds,
     )
 
@@ -318,7 +334,7 @@ class Guard:
         client: PodResourcesClient,
         mapper: Mapper,
         devices: list[Device],
-        pod_uids: Callable[[], dict[tuple[str, str], str] | None],
+        sandboxes: Callable[[], dict[tuple[str, str], Sandbox] | None],
         cgroup_root: str,
         metrics: Series,
         stale_after: float,
@@ -330,13 +346,18 @@ class Guard:
         self._client = client
         self._mapper = mapper
         self._devices = devices
-        self._pod_uids = pod_uids
-        self._named: dict[str, tuple[str, str]] = {}  # pod uid -> (namespace, name)
+        self._sandboxes = sandboxes
+        self._named: dict[str, Pod] = {}  # pod uid -> its pod as the runtime names it
         self._root = cgroup_root
         self._metrics = metrics
         self._clock = clock
         self._report = Report(self.name, metrics)
         self.planner = Planner(settings(cfg))
+        rules = self.planner.settings.allow  # the label and annotation keys they read
+        self._keys = (
+            {k for r in rules for k, _ in r.labels},
+            {k for r in rules for k, _ in r.annotations},
+        )
         self._log = DenialLog(clock)
         self._beats = Clock(int(cfg.fail_open_seconds * 1e9))
         self._stop = threading.Event()
@@ -437,20 +458,34 @@ class Guard:
 
     def _pods(self, tree: Tree) -> list[Pod]:
         """The pods of the tree the runtime names (a pod it does not name yet stays out of the
-        policy: the kernel allows it, counted unseen). A uid names one pod for its life, so the
-        runtime is asked only when the tree holds a uid not named yet: a list at every refresh
-        doubled the agent's CRI requests (tests/test_node_vm.py counts them)."""
+        policy: the kernel allows it, counted unseen). A uid names one pod for its life, and its
+        sandbox keeps the labels and annotations it was created with, so the runtime is asked
+        only when the tree holds a uid not named yet: a list at every refresh doubled the
+        agent's CRI requests (tests/test_node_vm.py counts them)."""
         if not tree.pods.keys() <= self._named.keys():
-            uids = self._pod_uids()
-            if uids is None:
-                raise ProbeError("the container runtime did not answer (pod names)")
-            self._named |= {uid: pod for pod, uid in uids.items()}
+            found = self._sandboxes()
+            if found is None:
+                raise ProbeError("the container runtime did not answer (pod sandboxes)")
+            self._named |= {s.uid: self._pod(*pod, s) for pod, s in found.items()}
         self._named = {uid: pod for uid, pod in self._named.items() if uid in tree.pods}
         return [
-            Pod(uid, *self._named[uid], cgroup_ids=ids, devices=frozenset())
+            replace(self._named[uid], cgroup_ids=ids)
             for uid, ids in tree.pods.items()
             if uid in self._named
         ]
+
+    def _pod(self, namespace: str, name: str, sandbox: Sandbox) -> Pod:
+        """The pod of a sandbox, with only the labels and annotations the rules read."""
+        labels, annotations = self._keys
+        return Pod(
+            sandbox.uid,
+            namespace,
+            name,
+            frozenset(),
+            frozenset(),
+            {k: v for k, v in sandbox.labels.items() if k in labels},
+            {k: v for k, v in sandbox.annotations.items() if k in annotations},
+        )
 
     def _allocatable(self) -> set[str]:
         found = self._client.allocatable()
@@ -509,7 +544,7 @@ def build(node: Node) -> Guard | None:
         PodResourcesClient(pr.socket, pr.timeout_seconds),
         Mapper(node.watched),
         node.watched,
-        node.resolver.pod_uids,
+        node.resolver.sandboxes,
         cfg.attribution.cgroup_root,
         node.table,
         # Its refresh asks the kubelet and the runtime: each may take their timeout.

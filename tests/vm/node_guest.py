@@ -124,6 +124,7 @@ class Pod:
     namespace: str
     name: str
     uid: str
+    own_labels: tuple[tuple[str, str], ...] = ()  # the pod's, on its sandbox only (as kubelet)
 
     @property
     def cgroup_parent(self) -> str:
@@ -142,11 +143,15 @@ POD_B = Pod("team-b", "infer-0", "5c2d0e7a-1b3f-4a66-8f0e-2d9c4b1a6e02")
 POD_C = Pod("team-c", "idle-0", "7a4e2c19-3d5b-4f08-b6a1-9c0d2e4f6a03")
 # The access guard (docs/guard.md), per namespace so that the scenario's other pods run as
 # before: team-c (C: allocated virtio-gpu) in enforce, team-a (A: allocated the shared card, not
-# virtio-gpu) in audit. Pod N of team-c is allocated nothing.
+# virtio-gpu) in audit. Pods N and L of team-c are allocated nothing; L carries the label of
+# the allow rule, on its sandbox.
 POD_N = Pod("team-c", "nothing-0", "9e1f3a5b-7c2d-4e6f-8a0b-1c2d3e4f5a06")
+DEBUG_LABEL = ("kubenpu.io/gpu-debug", "true")
+POD_L = Pod("team-c", "debug-0", "4d3c2b1a-8f7e-4d6c-9b5a-0f1e2d3c4b07", (DEBUG_LABEL,))
 GUARD = {
     "mode": "off",
     "namespaces": {POD_C.namespace: "enforce", POD_A.namespace: "audit"},
+    "allow": [{"labels": dict([DEBUG_LABEL])}],
     "refresh_seconds": 2,
     "heartbeat_seconds": 0.5,
     "fail_open_seconds": 30,
@@ -362,7 +367,7 @@ class Kubelet:
         config = pb.PodSandboxConfig(
             metadata=pb.PodSandboxMetadata(name=pod.name, uid=pod.uid, namespace=pod.namespace),
             log_directory=str(pod.log_directory),
-            labels=pod.labels(),
+            labels={**dict(pod.own_labels), **pod.labels()},
             linux=pb.LinuxPodSandboxConfig(
                 cgroup_parent=pod.cgroup_parent,
                 security_context=pb.LinuxSandboxSecurityContext(namespace_options=namespaces),
@@ -883,8 +888,10 @@ class Node:
     def run_guard(self, idle: str, sidecar: str) -> dict:
         """With the agent's guard (GUARD), last in the run (its calls are in no expected count):
         a new container of C (allocated virtio-gpu) opens it and calls at once at its start;
-        pod N, allocated nothing, is denied once the policy names it; C is denied the card it
-        was not allocated and allowed virtio-gpu; A (audit) is allowed virtio-gpu, counted."""
+        pod N, allocated nothing, is denied once the policy names it, and pod L, allocated
+        nothing but labelled as the allow rule asks, is allowed both devices; C is denied the
+        card it was not allocated and allowed virtio-gpu; A (audit) is allowed virtio-gpu,
+        counted."""
         virtio = device_node(self.devices["virtio_gpu"], "renderD")
         card = device_node(self.testdrm or self.devices["vgem"], "card")
 
@@ -902,15 +909,19 @@ class Node:
         )
         self.kubelet.run_pod(POD_N)
         nothing = self.kubelet.start_container(POD_N, "main", 0, ["/bin/sleep", FOREVER])
+        self.kubelet.run_pod(POD_L)
+        labelled = self.kubelet.start_container(POD_L, "main", 0, ["/bin/sleep", FOREVER])
 
         def named(prom: Samples) -> bool:
             policy = prom.get("kubenpu_device_access_policy", [])
-            return any(s["labels"]["pod"] == POD_N.name for s in policy)
+            return {POD_N.name, POD_L.name} <= {s["labels"]["pod"] for s in policy}
 
-        found["policy"] = scrape_until("pod N in the guard's policy", named)[
+        found["policy"] = scrape_until("pods N and L in the guard's policy", named)[
             "kubenpu_device_access_policy"
         ]
         found["n_virtio"] = self.exec_status(nothing, one(virtio))
+        found["l_virtio"] = self.exec_status(labelled, one(virtio))
+        found["l_card"] = self.exec_status(labelled, one(card))
         found["c_virtio"] = self.exec_status(idle, one(virtio))
         found["c_card"] = self.exec_status(idle, one(card))
         found["a_virtio"] = self.exec_status(sidecar, one(virtio))
@@ -923,6 +934,7 @@ class Node:
         found["denied"] = prom["kubenpu_device_access_denied_total"]
         found["unchecked"] = prom.get("kubenpu_device_access_unchecked_total", [])
         self.kubelet.delete_pod(POD_N, [nothing])
+        self.kubelet.delete_pod(POD_L, [labelled])
         self.kubelet.stop_container(starter)
         return found
 

@@ -1,4 +1,5 @@
-"""Pod and container names of a container id, from the CRI v1 RuntimeService over a unix socket.
+"""Pod and container names of a container id, and pods' uids, labels and annotations from their
+sandboxes, from the CRI v1 RuntimeService over a unix socket.
 
 api.proto is a hand-written subset of k8s.io/cri-api runtime/v1 (same names and field numbers);
 api_pb2*.py are generated from it by scripts/gen-cri.sh.
@@ -8,7 +9,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -32,8 +34,23 @@ LABEL_CONTAINER = "io.kubernetes.container.name"
 # is kubelet's 32-digit hash). Longer: label_too_long, empty labels.
 LABEL_LIMITS = {LABEL_NAMESPACE: 63, LABEL_POD: 253, LABEL_CONTAINER: 63, LABEL_POD_UID: 36}
 _NAME_LIMIT = 253
+# A label or annotation key: a DNS subdomain prefix, a slash, a name of 63. A pod's annotations,
+# keys and values, are 256 KiB at most (Kubernetes' TotalAnnotationSizeLimitB).
+_KEY_LIMIT = 253 + 1 + 63
+_MAP_LIMIT = 256 << 10
 # The runtime's name and version go into one log line.
 _VERSION_LIMIT = 128
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """A ready pod sandbox: its pod's uid, and the labels and annotations kubelet created it
+    with (the pod's own, plus kubelet's io.kubernetes.pod.* labels)."""
+
+    uid: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
 
 # Called once per RPC sent, from the thread that sent it: its duration and whether the runtime
 # answered. NOT_FOUND is an answer (ok=True); UNAVAILABLE, deadline and other failures are not
@@ -103,6 +120,7 @@ class CriClient:
         self._stub: api_pb2_grpc.RuntimeServiceStub | None = None
         self._down_until: float | None = None  # set while backing off after a failure
         self._closed = False
+        self._warned: set[str] = set()  # sandboxes past the limits, told once (those listed)
 
     def version(self) -> str | None:
         """ "<runtime> <version> (CRI <api version>)" for a startup log line, or None (logged)."""
@@ -136,21 +154,30 @@ class CriClient:
         with self._lock:
             return self._down_until or 0.0
 
-    def pod_uids(self) -> dict[tuple[str, str], str] | None:
-        """Each pod's uid by (namespace, name), from the labels of its running containers in one
-        ListContainers (kubelet sets io.kubernetes.pod.uid on each): the kubelet's PodResources
-        names pods without it. A name whose running containers give two uids (a pod recreated
-        while its predecessor's container still runs) maps to none. None if the runtime did not
-        answer."""
-        response = self._ask("ListContainers", api_pb2.ListContainersRequest())
+    def sandboxes(self) -> dict[tuple[str, str], Sandbox] | None:
+        """Each pod's uid, labels and annotations by (namespace, name), from its ready sandbox
+        in one ListPodSandbox (kubelet gives a sandbox its pod's labels and annotations when it
+        creates it; no CRI call changes them after). A name with two ready sandboxes of
+        different uids (a pod recreated while its predecessor's sandbox still runs) maps to
+        none; a sandbox past Kubernetes' limits is skipped, with one warning. None if the
+        runtime did not answer."""
+        response = self._ask("ListPodSandbox", api_pb2.ListPodSandboxRequest())
         if isinstance(response, Unattributed):
             return None
-        found: dict[tuple[str, str], set[str]] = {}
-        for c in response.containers:
-            a = _attribution(c) if c.state == api_pb2.CONTAINER_RUNNING else Attribution()
-            if a.pod and a.pod_uid:
-                found.setdefault((a.namespace, a.pod), set()).add(a.pod_uid)
-        return {pod: uids.pop() for pod, uids in found.items() if len(uids) == 1}
+        found: dict[tuple[str, str], dict[str, Sandbox]] = {}  # by uid
+        for s in response.items:
+            if s.state == api_pb2.SANDBOX_READY and (sandbox := self._sandbox(s)) is not None:
+                pod = (s.metadata.namespace, s.metadata.name)
+                found.setdefault(pod, {})[sandbox.uid] = sandbox
+        with self._lock:
+            self._warned &= {s.id for s in response.items}
+        return {pod: one.popitem()[1] for pod, one in found.items() if len(one) == 1}
+
+    def pod_uids(self) -> dict[tuple[str, str], str] | None:
+        """Each pod's uid by (namespace, name) (sandboxes()): the kubelet's PodResources names
+        pods without it. None if the runtime did not answer."""
+        found = self.sandboxes()
+        return None if found is None else {pod: s.uid for pod, s in found.items()}
 
     def close(self) -> None:
         """Ends in-flight requests at once (they read as cri_error) and sends no more."""
@@ -159,6 +186,27 @@ class CriClient:
             channel, self._channel, self._stub = self._channel, None, None
         if channel is not None:
             channel.close()
+
+    def _sandbox(self, s: api_pb2.PodSandbox) -> Sandbox | None:
+        """The sandbox's pod, or None (warned once per sandbox) past Kubernetes' limits."""
+        m = s.metadata
+        names = ((m.namespace, LABEL_NAMESPACE), (m.name, LABEL_POD), (m.uid, LABEL_POD_UID))
+        named = all(0 < len(value) <= LABEL_LIMITS[label] for value, label in names)
+        if named and _within(s.labels) and _within(s.annotations):
+            return Sandbox(m.uid, dict(s.labels), dict(s.annotations))
+        with self._lock:
+            told = s.id in self._warned
+            self._warned.add(s.id)
+        if not told:
+            log.warning(
+                "CRI sandbox %.64s: a name, uid, label or annotation past Kubernetes' limits "
+                "(keys %d characters, each map %d): its pod is left unnamed (no pod_uid on its "
+                "allocation series; the guard does not check it, counted unseen)",
+                s.id,
+                _KEY_LIMIT,
+                _MAP_LIMIT,
+            )
+        return None
 
     def _ask(self, method: str, request: Message) -> Any:
         """The response, or the reason there is none."""
@@ -239,6 +287,15 @@ def _attribution(status: api_pb2.ContainerStatus | api_pb2.Container) -> Attribu
         return Attribution(container=container, reason=Unattributed.NOT_POD)
     return Attribution(
         labels[LABEL_NAMESPACE], labels[LABEL_POD], container, pod_uid=labels.get(LABEL_POD_UID, "")
+    )
+
+
+def _within(pairs: Mapping[str, str]) -> bool:
+    """Whether a label or annotation map keeps Kubernetes' limits: keys of a DNS subdomain
+    prefix and a 63-character name, the keys and values of a pod's annotations 256 KiB in all
+    (its labels get the same bound)."""
+    return all(len(k) <= _KEY_LIMIT for k in pairs) and (
+        sum(len(k) + len(v) for k, v in pairs.items()) <= _MAP_LIMIT
     )
 
 

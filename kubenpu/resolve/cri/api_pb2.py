@@ -14,7 +14,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dkubenpu/resolve/cri/api.proto\x12\nruntime.v1\"!\n\x0eVersionRequest\x12\x0f\n\x07version\x18\x01 \x01(\t\"n\n\x0fVersionResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x14\n\x0cruntime_name\x18\x02 \x01(\t\x12\x17\n\x0fruntime_version\x18\x03 \x01(\t\x12\x1b\n\x13runtime_api_version\x18\x04 \x01(\t\"?\n\x16\x43ontainerStatusRequest\x12\x14\n\x0c\x63ontainer_id\x18\x01 \x01(\t\x12\x0f\n\x07verbose\x18\x02 \x01(\x08\"\xb0\x01\n\x17\x43ontainerStatusResponse\x12+\n\x06status\x18\x01 \x01(\x0b\x32\x1b.runtime.v1.ContainerStatus\x12;\n\x04info\x18\x02 \x03(\x0b\x32-.runtime.v1.ContainerStatusResponse.InfoEntry\x1a+\n\tInfoEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"2\n\x11\x43ontainerMetadata\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\"\x80\x03\n\x0f\x43ontainerStatus\x12\n\n\x02id\x18\x01 \x01(\t\x12/\n\x08metadata\x18\x02 \x01(\x0b\x32\x1d.runtime.v1.ContainerMetadata\x12)\n\x05state\x18\x03 \x01(\x0e\x32\x1a.runtime.v1.ContainerState\x12\x12\n\ncreated_at\x18\x04 \x01(\x03\x12\x12\n\nstarted_at\x18\x05 \x01(\x03\x12\x37\n\x06labels\x18\x0c \x03(\x0b\x32\'.runtime.v1.ContainerStatus.LabelsEntry\x12\x41\n\x0b\x61nnotations\x18\r \x03(\x0b\x32,.runtime.v1.ContainerStatus.AnnotationsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x32\n\x10\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x17\n\x15ListContainersRequest\"\xf2\x02\n\tContainer\x12\n\n\x02id\x18\x01 \x01(\t\x12\x16\n\x0epod_sandbox_id\x18\x02 \x01(\t\x12/\n\x08metadata\x18\x03 \x01(\x0b\x32\x1d.runtime.v1.ContainerMetadata\x12)\n\x05state\x18\x06 \x01(\x0e\x32\x1a.runtime.v1.ContainerState\x12\x12\n\ncreated_at\x18\x07 \x01(\x03\x12\x31\n\x06labels\x18\x08 \x03(\x0b\x32!.runtime.v1.Container.LabelsEntry\x12;\n\x0b\x61nnotations\x18\t \x03(\x0b\x32&.runtime.v1.Container.AnnotationsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x32\n\x10\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"C\n\x16ListContainersResponse\x12)\n\ncontainers\x18\x01 \x03(\x0b\x32\x15.runtime.v1.Container*k\n\x0e\x43ontainerState\x12\x15\n\x11\x43ONTAINER_CREATED\x10\x00\x12\x15\n\x11\x43ONTAINER_RUNNING\x10\x01\x12\x14\n\x10\x43ONTAINER_EXITED\x10\x02\x12\x15\n\x11\x43ONTAINER_UNKNOWN\x10\x03\x32\x8f\x02\n\x0eRuntimeService\x12\x44\n\x07Version\x12\x1a.runtime.v1.VersionRequest\x1a\x1b.runtime.v1.VersionResponse\"\x00\x12\\\n\x0f\x43ontainerStatus\x12\".runtime.v1.ContainerStatusRequest\x1a#.runtime.v1.ContainerStatusResponse\"\x00\x12Y\n\x0eListContainers\x12!.runtime.v1.ListContainersRequest\x1a\".runtime.v1.ListContainersResponse\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dkubenpu/resolve/cri/api.proto\x12\nruntime.v1\"!\n\x0eVersionRequest\x12\x0f\n\x07version\x18\x01 \x01(\t\"n\n\x0fVersionResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x14\n\x0cruntime_name\x18\x02 \x01(\t\x12\x17\n\x0fruntime_version\x18\x03 \x01(\t\x12\x1b\n\x13runtime_api_version\x18\x04 \x01(\t\"?\n\x16\x43ontainerStatusRequest\x12\x14\n\x0c\x63ontainer_id\x18\x01 \x01(\t\x12\x0f\n\x07verbose\x18\x02 \x01(\x08\"\xb0\x01\n\x17\x43ontainerStatusResponse\x12+\n\x06status\x18\x01 \x01(\x0b\x32\x1b.runtime.v1.ContainerStatus\x12;\n\x04info\x18\x02 \x03(\x0b\x32-.runtime.v1.ContainerStatusResponse.InfoEntry\x1a+\n\tInfoEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"2\n\x11\x43ontainerMetadata\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\"\x80\x03\n\x0f\x43ontainerStatus\x12\n\n\x02id\x18\x01 \x01(\t\x12/\n\x08metadata\x18\x02 \x01(\x0b\x32\x1d.runtime.v1.ContainerMetadata\x12)\n\x05state\x18\x03 \x01(\x0e\x32\x1a.runtime.v1.ContainerState\x12\x12\n\ncreated_at\x18\x04 \x01(\x03\x12\x12\n\nstarted_at\x18\x05 \x01(\x03\x12\x37\n\x06labels\x18\x0c \x03(\x0b\x32\'.runtime.v1.ContainerStatus.LabelsEntry\x12\x41\n\x0b\x61nnotations\x18\r \x03(\x0b\x32,.runtime.v1.ContainerStatus.AnnotationsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x32\n\x10\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x17\n\x15ListContainersRequest\"\xf2\x02\n\tContainer\x12\n\n\x02id\x18\x01 \x01(\t\x12\x16\n\x0epod_sandbox_id\x18\x02 \x01(\t\x12/\n\x08metadata\x18\x03 \x01(\x0b\x32\x1d.runtime.v1.ContainerMetadata\x12)\n\x05state\x18\x06 \x01(\x0e\x32\x1a.runtime.v1.ContainerState\x12\x12\n\ncreated_at\x18\x07 \x01(\x03\x12\x31\n\x06labels\x18\x08 \x03(\x0b\x32!.runtime.v1.Container.LabelsEntry\x12;\n\x0b\x61nnotations\x18\t \x03(\x0b\x32&.runtime.v1.Container.AnnotationsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x32\n\x10\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"C\n\x16ListContainersResponse\x12)\n\ncontainers\x18\x01 \x03(\x0b\x32\x15.runtime.v1.Container\"S\n\x12PodSandboxMetadata\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03uid\x18\x02 \x01(\t\x12\x11\n\tnamespace\x18\x03 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\r\"\x17\n\x15ListPodSandboxRequest\"\xcb\x02\n\nPodSandbox\x12\n\n\x02id\x18\x01 \x01(\t\x12\x30\n\x08metadata\x18\x02 \x01(\x0b\x32\x1e.runtime.v1.PodSandboxMetadata\x12*\n\x05state\x18\x03 \x01(\x0e\x32\x1b.runtime.v1.PodSandboxState\x12\x32\n\x06labels\x18\x05 \x03(\x0b\x32\".runtime.v1.PodSandbox.LabelsEntry\x12<\n\x0b\x61nnotations\x18\x06 \x03(\x0b\x32\'.runtime.v1.PodSandbox.AnnotationsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x32\n\x10\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"?\n\x16ListPodSandboxResponse\x12%\n\x05items\x18\x01 \x03(\x0b\x32\x16.runtime.v1.PodSandbox*k\n\x0e\x43ontainerState\x12\x15\n\x11\x43ONTAINER_CREATED\x10\x00\x12\x15\n\x11\x43ONTAINER_RUNNING\x10\x01\x12\x14\n\x10\x43ONTAINER_EXITED\x10\x02\x12\x15\n\x11\x43ONTAINER_UNKNOWN\x10\x03*:\n\x0fPodSandboxState\x12\x11\n\rSANDBOX_READY\x10\x00\x12\x14\n\x10SANDBOX_NOTREADY\x10\x01\x32\xea\x02\n\x0eRuntimeService\x12\x44\n\x07Version\x12\x1a.runtime.v1.VersionRequest\x1a\x1b.runtime.v1.VersionResponse\"\x00\x12\\\n\x0f\x43ontainerStatus\x12\".runtime.v1.ContainerStatusRequest\x1a#.runtime.v1.ContainerStatusResponse\"\x00\x12Y\n\x0eListContainers\x12!.runtime.v1.ListContainersRequest\x1a\".runtime.v1.ListContainersResponse\"\x00\x12Y\n\x0eListPodSandbox\x12!.runtime.v1.ListPodSandboxRequest\x1a\".runtime.v1.ListPodSandboxResponse\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -31,8 +31,14 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _globals['_CONTAINER_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_CONTAINER_ANNOTATIONSENTRY']._options = None
   _globals['_CONTAINER_ANNOTATIONSENTRY']._serialized_options = b'8\001'
-  _globals['_CONTAINERSTATE']._serialized_start=1342
-  _globals['_CONTAINERSTATE']._serialized_end=1449
+  _globals['_PODSANDBOX_LABELSENTRY']._options = None
+  _globals['_PODSANDBOX_LABELSENTRY']._serialized_options = b'8\001'
+  _globals['_PODSANDBOX_ANNOTATIONSENTRY']._options = None
+  _globals['_PODSANDBOX_ANNOTATIONSENTRY']._serialized_options = b'8\001'
+  _globals['_CONTAINERSTATE']._serialized_start=1851
+  _globals['_CONTAINERSTATE']._serialized_end=1958
+  _globals['_PODSANDBOXSTATE']._serialized_start=1960
+  _globals['_PODSANDBOXSTATE']._serialized_end=2018
   _globals['_VERSIONREQUEST']._serialized_start=45
   _globals['_VERSIONREQUEST']._serialized_end=78
   _globals['_VERSIONRESPONSE']._serialized_start=80
@@ -61,6 +67,18 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _globals['_CONTAINER_ANNOTATIONSENTRY']._serialized_end=873
   _globals['_LISTCONTAINERSRESPONSE']._serialized_start=1273
   _globals['_LISTCONTAINERSRESPONSE']._serialized_end=1340
-  _globals['_RUNTIMESERVICE']._serialized_start=1452
-  _globals['_RUNTIMESERVICE']._serialized_end=1723
+  _globals['_PODSANDBOXMETADATA']._serialized_start=1342
+  _globals['_PODSANDBOXMETADATA']._serialized_end=1425
+  _globals['_LISTPODSANDBOXREQUEST']._serialized_start=1427
+  _globals['_LISTPODSANDBOXREQUEST']._serialized_end=1450
+  _globals['_PODSANDBOX']._serialized_start=1453
+  _globals['_PODSANDBOX']._serialized_end=1784
+  _globals['_PODSANDBOX_LABELSENTRY']._serialized_start=776
+  _globals['_PODSANDBOX_LABELSENTRY']._serialized_end=821
+  _globals['_PODSANDBOX_ANNOTATIONSENTRY']._serialized_start=823
+  _globals['_PODSANDBOX_ANNOTATIONSENTRY']._serialized_end=873
+  _globals['_LISTPODSANDBOXRESPONSE']._serialized_start=1786
+  _globals['_LISTPODSANDBOXRESPONSE']._serialized_end=1849
+  _globals['_RUNTIMESERVICE']._serialized_start=2021
+  _globals['_RUNTIMESERVICE']._serialized_end=2383
 # @@protoc_insertion_point(module_scope)

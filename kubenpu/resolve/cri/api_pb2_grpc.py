@@ -29,6 +29,11 @@ class RuntimeServiceStub(object):
                 request_serializer=kubenpu_dot_resolve_dot_cri_dot_api__pb2.ListContainersRequest.SerializeToString,
                 response_deserializer=kubenpu_dot_resolve_dot_cri_dot_api__pb2.ListContainersResponse.FromString,
                 )
+        self.ListPodSandbox = channel.unary_unary(
+                '/runtime.v1.RuntimeService/ListPodSandbox',
+                request_serializer=kubenpu_dot_resolve_dot_cri_dot_api__pb2.ListPodSandboxRequest.SerializeToString,
+                response_deserializer=kubenpu_dot_resolve_dot_cri_dot_api__pb2.ListPodSandboxResponse.FromString,
+                )
 
 
 class RuntimeServiceServicer(object):
@@ -56,6 +61,14 @@ class RuntimeServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListPodSandbox(self, request, context):
+        """Every pod sandbox with its pod's uid, labels and annotations, in one request: the
+        guard's label and annotation rules, and pods' uids.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RuntimeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -73,6 +86,11 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
                     servicer.ListContainers,
                     request_deserializer=kubenpu_dot_resolve_dot_cri_dot_api__pb2.ListContainersRequest.FromString,
                     response_serializer=kubenpu_dot_resolve_dot_cri_dot_api__pb2.ListContainersResponse.SerializeToString,
+            ),
+            'ListPodSandbox': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPodSandbox,
+                    request_deserializer=kubenpu_dot_resolve_dot_cri_dot_api__pb2.ListPodSandboxRequest.FromString,
+                    response_serializer=kubenpu_dot_resolve_dot_cri_dot_api__pb2.ListPodSandboxResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -132,5 +150,22 @@ class RuntimeService(object):
         return grpc.experimental.unary_unary(request, target, '/runtime.v1.RuntimeService/ListContainers',
             kubenpu_dot_resolve_dot_cri_dot_api__pb2.ListContainersRequest.SerializeToString,
             kubenpu_dot_resolve_dot_cri_dot_api__pb2.ListContainersResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ListPodSandbox(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/runtime.v1.RuntimeService/ListPodSandbox',
+            kubenpu_dot_resolve_dot_cri_dot_api__pb2.ListPodSandboxRequest.SerializeToString,
+            kubenpu_dot_resolve_dot_cri_dot_api__pb2.ListPodSandboxResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
