@@ -49,7 +49,7 @@ class GuardKernel:
         self.writer = g.Writer(self.maps)
         self.writer.beat(now_ns, clock)
         self.writer.apply(policy)
-        return "lsm file_ioctl+file_open"
+        return "lsm file_open+file_receive"
 
     def close(self) -> None:
         self.writer, self.closed = None, True
@@ -326,6 +326,15 @@ def test_build_is_off_by_default_and_off_in_one_line_without_the_bpf_lsm(tmp_pat
     lsm.write_text("lockdown,capability,landlock,yama,apparmor,bpf\n")
     built = guard.build(_node(tmp_path, GUARDED + root))  # the test's own capabilities: any
     assert isinstance(built, Guard) or "needs CAP_" in caplog.records[-1].getMessage()
+
+
+@pytest.mark.parametrize(("text", "ioctl"), [("", False), ("  ioctl: true\n", True)])
+def test_build_asks_for_the_ioctl_hooks_only_with_guard_ioctl(tmp_path, monkeypatch, text, ioctl):
+    asked = []
+    monkeypatch.setattr(g, "check", lambda lsm: None)
+    monkeypatch.setattr(g, "GuardKernel", lambda **kw: asked.append(kw) or GuardKernel())
+    assert isinstance(guard.build(_node(tmp_path, GUARDED + text)), Guard)
+    assert asked == [{"ioctl": ioctl}]
 
 
 def test_births_go_to_the_resolver_and_to_the_sources_that_act_on_them(tmp_path):
