@@ -333,6 +333,7 @@ def ioctl_on(start: dict, pod_a: Path, pod_b: Path, node: str, policy) -> dict:
     """guard.ioctl: the held fd's ioctl is denied once the pod's mode is enforce."""
     agent_ = Agent(None, {**start, "policy": policy("audit"), "ioctl": True})
     found = {"ioctl_start": agent_.first, "programs_ioctl": guard_programs()}
+    found["lsm_ioctl"] = lsm_programs()
     found["b_held_ioctl"] = held_fd(pod_b, node, lambda: agent_.ask({"policy": policy("enforce")}))
     found["b_passed_fd_ioctl"] = passed_fd(pod_a, pod_b, node)
     found["tallies_ioctl"] = agent_.tallies()
@@ -389,6 +390,7 @@ def main(out: Path) -> dict:
     steps["b_passed_fd_audit"] = passed_fd(pod_a, pod_b, card.path)
     steps["tallies_audit"] = agent_.tallies()
     steps["programs_default"] = guard_programs()
+    steps["lsm_default"] = lsm_programs()
     steps["b_held_default"] = held_fd(
         pod_b, card.path, lambda: agent_.ask({"policy": policy("enforce")})
     )
