@@ -30,7 +30,7 @@ from kubenpu.sources.guard import Guard
 UID_A = "0b1c2d3e-0000-4000-8000-00000000000a"
 UID_B = "0b1c2d3e-0000-4000-8000-00000000000b"
 UID_C = "0b1c2d3e-0000-4000-8000-00000000000c"
-OPEN, IOCTL = 0, 1
+OPEN, IOCTL, RECEIVE = 0, 1, 2
 
 
 class GuardKernel:
@@ -386,7 +386,7 @@ def test_kubenpuctl_guard_shows_the_policy_and_denials_an_agent_exports(tmp_path
     source.beat()
     for _ in range(2):
         kernel.decide(b, RENDER0, OPEN)
-    kernel.decide(b, RENDER0, IOCTL)
+    kernel.decide(b, RENDER0, RECEIVE)  # an fd another process passed it
     assert kernel.decide(a, RENDER1, OPEN) == 0  # the allow rule
     source.refresh()
     exporter = CollectorRegistry()
@@ -400,12 +400,12 @@ def test_kubenpuctl_guard_shows_the_policy_and_denials_an_agent_exports(tmp_path
             ["POD", "DEVICE", "MODE", "ACCESS", "DENIED"],
             ["team/a", GPU0.id, "enforce", "allocated", "-"],
             ["team/a", GPU1.id, "enforce", "allow_rule", "-"],
-            ["team/b", GPU0.id, "enforce", "denied", "ioctl", "1,", "open", "2"],
+            ["team/b", GPU0.id, "enforce", "denied", "open", "2,", "receive", "1"],
             ["team/b", GPU1.id, "enforce", "allow_rule", "-"],
         ]
         assert ctl_main(["guard", "--url", server.url, "-o", "json"]) == 0
         rows = json.loads(capsys.readouterr().out)
-        assert rows[2]["denied"] == {"ioctl": 1, "open": 2}
+        assert rows[2]["denied"] == {"open": 2, "receive": 1}
         check_documented("guard", rows)
     finally:
         server.close()
