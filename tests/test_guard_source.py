@@ -36,7 +36,8 @@ OPEN, IOCTL, RECEIVE = 0, 1, 2
 class GuardKernel:
     """kubenpu.kernel.guard.GuardKernel over FakeMaps: start() writes as the real one does."""
 
-    def __init__(self, refuse: str = "") -> None:
+    def __init__(self, refuse: str = "", ioctl: bool = False) -> None:
+        self.ioctl = ioctl
         self.maps = FakeMaps()
         self.lsm = FakeKernel(self.maps)
         self.writer: g.Writer | None = None
@@ -49,7 +50,7 @@ class GuardKernel:
         self.writer = g.Writer(self.maps)
         self.writer.beat(now_ns, clock)
         self.writer.apply(policy)
-        return "lsm file_open+file_receive"
+        return "lsm " + "file_ioctl+file_ioctl_compat+" * self.ioctl + "file_open+file_receive"
 
     def close(self) -> None:
         self.writer, self.closed = None, True
@@ -329,12 +330,21 @@ def test_build_is_off_by_default_and_off_in_one_line_without_the_bpf_lsm(tmp_pat
 
 
 @pytest.mark.parametrize(("text", "ioctl"), [("", False), ("  ioctl: true\n", True)])
-def test_build_asks_for_the_ioctl_hooks_only_with_guard_ioctl(tmp_path, monkeypatch, text, ioctl):
+def test_build_asks_for_the_ioctl_hooks_only_with_guard_ioctl(
+    tmp_path, monkeypatch, caplog, text, ioctl
+):
     asked = []
     monkeypatch.setattr(g, "check", lambda lsm: None)
-    monkeypatch.setattr(g, "GuardKernel", lambda **kw: asked.append(kw) or GuardKernel())
-    assert isinstance(guard.build(_node(tmp_path, GUARDED + text)), Guard)
-    assert asked == [{"ioctl": ioctl}]
+    monkeypatch.setattr(g, "GuardKernel", lambda **kw: asked.append(kw) or GuardKernel(**kw))
+    built = guard.build(_node(tmp_path, GUARDED + text))
+    assert isinstance(built, Guard) and asked == [{"ioctl": ioctl}]
+    with caplog.at_level(logging.INFO, logger=guard.__name__):
+        built.start()
+    built.close()
+    hooks = (
+        "file_ioctl+file_ioctl_compat+file_open+file_receive" if ioctl else "file_open+file_receive"
+    )
+    assert f"access guard attached (lsm {hooks}), mode audit" in caplog.text
 
 
 def test_births_go_to_the_resolver_and_to_the_sources_that_act_on_them(tmp_path):
