@@ -154,7 +154,14 @@ JOBS_PER_STEP = 1000
 JOBS_COUNTED_TIMEOUT = 60  # seconds for the agent's /metrics to show a round's jobs
 GPU_SCHEDULER_EVENTS = Path("/sys/kernel/tracing/events/gpu_scheduler")
 OPENCLOSE = "/usr/local/bin/openclose"  # tests/vm/src/openclose.c: opens cannot be timed by drmcall
-GUARD_ARMS = ("none", "audit", "enforce")  # no guard loaded, then the guard in each mode
+# No guard loaded, then the guard in each mode (open + receive hooks, the default), then enforce
+# with guard.ioctl (the ioctl hooks too): arm -> (mode, ioctl).
+GUARD_ARMS = {
+    "none": None,
+    "audit": ("audit", False),
+    "enforce": ("enforce", False),
+    "enforce, ioctl: true": ("enforce", True),
+}
 GUARD_FAIL_OPEN_SECONDS = 30.0  # never reached: the guard's agent beats every 0.5 s
 OPENS_PER_IOCTL_LOOP = 0.1  # an open + close of a DRM node costs several ioctls: shorter loops
 FIFO = Path("/tmp/kubenpu-bench-fifo")  # FIONREAD on it: an ioctl on no device at all
@@ -767,10 +774,11 @@ class Bench:
         DRM_IOCTL_MODE_CREATE_DUMB on it, of TCGETS on a pty and of FIONREAD on a FIFO, from the
         loader's cgroup, under each of GUARD_ARMS, in self.rounds rounds in an order reversed
         every other round (each arm's figure in a round: the median of LOOPS_PER_ROUND loops).
-        In audit and enforce the loader's cgroup is a pod allocated the card, so every open and
-        DRM ioctl takes the guard's allowed path, and its tallies must count each one; the pty
-        is a char device the guard does not guard, which it leaves at the first map lookup, and
-        FIONREAD on a FIFO is an ioctl on no device, which it leaves at the inode's type.
+        In the guard's arms the loader's cgroup is a pod allocated the card, so every open (and,
+        with the ioctl hooks, every DRM ioctl) takes the guard's allowed path, and its tallies
+        must count each one. Without the ioctl hooks no ioctl enters the guard; with them the
+        pty is a char device the guard does not guard, which it leaves at the first map lookup,
+        and FIONREAD on a FIFO is an ioctl on no device, which it leaves at the inode's type.
         KUBENPU_BENCH_GUARD_CALLS (comma-separated) picks the calls."""
         rdev = os.stat(self.card).st_rdev
         dev = g.mkdev(os.major(rdev), os.minor(rdev))
@@ -787,26 +795,35 @@ class Bench:
         }
         if only := os.environ.get("KUBENPU_BENCH_GUARD_CALLS"):  # e.g. "tcgets,fifo"
             calls = {c: calls[c] for c in only.split(",")}
+
         # the card's opens and DRM ioctls per arm and round: drmcall opens the card once a loop
-        issued = {
-            "open": LOOPS_PER_ROUND * (opens * ("open_close" in calls) + ("drm" in calls)),
-            "ioctl": LOOPS_PER_ROUND * loop * ("drm" in calls),
-        }
+        def issued(ioctl: bool) -> dict[str, int]:
+            return {
+                "open": LOOPS_PER_ROUND * (opens * ("open_close" in calls) + ("drm" in calls)),
+                "ioctl": LOOPS_PER_ROUND * loop * ("drm" in calls) * ioctl,
+                "receive": 0,
+            }
+
         found = {a: {**{c: [] for c in calls}, "counted": [], "issued": []} for a in GUARD_ARMS}
         leftovers = []
         for r in range(self.rounds):
-            for arm in GUARD_ARMS[:: 1 if r % 2 == 0 else -1]:
+            for arm in list(GUARD_ARMS)[:: 1 if r % 2 == 0 else -1]:
                 if left := guard_programs():
                     leftovers.append({"round": r, "arm": arm, "programs": left})
-                running = None
-                if arm != "none":
+                running, how = None, GUARD_ARMS[arm]
+                if how is not None:
                     policy = {
                         "guarded": [dev],
-                        "pods": {loader: [1, g.MODES.index(arm)]},
+                        "pods": {loader: [1, g.MODES.index(how[0])]},
                         "allowed": [[1, dev]],
                     }
-                    start = {"policy": policy, "fail_open_seconds": GUARD_FAIL_OPEN_SECONDS}
-                    running = GuardAgent(None, start | {"kubepods": [cgroup_id(kubepods), 1]})
+                    start = {
+                        "policy": policy,
+                        "fail_open_seconds": GUARD_FAIL_OPEN_SECONDS,
+                        "kubepods": [cgroup_id(kubepods), 1],
+                        "ioctl": how[1],
+                    }
+                    running = GuardAgent(None, start)
                     if "started" not in running.first:
                         raise SystemExit(f"the guard did not start: {running.first}")
                 try:
@@ -814,7 +831,7 @@ class Bench:
                     for name, call in calls.items():
                         rec[name].append(statistics.median(call() for _ in range(LOOPS_PER_ROUND)))
                     if running:
-                        rec["issued"].append(issued)
+                        rec["issued"].append(issued(how[1]))
                         rec["counted"].append(allowed_tallies(running.tallies(), loader))
                 finally:
                     if running:

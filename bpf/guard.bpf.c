@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * KubeNPU access guard (docs/guard.md): BPF LSM programs that allow or block a pod's open and
- * ioctl of an accelerator device node. CO-RE only, loaded by kubenpu/kernel/guard.py.
+ * KubeNPU access guard (docs/guard.md): BPF LSM programs that allow or block a pod's getting an
+ * fd of an accelerator device node (its open, or its receipt over a unix socket or pidfd_getfd)
+ * and, opt-in (guard.ioctl), each ioctl on one. CO-RE only, loaded by kubenpu/kernel/guard.py.
  *
  * The decision, for a char device inode whose dev_t is in `guarded` and a task in cgroup C:
  *   C not in `pods`: allowed. If C is under the kubepods cgroup (config: its id and level) the
@@ -25,6 +26,7 @@
 
 #define OP_OPEN 0
 #define OP_IOCTL 1
+#define OP_RECEIVE 2
 
 #define VERDICT_ALLOWED 0
 #define VERDICT_DENIED 1
@@ -124,6 +126,17 @@ int BPF_PROG(guard_file_open, struct file *file, int ret)
     return ret ? ret : decide(file, OP_OPEN);
 }
 
+/* An fd received (receive_fd: SCM_RIGHTS over a unix socket, pidfd_getfd). A refusal drops the
+ * fd: recvmsg returns the data with MSG_CTRUNC and no fd from this one on. */
+SEC("lsm/file_receive")
+int BPF_PROG(guard_file_receive, struct file *file, int ret)
+{
+    return ret ? ret : decide(file, OP_RECEIVE);
+}
+
+/* Opt-in (guard.ioctl): runs on every ioctl of every process on the node, so it costs every
+ * ioctl the trampoline's entry (docs/performance.md); it also stops an fd held from before the
+ * policy or carried in by a cgroup move, which the open and receive checks never see. */
 SEC("lsm/file_ioctl")
 int BPF_PROG(guard_file_ioctl, struct file *file, unsigned int cmd, unsigned long arg, int ret)
 {

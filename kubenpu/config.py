@@ -299,12 +299,17 @@ class GuardRule(_Model):
 
 
 class GuardConfig(_Model):
-    """The access guard (docs/guard.md): BPF LSM programs that allow or block a pod's open and
-    ioctl of the devices a plugin manages. Needs attribution.pod_resources (the allocations)."""
+    """The access guard (docs/guard.md): BPF LSM programs that allow or block a pod's getting an
+    fd of the devices a plugin manages (open, receipt over a unix socket or pidfd_getfd), and
+    with `ioctl` each ioctl on one. Needs attribution.pod_resources (the allocations)."""
 
     mode: GuardMode = "off"
     namespaces: dict[_Str, GuardMode] = Field({}, max_length=4096)  # namespace -> its own mode
     allow: list[GuardRule] = Field([], max_length=4096)
+    # Also check every ioctl of a guarded device: stops an fd a pod held before the guard or its
+    # policy reached the kernel, or carried into a pod cgroup, at the cost of an LSM program on
+    # every ioctl of every process on the node (docs/guard.md, docs/performance.md).
+    ioctl: bool = False
     # The policy is rewritten this often, and at once on a pod cgroup's birth.
     refresh_seconds: float = Field(10, gt=0, le=3600)
     heartbeat_seconds: float = Field(1, gt=0, le=60)

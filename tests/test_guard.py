@@ -7,18 +7,26 @@ from __future__ import annotations
 
 import errno
 import logging
+import re
 import struct
+from pathlib import Path
 
 import pytest
+from test_core_loader import Kernel
+from test_core_loader import kernel as libbpf  # noqa: F401 (fixture)
 
+from kubenpu.config import GuardConfig
 from kubenpu.discovery import Device, Node
 from kubenpu.kernel import guard as g
+from kubenpu.kernel import hooks
 from kubenpu.kernel.errors import ProbeError
 from kubenpu.sources.guard import Denial, DenialLog, Planner, Pod, Rule, Settings, denials
 
 MAX_ENTRIES = {g.CONFIG: 1, g.GUARDED: 1024, g.PODS: 65536, g.ALLOWED: 65536, g.TALLY: 65536}
 S_IFCHR, S_IFBLK = 0o020000, 0o060000
-OPEN, IOCTL = 0, 1
+OPEN, IOCTL, RECEIVE = 0, 1, 2
+KERNEL_SYMBOLS = hooks.kernel_symbols  # the real one: the libbpf fixture stands in its own
+SOURCE = Path(__file__).parent.parent / "bpf" / "guard.bpf.c"
 
 
 class FakeMaps:
@@ -327,3 +335,77 @@ def test_check_says_in_one_line_why_the_guard_is_off(tmp_path, lsm, cap_eff, sai
     with pytest.raises(ProbeError, match=said) as err:
         g.check(tmp_path / "lsm", tmp_path / "status")
     assert "\n" not in str(err.value)
+
+
+def _defines(prefix: str) -> list[str]:
+    """bpf/guard.bpf.c's `#define <prefix>NAME n`, by n (which must run 0, 1, ... with no gap)."""
+    found = dict(
+        (int(n), name.lower())
+        for name, n in re.findall(rf"#define {prefix}(\w+) (\d+)", SOURCE.read_text())
+    )
+    assert sorted(found) == list(range(len(found))), found
+    return [found[n] for n in sorted(found)]
+
+
+def test_names_mirror_the_programs():
+    assert tuple(_defines("OP_")) == g.OPERATIONS == ("open", "ioctl", "receive")
+    assert tuple(_defines("VERDICT_")) == g.VERDICTS
+    assert tuple(_defines("MODE_")) == g.MODES
+
+
+def test_a_receive_tally_is_read_as_receive():
+    """The bug: a receive (op 2) tally read with the old ("open", "ioctl") raised IndexError,
+    and every tally read (the series, the denial log) with it."""
+    kernel, writer, _ = _guard(Settings("enforce"))
+    assert kernel.decide(201, RENDER0, RECEIVE) == -errno.EPERM
+    assert kernel.decide(101, RENDER0, RECEIVE) == 0
+    assert writer.tallies() == {
+        (201, RENDER0, "receive", "denied"): 1,
+        (101, RENDER0, "receive", "allowed"): 1,
+    }
+    found = denials(writer.tallies(), [A, B], DEVICES)
+    assert found == [Denial(B, GPU0.id, "receive", "enforce", 1)]
+    writer.maps.data[g.TALLY][g.TALLY_KEY.pack(201, RENDER0, RECEIVE + 1, 1, 0)] = g.U64.pack(1)
+    with pytest.raises(IndexError):  # one past the last operation: not a name the agent makes up
+        writer.tallies()
+
+
+def test_the_ioctl_knob_defaults_off():
+    assert GuardConfig().ioctl is False
+    assert GuardConfig(ioctl=True).ioctl is True
+    with pytest.raises(ValueError):
+        GuardConfig(ioctl="sometimes")
+
+
+COMPAT_LINE = "ffffffff81000000 T bpf_lsm_file_ioctl_compat\n"
+
+
+@pytest.mark.parametrize(
+    ("ioctl", "kallsyms", "programs"),
+    [
+        (False, COMPAT_LINE, ["guard_file_open", "guard_file_receive"]),  # no ioctl hook at all
+        (True, "", ["guard_file_ioctl", "guard_file_open", "guard_file_receive"]),  # before 6.8
+        (True, COMPAT_LINE, [
+            "guard_file_ioctl", "guard_file_ioctl_compat", "guard_file_open", "guard_file_receive"
+        ]),
+    ],
+)  # fmt: skip
+def test_only_the_chosen_hooks_are_loaded_and_attached(
+    libbpf: Kernel,  # noqa: F811
+    monkeypatch,
+    tmp_path,
+    ioctl,
+    kallsyms,
+    programs,
+):
+    """The rest of the object's programs are not loaded (autoload off): with guard.ioctl off no
+    program of the guard is on file_ioctl, and every ioctl on the node pays nothing for it."""
+    monkeypatch.setattr(hooks, "kernel_symbols", KERNEL_SYMBOLS)
+    (tmp_path / "kallsyms").write_text("ffffffff81000001 T bpf_lsm_file_open\n" + kallsyms)
+    guard = g.GuardKernel(kallsyms=tmp_path / "kallsyms", ioctl=ioctl)
+    said = guard.start(g.Policy(), CLOCK, SECOND)
+    assert said == "lsm " + "+".join(p.removeprefix("guard_") for p in programs)
+    assert sorted(libbpf.autoloaded) == programs
+    assert libbpf.attached == programs
+    guard.close()
+    assert libbpf.destroyed == programs

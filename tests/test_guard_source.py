@@ -36,13 +36,14 @@ from kubenpu.sources.guard import Guard
 UID_A = "0b1c2d3e-0000-4000-8000-00000000000a"
 UID_B = "0b1c2d3e-0000-4000-8000-00000000000b"
 UID_C = "0b1c2d3e-0000-4000-8000-00000000000c"
-OPEN, IOCTL = 0, 1
+OPEN, IOCTL, RECEIVE = 0, 1, 2
 
 
 class GuardKernel:
     """kubenpu.kernel.guard.GuardKernel over FakeMaps: start() writes as the real one does."""
 
-    def __init__(self, refuse: str = "") -> None:
+    def __init__(self, refuse: str = "", ioctl: bool = False) -> None:
+        self.ioctl = ioctl
         self.maps = FakeMaps()
         self.lsm = FakeKernel(self.maps)
         self.writer: g.Writer | None = None
@@ -55,7 +56,7 @@ class GuardKernel:
         self.writer = g.Writer(self.maps)
         self.writer.beat(now_ns, clock)
         self.writer.apply(policy)
-        return "lsm file_ioctl+file_open"
+        return "lsm " + "file_ioctl+file_ioctl_compat+" * self.ioctl + "file_open+file_receive"
 
     def close(self) -> None:
         self.writer, self.closed = None, True
@@ -340,6 +341,24 @@ def test_build_is_off_by_default_and_off_in_one_line_without_the_bpf_lsm(tmp_pat
     assert isinstance(built, Guard) or "needs CAP_" in caplog.records[-1].getMessage()
 
 
+@pytest.mark.parametrize(("text", "ioctl"), [("", False), ("  ioctl: true\n", True)])
+def test_build_asks_for_the_ioctl_hooks_only_with_guard_ioctl(
+    tmp_path, monkeypatch, caplog, text, ioctl
+):
+    asked = []
+    monkeypatch.setattr(g, "check", lambda lsm: None)
+    monkeypatch.setattr(g, "GuardKernel", lambda **kw: asked.append(kw) or GuardKernel(**kw))
+    built = guard.build(_node(tmp_path, GUARDED + text))
+    assert isinstance(built, Guard) and asked == [{"ioctl": ioctl}]
+    with caplog.at_level(logging.INFO, logger=guard.__name__):
+        built.start()
+    built.close()
+    hooks = (
+        "file_ioctl+file_ioctl_compat+file_open+file_receive" if ioctl else "file_open+file_receive"
+    )
+    assert f"access guard attached (lsm {hooks}), mode audit" in caplog.text
+
+
 def test_births_go_to_the_resolver_and_to_the_sources_that_act_on_them(tmp_path):
     seen = []
 
@@ -389,7 +408,7 @@ def test_kubenpuctl_guard_shows_the_policy_and_denials_an_agent_exports(tmp_path
     source.beat()
     for _ in range(2):
         kernel.decide(b, RENDER0, OPEN)
-    kernel.decide(b, RENDER0, IOCTL)
+    kernel.decide(b, RENDER0, RECEIVE)  # an fd another process passed it
     assert kernel.decide(a, RENDER1, OPEN) == 0  # the allow rule
     source.refresh()
     exporter = CollectorRegistry()
@@ -403,12 +422,12 @@ def test_kubenpuctl_guard_shows_the_policy_and_denials_an_agent_exports(tmp_path
             ["POD", "DEVICE", "MODE", "ACCESS", "DENIED"],
             ["team/a", GPU0.id, "enforce", "allocated", "-"],
             ["team/a", GPU1.id, "enforce", "allow_rule", "-"],
-            ["team/b", GPU0.id, "enforce", "denied", "ioctl", "1,", "open", "2"],
+            ["team/b", GPU0.id, "enforce", "denied", "open", "2,", "receive", "1"],
             ["team/b", GPU1.id, "enforce", "allow_rule", "-"],
         ]
         assert ctl_main(["guard", "--url", server.url, "-o", "json"]) == 0
         rows = json.loads(capsys.readouterr().out)
-        assert rows[2]["denied"] == {"ioctl": 1, "open": 2}
+        assert rows[2]["denied"] == {"open": 2, "receive": 1}
         check_documented("guard", rows)
     finally:
         server.close()

@@ -1,7 +1,9 @@
 """The access guard (bpf/guard.bpf.c) on real kernels in QEMU: tests/vm/guard_guest.py runs
 plain processes in cgroups under kubepods.slice as pods A (allocated vgem's card node), B
 (allocated nothing) and C (new, unknown to the agent), with a small agent process that loads
-the guard, writes the policy and beats; see that module for the steps. Then `helm uninstall` as
+the guard, writes the policy and beats; see that module for the steps. The default agent checks
+opens and received fds (B gets no fd A passes it in enforce); one with guard.ioctl also checks
+each ioctl (B's fd held from audit is denied once B's mode is enforce). Then `helm uninstall` as
 a node sees it: the chart's pre-delete hook's command while the agent runs, the agent's SIGTERM,
 and bpftool (the host's, copied into the guest's /out) listing no LSM program or link.
 
@@ -23,6 +25,23 @@ KERNELS = os.environ.get("KUBENPU_GUARD_KERNELS", "6.12 7.3").split()
 FAIL_OPEN_SECONDS, BEAT_SECONDS = 3.0, 0.5  # guard_guest's
 ALLOWED = {"open": 0, "ioctl": 0}
 DENIED_OPEN = {"open": errno.EPERM}
+# A refused receive: the data arrives, the fd does not, MSG_CTRUNC says it was dropped.
+NOT_RECEIVED = {"owner_ioctl": 0, "taker_data": "fd", "taker_fds": 0, "taker_ctrunc": True}
+RECEIVED = {"owner_ioctl": 0, "taker_data": "fd", "taker_fds": 1, "taker_ctrunc": False}
+DEFAULT_PROGRAMS = ["guard_file_open", "guard_file_receive"]
+IOCTL_PROGRAMS = ["guard_file_ioctl", "guard_file_ioctl_compat"]  # the second from 6.8
+
+
+def _kernel_names(names: list[str]) -> list[str]:
+    """The names the kernel keeps (BPF_OBJ_NAME_LEN: 15 characters); bpftool prints BTF's."""
+    return sorted(n[:15] for n in names)
+
+
+def _bpftool_names(found: dict) -> list[str]:
+    """bpftool's program names (BTF's full ones, or the kernel's), as the kernel keeps them."""
+    return _kernel_names([p.split()[0] for p in found["programs"]])
+
+
 GUARD_CAPS = ["BPF", "PERFMON"]  # what loading and attaching the LSM programs takes (measured)
 
 pytestmark = pytest.mark.vm
@@ -56,10 +75,10 @@ def test_enforce(result):
     steps, ids = result["steps"], result["ids"]
     assert steps["a"] == ALLOWED
     assert steps["b_enforce"] == DENIED_OPEN
-    assert steps["b_passed_fd"] == {"owner_ioctl": 0, "taker_ioctl": errno.EPERM}
+    assert steps["b_passed_fd"] == NOT_RECEIVED
     assert steps["host"] == ALLOWED
     tallies = steps["tallies_enforce"]
-    assert _tallies(tallies, ids["b"]) == {("open", "denied"): 1, ("ioctl", "denied"): 1}
+    assert _tallies(tallies, ids["b"]) == {("open", "denied"): 1, ("receive", "denied"): 1}
     assert _tallies(tallies, ids["a"])[("open", "allowed")] == 2  # its own open, its passed fd's
 
 
@@ -67,15 +86,47 @@ def test_a_pod_opening_at_once_after_its_cgroup_is_made_is_not_denied(result):
     steps, ids = result["steps"], result["ids"]
     assert {k: v for k, v in steps["born"].items() if k != "ms_from_mkdir"} == ALLOWED
     unseen = [t for t in steps["tallies_enforce"] if t[0] not in ids.values()]
-    assert {(op, v) for _, _, op, v, _ in unseen} == {("open", "unseen"), ("ioctl", "unseen")}
+    assert {(op, v) for _, _, op, v, _ in unseen} == {("open", "unseen")}  # no ioctl hook
 
 
 def test_audit_counts_and_allows(result):
     steps, ids = result["steps"], result["ids"]
     assert steps["b_audit"] == ALLOWED
-    assert steps["b_passed_fd_audit"] == {"owner_ioctl": 0, "taker_ioctl": 0}
-    b = _tallies(steps["tallies_audit"], ids["b"])
-    assert b[("open", "audited")] == 1 and b[("ioctl", "audited")] == 2
+    assert steps["b_passed_fd_audit"] == {**RECEIVED, "taker_ioctl": 0}
+    b = _tallies(steps["tallies_audit"], ids["b"])  # the enforce step's, then audit's
+    assert b == {
+        ("open", "denied"): 1,
+        ("receive", "denied"): 1,
+        ("open", "audited"): 1,
+        ("receive", "audited"): 1,
+    }
+
+
+def test_without_the_ioctl_hook_a_held_fd_is_not_checked(result):
+    """The default: no program on file_ioctl, so an fd B opened in audit keeps working after
+    its mode turns to enforce (the gap guard.ioctl closes, docs/guard.md)."""
+    steps = result["steps"]
+    assert steps["start"] == {"started": "lsm file_open+file_receive"}
+    assert steps["programs_default"] == _kernel_names(DEFAULT_PROGRAMS)
+    found = steps["lsm_default"]  # every LSM program and link on the kernel: none on file_ioctl
+    assert _bpftool_names(found) == _kernel_names(DEFAULT_PROGRAMS), found
+    assert len(found["links"]) == 2, found
+    assert steps["b_held_default"] == {"open": 0, "ioctl_after_switch": 0}
+
+
+def test_with_the_ioctl_hook_a_held_fd_is_denied_once_enforced(result):
+    steps, ids = result["steps"], result["ids"]
+    started = "lsm file_ioctl+file_ioctl_compat+file_open+file_receive"
+    assert steps["ioctl_start"] == {"started": started}
+    found = steps["lsm_ioctl"]  # on every kernel of the matrix: file_ioctl_compat too
+    assert _bpftool_names(found) == _kernel_names([*DEFAULT_PROGRAMS, *IOCTL_PROGRAMS]), found
+    assert len(found["links"]) == 4, found
+    assert steps["programs_ioctl"] == _kernel_names([*DEFAULT_PROGRAMS, *IOCTL_PROGRAMS])
+    assert steps["b_held_ioctl"] == {"open": 0, "ioctl_after_switch": errno.EPERM}
+    assert steps["b_passed_fd_ioctl"] == NOT_RECEIVED
+    b = _tallies(steps["tallies_ioctl"], ids["b"])
+    assert b[("open", "audited")] == 1 and b[("ioctl", "denied")] == 1, b
+    assert b[("receive", "denied")] == 1, b
 
 
 def test_a_stalled_agent_fails_open_after_its_bound_and_closes_back(result):

@@ -634,8 +634,9 @@ def test_the_guard_allows_allocated_devices_denies_the_rest_and_never_a_starting
     }
     assert denied[("nothing-0", g["virtio"], "open", "enforce")] == 1
     assert denied[("idle-0", g["card"], "open", "enforce")] == 1
-    # A's earlier calls on virtio-gpu (the scenario's) are audited too: at least the last one.
+    # A's earlier opens of virtio-gpu (the scenario's) are audited too: at least the last one;
+    # its ioctls are not checked (guard.ioctl is off, the default: no program on file_ioctl).
     assert denied[("trainer-0", g["virtio"], "open", "audit")] >= 1
-    assert denied[("trainer-0", g["virtio"], "ioctl", "audit")] >= 1
+    assert not [k for k in denied if k[2] == "ioctl"]
     assert not [k for k in denied if k[0] not in ("nothing-0", "idle-0", "trainer-0")]
-    assert "access guard attached" in result["agent_log"]
+    assert "access guard attached (lsm file_open+file_receive)" in result["agent_log"]

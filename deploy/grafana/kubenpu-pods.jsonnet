@@ -121,7 +121,7 @@ g.dashboard(
                 instant=true)],
       g.pos(8, 50, 8, 8),
       columns={ A: ['accesses', 'short'] },
-      description='Opens and ioctls of a device the access guard denied a pod over the range (mode enforce: EPERM), or would have denied (mode audit: allowed): the kubelet did not allocate the device to the pod and no allow rule names it (docs/guard.md). Empty while the guard is off.',
+      description='Opens, fd receipts and ioctls of a device the access guard denied a pod over the range (mode enforce: EPERM), or would have denied (mode audit: allowed): the kubelet did not allocate the device to the pod and no allow rule names it (docs/guard.md). Empty while the guard is off.',
     ),
     g.table(
       'Guard policy',

@@ -1,6 +1,7 @@
 """The access guard's kernel side (bpf/guard.bpf.c, docs/guard.md): BPF LSM programs on
-file_open and file_ioctl (+ file_ioctl_compat where the kernel has it), loaded with the same
-system libbpf as the counting probe, and the maps the agent writes its policy into.
+file_open and file_receive, and opt-in (guard.ioctl) on file_ioctl (+ file_ioctl_compat where
+the kernel has it), loaded with the same system libbpf as the counting probe, and the maps the
+agent writes its policy into.
 
 The maps are written through `Maps` (real fds here, a fake as strict as the kernel in the unit
 tests), by `Writer`, in an order that never denies because of a half-written policy: grants
@@ -22,7 +23,7 @@ from kubenpu.kernel.errors import Cause, ProbeError
 OBJECT = "kubenpu-guard.bpf.o"
 # The names and numbers of bpf/guard.bpf.c, in its order.
 MODES = ("off", "audit", "enforce")
-OPERATIONS = ("open", "ioctl")
+OPERATIONS = ("open", "ioctl", "receive")
 VERDICTS = ("allowed", "denied", "audited", "failed_open", "unseen")
 CONFIG, GUARDED, PODS, ALLOWED, TALLY = "guard_config", "guarded", "pods", "allowed", "tally"
 MAP_NAMES = (CONFIG, GUARDED, PODS, ALLOWED, TALLY)
@@ -31,7 +32,10 @@ U32, U64, U8 = struct.Struct("=I"), struct.Struct("=Q"), struct.Struct("=B")
 POD = struct.Struct("=II")  # pod number, mode
 ACCESS = struct.Struct("=II")  # pod number, dev_t
 TALLY_KEY = struct.Struct("=QIBBH")  # cgroup id, dev_t, operation, verdict, pad
-PROGRAMS = ("guard_file_open", "guard_file_ioctl")
+# Where a process gets an fd: always loaded. Each ioctl: only with guard.ioctl (every ioctl of
+# every process on the node then pays the LSM trampoline, docs/performance.md).
+PROGRAMS = ("guard_file_open", "guard_file_receive")
+IOCTL = "guard_file_ioctl"
 COMPAT = ("bpf_lsm_file_ioctl_compat", "guard_file_ioctl_compat")  # from 6.8
 LSM_LIST = Path("/sys/kernel/security/lsm")
 
@@ -173,12 +177,31 @@ class Writer:
                 self.maps.delete(TALLY, raw)
 
 
-class GuardKernel:
-    """start() once (ProbeError with why not); the writer from one thread; close() detaches."""
+def programs(ioctl: bool, kallsyms: Path) -> set[str]:
+    """The programs to load and attach: the rest are not loaded (autoload off), so no program
+    of the guard sits on file_ioctl unless `ioctl` asks for it."""
+    found = set(PROGRAMS)
+    if ioctl:
+        found.add(IOCTL)
+        symbol, compat = COMPAT
+        if hooks.kernel_symbols({symbol}, kallsyms, "bpf_lsm_"):
+            found.add(compat)
+    return found
 
-    def __init__(self, path: Path | None = None, kallsyms: Path = Path("/proc/kallsyms")) -> None:
+
+class GuardKernel:
+    """start() once (ProbeError with why not); the writer from one thread; close() detaches.
+    `ioctl`: also check every ioctl of a guarded device (guard.ioctl)."""
+
+    def __init__(
+        self,
+        path: Path | None = None,
+        kallsyms: Path = Path("/proc/kallsyms"),
+        ioctl: bool = False,
+    ) -> None:
         self._path = path or OBJECTS / OBJECT
         self._kallsyms = kallsyms
+        self._ioctl = ioctl
         self._lib = None
         self._obj: int | None = None
         self._links: list[int] = []
@@ -189,25 +212,22 @@ class GuardKernel:
         hold the policy. Call check() first."""
         if not self._path.exists():
             raise ProbeError(f"the guard object {self._path} is missing (build it with `make bpf`)")
-        symbol, compat = COMPAT
-        programs = set(PROGRAMS)
-        if hooks.kernel_symbols({symbol}, self._kallsyms, "bpf_lsm_"):
-            programs.add(compat)
+        wanted = programs(self._ioctl, self._kallsyms)
         try:
             self._lib = lib = shared_libbpf()
             lib.messages.clear()
             self._obj = lib.open(self._path)
-            lib.load(self._obj, programs, "the guard object")
+            lib.load(self._obj, wanted, "the guard object")
             fds = {n: lib.lib.bpf_map__fd(lib.find_map(self._obj, n)) for n in MAP_NAMES}
             self.writer = Writer(FdMaps(fds))
             self.writer.beat(now_ns, clock)
             self.writer.apply(policy)
-            for name in sorted(programs):
+            for name in sorted(wanted):
                 self._links.append(lib.attach(self._obj, name))
         except ProbeError:
             self.close()
             raise
-        return "lsm " + "+".join(p.removeprefix("guard_") for p in sorted(programs))
+        return "lsm " + "+".join(p.removeprefix("guard_") for p in sorted(wanted))
 
     def close(self) -> None:
         """Detach and unload: no program of the guard is left in the kernel."""

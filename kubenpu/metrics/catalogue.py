@@ -552,16 +552,19 @@ ACCESS_DENIED = Spec(
     "kubenpu.device.access_denied",
     "counter",
     "{access}",
-    "Opens and ioctls of a guarded device node the access guard denied a pod (mode enforce: "
+    "Opens, receipts (an fd passed over a unix socket or taken with pidfd_getfd) and ioctls "
+    "of a guarded device node the access guard denied a pod (mode enforce: "
     "EPERM) or would have denied it (mode audit: allowed), because the kubelet did not allocate "
-    "the device to the pod and no allow rule names it.",
+    "the device to the pod and no allow rule names it. `operation`: open, receive, or ioctl "
+    "(only with guard.ioctl).",
     ("namespace", "pod", "pod_uid", "device", "operation", "mode"),
 )
 ACCESS_UNCHECKED = Spec(
     "kubenpu.device.access_unchecked",
     "counter",
     "{access}",
-    "Opens and ioctls of a guarded device node the access guard let through unchecked: by a "
+    "Opens, receipts (an fd passed over a unix socket or taken with pidfd_getfd) and ioctls "
+    "of a guarded device node the access guard let through unchecked: by a "
     "pod cgroup its policy did not hold yet (reason unseen: the agent had not seen the pod), "
     "or that it would have denied while the agent's heartbeat was stale (reason failed_open).",
     ("device", "operation", "reason"),
@@ -572,8 +575,8 @@ ACCESS_POLICY = Spec(
     "{pod}",
     "The access guard's policy at its last refresh: 1 for each guarded pod (its mode not off) "
     "and guarded device, with `access` allocated (the kubelet allocated it the device), "
-    "allow_rule (a guard.allow rule names it) or denied (opens and ioctls denied in enforce, "
-    "counted in audit).",
+    "allow_rule (a guard.allow rule names it) or denied (opens, receipts and ioctls denied in "
+    "enforce, counted in audit).",
     ("namespace", "pod", "pod_uid", "device", "mode", "access"),
 )
 PODRESOURCES_ERRORS = Spec(

@@ -540,7 +540,7 @@ def build(node: Node) -> Guard | None:
     pr = cfg.attribution.pod_resources
     return Guard(
         cfg.guard,
-        kernel.GuardKernel(),
+        kernel.GuardKernel(ioctl=cfg.guard.ioctl),
         PodResourcesClient(pr.socket, pr.timeout_seconds),
         Mapper(node.watched),
         node.watched,

@@ -72,7 +72,7 @@ def agent() -> None:
     stdout: one JSON line per command. The first line is the start's."""
     first = json.loads(sys.stdin.readline())
     clock = g.Clock(int(first["fail_open_seconds"] * 1e9), tuple(first["kubepods"]))
-    kernel = g.GuardKernel()
+    kernel = g.GuardKernel(ioctl=first.get("ioctl", False))
     try:
         how = kernel.start(_policy(first["policy"]), clock, time.monotonic_ns())
     except Exception as exc:  # the caps runs report it
@@ -189,7 +189,8 @@ def open_and_use(cgroup: Path | None, node: str) -> dict:
 
 
 def passed_fd(owner: Path, taker: Path, node: str) -> dict:
-    """`owner` opens the node and passes the fd over a unix socket to `taker`, which uses it."""
+    """`owner` opens the node and passes the fd over a unix socket to `taker`, which uses it if
+    it got it: a refused receive leaves the data without the fd, MSG_CTRUNC set."""
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
 
     def give() -> dict:
@@ -201,8 +202,11 @@ def passed_fd(owner: Path, taker: Path, node: str) -> dict:
 
     def take() -> dict:
         a.close()
-        _, fds, _, _ = socket.recv_fds(b, 16, 1)
-        result = {"taker_ioctl": _use(fds[0])}
+        data, fds, flags, _ = socket.recv_fds(b, 16, 1)
+        result = {"taker_data": data.decode(), "taker_fds": len(fds)}
+        result["taker_ctrunc"] = bool(flags & socket.MSG_CTRUNC)
+        if fds:
+            result["taker_ioctl"] = _use(fds[0])
         b.send(b"k")
         return result
 
@@ -220,6 +224,34 @@ def passed_fd(owner: Path, taker: Path, node: str) -> dict:
     a.close()
     b.close()
     return {**given, **taken}
+
+
+def held_fd(cgroup: Path, node: str, switch) -> dict:
+    """A pod opens the node, then switch() changes the policy (audit to enforce), then the pod
+    uses the fd it already holds: only an ioctl check can stop that."""
+    ready_r, ready_w = os.pipe()
+    go_r, go_w = os.pipe()
+
+    def work() -> dict:
+        try:
+            fd = os.open(node, os.O_RDWR)
+        except OSError as err:
+            return {"open": err.errno}
+        finally:
+            os.write(ready_w, b"r")
+        os.read(go_r, 1)
+        return {"open": 0, "ioctl_after_switch": _use(fd)}
+
+    found: list[dict] = []
+    child = threading.Thread(target=lambda: found.append(_in_child(cgroup, work)))
+    child.start()
+    os.read(ready_r, 1)
+    switch()
+    os.write(go_w, b"g")
+    child.join()
+    for fd in (ready_r, ready_w, go_r, go_w):
+        os.close(fd)
+    return found[0]
 
 
 def born_and_open(cgroup: Path, node: str) -> dict:
@@ -297,6 +329,20 @@ def caps_runs(start: dict) -> dict:
     return found
 
 
+def ioctl_on(start: dict, pod_a: Path, pod_b: Path, node: str, policy) -> dict:
+    """guard.ioctl: the held fd's ioctl is denied once the pod's mode is enforce."""
+    agent_ = Agent(None, {**start, "policy": policy("audit"), "ioctl": True})
+    found = {"ioctl_start": agent_.first, "programs_ioctl": guard_programs()}
+    found["lsm_ioctl"] = lsm_programs()
+    found["b_held_ioctl"] = held_fd(pod_b, node, lambda: agent_.ask({"policy": policy("enforce")}))
+    found["b_passed_fd_ioctl"] = passed_fd(pod_a, pod_b, node)
+    found["tallies_ioctl"] = agent_.tallies()
+    agent_.ask({"close": 1})
+    agent_.proc.stdin.close()
+    agent_.proc.wait()
+    return found
+
+
 def main(out: Path) -> dict:
     subprocess.run(["modprobe", "vgem"], check=False)
     result: dict = {
@@ -343,7 +389,11 @@ def main(out: Path) -> dict:
     steps["b_audit"] = open_and_use(pod_b, card.path)
     steps["b_passed_fd_audit"] = passed_fd(pod_a, pod_b, card.path)
     steps["tallies_audit"] = agent_.tallies()
-    agent_.ask({"policy": policy("enforce")})
+    steps["programs_default"] = guard_programs()
+    steps["lsm_default"] = lsm_programs()
+    steps["b_held_default"] = held_fd(
+        pod_b, card.path, lambda: agent_.ask({"policy": policy("enforce")})
+    )
     # A stalled agent: no beat; the guard fails open once the last is FAIL_OPEN_SECONDS old.
     os.kill(agent_.proc.pid, signal.SIGSTOP)
     stalled = time.monotonic()
@@ -372,6 +422,7 @@ def main(out: Path) -> dict:
         "no guard program", lambda: not guard_programs(), 60 * SLOW
     )
     steps["b_after_kill"] = open_and_use(pod_b, card.path)
+    steps.update(ioctl_on(start, pod_a, pod_b, card.path, policy))
     steps["bpffs"] = sorted(str(p) for p in Path("/sys/fs/bpf").rglob("*"))
     result["uninstall"] = uninstall(out, pod_b, card.path, start)
     result["ids"] = ids
