@@ -279,7 +279,11 @@ def test_collector_down_at_start_and_mid_run_loses_nothing(tmp_path, receiver, r
         # One line per failed push, none from the OTel exporter itself.
         assert [r.name for r in root_log.records] == ["kubenpu.export.otlp"]
         assert "failed (1 in a row)" in root_log.records[0].getMessage()
-        assert "UNAVAILABLE" in root_log.records[0].getMessage()
+        # The exporter's reason, as gRPC gives it for a collector that is down: refused, or
+        # the push's deadline reached first when a loaded machine is slow to get the refusal
+        # (seen under `nice -n 19` beside a CI run: DEADLINE_EXCEEDED).
+        reason = root_log.records[0].getMessage()
+        assert "StatusCode.UNAVAILABLE" in reason or "StatusCode.DEADLINE_EXCEEDED" in reason
         with OtlpReceiver(port=port) as rx:  # the collector comes up
             calls(tel.metrics, "ns", "p", "c", 5)
             assert delivered(tel)
