@@ -14,11 +14,14 @@ import sys
 import threading
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import pytest
 from cri_server import CriTestServer
-from fakes import Clock, FakeResolver
+from fakes import Clock, FakeResolver, fake_node
+from helpers import eventually, make_config
 from podresources_server import PodResourcesTestServer, container, pod
 
 from kubenpu.agent.wiring import select_devices
@@ -42,9 +45,11 @@ from kubenpu.resolve.cri import CriClient
 from kubenpu.resolve.podresources import client as client_module
 from kubenpu.resolve.podresources.client import Allocated, PodResourcesClient, PodResourcesError
 from kubenpu.resolve.podresources.mapping import PLUGINS, Mapper, Unmapped
-from kubenpu.services import Services
+from kubenpu.services import Services, Worker
+from kubenpu.sources import allocations as allocations_module
 from kubenpu.sources.activity import Activity
-from kubenpu.sources.allocations import Allocations, held
+from kubenpu.sources.allocations import Allocations, build, held
+from kubenpu.sources.base import Node
 from kubenpu.sources.calls.attribution import Attributor
 from kubenpu.sources.calls.events import Batch
 from kubenpu.sources.registry import table
@@ -701,7 +706,6 @@ def test_the_agent_wires_allocations(
 ) -> None:
     # The real build(); only the BPF side is faked (FakeKernel), since no probe loads here.
     from fakes import FakeKernel
-    from helpers import eventually, make_config
 
     from kubenpu.agent import wiring
 
@@ -1012,3 +1016,132 @@ def test_a_request_ends_at_its_timeout_and_every_one_after_close_says_closed(
         assert str(err.value) == f"{path}: closed"
     finally:
         wedged.close()
+
+
+# --- build(): the source as the agent wires it from its config ---------------------------------
+
+
+def configured(
+    tmp_path: Path,
+    sock: str,
+    settings: str = "",
+    discovery: str = "",
+    found: tuple[Device, ...] = (),
+) -> Node:
+    """A Node (tests/fakes.py's fake_node) that discovered `found` (by default no device), its
+    config PodResources at `sock` with `settings` (YAML under pod_resources, enabled: true
+    unless they say otherwise) and `discovery` (YAML under discovery, beside its root)."""
+    cfg = make_config(
+        tmp_path,
+        f"discovery:\n  root: {TESTDATA / 'hybrid-two-gpu'}\n{discovery}"
+        f"attribution:\n  pod_resources:\n    socket: {sock}\n"
+        f"{settings or '    enabled: true'}\n",
+    )
+    return fake_node(cfg, list(found))
+
+
+def test_build_makes_no_source_when_disabled_or_without_activity(tmp_path: Path, sock: str) -> None:
+    node = configured(tmp_path, sock)
+    assert build(replace(node, activity=None)) is None  # nothing would give it signals of use
+    assert build(configured(tmp_path, sock, "    enabled: false")) is None  # with activity
+
+
+def test_the_built_source_refreshes_every_configured_interval(
+    kubelet: PodResourcesTestServer, tmp_path: Path, sock: str
+) -> None:
+    allocations = build(configured(tmp_path, sock, "    enabled: true\n    interval_seconds: 0.01"))
+    assert allocations is not None
+    allocations.start()
+    try:
+        # Within the bound only at the interval set: the default 10 s would take 20 s.
+        eventually(lambda: kubelet.requests["List"] >= 3, "three refreshes", bound=10)
+    finally:
+        allocations.close()
+
+
+def test_the_built_sources_request_ends_at_the_configured_timeout(
+    tmp_path: Path, sock: str
+) -> None:
+    os.makedirs(os.path.dirname(sock))
+    wedged = WedgedKubelet(sock)
+    node = configured(tmp_path, sock, "    enabled: true\n    timeout_seconds: 0.5")
+    allocations = build(node)
+    assert allocations is not None
+    refresh = threading.Thread(target=allocations.refresh)
+    try:
+        refresh.start()
+        # 0.5 s, with room for a loaded machine; the client's default is 5 s, gRPC's none.
+        refresh.join(3)
+        assert not refresh.is_alive()
+        assert value(node.table, PODRESOURCES_ERRORS) == 1
+    finally:
+        allocations.close()  # ends a request still in flight
+        refresh.join(30)
+        wedged.close()
+
+
+def test_the_built_source_rediscovers_under_the_discovery_root_leaving_ignored_devices_out(
+    kubelet: PodResourcesTestServer, tmp_path: Path, sock: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The built source runs on the real clock: rediscover at once instead of after a minute.
+    monkeypatch.setattr(allocations_module, "_REDISCOVER_SECONDS", 0.0)
+    node = configured(tmp_path, sock, discovery=f"  ignore_devices: ['{DGPU}']\n")
+    allocations = build(node)  # the node discovered no device: every id names none at first
+    assert allocations is not None and allocations.refresh()
+    assert value(node.table, ALLOCATED, **hold("ml", "a")) == 2  # the iGPU, found by the scan
+    no_device = {"resource": "gpu.example.com", "reason": "no_device"}
+    assert value(node.table, ALLOCATIONS_UNMAPPED, **no_device) == 1  # the dGPU, ignored
+    allocations.close()
+
+
+def test_the_built_source_names_pods_by_the_runtimes_uids(
+    kubelet: PodResourcesTestServer, tmp_path: Path, sock: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = configured(tmp_path, sock, found=tuple(discover(TESTDATA / "hybrid-two-gpu")))
+    monkeypatch.setattr(node.resolver, "pod_uids", lambda: {("ml", "a"): UID})
+    allocations = build(node)
+    assert allocations is not None and allocations.refresh()
+    assert value(node.table, ALLOCATED, **hold("ml", "a", uid=UID)) == 2
+    allocations.close()
+
+
+def test_the_built_thread_is_stalled_past_three_intervals_and_timeouts(
+    kubelet: PodResourcesTestServer, tmp_path: Path, sock: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refresh takes at most the timeout, then waits the interval: three of both without a
+    step fail liveness (60 s and 5 s: 195 s)."""
+    clock = Clock()
+    monkeypatch.setattr(allocations_module, "Worker", partial(Worker, clock=clock))
+    settings = "    enabled: true\n    interval_seconds: 60\n    timeout_seconds: 5"
+    allocations = build(configured(tmp_path, sock, settings))
+    assert allocations is not None
+    worker = allocations.start()
+    try:
+        # The first step beat before it asked: the clock moves only after it.
+        eventually(lambda: kubelet.requests["List"] >= 1, "the first refresh")
+        clock.now += 195
+        assert worker.broken() is None  # the edge itself
+        clock.now += 0.5
+        assert (worker.broken() or "").startswith("worker thread stalled: allocations")
+    finally:
+        allocations.close()
+
+
+def test_each_refresh_beats_so_a_long_running_thread_stays_live(
+    kubelet: PodResourcesTestServer, sock: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = Clock()
+    monkeypatch.setattr(allocations_module, "Worker", partial(Worker, clock=clock))
+    allocations = Allocations(
+        PodResourcesClient(sock), mapper("hybrid-two-gpu"), table(300, 1000), 0.01,
+        Activity(300), stale_after=30,
+    )  # fmt: skip
+    worker = allocations.start()
+    try:
+        clock.now += 3600  # an hour of steps since the start
+        asked = kubelet.requests["List"]
+        # Two more requests: at least one whole step, its beat first, began after the move.
+        eventually(lambda: kubelet.requests["List"] >= asked + 2, "two more refreshes", bound=10)
+        assert worker.broken() is None
+    finally:
+        allocations.close()
