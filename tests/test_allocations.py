@@ -1108,8 +1108,10 @@ def test_the_built_source_names_pods_by_the_runtimes_uids(
 def test_the_built_thread_is_stalled_past_three_intervals_and_timeouts(
     kubelet: PodResourcesTestServer, tmp_path: Path, sock: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A refresh takes at most the timeout, then waits the interval: three of both without a
-    step fail liveness (60 s and 5 s: 195 s)."""
+    """A refresh asks the kubelet twice and the runtime once, each up to its timeout, then
+    waits the interval: three of those without a step fail liveness (60 s, twice 5 s and the
+    runtime's 2 s: 216 s). The runtime's timeout was once left out: a slow runtime with short
+    kubelet settings failed liveness while the thread still worked."""
     clock = Clock()
     monkeypatch.setattr(allocations_module, "Worker", partial(Worker, clock=clock))
     settings = "    enabled: true\n    interval_seconds: 60\n    timeout_seconds: 5"
@@ -1119,7 +1121,7 @@ def test_the_built_thread_is_stalled_past_three_intervals_and_timeouts(
     try:
         # The first step beat before it asked: the clock moves only after it.
         eventually(lambda: kubelet.requests["List"] >= 1, "the first refresh")
-        clock.now += 195
+        clock.now += 216
         assert worker.broken() is None  # the edge itself
         clock.now += 0.5
         assert (worker.broken() or "").startswith("worker thread stalled: allocations")

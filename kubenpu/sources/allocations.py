@@ -317,5 +317,8 @@ def build(node: Node) -> Allocations | None:
         # A device plugged in after the start maps once discovery sees it.
         lambda: not_ignored(discover(cfg.discovery.root), cfg.discovery.ignore_devices),
         node.resolver.pod_uids,
-        stale_after=3 * (pr.interval_seconds + pr.timeout_seconds),
+        # A refresh asks the kubelet twice (List, GetAllocatableResources) and the runtime once
+        # (the pods' uids), each up to its timeout: three such steps without a beat are stalled.
+        stale_after=3
+        * (pr.interval_seconds + 2 * pr.timeout_seconds + cfg.attribution.cri.timeout_seconds),
     )
