@@ -70,7 +70,7 @@ def test_killing_the_agent_restores_the_default_scheduler(result):
 def test_a_starved_pod_is_never_stuck(result):
     """The pod pinned to the host task's CPU: the fair class runs first, so it waits; either it
     finishes (served when the fair class leaves room) or the watchdog disables the scheduler
-    and the fair class runs it. Either way it makes all its calls."""
+    and the fair class runs it. Either way it makes its calls (for its whole run)."""
     stall = result["stall"]
     assert stall["pod"] is not None, stall
     assert sum(stall["pod"]["cpus"]) == stall["pod"]["cpus"][3] > 0

@@ -2,10 +2,10 @@
 with two NUMA nodes (KUBENPU_VM_NUMA=1: CPUs 0-1 node 0, 2-3 node 1, the virtio GPU's card1 on
 node 1), inside the QEMU guest. A plain process in a cgroup under kubepods.slice stands for the
 pod; it runs as another user (as a pod does), starts on CPU 0 (node 0), then allows itself every
-CPU and makes CALLS ioctls on card1, recording the CPU of each (sched_getcpu). A CPU-bound host
-process pinned to CPU 3 (node 1) counts its loops all along. A small agent process (`agent`
-below) loads the scheduler with the pod's cgroup preferring node 1 and gives the pod's tasks the
-SCHED_EXT policy, as kubenpu.sources.placement does.
+CPU and makes ioctls on card1 for RUN_NS of the guest's clock, recording the CPU of each
+(sched_getcpu). A CPU-bound host process pinned to CPU 3 (node 1) counts its loops all along. A
+small agent process (`agent` below) loads the scheduler with the pod's cgroup preferring node 1
+and gives the pod's tasks the SCHED_EXT policy, as kubenpu.sources.placement does.
 
 tests/vm/scheduler.sh runs `main`; it writes /out/result.json for tests/test_scheduler_vm.py:
 - kernel, numa_node (card1's), sched_ext (the sysfs directory exists);
@@ -38,7 +38,11 @@ PYTHON = "/opt/kubenpu/venv/bin/python"
 HERE = Path(__file__)
 CARD = "/dev/dri/card1"
 DRM_IOCTL_VERSION = 0xC0406400  # _IOWR('d', 0x00, struct drm_version): 64 bytes on 64-bit
-CALLS = 1500
+# The pod's CPU-bound phase lasts 50 of the scheduler's 20 ms slices: a task that never sleeps is
+# moved only when its first slice ends, so a run of one or two slices (1,500 calls took 30-35 ms
+# here) left 30 % to 100 % of its calls on node 0, by where (or whether) its end fell in the run.
+RUN_NS = 1_000_000_000
+BATCH = 50  # calls between clock reads (about 1 ms under TCG)
 POD_UID = 1000
 HOST_CPU, START_CPU = 3, 0
 DEVICE_NODE = 1
@@ -66,7 +70,8 @@ def _wait(what: str, done, seconds: float) -> None:
 
 def pod(cgroup: str, pinned: str) -> None:
     """Joins `cgroup`, opens the card, becomes POD_UID, runs on START_CPU until told (a line on
-    stdin), then on `pinned` CPUs ("all": every CPU) makes CALLS ioctls; prints its CPU counts."""
+    stdin), then on `pinned` CPUs ("all": every CPU) makes ioctls for RUN_NS; prints its CPU
+    counts."""
     (Path(cgroup) / "cgroup.procs").write_text(str(os.getpid()))
     fd = os.open(CARD, os.O_RDWR)
     os.setgid(POD_UID)
@@ -78,9 +83,11 @@ def pod(cgroup: str, pinned: str) -> None:
     os.sched_setaffinity(0, cpus)
     counts = [0] * (os.cpu_count() or 1)
     buf = bytearray(64)
-    for _ in range(CALLS):
-        fcntl.ioctl(fd, DRM_IOCTL_VERSION, buf)
-        counts[_libc.sched_getcpu()] += 1
+    deadline = time.monotonic_ns() + RUN_NS
+    while time.monotonic_ns() < deadline:
+        for _ in range(BATCH):
+            fcntl.ioctl(fd, DRM_IOCTL_VERSION, buf)
+            counts[_libc.sched_getcpu()] += 1
     print(json.dumps({"cpus": counts, "policy": os.sched_getscheduler(0)}), flush=True)
 
 
