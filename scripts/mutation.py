@@ -52,6 +52,7 @@ TESTS: dict[str, list[str]] = {
         "tests/test_telemetry_loop.py",
         "tests/test_telemetry_edges.py",
         "tests/test_semconv.py",
+        "tests/test_telemetry_build.py",  # build()'s wiring, the beat, the deadline's waits
     ],
     "kubenpu/sources/allocations.py": [
         "tests/test_allocations.py",
