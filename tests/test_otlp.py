@@ -183,6 +183,19 @@ def test_batches_fit_the_request_size_and_are_more_than_half_full(kind, max_byte
     assert min(sizes[:-1]) > max_bytes / 2, sizes
 
 
+def test_a_large_resource_counts_in_every_requests_size() -> None:
+    """Every request carries the resource: five names at Kubernetes' longest (253 bytes) weigh
+    a third of a 4 KiB request, so a bound that took them off (mutmut's `batches_4`) sends
+    requests over the size. (One that left them out stays within the bound's own margin.)"""
+    keys = ("k8s.node.name", "host.name", "k8s.cluster.name", "k8s.pod.name", "service.instance.id")
+    resource = Resource({"service.name": "kubenpu"} | {key: key[0] * 253 for key in keys})
+    sizes = [
+        encode_metrics(otlp.metrics_data(batch, resource)).ByteSize()
+        for batch in otlp.batches(uniform("counter", 2000), resource, 4096)
+    ]
+    assert len(sizes) > 1 and max(sizes) <= 4096, max(sizes)
+
+
 def test_many_metrics_of_one_bare_point_each_fit_the_request_size() -> None:
     """Where the bound is tightest: a metric per point and no attributes, so each metric's name,
     description and unit weigh most of a request."""
