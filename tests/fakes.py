@@ -23,6 +23,7 @@ from kubenpu.kernel.errors import ProbeError
 from kubenpu.kernel.records import Durations
 from kubenpu.resolve import Attribution
 from kubenpu.resolve.cri import Sandbox
+from kubenpu.services import Worker
 from kubenpu.sources import registry
 from kubenpu.sources.activity import Activity
 from kubenpu.sources.base import Node
@@ -46,6 +47,15 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
+
+
+def assert_stalls_after(worker: Worker, clock: Clock, seconds: float) -> None:
+    """`worker` (started on `clock`, beating no more) is live `seconds` on, the edge itself,
+    and stalled by its name half a second past it."""
+    clock.now += seconds
+    assert worker.broken() is None
+    clock.now += 0.5
+    assert (worker.broken() or "").startswith(f"worker thread stalled: {worker.name}")
 
 
 class FakeKernel:

@@ -15,9 +15,10 @@ from typing import ClassVar
 
 import pytest
 from fakes import Clock as FakeClock
-from fakes import fake_node
+from fakes import assert_stalls_after, fake_node
 from helpers import eventually, make_config, values
 from test_telemetry import SECOND, TESTDATA, Clock, xe_energy
+from test_telemetry_loop import POD, XE
 
 from kubenpu.discovery import discover
 from kubenpu.metrics.catalogue import (
@@ -28,7 +29,6 @@ from kubenpu.metrics.catalogue import (
     TELEMETRY_STALE,
     TEMPERATURE,
 )
-from kubenpu.metrics.inputs import Where
 from kubenpu.services import Worker
 from kubenpu.sources import energy
 from kubenpu.sources import telemetry as telemetry_module
@@ -39,8 +39,6 @@ from kubenpu.sources.registry import table
 from kubenpu.sources.sysfs import read_device
 from kubenpu.sources.telemetry import Telemetry, build
 
-XE = "0000:03:00.0"
-POD = Where("ns", "a", "", "c", XE, "xe")
 AMD = ("0000:02:00.0", "0000:c3:00.0")  # amd-server's two devices, in discovery order
 
 
@@ -171,10 +169,8 @@ def test_the_built_thread_is_stalled_past_three_intervals_and_the_deadline(
     assert tel is not None
     worker = tel.start()  # no tick: its thread waits, and its beat is the start's
     try:
-        clock.now += 16
-        assert worker.broken() is None  # the edge itself
-        clock.now += 0.5
-        assert (worker.broken() or "").startswith("worker thread stalled: telemetry")
+        assert worker.name == "telemetry"
+        assert_stalls_after(worker, clock, 16)
     finally:
         tel.close()
 
